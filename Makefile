@@ -1,0 +1,32 @@
+# peerwire developer tasks. `make test` and `make demo` are the README's two commands:
+# each builds what it needs from the package registries alone.
+PYTHON ?= python3
+VENV := .venv
+LEGACY := .venv-legacy
+
+.PHONY: test lint bench clean
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+# hat-chatter 0.5.11 (the legacy dialect's reference) pins hat-sbs 0.6: its own venv.
+$(LEGACY)/.ready:
+	$(PYTHON) -m venv $(LEGACY)
+	$(LEGACY)/bin/pip install -q 'hat-chatter==0.5.11'
+	touch $@
+
+test: $(VENV)/.ready $(LEGACY)/.ready
+	$(VENV)/bin/pytest
+
+lint: $(VENV)/.ready
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(VENV)/.ready
+	for f in tests/benchmarks/bench_*.py; do $(VENV)/bin/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(LEGACY) .pytest_cache .hypothesis .ruff_cache *.egg-info

@@ -1,0 +1,1 @@
+"""peerwire RPC core: connections, requests, streams, handlers (see README)."""

@@ -1,0 +1,216 @@
+"""Chatter connection: conversation rules, limits, dialect handling, dead-after-error."""
+
+from __future__ import annotations
+
+import pytest
+
+from wire import ConversationError, LocalProtocolError, MalformedMessage, MessageTooLarge
+from wire.chatter import ChatterConnection, Conversation, Dialect, Msg, encode_frame
+
+CUR = Dialect.CURRENT
+
+
+def pair(dialect: Dialect = CUR) -> tuple[ChatterConnection, ChatterConnection]:
+    return ChatterConnection(dialect), ChatterConnection(dialect)
+
+
+def deliver(src: ChatterConnection, dst: ChatterConnection) -> list[Msg]:
+    return dst.receive_data(src.data_to_send())
+
+
+def test_request_reply_conversation() -> None:
+    client, server = pair()
+    sent = client.send("Req", b"1", last=False)
+    conv = Conversation(True, sent.id)
+    assert client.is_open(conv) and not client.holds_token(conv)
+    [req] = deliver(client, server)
+    assert req.starts_conversation
+    server_conv = Conversation.of_received(req)
+    assert server_conv == Conversation(False, sent.id)
+    assert server.holds_token(server_conv)
+    server.send("Res", b"2", conversation=server_conv)
+    assert not server.is_open(server_conv)
+    [res] = deliver(server, client)
+    assert (res.type, res.data, res.last, res.owner, res.first) == ("Res", b"2", True, False, 1)
+    assert Conversation.of_received(res) == conv
+    assert not client.is_open(conv)
+    assert client.open_conversations == server.open_conversations == 0
+
+
+def test_token_passing_stream() -> None:
+    client, server = pair()
+    first = client.send("Part", b"a", token=False, last=False)
+    conv = Conversation(True, first.id)
+    client.send("Part", b"b", conversation=conv, token=True, last=False)
+    with pytest.raises(LocalProtocolError, match="holds the token"):
+        client.send("Part", b"c", conversation=conv)
+    msgs = deliver(client, server)
+    assert [m.data for m in msgs] == [b"a", b"b"]
+    sconv = Conversation.of_received(msgs[0])
+    server.send("Ack", conversation=sconv, token=True, last=False)
+    deliver(server, client)
+    assert client.holds_token(conv)
+    client.send("End", conversation=conv, last=True)
+    [end] = deliver(client, server)
+    assert end.last and not server.is_open(sconv)
+    with pytest.raises(LocalProtocolError, match="not open"):
+        client.send("After", conversation=conv)
+
+
+def test_peer_sending_without_token_is_a_violation() -> None:
+    client, server = pair()
+    client.send("Req", last=False)  # token passed to server
+    deliver(client, server)
+    # Forge a second message from the client in that conversation.
+    forged = encode_frame(Msg(2, 1, True, True, False, "Again", b""), CUR)
+    with pytest.raises(ConversationError, match="without the token"):
+        server.receive_data(forged)
+    # dead afterwards: the same error again
+    with pytest.raises(ConversationError):
+        server.receive_data(b"")
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        (
+            [Msg(1, 1, True, True, True, "A", b""), Msg(1, 1, True, True, True, "B", b"")],
+            "does not follow",
+        ),
+        ([Msg(5, 3, False, True, True, "Res", b"")], "unknown conversation"),
+        (
+            [Msg(1, 1, True, True, True, "A", b""), Msg(2, 1, True, True, True, "B", b"")],
+            "unknown conversation",
+        ),  # message after last
+    ],
+)
+def test_conversation_violations(frames: list[Msg], match: str) -> None:
+    conn = ChatterConnection(CUR)
+    data = b"".join(encode_frame(m, CUR) for m in frames)
+    with pytest.raises(ConversationError, match=match):
+        conn.receive_data(data)
+
+
+def test_lenient_mode_accepts_rule_breakers() -> None:
+    conn = ChatterConnection(CUR, strict=False)
+    data = b"".join(
+        encode_frame(m, CUR)
+        for m in (Msg(1, 1, True, True, True, "A", b""), Msg(1, 9, False, True, True, "B", b""))
+    )
+    assert [m.type for m in conn.receive_data(data)] == ["A", "B"]
+
+
+def test_abandoned_conversation_drops_late_reply() -> None:
+    client, server = pair()
+    sent = client.send("Slow", last=False)
+    [req] = deliver(client, server)
+    client.abandon(Conversation(True, sent.id))
+    server.send("Late", conversation=Conversation.of_received(req))
+    assert deliver(server, client) == []
+    # ...but only once: a second reply to it is unknown
+    forged = encode_frame(Msg(2, sent.id, False, True, True, "Again", b""), CUR)
+    with pytest.raises(ConversationError):
+        client.receive_data(forged)
+
+
+def test_open_conversation_limit() -> None:
+    conn = ChatterConnection(CUR, max_conversations=2)
+    data = b"".join(encode_frame(Msg(i, i, True, True, False, "R", b""), CUR) for i in (1, 2, 3))
+    with pytest.raises(ConversationError, match="more than 2"):
+        conn.receive_data(data)
+    local = ChatterConnection(CUR, max_conversations=1)
+    local.send("R", last=False)
+    with pytest.raises(LocalProtocolError):
+        local.send("R", last=False)
+
+
+def test_ping_pong_hidden_from_application() -> None:
+    a, b = pair()
+    a.send_ping()
+    assert deliver(a, b) == []
+    assert deliver(b, a) == []
+    assert (b.pings_received, a.pongs_received) == (1, 1)
+    assert a.open_conversations == b.open_conversations == 0
+
+
+def test_legacy_dialect_carries_module() -> None:
+    a, b = pair(Dialect.LEGACY)
+    a.send("MsgX", b"1", module="MyMod")
+    [m] = deliver(a, b)
+    assert (m.module, m.type) == ("MyMod", "MsgX")
+    cur = ChatterConnection(CUR)
+    with pytest.raises(LocalProtocolError, match="no module"):
+        cur.send("X", module="Mod")
+
+
+def test_send_before_dialect_known() -> None:
+    with pytest.raises(LocalProtocolError, match="dialect"):
+        ChatterConnection().send("X")
+
+
+def test_size_limit_from_header_before_body() -> None:
+    conn = ChatterConnection(CUR, max_size=100)
+    with pytest.raises(MessageTooLarge):
+        conn.receive_data(b"\x01\x65")  # k = 101, no body yet
+    huge = ChatterConnection(CUR, max_size=1 << 20)
+    with pytest.raises(MessageTooLarge):
+        huge.receive_data(b"\x05\x10\x00\x00\x00\x00")  # announces 2**40 bytes
+    assert huge.buffered == 0
+
+
+def test_partial_frame_is_buffered_up_to_limit() -> None:
+    conn = ChatterConnection(CUR, max_size=1000)
+    frame = encode_frame(Msg(1, 1, True, True, True, "X", b"y" * 900), CUR)
+    assert conn.receive_data(frame[:-1]) == []
+    assert conn.buffered == len(frame) - 1
+    [msg] = conn.receive_data(frame[-1:])
+    assert msg.data == b"y" * 900 and conn.buffered == 0
+
+
+def test_non_minimal_header_accepted() -> None:
+    body = encode_frame(Msg(1, 1, True, True, True, "X", b"abc"), CUR)[2:]
+    for header in (b"\x02\x00" + bytes((len(body),)), b"\x08" + len(body).to_bytes(8, "big")):
+        [msg] = ChatterConnection(CUR).receive_data(header + body)
+        assert msg.data == b"abc"
+    empty = ChatterConnection(CUR)
+    with pytest.raises(MalformedMessage):  # m = 0 means k = 0: an empty body is no Msg
+        empty.receive_data(b"\x00")
+
+
+def test_send_size_limit() -> None:
+    conn = ChatterConnection(CUR, max_size=64)
+    with pytest.raises(MessageTooLarge):
+        conn.send("X", b"z" * 64)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "81 81 01 01",  # truncated flags
+        "81 81 01 01 01 85 58",  # type length runs past the end
+        "81 81 01 01 01 81 ff 80",  # type is not UTF-8
+        "81 81 01 01 01 81 58 80 00",  # trailing byte
+        "01 01 01 01 01 01 01 01 01 01 01 81 81 01 01 01 81 58 80",  # 11-byte integer
+        "ff 81 01 01 01 81 58 80",  # negative id
+    ],
+)
+def test_malformed_envelopes(body: str) -> None:
+    raw = bytes.fromhex(body.replace(" ", ""))
+    conn = ChatterConnection(CUR)
+    with pytest.raises(MalformedMessage):
+        conn.receive_data(bytes((1, len(raw))) + raw)
+
+
+def test_undetectable_first_frame() -> None:
+    raw = bytes.fromhex("8181010101")
+    with pytest.raises(MalformedMessage, match="neither dialect"):
+        ChatterConnection().receive_data(bytes((1, len(raw))) + raw)
+
+
+def test_coalesced_output() -> None:
+    conn = ChatterConnection(CUR)
+    for i in range(3):
+        conn.send("X", bytes([i]))
+    out = conn.data_to_send()
+    assert conn.data_to_send() == b""
+    assert [m.data for m in ChatterConnection(CUR).receive_data(out)] == [b"\0", b"\1", b"\2"]

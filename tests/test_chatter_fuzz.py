@@ -1,0 +1,119 @@
+"""Property tests: our envelope equals hat-sbs byte for byte; bad input only ProtocolError."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wire import ProtocolError, schemas
+from wire.chatter import ChatterConnection, Dialect, Msg, decode_msg, encode_frame, encode_msg
+from wire.chatter.framing import MAX_HEADER
+
+ids = st.integers(min_value=0, max_value=2**63 - 1)
+texts = st.text(max_size=40)
+dialects = st.sampled_from(list(Dialect))
+
+
+@st.composite
+def messages(draw: st.DrawFn, dialect: Dialect) -> Msg:
+    module = draw(st.none() | texts) if dialect is Dialect.LEGACY else None
+    return Msg(
+        draw(ids),
+        draw(ids),
+        draw(st.booleans()),
+        draw(st.booleans()),
+        draw(st.booleans()),
+        draw(texts),
+        draw(st.binary(max_size=300)),
+        module,
+    )
+
+
+def as_sbs_value(msg: Msg, dialect: Dialect) -> dict:
+    data: dict = {"type": msg.type, "data": msg.data}
+    if dialect is Dialect.LEGACY:
+        data = {"module": ("none", None) if msg.module is None else ("value", msg.module), **data}
+    return {
+        "id": msg.id,
+        "first": msg.first,
+        "owner": msg.owner,
+        "token": msg.token,
+        "last": msg.last,
+        "data": data,
+    }
+
+
+@given(st.data(), dialects)
+def test_envelope_matches_hat_sbs(data: st.DataObject, dialect: Dialect) -> None:
+    msg = data.draw(messages(dialect))
+    repo = schemas.repository()
+    ours = encode_msg(msg, dialect)
+    assert ours == repo.encode(f"{dialect.value}.Msg", as_sbs_value(msg, dialect))
+    assert decode_msg(ours, 0, len(ours), dialect) == msg
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_integer_matches_hat_sbs(n: int) -> None:
+    from wire.chatter import encode_integer
+
+    repo = schemas.repository("module T\nI = Integer\n")
+    assert encode_integer(n) == repo.encode("T.I", n)
+
+
+@given(st.data(), dialects, st.lists(st.integers(min_value=1, max_value=64), max_size=30))
+def test_rechunking(data: st.DataObject, dialect: Dialect, cuts: list[int]) -> None:
+    msgs = [
+        Msg(i + 1, i + 1, True, True, True, m.type, m.data, m.module)
+        for i, m in enumerate(data.draw(st.lists(messages(dialect), min_size=1, max_size=8)))
+    ]
+    stream = b"".join(encode_frame(m, dialect) for m in msgs)
+    conn = ChatterConnection(dialect)
+    got: list[Msg] = []
+    pos = 0
+    for cut in cuts:
+        got += conn.receive_data(stream[pos : pos + cut])
+        pos += cut
+    got += conn.receive_data(stream[pos:])
+    assert got == msgs
+
+
+def feed_checked(conn: ChatterConnection, data: bytes, chunk: int) -> None:
+    """Feed data; only ProtocolError may escape, and the buffer stays bounded."""
+    try:
+        for pos in range(0, len(data), chunk):
+            conn.receive_data(data[pos : pos + chunk])
+            assert conn.buffered <= MAX_HEADER + conn.max_size
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=400)
+@given(
+    st.binary(max_size=600),
+    st.sampled_from([None, *Dialect]),
+    st.integers(min_value=1, max_value=50),
+    st.booleans(),
+)
+def test_random_bytes(data: bytes, dialect: Dialect | None, chunk: int, strict: bool) -> None:
+    feed_checked(ChatterConnection(dialect, max_size=128, strict=strict), data, chunk)
+
+
+@settings(max_examples=400)
+@given(st.data(), dialects, st.integers(min_value=1, max_value=50))
+def test_mutated_streams(data: st.DataObject, dialect: Dialect, chunk: int) -> None:
+    msgs = data.draw(st.lists(messages(dialect), min_size=1, max_size=5))
+    stream = bytearray(b"".join(encode_frame(m, dialect) for m in msgs))
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        if not stream:
+            break
+        pos = data.draw(st.integers(min_value=0, max_value=len(stream) - 1))
+        op = data.draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+        if op == "flip":
+            stream[pos] ^= data.draw(st.integers(min_value=1, max_value=255))
+        elif op == "insert":
+            stream[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
+        elif op == "delete":
+            del stream[pos]
+        else:
+            del stream[pos:]
+    feed_checked(ChatterConnection(dialect, max_size=512), bytes(stream), chunk)

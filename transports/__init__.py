@@ -1,0 +1,1 @@
+"""peerwire transports: move bytes between peers (TCP, TLS, WebSocket)."""

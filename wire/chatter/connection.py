@@ -1,0 +1,178 @@
+"""One Chatter connection, sans-I/O: bytes in -> messages out, messages in -> bytes out.
+
+Ties framing, the envelope of one dialect and the conversation rules together, and runs
+the protocol-level part of the Ping service (answering a Ping with a Pong). When to send a
+Ping and when to give up on a silent peer are timer decisions, so they belong to the
+caller (the RPC core).
+"""
+
+from __future__ import annotations
+
+from wire import DEFAULT_MAX_SIZE
+from wire.chatter.conversations import Conversation, ConversationTracker
+from wire.chatter.envelope import Dialect, Msg, decode_msg, detect_dialect, encode_msg_parts
+from wire.chatter.framing import FrameReader, frame_header
+from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
+
+PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
+    Dialect.CURRENT: (None, "HatChatter.Ping", "HatChatter.Pong"),
+    Dialect.LEGACY: ("HatPing", "MsgPing", "MsgPong"),
+}
+"""(module, ping type, pong type) per dialect."""
+
+
+class ChatterConnection:
+    """The protocol state of one Chatter connection.
+
+    - ``dialect=None`` detects the dialect from the first frame received (servers);
+      sending before it is known raises :class:`~wire.errors.LocalProtocolError`.
+    - :meth:`receive_data` accepts any chunking and returns the application messages;
+      Ping and Pong are handled here and never returned (a Pong is queued for each Ping).
+    - :meth:`send` queues bytes; :meth:`data_to_send` hands them out in one piece, so a
+      caller that sends several messages writes once.
+    - Errors: any :class:`~wire.errors.ProtocolError` means the peer broke the protocol and
+      the connection must be closed (Chatter sends nothing back). The connection is dead
+      afterwards: every further :meth:`receive_data` raises the same error.
+    - ``strict=False`` turns off conversation checks (ids, token, ``last``) for peers that
+      do not keep them; framing and envelope checks always apply.
+    """
+
+    __slots__ = (
+        "_dead",
+        "_out",
+        "_reader",
+        "_tracker",
+        "dialect",
+        "max_size",
+        "pings_received",
+        "pongs_received",
+        "strict",
+    )
+
+    def __init__(
+        self,
+        dialect: Dialect | None = None,
+        *,
+        max_size: int = DEFAULT_MAX_SIZE,
+        strict: bool = True,
+        max_conversations: int = 65536,
+    ) -> None:
+        self.dialect = dialect
+        self.max_size = max_size
+        self.strict = strict
+        self._reader = FrameReader(max_size)
+        self._tracker = ConversationTracker(max_open=max_conversations)
+        self._out: list[bytes] = []
+        self._dead: ProtocolError | None = None
+        self.pings_received = 0
+        self.pongs_received = 0
+
+    # --- receiving ---------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame that has not fully arrived."""
+        return self._reader.buffered
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Msg]:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            return self._receive(data)
+        except ProtocolError as exc:
+            self._dead = exc
+            raise
+
+    def _receive(self, data: bytes | bytearray | memoryview) -> list[Msg]:
+        buf, spans = self._reader.receive_data(data)
+        if not spans:
+            return []
+        dialect = self.dialect
+        if dialect is None:
+            start, end = spans[0]
+            dialect, _ = detect_dialect(buf, start, end)
+            self.dialect = dialect
+        module, ping, pong = PING_TYPES[dialect]
+        strict = self.strict
+        tracker = self._tracker
+        messages = []
+        for start, end in spans:
+            msg = decode_msg(buf, start, end, dialect)
+            if strict and not tracker.incoming(msg):
+                continue
+            if msg.module == module and msg.type == ping:
+                self.pings_received += 1
+                self.send(pong, b"", conversation=Conversation.of_received(msg), module=module)
+            elif msg.module == module and msg.type == pong:
+                self.pongs_received += 1
+            else:
+                messages.append(msg)
+        return messages
+
+    # --- sending -----------------------------------------------------------------------
+
+    def send(
+        self,
+        type: str,
+        data: bytes = b"",
+        *,
+        conversation: Conversation | None = None,
+        token: bool = True,
+        last: bool = True,
+        module: str | None = None,
+    ) -> Msg:
+        """Queue one message; ``conversation=None`` starts a new conversation.
+
+        The defaults (``token=True, last=True``) are a one-message conversation, as in the
+        references. Raises LocalProtocolError for a send the rules forbid: no token,
+        conversation closed, dialect unknown, body above ``max_size``.
+        """
+        dialect = self.dialect
+        if dialect is None:
+            raise LocalProtocolError("Chatter dialect not known yet; nothing received")
+        if self.strict:
+            msg_id, first, owner = self._tracker.outgoing(conversation, token, last)
+        else:
+            msg_id, first, owner = self._tracker.outgoing_unchecked(conversation)
+        msg = Msg(msg_id, first, owner, token, last, type, data, module)
+        parts = encode_msg_parts(msg, dialect)
+        size = sum(map(len, parts))
+        if size > self.max_size:
+            raise MessageTooLarge(f"Chatter message of {size} bytes exceeds max_size")
+        self._out.append(frame_header(size))
+        self._out += parts
+        return msg
+
+    def send_ping(self) -> Msg:
+        """Queue a Ping in a new conversation that the peer's Pong will close."""
+        module, ping, _ = PING_TYPES[self._require_dialect()]
+        return self.send(ping, b"", token=True, last=False, module=module)
+
+    def data_to_send(self) -> bytes:
+        """Everything queued since the last call, as one bytes object."""
+        out = self._out
+        if not out:
+            return b""
+        self._out = []
+        return b"".join(out)
+
+    # --- conversations -----------------------------------------------------------------
+
+    def abandon(self, conversation: Conversation) -> None:
+        """Forget an open conversation (timed out, cancelled); late messages are dropped."""
+        self._tracker.abandon(conversation)
+
+    def holds_token(self, conversation: Conversation) -> bool:
+        return self._tracker.holds_token(conversation)
+
+    def is_open(self, conversation: Conversation) -> bool:
+        return self._tracker.is_open(conversation)
+
+    @property
+    def open_conversations(self) -> int:
+        return self._tracker.open_count
+
+    def _require_dialect(self) -> Dialect:
+        if self.dialect is None:
+            raise LocalProtocolError("Chatter dialect not known yet; nothing received")
+        return self.dialect

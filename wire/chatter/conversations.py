@@ -1,0 +1,144 @@
+"""Chatter conversation rules for one connection: ids, ``first``/``owner``, token, ``last``.
+
+A conversation is keyed by ``(owner, first)`` from the LOCAL point of view: ``owner`` is
+True for conversations we started. The side holding the token is the only one allowed to
+send in it; a message with ``last`` closes it. Neither reference enforces this; we do
+(``strict``), and report a peer's violation as :class:`~wire.errors.ConversationError`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+from wire.chatter.envelope import Msg
+from wire.errors import ConversationError, LocalProtocolError
+
+
+class Conversation(NamedTuple):
+    """A conversation as seen from this side of the connection."""
+
+    owner: bool
+    """True when this side started it."""
+    first: int
+    """Id of the message that started it."""
+
+    @classmethod
+    def of_received(cls, msg: Msg) -> Conversation:
+        """The conversation a received message belongs to (flags flipped to our side)."""
+        return cls(not msg.owner, msg.first)
+
+
+class ConversationTracker:
+    """Per-connection conversation state: which are open and who holds each token.
+
+    Memory is bounded: at most ``max_open`` open conversations (a peer opening more is a
+    violation; we refuse to open more ourselves) and ``max_abandoned`` remembered abandoned
+    ones, whose late messages are dropped instead of being reported as errors.
+    """
+
+    __slots__ = (
+        "_abandoned",
+        "_last_received_id",
+        "_next_id",
+        "_open",
+        "max_abandoned",
+        "max_open",
+    )
+
+    def __init__(self, *, max_open: int = 65536, max_abandoned: int = 4096) -> None:
+        self.max_open = max_open
+        self.max_abandoned = max_abandoned
+        self._next_id = 1
+        self._last_received_id = 0
+        # key -> True while WE hold the token
+        self._open: dict[tuple[bool, int], bool] = {}
+        self._abandoned: OrderedDict[tuple[bool, int], None] = OrderedDict()
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def is_open(self, conversation: Conversation) -> bool:
+        return conversation in self._open
+
+    def holds_token(self, conversation: Conversation) -> bool:
+        """True while this side may send in ``conversation``."""
+        return self._open.get(conversation, False)
+
+    def outgoing(
+        self, conversation: Conversation | None, token: bool, last: bool
+    ) -> tuple[int, int, bool]:
+        """Check and record a message we are about to send; return (id, first, owner).
+
+        ``conversation=None`` starts a new one. Raises LocalProtocolError when we do not
+        hold the token or the conversation is closed.
+        """
+        msg_id = self._next_id
+        if conversation is None:
+            if not last:
+                if len(self._open) >= self.max_open:
+                    raise LocalProtocolError(f"more than {self.max_open} open conversations")
+                self._open[(True, msg_id)] = not token
+            self._next_id = msg_id + 1
+            return msg_id, msg_id, True
+        key = (conversation[0], conversation[1])
+        holder = self._open.get(key)
+        if holder is None:
+            raise LocalProtocolError(f"conversation {conversation} is not open")
+        if not holder:
+            raise LocalProtocolError(f"the peer holds the token of conversation {conversation}")
+        if last:
+            del self._open[key]
+        elif token:
+            self._open[key] = False
+        self._next_id = msg_id + 1
+        return msg_id, key[1], key[0]
+
+    def outgoing_unchecked(self, conversation: Conversation | None) -> tuple[int, int, bool]:
+        """Assign the next id without any rule checks (lenient connections)."""
+        msg_id = self._next_id
+        self._next_id = msg_id + 1
+        if conversation is None:
+            return msg_id, msg_id, True
+        return msg_id, conversation[1], conversation[0]
+
+    def incoming(self, msg: Msg) -> bool:
+        """Check and record a received message.
+
+        Returns False for a message that belongs to an abandoned conversation (to be
+        dropped); raises ConversationError when the peer broke a rule.
+        """
+        if msg.id <= self._last_received_id:
+            raise ConversationError(f"message id {msg.id} does not follow {self._last_received_id}")
+        self._last_received_id = msg.id
+        key = (not msg.owner, msg.first)
+        if msg.owner and msg.first == msg.id:
+            if not msg.last:
+                if len(self._open) >= self.max_open:
+                    raise ConversationError(f"peer opened more than {self.max_open} conversations")
+                self._open[key] = msg.token
+            return True
+        holder = self._open.get(key)
+        if holder is None:
+            if key in self._abandoned:
+                if msg.last:
+                    del self._abandoned[key]
+                return False
+            raise ConversationError(f"message {msg.id} for unknown conversation {key}")
+        if holder:
+            raise ConversationError(f"message {msg.id} sent without the token of {key}")
+        if msg.last:
+            del self._open[key]
+        elif msg.token:
+            self._open[key] = True
+        return True
+
+    def abandon(self, conversation: Conversation) -> None:
+        """Forget an open conversation (e.g. timed out); its late messages get dropped."""
+        key = (conversation[0], conversation[1])
+        if self._open.pop(key, None) is None:
+            return
+        self._abandoned[key] = None
+        if len(self._abandoned) > self.max_abandoned:
+            self._abandoned.popitem(last=False)
