@@ -1,1 +1,53 @@
-"""peerwire RPC core: connections, requests, streams, handlers (see README)."""
+"""peerwire's RPC core: handlers, ``connect(url)`` and ``serve(url)``.
+
+import rpc
+
+@rpc.handle("greet")
+def greet(params: dict) -> dict:
+    return {"greeting": f"Hello {params['name']}"}
+
+async with rpc.serve("tcp+gotalk://127.0.0.1:0") as server:
+    async with rpc.connect(str(server.url)) as peer:
+        await peer.request("greet", {"name": "Ada"})
+"""
+
+from rpc.api import Server, connect, serve
+from rpc.chatter_peer import ChatterPeer, Reply
+from rpc.errors import (
+    ConnectionClosed,
+    RemoteError,
+    RequestTimeout,
+    RetryLater,
+    RpcError,
+)
+from rpc.gotalk_peer import GotalkPeer
+from rpc.payload import PayloadError
+from rpc.peer import Options, Peer, current_peer
+from rpc.registry import Registry, default_registry, handle, handle_notification, handle_stream
+from rpc.url import PeerUrl, UrlError, parse_url
+
+__all__ = [
+    "ChatterPeer",
+    "ConnectionClosed",
+    "GotalkPeer",
+    "Options",
+    "PayloadError",
+    "Peer",
+    "PeerUrl",
+    "Registry",
+    "RemoteError",
+    "Reply",
+    "RequestTimeout",
+    "RetryLater",
+    "RpcError",
+    "Server",
+    "UrlError",
+    "connect",
+    "current_peer",
+    "default_registry",
+    "handle",
+    "handle_notification",
+    "handle_stream",
+    "parse_url",
+    "serve",
+]

@@ -1,0 +1,168 @@
+"""``connect(url)`` and ``serve(url)``: the entry points that pick transport and codec."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as ssl_module
+from collections.abc import Callable, Generator
+from typing import Any
+
+from rpc.chatter_peer import ChatterPeer
+from rpc.errors import ConnectionClosed
+from rpc.gotalk_peer import GotalkPeer
+from rpc.peer import Options, Peer
+from rpc.registry import Registry
+from rpc.url import PeerUrl, parse_url
+from transports.stream import (
+    client_ssl_context,
+    open_stream,
+    server_address,
+    start_stream_server,
+)
+from wire.chatter import Dialect
+
+
+def _peer_factory(
+    url: PeerUrl,
+    registry: Registry | None,
+    options: Options | None,
+    server: bool,
+    protocol_options: dict[str, Any],
+) -> Callable[[], Peer]:
+    if url.codec == "gotalk":
+        return lambda: GotalkPeer(registry, options, **protocol_options)
+    dialect = None if server else (url.dialect or Dialect.LEGACY)
+    return lambda: ChatterPeer(registry, options, dialect=dialect, **protocol_options)
+
+
+class _Connect:
+    """Awaitable and async context manager returned by :func:`connect`."""
+
+    def __init__(self, coro_fn: Callable[[], Any]) -> None:
+        self._coro_fn = coro_fn
+        self._peer: Peer | None = None
+
+    def __await__(self) -> Generator[Any, None, Peer]:
+        return self._coro_fn().__await__()
+
+    async def __aenter__(self) -> Peer:
+        self._peer = await self._coro_fn()
+        return self._peer
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._peer is not None:
+            await self._peer.close()
+
+
+def connect(
+    url: str,
+    *,
+    registry: Registry | None = None,
+    options: Options | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    server_hostname: str | None = None,
+    connect_timeout: float = 10.0,
+    **protocol_options: Any,
+) -> _Connect:
+    """Connect to a peer: ``peer = await connect(url)`` or ``async with connect(url) as peer``.
+
+    ``registry`` holds the handlers the remote side may call on us (default: the module
+    registry). ``ssl`` overrides the default TLS client context (system CAs, hostname
+    checked). ``protocol_options`` go to the protocol peer (``ping_interval``,
+    ``heartbeat_interval``, ...).
+    """
+    parsed = parse_url(url)
+
+    async def run() -> Peer:
+        factory = _peer_factory(parsed, registry, options, False, protocol_options)
+        ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
+        try:
+            peer = await open_stream(
+                parsed.host,
+                parsed.port,
+                factory,
+                ssl_context=ctx,
+                server_hostname=server_hostname or parsed.host,
+                connect_timeout=connect_timeout,
+            )
+        except TimeoutError:
+            raise ConnectionClosed(f"connecting to {url} timed out") from None
+        assert isinstance(peer, Peer)
+        return peer
+
+    return _Connect(run)
+
+
+class Server:
+    """A listening server; every accepted connection is a :class:`Peer` in :attr:`peers`."""
+
+    def __init__(
+        self,
+        url: PeerUrl,
+        registry: Registry | None,
+        options: Options | None,
+        ssl: ssl_module.SSLContext | None,
+        max_connections: int,
+        protocol_options: dict[str, Any],
+    ) -> None:
+        self.requested_url = url
+        self.url = url
+        self.peers: set[Peer] = set()
+        self.max_connections = max_connections
+        self._factory = _peer_factory(url, registry, options, True, protocol_options)
+        self._ssl = ssl
+        self._server: asyncio.Server | None = None
+
+    def _new_peer(self) -> Peer:
+        peer = self._factory()
+        if len(self.peers) >= self.max_connections:
+            peer.connection_made = lambda transport: transport.abort()  # type: ignore[method-assign]
+            return peer
+        self.peers.add(peer)
+        peer.closed.add_done_callback(lambda _: self.peers.discard(peer))
+        return peer
+
+    async def start(self) -> Server:
+        if self.url.tls and self._ssl is None:
+            raise ValueError(f"{self.url} needs an ssl= server context (certificate and key)")
+        self._server = await start_stream_server(
+            self.url.host, self.url.port, self._new_peer, ssl_context=self._ssl
+        )
+        self.url = self.url.with_port(server_address(self._server)[1])
+        return self
+
+    async def close(self, *, drain_timeout: float = 5.0) -> None:
+        """Stop accepting, then close every connection gracefully."""
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(
+            *(p.close(drain_timeout=drain_timeout) for p in list(self.peers)),
+            return_exceptions=True,
+        )
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> Server:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __await__(self) -> Generator[Any, None, Server]:
+        return self.start().__await__()
+
+
+def serve(
+    url: str,
+    *,
+    registry: Registry | None = None,
+    options: Options | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    max_connections: int = 10_000,
+    **protocol_options: Any,
+) -> Server:
+    """Serve ``registry``'s handlers on ``url``: ``async with serve(url) as server``.
+
+    Port 0 picks a free port; ``server.url`` is the bound URL. TLS URLs need ``ssl``.
+    """
+    return Server(parse_url(url), registry, options, ssl, max_connections, protocol_options)

@@ -1,0 +1,114 @@
+"""Handler registration: ``@registry.handle("op")`` and friends.
+
+A module-level default registry backs :func:`rpc.handle`, :func:`rpc.handle_stream` and
+:func:`rpc.handle_notification`; create a :class:`Registry` to keep handlers apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rpc.payload import decoder_for
+
+
+class HandlerKind(enum.Enum):
+    REQUEST = "request"
+    STREAM = "stream"  # receives an async iterator of request parts
+    NOTIFICATION = "notification"
+
+
+@dataclass(slots=True, frozen=True)
+class Handler:
+    name: str
+    fn: Callable[..., Any]
+    kind: HandlerKind
+    annotation: Any
+    decode: Callable[[bytes], Any]
+    is_async: bool
+
+
+def _first_param_annotation(fn: Callable[..., Any]) -> Any:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references: fall back to raw annotations
+        hints = getattr(fn, "__annotations__", {})
+    params = list(inspect.signature(fn).parameters.values())
+    if not params:
+        return inspect.Parameter.empty
+    return hints.get(params[0].name, inspect.Parameter.empty)
+
+
+class Registry:
+    """Named handlers for requests, stream requests and notifications."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self._notifications: dict[str, Handler] = {}
+
+    def _register(self, name: str, fn: Callable[..., Any], kind: HandlerKind) -> Handler:
+        annotation = _first_param_annotation(fn)
+        decode = decoder_for(annotation) if kind is not HandlerKind.STREAM else decoder_for(Any)
+        handler = Handler(
+            name,
+            fn,
+            kind,
+            annotation,
+            decode,
+            inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn),
+        )
+        table = self._notifications if kind is HandlerKind.NOTIFICATION else self._handlers
+        table[name] = handler
+        return handler
+
+    def handle(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a request handler: ``fn(params) -> result`` (sync, async, or an async
+        generator for a streamed result)."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._register(name, fn, HandlerKind.REQUEST)
+            return fn
+
+        return register
+
+    def handle_stream(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a stream-request handler: ``fn(parts: AsyncIterator) -> result``."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._register(name, fn, HandlerKind.STREAM)
+            return fn
+
+        return register
+
+    def handle_notification(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a notification handler: ``fn(value) -> None``."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._register(name, fn, HandlerKind.NOTIFICATION)
+            return fn
+
+        return register
+
+    def get(self, name: str) -> Handler | None:
+        return self._handlers.get(name)
+
+    def get_notification(self, name: str) -> Handler | None:
+        return self._notifications.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def update(self, other: Registry) -> None:
+        """Add every handler of ``other`` (later registrations win)."""
+        self._handlers.update(other._handlers)
+        self._notifications.update(other._notifications)
+
+
+default_registry = Registry()
+handle = default_registry.handle
+handle_stream = default_registry.handle_stream
+handle_notification = default_registry.handle_notification
