@@ -330,7 +330,7 @@ class Peer:
         try:
             result = handler.fn(value)
             if inspect.isawaitable(result):
-                self._spawn(result, None)
+                self._spawn(result)
         except Exception:
             log.exception("notification handler %r failed", name)
         finally:
@@ -352,7 +352,7 @@ class Peer:
             if stream:
                 self._incoming_streams[key] = None
             return
-        token = current_peer.set(self)
+        token = current_peer.set(self)  # tasks created below inherit it
         try:
             if stream:
                 queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -362,21 +362,19 @@ class Peer:
                 result = handler.fn(_drain(queue, handler.decode))
             else:
                 result = handler.fn(self._decode_params(handler, payload))
+            if inspect.isasyncgen(result):
+                self._spawn(self._stream_result(key, result))
+            elif inspect.isawaitable(result):
+                self._spawn(self._await_result(key, result))
+            else:
+                self._reply(key, result)
         except PayloadError as exc:
             self._send_error(key, str(exc))
-            return
         except Exception as exc:
             log.debug("handler %r failed", op, exc_info=True)
             self._send_error(key, str(exc) or type(exc).__name__)
-            return
         finally:
             current_peer.reset(token)
-        if inspect.isasyncgen(result):
-            self._spawn(self._stream_result(key, result), key)
-        elif inspect.isawaitable(result):
-            self._spawn(self._await_result(key, result), key)
-        else:
-            self._reply(key, result)
 
     def _on_request_part(self, key: Any, payload: Any) -> bool:
         """Returns False for a part of a stream we do not know (the caller decides)."""
@@ -402,7 +400,7 @@ class Peer:
 
     # --- handler completion ----------------------------------------------------------------
 
-    def _spawn(self, coro: Any, key: Any) -> None:
+    def _spawn(self, coro: Any) -> None:
         self._active += 1
         task = self._loop.create_task(coro)
         self._tasks.add(task)

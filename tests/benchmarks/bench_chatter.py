@@ -50,8 +50,14 @@ def main() -> None:
         bench(dialect, "small", small, 50_000)
         bench(dialect, "1MiB", big, 200)
     repo = schemas.repository()
-    value = {"id": 1000, "first": 1000, "owner": True, "token": True, "last": True,
-             "data": {"type": "echo", "data": small}}
+    value = {
+        "id": 1000,
+        "first": 1000,
+        "owner": True,
+        "token": True,
+        "last": True,
+        "data": {"type": "echo", "data": small},
+    }
     raw = repo.encode("HatChatter.Msg", value)
     rate("hat-sbs    small encode", lambda: repo.encode("HatChatter.Msg", value), 50_000)
     rate("hat-sbs    small decode", lambda: repo.decode("HatChatter.Msg", raw), 50_000)

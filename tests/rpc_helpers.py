@@ -1,0 +1,40 @@
+"""Helpers for RPC tests: real servers and clients on 127.0.0.1, port 0."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import rpc
+
+# (server scheme, client query) for every protocol flavour the core speaks
+FLAVOURS = {
+    "gotalk": ("tcp+gotalk", ""),
+    "chatter-current": ("tcp+sbs", "?dialect=HatChatter"),
+    "chatter-legacy": ("tcp+sbs", "?dialect=Hat"),
+}
+
+
+@contextlib.asynccontextmanager
+async def served(
+    flavour: str,
+    registry: rpc.Registry,
+    *,
+    client_registry: rpc.Registry | None = None,
+    options: rpc.Options | None = None,
+    client_options: rpc.Options | None = None,
+    **protocol_options: Any,
+) -> AsyncIterator[tuple[rpc.Server, rpc.Peer]]:
+    scheme, query = FLAVOURS[flavour]
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=registry, options=options, **protocol_options
+    ) as server:
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        async with rpc.connect(
+            url,
+            registry=client_registry or rpc.Registry(),
+            options=client_options,
+            **protocol_options,
+        ) as peer:
+            yield server, peer

@@ -1,0 +1,200 @@
+"""The RPC core end to end over real sockets, for Gotalk and both Chatter dialects."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+import rpc
+from tests.rpc_helpers import FLAVOURS, served
+
+pytestmark = pytest.mark.parametrize("flavour", list(FLAVOURS))
+
+
+@dataclass
+class GreetIn:
+    name: str
+
+
+def make_registry() -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("echo")
+    def echo(value):
+        return value
+
+    @reg.handle("raw")
+    def raw(data: bytes) -> bytes:
+        return data[::-1]
+
+    @reg.handle("greet")
+    async def greet(params: GreetIn) -> dict:
+        return {"greeting": f"Hello {params.name}"}
+
+    @reg.handle("sleep")
+    async def sleep(ms: int) -> int:
+        await asyncio.sleep(ms / 1000)
+        return ms
+
+    @reg.handle("fail")
+    def fail(_value):
+        raise ValueError("something went wrong")
+
+    @reg.handle("count")
+    async def count(n: int):
+        for i in range(1, n + 1):
+            yield i
+
+    @reg.handle("count_then_fail")
+    async def count_then_fail(n: int):
+        yield 1
+        raise RuntimeError("stream broke")
+
+    @reg.handle_stream("sum")
+    async def total(parts):
+        return sum([p async for p in parts])
+
+    @reg.handle_stream("upper")
+    async def upper(parts):
+        async for part in parts:
+            yield part.upper()
+
+    @reg.handle("ask_back")
+    async def ask_back(name: str) -> str:
+        caller = rpc.current_peer.get()
+        return await caller.request("client_name", name)
+
+    return reg
+
+
+async def test_request_result(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (_, peer):
+        assert await peer.request("echo", {"a": [1, 2]}) == {"a": [1, 2]}
+        assert await peer.request("echo") is None
+        assert await peer.request("raw", b"abc", raw=True) == b"cba"
+        assert await peer.request("greet", {"name": "Bob"}) == {"greeting": "Hello Bob"}
+
+
+async def test_error_results(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (_, peer):
+        with pytest.raises(rpc.RemoteError, match="something went wrong"):
+            await peer.request("fail", 1)
+        with pytest.raises(rpc.RemoteError, match='unknown operation "nope"'):
+            await peer.request("nope")
+        with pytest.raises(rpc.RemoteError, match="invalid parameters"):
+            await peer.request("greet", {"nom": 1})
+        # the connection survives all of it
+        assert await peer.request("echo", 5) == 5
+
+
+async def test_many_in_flight_out_of_order(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (_, peer):
+        order: list[int] = []
+
+        async def call(ms: int) -> None:
+            order.append(await peer.request("sleep", ms))
+
+        await asyncio.gather(call(300), call(10), *(peer.request("echo", i) for i in range(200)))
+        assert order == [10, 300]
+
+
+async def test_streams(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (_, peer):
+        assert [x async for x in peer.stream("count", value=4)] == [1, 2, 3, 4]
+        assert [x async for x in peer.stream("echo", value="one")] == ["one"]
+        assert [x async for x in peer.stream("sum", parts=[1, 2, 3])] == [6]
+        assert [x async for x in peer.stream("upper", parts=["a", "b"])] == ["A", "B"]
+        got = []
+        with pytest.raises(rpc.RemoteError, match="stream broke"):
+            async for x in peer.stream("count_then_fail", value=1):
+                got.append(x)
+        assert got == [1]
+        assert await peer.request("echo", "after") == "after"
+
+
+async def test_notifications_both_ways_and_callbacks(flavour: str) -> None:
+    server_reg = make_registry()
+    client_reg = rpc.Registry()
+    seen_by_server: asyncio.Queue = asyncio.Queue()
+    seen_by_client: asyncio.Queue = asyncio.Queue()
+
+    @server_reg.handle_notification("hello")
+    def on_hello(value):
+        seen_by_server.put_nowait(value)
+        rpc.current_peer.get().notify("welcome", {"to": value})
+
+    @client_reg.handle_notification("welcome")
+    async def on_welcome(value):
+        seen_by_client.put_nowait(value)
+
+    @client_reg.handle("client_name")
+    def client_name(name: str) -> str:
+        return f"client of {name}"
+
+    async with served(flavour, server_reg, client_registry=client_reg) as (server, peer):
+        peer.notify("hello", "bob")
+        assert await asyncio.wait_for(seen_by_server.get(), 5) == "bob"
+        assert await asyncio.wait_for(seen_by_client.get(), 5) == {"to": "bob"}
+        # the server calls back into the client during a request
+        assert await peer.request("ask_back", "srv") == "client of srv"
+        # and the server can call the client on its own
+        [server_side] = server.peers
+        assert await server_side.request("client_name", "x") == "client of x"
+
+
+async def test_timeout_frees_state_and_late_result_is_dropped(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (_, peer):
+        with pytest.raises(rpc.RequestTimeout):
+            await peer.request("sleep", 300, timeout=0.05)
+        assert peer._calls == {}
+        await asyncio.sleep(0.4)  # the late result arrives and is dropped
+        assert await peer.request("echo", 1) == 1
+
+
+async def test_cancellation_frees_state(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (_, peer):
+        task = asyncio.create_task(peer.request("sleep", 300))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert peer._calls == {}
+        await asyncio.sleep(0.4)
+        assert await peer.request("echo", 2) == 2
+
+
+async def test_concurrency_limit_answers_retry_and_client_honours_it(flavour: str) -> None:
+    options = rpc.Options(max_concurrent=2, retry_wait=0.05)
+    async with served(flavour, make_registry(), options=options) as (_, peer):
+        results = await asyncio.gather(*(peer.request("sleep", 100) for _ in range(6)))
+        assert results == [100] * 6
+        impatient = rpc.Options(retries=0)
+        peer.options = impatient
+        busy = [asyncio.create_task(peer.request("sleep", 200)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(rpc.RetryLater, match="request rate limit"):
+            await peer.request("sleep", 1)
+        await asyncio.gather(*busy)
+
+
+async def test_graceful_close_drains_in_flight_work(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (server, peer):
+        pending = asyncio.create_task(peer.request("sleep", 200))
+        await asyncio.sleep(0.05)
+        [server_side] = server.peers
+        await server_side.close()
+        assert await pending == 200
+
+
+async def test_connection_loss_fails_pending_requests(flavour: str) -> None:
+    async with served(flavour, make_registry()) as (server, peer):
+        pending = asyncio.create_task(peer.request("sleep", 2000))
+        await asyncio.sleep(0.05)
+        [server_side] = server.peers
+        server_side.abort()
+        with pytest.raises(rpc.ConnectionClosed):
+            await pending
+        with pytest.raises(rpc.ConnectionClosed):
+            await peer.request("echo", 1)

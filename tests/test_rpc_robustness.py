@@ -1,0 +1,178 @@
+"""Bad input never wins: protocol answers, disconnects, other connections unaffected;
+and liveness (Gotalk heartbeats / read timeout, Chatter ping) on real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rpc
+from tests.chatter_socket import ChatterSocket
+from wire.chatter import ChatterConnection, Dialect, Msg, encode_frame
+
+
+def registry() -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("echo")
+    def echo(value):
+        return value
+
+    @reg.handle_stream("sum")
+    async def total(parts):
+        return sum([p async for p in parts])
+
+    return reg
+
+
+async def read_all(reader: asyncio.StreamReader, timeout: float = 5) -> bytes:
+    """Everything until EOF (fails the test if the peer never closes)."""
+    chunks = []
+    async with asyncio.timeout(timeout):
+        while chunk := await reader.read(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def raw_connect(server: rpc.Server) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", server.url.port)
+
+
+async def check_other_client_still_works(server: rpc.Server, query: str = "") -> None:
+    async with rpc.connect(f"{server.url}{query}", registry=rpc.Registry()) as peer:
+        assert await peer.request("echo", "still here") == "still here"
+
+
+@pytest.mark.parametrize(
+    ("sent", "expected"),
+    [
+        (b"01x000100000000", b"01f00000002"),  # unknown message type
+        (b"02", b"01f00000001"),  # unsupported version
+        (b"xx", b"01f00000001"),  # non-hex version
+        (b"01r0001zzzecho00000007", b"01f00000002"),  # non-hex text3 size
+        (b"01r0001004echo0000000g", b"01f00000002"),  # non-hex payload size
+        (b"01r0001004echoffffffff", b"01f00000002"),  # 4 GiB payload announced
+        (b"01pzzzz00000003abc", b"01f00000002"),  # part of an unknown stream
+        (b"01s0001003sum000000011s0001003sum000000012", b"01f00000002"),  # duplicate stream id
+    ],
+)
+async def test_gotalk_bad_input_gets_fault_and_close(sent: bytes, expected: bytes) -> None:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as server:
+        reader, writer = await raw_connect(server)
+        bystander = await rpc.connect(str(server.url), registry=rpc.Registry())
+        writer.write(sent)
+        assert await read_all(reader) == expected
+        writer.close()
+        assert await bystander.request("echo", 1) == 1
+        await bystander.close()
+        await check_other_client_still_works(server)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"\x05\x10\x00\x00\x00\x00",  # announces 2**40 bytes
+        b"\x01\x03\xff\xff\xff",  # garbage envelope
+        # a reply in a conversation that does not exist
+        encode_frame(Msg(1, 7, False, True, True, "X", b""), Dialect.CURRENT),
+        # id going backwards
+        encode_frame(Msg(2, 2, True, True, True, "echo", b"1"), Dialect.CURRENT)
+        + encode_frame(Msg(1, 1, True, True, True, "echo", b"1"), Dialect.CURRENT),
+    ],
+)
+async def test_chatter_bad_input_closes_connection(sent: bytes) -> None:
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as server:
+        reader, writer = await raw_connect(server)
+        writer.write(sent)
+        assert await read_all(reader) == b""  # Chatter closes without a word
+        writer.close()
+        await check_other_client_still_works(server, "?dialect=HatChatter")
+
+
+async def test_chatter_token_violation_closes_connection() -> None:
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as server:
+        reader, writer = await raw_connect(server)
+        # a stream request keeps the token with the client; a second "first" message in it
+        # from the client is fine, but a client message after passing the token is not
+        frames = [
+            Msg(1, 1, True, False, False, "sum", b"1"),
+            Msg(2, 1, True, True, False, "PeerwireRpc.End", b""),
+            Msg(3, 1, True, True, False, "PeerwireRpc.Part", b"2"),
+        ]
+        writer.write(b"".join(encode_frame(m, Dialect.CURRENT) for m in frames))
+        data = await read_all(reader)
+        # the result may or may not have gone out before the violation was read
+        assert data == b"" or ChatterConnection(Dialect.CURRENT, strict=False).receive_data(data)
+        writer.close()
+        await check_other_client_still_works(server, "?dialect=HatChatter")
+
+
+async def test_gotalk_heartbeats_and_read_timeout() -> None:
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=registry(), heartbeat_interval=0.1, read_timeout=0.5
+    ) as server:
+        reader, writer = await raw_connect(server)
+        writer.write(b"01")
+        data = await read_all(reader)
+        assert data.startswith(b"01h0000")
+        assert data.count(b"h0000") >= 2
+        assert data.endswith(b"f00000003")
+        writer.close()
+
+
+async def test_gotalk_client_heartbeats_keep_go_style_server_happy() -> None:
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=registry(), heartbeat_interval=None, read_timeout=0.4
+    ) as server:
+        async with rpc.connect(str(server.url), heartbeat_interval=0.1) as peer:
+            await asyncio.sleep(1.0)  # longer than the server's read timeout
+            assert await peer.request("echo", "alive") == "alive"
+            [server_side] = server.peers
+            assert server_side.heartbeats_received >= 5
+
+
+async def test_chatter_ping_closes_silent_peer_and_keeps_answering_one() -> None:
+    async with rpc.serve(
+        "tcp+sbs://127.0.0.1:0", registry=registry(), ping_interval=0.2, ping_timeout=0.2
+    ) as server:
+        # a peer that never answers pings is dropped
+        reader, writer = await raw_connect(server)
+        writer.write(encode_frame(Msg(1, 1, True, True, True, "hi", b""), Dialect.CURRENT))
+        data = await read_all(reader, timeout=3)
+        assert b"HatChatter.Ping" in data
+        writer.close()
+        # a peer that answers (our codec does) stays connected
+        sock = await ChatterSocket.connect("127.0.0.1", server.url.port, Dialect.CURRENT)
+        sock.conn.send("hi")
+        sock.flush()
+        await sock.pump(1.0)
+        assert sock.conn.pings_received >= 2
+        assert len(server.peers) == 1
+        await sock.close()
+
+
+@settings(max_examples=25)
+@given(garbage=st.binary(min_size=1, max_size=200), codec=st.sampled_from(["gotalk", "sbs"]))
+async def test_random_bytes_never_hang_or_hurt_others(garbage: bytes, codec: str) -> None:
+    async with rpc.serve(
+        f"tcp+{codec}://127.0.0.1:0", registry=registry(), options=rpc.Options(max_size=1024)
+    ) as server:
+        reader, writer = await raw_connect(server)
+        writer.write((b"01" if codec == "gotalk" else b"") + garbage)
+        await writer.drain()
+        # either the server closes on us, or it is waiting for more bytes: never stuck busy
+        try:
+            async with asyncio.timeout(0.3):
+                while await reader.read(65536):
+                    pass
+        except TimeoutError:
+            pass
+        writer.close()
+        query = "?dialect=HatChatter" if codec == "sbs" else ""
+        await check_other_client_still_works(server, query)
+        for peer in server.peers:
+            codec_obj = peer.codec  # type: ignore[attr-defined]
+            assert codec_obj.buffered <= 1024 + 4200
