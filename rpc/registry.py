@@ -52,7 +52,11 @@ class Registry:
 
     def _register(self, name: str, fn: Callable[..., Any], kind: HandlerKind) -> Handler:
         annotation = _first_param_annotation(fn)
-        decode = decoder_for(annotation) if kind is not HandlerKind.STREAM else decoder_for(Any)
+        if kind is HandlerKind.STREAM:
+            # parts: AsyncIterator[X] / AsyncIterable[X] -> each part decoded as X
+            args = typing.get_args(annotation)
+            annotation = args[0] if args else inspect.Parameter.empty
+        decode = decoder_for(annotation)
         handler = Handler(
             name,
             fn,

@@ -1,0 +1,317 @@
+"""``peerwire``: serve a module's handlers, or call, stream and notify a peer from a shell.
+
+    peerwire serve examples/greet.py --listen tcp+gotalk://127.0.0.1:0
+    peerwire call tcp+gotalk://127.0.0.1:4000 greet '{"name": "Ada"}'
+
+Payloads and results are JSON, one result per line, so the output pipes into ``jq``.
+Exit codes tell failures apart for scripts; see ``EPILOG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import json
+import logging
+import signal
+import ssl
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import msgspec
+
+import rpc
+from transports.stream import client_ssl_context, server_ssl_context
+
+log = logging.getLogger("peerwire.cli")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONNECTION = 3
+EXIT_TIMEOUT = 4
+EXIT_REMOTE_ERROR = 5
+EXIT_RETRY = 6
+
+EPILOG = """\
+exit codes:
+  0  success
+  1  any other failure (e.g. a result that is not JSON)
+  2  usage: bad arguments, URL, JSON or module
+  3  connection refused, failed or closed (also a failed listen)
+  4  no result within --timeout
+  5  the peer answered with an error result (its message goes to stderr)
+  6  the peer kept answering "retry later" until retries or time ran out
+"""
+
+
+class CliError(Exception):
+    """A failure to report in one line on stderr, with its exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- arguments -----------------------------------------------------------------------------
+
+
+def _json_arg(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not JSON ({exc}): {text!r}", EXIT_USAGE) from None
+
+
+def _parse_url(url: str) -> rpc.PeerUrl:
+    try:
+        return rpc.parse_url(url)
+    except rpc.UrlError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # -v is accepted before and after the subcommand; SUPPRESS keeps a subparser from
+    # overwriting the top-level value with its own default.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
+    parser = argparse.ArgumentParser(
+        prog="peerwire",
+        description="Serve peerwire handlers or talk to a peer (Chatter or Gotalk).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        parents=[verbose],
+        help="serve a module's registry until SIGINT/SIGTERM",
+        description="Import MODULE_OR_PATH and serve its `registry` (or rpc.default_registry) "
+        "on every --listen URL; prints `listening on URL` for each bound URL.",
+    )
+    serve.add_argument("module", metavar="MODULE_OR_PATH", help="examples/greet.py or a.b.c")
+    serve.add_argument(
+        "--listen",
+        metavar="URL",
+        action="append",
+        required=True,
+        help="e.g. tcp+gotalk://127.0.0.1:0 (port 0 picks one); repeatable",
+    )
+    serve.add_argument("--cert", metavar="F", help="PEM certificate chain (ssl+ URLs)")
+    serve.add_argument("--key", metavar="F", help="PEM private key, if not in --cert")
+    serve.add_argument(
+        "--client-ca", metavar="F", help="require client certificates signed by these CAs"
+    )
+
+    client = argparse.ArgumentParser(add_help=False, parents=[verbose])
+    client.add_argument("url", metavar="URL", help="e.g. tcp+sbs://127.0.0.1:4000?dialect=Hat")
+    client.add_argument(
+        "--timeout", metavar="S", type=float, help="seconds to wait for a result (default 30)"
+    )
+    client.add_argument("--cafile", metavar="F", help="PEM CAs that sign the server (ssl+ URLs)")
+    client.add_argument("--insecure", action="store_true", help="do not verify the server (TLS)")
+    client.add_argument("--cert", metavar="F", help="client certificate (mutual TLS)")
+    client.add_argument("--key", metavar="F", help="client key, if not in --cert")
+
+    call = sub.add_parser("call", parents=[client], help="send a request, print its result")
+    call.add_argument("op", metavar="OP")
+    call.add_argument("payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON")
+
+    notify = sub.add_parser("notify", parents=[client], help="send a notification")
+    notify.add_argument("op", metavar="NAME")
+    notify.add_argument("payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON")
+
+    stream = sub.add_parser(
+        "stream",
+        parents=[client],
+        help="print every result of a streamed result or a stream request",
+        description="Send OP with PAYLOAD, or a stream request of the --part values, and "
+        "print each result as one JSON line.",
+    )
+    stream.add_argument("op", metavar="OP")
+    stream.add_argument("payload", metavar="PAYLOAD", nargs="?", help="JSON (default null)")
+    stream.add_argument(
+        "--part",
+        metavar="JSON",
+        action="append",
+        help="a part of a stream request; repeat for each part (instead of PAYLOAD)",
+    )
+    return parser
+
+
+# --- serve ---------------------------------------------------------------------------------
+
+
+def load_module(spec: str) -> ModuleType:
+    """A file path (anything ending in .py or naming an existing file) or a dotted name."""
+    try:
+        if spec.endswith(".py") or Path(spec).is_file():
+            return _load_file(Path(spec))
+        return importlib.import_module(spec)
+    except Exception as exc:
+        log.debug("importing %s failed", spec, exc_info=True)
+        raise CliError(f"cannot import {spec}: {type(exc).__name__}: {exc}", EXIT_USAGE) from None
+
+
+def _load_file(path: Path) -> ModuleType:
+    name = path.stem if path.stem not in sys.modules else f"_peerwire_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"not a Python module: {path}")
+    module = importlib.util.module_from_spec(spec)
+    # as `python file.py` would: sibling imports work, and dataclasses find their module
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def find_registry(module: ModuleType) -> rpc.Registry:
+    registry = getattr(module, "registry", None)
+    if registry is None:
+        return rpc.default_registry
+    if not isinstance(registry, rpc.Registry):
+        raise CliError(
+            f"{module.__name__}.registry is a {type(registry).__name__}, not an rpc.Registry",
+            EXIT_USAGE,
+        )
+    return registry
+
+
+async def serve(args: argparse.Namespace) -> int:
+    urls = [_parse_url(url) for url in args.listen]
+    registry = find_registry(load_module(args.module))
+    if not registry.names():
+        log.warning("%s registers no request handlers", args.module)
+    server_ctx: ssl.SSLContext | None = None
+    if any(url.tls for url in urls):
+        if not args.cert:
+            raise CliError("ssl+ URLs need --cert (and --key)", EXIT_USAGE)
+        try:
+            server_ctx = server_ssl_context(args.cert, args.key, client_cafile=args.client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise CliError(f"cannot load certificate: {exc}", EXIT_USAGE) from None
+
+    servers: list[rpc.Server] = []
+    try:
+        for url in urls:
+            # the core would serve TLS on a tcp+ URL if given a context: only ssl+ get one
+            server = rpc.serve(str(url), registry=registry, ssl=server_ctx if url.tls else None)
+            try:
+                await server.start()
+            except OSError as exc:
+                raise CliError(f"cannot listen on {url}: {exc}", EXIT_CONNECTION) from None
+            servers.append(server)
+            print(f"listening on {server.url}", flush=True)
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping: closing %d server(s)", len(servers))
+    finally:
+        await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
+    return EXIT_OK
+
+
+# --- client commands -----------------------------------------------------------------------
+
+
+def _client_ssl(args: argparse.Namespace, url: rpc.PeerUrl) -> ssl.SSLContext | None:
+    if not url.tls:
+        if args.cafile or args.insecure or args.cert:
+            log.warning("--cafile, --insecure and --cert apply to ssl+ URLs only: ignored")
+        return None
+    try:
+        return client_ssl_context(
+            cafile=args.cafile, certfile=args.cert, keyfile=args.key, verify=not args.insecure
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise CliError(f"cannot load TLS files: {exc}", EXIT_USAGE) from None
+
+
+def _print_json(value: Any) -> None:
+    # msgspec, not json: SBS results may hold bytes (base64) and tuples (arrays)
+    print(msgspec.json.encode(value).decode(), flush=True)
+
+
+async def client(args: argparse.Namespace) -> int:
+    url = _parse_url(args.url)
+    if args.command == "stream" and args.part is not None:
+        if args.payload is not None:
+            raise CliError("give PAYLOAD or --part values, not both", EXIT_USAGE)
+        parts: list[Any] | None = [_json_arg(p, "--part") for p in args.part]
+        value = None
+    else:
+        parts = None
+        value = _json_arg(args.payload or "null", "PAYLOAD")
+    ctx = _client_ssl(args, url)
+    connect_timeout = args.timeout if args.timeout is not None else 10.0
+    log.debug("connecting to %s", url)
+    try:
+        peer = await rpc.connect(args.url, ssl=ctx, connect_timeout=connect_timeout)
+    except (rpc.ConnectionClosed, OSError) as exc:
+        raise CliError(f"cannot connect to {args.url}: {exc}", EXIT_CONNECTION) from None
+    try:
+        if args.command == "call":
+            _print_json(await peer.request(args.op, value, timeout=args.timeout))
+        elif args.command == "notify":
+            peer.notify(args.op, value)
+        else:
+            async for item in peer.stream(args.op, parts, value, timeout=args.timeout):
+                _print_json(item)
+    finally:
+        await peer.close()
+    return EXIT_OK
+
+
+# --- entry point ---------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(serve(args) if args.command == "serve" else client(args))
+    except CliError as exc:
+        print(f"peerwire: {exc}", file=sys.stderr)
+        return exc.code
+    except rpc.RemoteError as exc:
+        print(f"peerwire: error result from peer: {exc}", file=sys.stderr)
+        return EXIT_REMOTE_ERROR
+    except rpc.RetryLater as exc:
+        print(f"peerwire: peer asked to retry, gave up: {exc}", file=sys.stderr)
+        return EXIT_RETRY
+    except rpc.RequestTimeout as exc:
+        print(f"peerwire: timeout: {exc}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    except (rpc.ConnectionClosed, OSError) as exc:
+        print(f"peerwire: connection failed: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    except rpc.PayloadError as exc:
+        print(f"peerwire: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit code (console scripts pass it to sys.exit)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Real TLS with generated certificates: verification, hostname checks, mutual TLS."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+import rpc
+from tests.certs import Pki
+from transports.stream import client_ssl_context, server_ssl_context
+
+SCHEMES = ["ssl+gotalk", "ssl+sbs"]
+
+
+def registry() -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("whoami")
+    def whoami(_value) -> str:
+        peer = rpc.current_peer.get()
+        cert = peer._transport.get_extra_info("peercert")  # type: ignore[union-attr]
+        if not cert:
+            return "anonymous"
+        return dict(x[0] for x in cert["subject"])["commonName"]
+
+    return reg
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_verified_tls_request(pki: Pki, scheme: str) -> None:
+    server_ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), ssl=server_ctx) as srv:
+        for host in ("127.0.0.1", "localhost"):
+            url = f"{scheme}://{host}:{srv.url.port}"
+            async with rpc.connect(url, ssl=client_ssl_context(cafile=pki.ca)) as peer:
+                assert await peer.request("whoami") == "anonymous"
+                tls = peer._transport.get_extra_info("ssl_object")  # type: ignore[union-attr]
+                assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_untrusted_server_is_refused_by_default(pki: Pki, scheme: str) -> None:
+    server_ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), ssl=server_ctx) as srv:
+        url = f"{scheme}://127.0.0.1:{srv.url.port}"
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await rpc.connect(url)  # system CAs only: our test CA is not trusted
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await rpc.connect(url, ssl=client_ssl_context(cafile=pki.other_ca))
+        with pytest.raises(ssl.SSLCertVerificationError, match="match"):
+            await rpc.connect(
+                url, ssl=client_ssl_context(cafile=pki.ca), server_hostname="not-the-server.example"
+            )
+        async with rpc.connect(url, ssl=client_ssl_context(verify=False)) as peer:
+            assert await peer.request("whoami") == "anonymous"
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_mutual_tls(pki: Pki, scheme: str) -> None:
+    server_ctx = server_ssl_context(pki.server_cert, pki.server_key, client_cafile=pki.ca)
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), ssl=server_ctx) as srv:
+        url = f"{scheme}://localhost:{srv.url.port}"
+        with_cert = client_ssl_context(
+            cafile=pki.ca, certfile=pki.client_cert, keyfile=pki.client_key
+        )
+        async with rpc.connect(url, ssl=with_cert) as peer:
+            assert await peer.request("whoami") == "client-1"
+        # without a client certificate the server refuses the handshake
+        with pytest.raises((ssl.SSLError, rpc.ConnectionClosed, ConnectionError)):
+            async with rpc.connect(url, ssl=client_ssl_context(cafile=pki.ca)) as peer:
+                await peer.request("whoami", timeout=2)
+
+
+def test_tls_url_without_server_context_is_refused() -> None:
+    with pytest.raises(ValueError, match="ssl="):
+        import asyncio
+
+        asyncio.run(rpc.serve("ssl+gotalk://127.0.0.1:0", registry=rpc.Registry()).start())
