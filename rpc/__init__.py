@@ -11,6 +11,7 @@ async with rpc.serve("tcp+gotalk://127.0.0.1:0") as server:
         await peer.request("greet", {"name": "Ada"})
 """
 
+from rpc import blocking
 from rpc.api import Server, connect, serve
 from rpc.chatter_peer import ChatterPeer, Reply
 from rpc.errors import (
@@ -42,6 +43,7 @@ __all__ = [
     "RpcError",
     "Server",
     "UrlError",
+    "blocking",
     "connect",
     "current_peer",
     "default_registry",

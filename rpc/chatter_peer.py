@@ -53,6 +53,7 @@ class Reply:
 
 class ChatterPeer(Peer):
     protocol_name = "chatter"
+    default_timeout = 5.0  # the seeds' conversation timeout
 
     def __init__(
         self,

@@ -37,8 +37,9 @@ _END = object()
 class Options:
     """Per-connection settings (every limit is per connection)."""
 
-    timeout: float = 30.0
-    """Default seconds a request waits for its result."""
+    timeout: float | None = None
+    """Seconds a request waits for its result; None = the protocol's default (Chatter 5 s,
+    the seeds' conversation timeout; Gotalk 30 s)."""
     max_concurrent: int = 1024
     """Requests handled at once; past it the peer answers with a retry result."""
     retry_wait: float = 0.5
@@ -66,6 +67,7 @@ class Peer:
     ``_receive`` (bytes -> ``_on_*`` events)."""
 
     protocol_name = "?"
+    default_timeout = 30.0
 
     def __init__(self, registry: Registry | None = None, options: Options | None = None) -> None:
         self.registry = registry if registry is not None else default_registry
@@ -194,7 +196,7 @@ class Peer:
         ``timeout``. Raises RemoteError, RetryLater, RequestTimeout or ConnectionClosed.
         """
         payload = self._encode_request(op, value)
-        timeout = self.options.timeout if timeout is None else timeout
+        timeout = self._timeout(timeout)
         deadline = self._loop.time() + timeout
         attempt = 0
         while True:
@@ -235,7 +237,7 @@ class Peer:
         """
         await self._wait_writable()
         self._check_open()
-        timeout = self.options.timeout if timeout is None else timeout
+        timeout = self._timeout(timeout)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         future: asyncio.Future[Any] = self._loop.create_future()
         if parts is None:
@@ -266,6 +268,11 @@ class Peer:
         finally:
             if self._calls.pop(key, None) is not None:
                 self._abandon(key)
+
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is not None:
+            return timeout
+        return self.options.timeout if self.options.timeout is not None else self.default_timeout
 
     def notify(self, name: str, value: Any = None) -> None:
         """Send a notification (no reply)."""

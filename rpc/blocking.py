@@ -1,0 +1,96 @@
+"""A blocking facade over the async core, for scripts and threads.
+
+    with rpc.blocking.connect("tcp+gotalk://127.0.0.1:1234") as peer:
+        print(peer.request("greet", {"name": "Ada"}))
+
+One event loop runs in a daemon thread shared by every blocking peer of the process; calls
+from any thread are handed to it with ``run_coroutine_threadsafe`` and wait for the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
+
+from rpc.api import connect as async_connect
+from rpc.peer import Peer
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="peerwire-loop", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def _run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    loop = _background_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        raise RuntimeError("blocking peerwire call from inside its own event loop")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+class BlockingPeer:
+    """The blocking twin of :class:`rpc.Peer`; every method waits for its answer."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+
+    def request(
+        self, op: str, value: Any = None, *, timeout: float | None = None, raw: bool = False
+    ) -> Any:
+        return _run(self.peer.request(op, value, timeout=timeout, raw=raw))
+
+    def stream(
+        self,
+        op: str,
+        parts: Iterable[Any] | None = None,
+        value: Any = None,
+        *,
+        timeout: float | None = None,
+        raw: bool = False,
+    ) -> Iterator[Any]:
+        """Collects the whole result stream, then iterates it."""
+
+        async def collect() -> list[Any]:
+            return [x async for x in self.peer.stream(op, parts, value, timeout=timeout, raw=raw)]
+
+        return iter(_run(collect()))
+
+    def notify(self, name: str, value: Any = None) -> None:
+        async def send() -> None:
+            self.peer.notify(name, value)
+
+        _run(send())
+
+    def close(self) -> None:
+        _run(self.peer.close())
+
+    def __enter__(self) -> BlockingPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(url: str, **kwargs: Any) -> BlockingPeer:
+    """Blocking :func:`rpc.connect`; takes the same keyword arguments."""
+
+    async def open_peer() -> Peer:
+        return await async_connect(url, **kwargs)
+
+    return BlockingPeer(_run(open_peer()))
