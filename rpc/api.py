@@ -104,12 +104,14 @@ class Server:
         ssl: ssl_module.SSLContext | None,
         max_connections: int,
         protocol_options: dict[str, Any],
+        on_connect: Callable[[Peer], Any] | None = None,
     ) -> None:
         self.requested_url = url
         self.url = url
         self.peers: set[Peer] = set()
         self.max_connections = max_connections
         self._factory = _peer_factory(url, registry, options, True, protocol_options)
+        self._on_connect = on_connect
         self._ssl = ssl
         self._server: asyncio.Server | None = None
 
@@ -119,6 +121,7 @@ class Server:
             peer.connection_made = lambda transport: transport.abort()  # type: ignore[method-assign]
             return peer
         self.peers.add(peer)
+        peer.on_open = self._on_connect
         peer.closed.add_done_callback(lambda _: self.peers.discard(peer))
         return peer
 
@@ -159,10 +162,15 @@ def serve(
     options: Options | None = None,
     ssl: ssl_module.SSLContext | None = None,
     max_connections: int = 10_000,
+    on_connect: Callable[[Peer], Any] | None = None,
     **protocol_options: Any,
 ) -> Server:
     """Serve ``registry``'s handlers on ``url``: ``async with serve(url) as server``.
 
     Port 0 picks a free port; ``server.url`` is the bound URL. TLS URLs need ``ssl``.
+    ``on_connect(peer)`` runs for every accepted connection (sync or async); connections
+    past ``max_connections`` are closed at once.
     """
-    return Server(parse_url(url), registry, options, ssl, max_connections, protocol_options)
+    return Server(
+        parse_url(url), registry, options, ssl, max_connections, protocol_options, on_connect
+    )

@@ -123,11 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     call = sub.add_parser("call", parents=[client], help="send a request, print its result")
     call.add_argument("op", metavar="OP")
-    call.add_argument("payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON")
+    call.add_argument(
+        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
+    )
 
     notify = sub.add_parser("notify", parents=[client], help="send a notification")
     notify.add_argument("op", metavar="NAME")
-    notify.add_argument("payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON")
+    notify.add_argument(
+        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
+    )
 
     stream = sub.add_parser(
         "stream",

@@ -16,7 +16,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +83,12 @@ class Peer:
         self._active = 0
         self._write_ready: asyncio.Future[None] | None = None
         self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
+        """Resolves (with the transport's exception or None) once the connection is gone."""
         self.remote_address: Any = None
+        self.on_open: Callable[[Peer], Any] | None = None
+        """Called once the connection is up (a coroutine result runs as a task)."""
+        self.state: dict[str, Any] = {}
+        """Free room for the application's per-connection data (e.g. a session)."""
 
     # --- transport callbacks -------------------------------------------------------------
 
@@ -91,6 +96,17 @@ class Peer:
         self._transport = transport
         self.remote_address = transport.get_extra_info("peername")
         self._start()
+        if self.on_open is not None:
+            token = current_peer.set(self)
+            try:
+                result = self.on_open(self)
+                if inspect.isawaitable(result):
+                    self._spawn(result)
+            except Exception:
+                log.exception("on_open callback failed; closing")
+                self.abort()
+            finally:
+                current_peer.reset(token)
         self._flush()
 
     def data_received(self, data: bytes) -> None:

@@ -198,3 +198,30 @@ async def test_connection_loss_fails_pending_requests(flavour: str) -> None:
             await pending
         with pytest.raises(rpc.ConnectionClosed):
             await peer.request("echo", 1)
+
+
+async def test_on_connect_and_connection_limit(flavour: str) -> None:
+    scheme, query = FLAVOURS[flavour]
+    opened: list[rpc.Peer] = []
+
+    async def on_connect(peer: rpc.Peer) -> None:
+        peer.state["name"] = f"conn{len(opened)}"
+        opened.append(peer)
+
+    reg = make_registry()
+
+    @reg.handle("my_name")
+    def my_name(_value) -> str:
+        return rpc.current_peer.get().state["name"]
+
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=reg, on_connect=on_connect, max_connections=1
+    ) as server:
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        async with rpc.connect(url) as peer:
+            assert await peer.request("my_name") == "conn0"
+            extra = await rpc.connect(url)
+            await asyncio.wait_for(extra.closed, 5)  # refused: over the limit
+            with pytest.raises(rpc.ConnectionClosed):
+                await extra.request("echo", 1)
+        assert len(opened) == 1
