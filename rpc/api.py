@@ -19,6 +19,7 @@ from transports.stream import (
     server_address,
     start_stream_server,
 )
+from transports.websocket import HttpOptions, open_websocket, start_websocket_server
 from wire.chatter import Dialect
 
 
@@ -62,6 +63,7 @@ def connect(
     ssl: ssl_module.SSLContext | None = None,
     server_hostname: str | None = None,
     connect_timeout: float = 10.0,
+    origin: str | None = None,
     **protocol_options: Any,
 ) -> _Connect:
     """Connect to a peer: ``peer = await connect(url)`` or ``async with connect(url) as peer``.
@@ -76,6 +78,21 @@ def connect(
     async def run() -> Peer:
         factory = _peer_factory(parsed, registry, options, False, protocol_options)
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
+        if parsed.websocket:
+            max_size = (options or Options()).max_size
+            try:
+                peer = await open_websocket(
+                    parsed.websocket_uri,
+                    factory,
+                    ssl_context=ctx,
+                    origin=origin,
+                    max_size=max_size + 4096,
+                    connect_timeout=connect_timeout,
+                )
+            except TimeoutError:
+                raise ConnectionClosed(f"connecting to {url} timed out") from None
+            assert isinstance(peer, Peer)
+            return peer
         try:
             peer = await open_stream(
                 parsed.host,
@@ -105,6 +122,7 @@ class Server:
         max_connections: int,
         protocol_options: dict[str, Any],
         on_connect: Callable[[Peer], Any] | None = None,
+        web: HttpOptions | None = None,
     ) -> None:
         self.requested_url = url
         self.url = url
@@ -112,8 +130,10 @@ class Server:
         self.max_connections = max_connections
         self._factory = _peer_factory(url, registry, options, True, protocol_options)
         self._on_connect = on_connect
+        self._web = web
+        self._max_size = (options or Options()).max_size
         self._ssl = ssl
-        self._server: asyncio.Server | None = None
+        self._server: Any = None  # asyncio.Server or websockets Server (same interface)
 
     def _new_peer(self) -> Peer:
         peer = self._factory()
@@ -128,9 +148,24 @@ class Server:
     async def start(self) -> Server:
         if self.url.tls and self._ssl is None:
             raise ValueError(f"{self.url} needs an ssl= server context (certificate and key)")
-        self._server = await start_stream_server(
-            self.url.host, self.url.port, self._new_peer, ssl_context=self._ssl
-        )
+        if self.url.websocket:
+            web = self._web or HttpOptions()
+            web.mount = self.url.path
+            web.__post_init__()
+            max_size = self._max_size + 4096  # room for one Gotalk header beside the payload
+            self._server = await start_websocket_server(
+                self.url.host,
+                self.url.port,
+                self._new_peer,
+                http=web,
+                ssl_context=self._ssl,
+                max_size=max_size,
+                max_connections=self.max_connections,
+            )
+        else:
+            self._server = await start_stream_server(
+                self.url.host, self.url.port, self._new_peer, ssl_context=self._ssl
+            )
         self.url = self.url.with_port(server_address(self._server)[1])
         return self
 
@@ -163,14 +198,16 @@ def serve(
     ssl: ssl_module.SSLContext | None = None,
     max_connections: int = 10_000,
     on_connect: Callable[[Peer], Any] | None = None,
+    web: HttpOptions | None = None,
     **protocol_options: Any,
 ) -> Server:
     """Serve ``registry``'s handlers on ``url``: ``async with serve(url) as server``.
 
     Port 0 picks a free port; ``server.url`` is the bound URL. TLS URLs need ``ssl``.
     ``on_connect(peer)`` runs for every accepted connection (sync or async); connections
-    past ``max_connections`` are closed at once.
+    past ``max_connections`` are closed at once. WebSocket URLs serve their endpoint at the
+    URL's path; ``web`` sets allowed origins, a static folder and the like.
     """
     return Server(
-        parse_url(url), registry, options, ssl, max_connections, protocol_options, on_connect
+        parse_url(url), registry, options, ssl, max_connections, protocol_options, on_connect, web
     )

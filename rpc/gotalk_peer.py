@@ -58,7 +58,7 @@ class GotalkPeer(Peer):
             self.abort()
             return
         if self.heartbeat_interval:
-            self._write(gotalk.encode(gotalk.Heartbeat(0, int(time.time()) & 0xFFFFFFFF)))
+            self._emit(gotalk.Heartbeat(0, int(time.time()) & 0xFFFFFFFF))
         self._schedule_tick()
 
     def _stop_timers(self) -> None:
@@ -69,6 +69,16 @@ class GotalkPeer(Peer):
     def _protocol_failed(self, exc: ProtocolError) -> None:
         code = exc.code if exc.code is not None else gotalk.ErrorCode.INVALID_MESSAGE
         self._write(self.codec.fault(code))
+
+    def _emit(self, message: gotalk.Message) -> None:
+        """Queue one message; over WebSocket its header and payload go in separate frames."""
+        if self._framed:
+            header, payload = gotalk.encode_parts(message)
+            self._write(header)
+            if payload:
+                self._write(payload)
+        else:
+            self._write(gotalk.encode(message))
 
     # --- receiving -------------------------------------------------------------------------
 
@@ -125,33 +135,33 @@ class GotalkPeer(Peer):
     def _send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
         rid = self._new_id()
         cls = gotalk.StreamRequest if stream else gotalk.Request
-        self._write(gotalk.encode(cls(rid, op, payload)))
+        self._emit(cls(rid, op, payload))
         return rid
 
     def _send_request_part(self, key: bytes, payload: bytes) -> None:
         if payload:
-            self._write(gotalk.encode(gotalk.StreamRequestPart(key, payload)))
+            self._emit(gotalk.StreamRequestPart(key, payload))
 
     def _send_request_end(self, key: bytes) -> None:
-        self._write(gotalk.encode(gotalk.StreamRequestPart(key, b"")))
+        self._emit(gotalk.StreamRequestPart(key, b""))
 
     def _send_result(self, key: bytes, payload: bytes) -> None:
-        self._write(gotalk.encode(gotalk.Result(key, payload)))
+        self._emit(gotalk.Result(key, payload))
 
     def _send_result_part(self, key: bytes, payload: bytes) -> None:
         if payload:
-            self._write(gotalk.encode(gotalk.StreamResult(key, payload)))
+            self._emit(gotalk.StreamResult(key, payload))
 
     def _send_result_end(self, key: bytes) -> None:
-        self._write(gotalk.encode(gotalk.StreamResult(key, b"")))
+        self._emit(gotalk.StreamResult(key, b""))
 
     _send_result_end_after_error = _send_result_end
 
     def _send_error(self, key: bytes, message: str) -> None:
-        self._write(gotalk.encode(gotalk.ErrorResult(key, message.encode())))
+        self._emit(gotalk.ErrorResult(key, message.encode()))
 
     def _send_retry(self, key: bytes, wait: float, message: str) -> None:
-        self._write(gotalk.encode(gotalk.RetryResult(key, int(wait * 1000), message.encode())))
+        self._emit(gotalk.RetryResult(key, int(wait * 1000), message.encode()))
 
     def _send_notification(self, name: str, payload: bytes) -> None:
-        self._write(gotalk.encode(gotalk.Notification(name, payload)))
+        self._emit(gotalk.Notification(name, payload))

@@ -82,6 +82,7 @@ class Peer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._active = 0
         self._write_ready: asyncio.Future[None] | None = None
+        self._framed = False
         self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
         """Resolves (with the transport's exception or None) once the connection is gone."""
         self.remote_address: Any = None
@@ -94,6 +95,7 @@ class Peer:
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        self._framed = bool(transport.get_extra_info("message_framed", False))
         self.remote_address = transport.get_extra_info("peername")
         self._start()
         if self.on_open is not None:
@@ -169,7 +171,10 @@ class Peer:
         if not out or self._transport is None:
             return
         self._out = []
-        self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self._framed:  # each queued piece is one message of the transport (WebSocket)
+            self._transport.writelines(out)
+        else:
+            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     @property
     def is_open(self) -> bool:

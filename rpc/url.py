@@ -7,6 +7,10 @@ scheme                 transport    codec     notes
 ``ssl+sbs``            TLS          Chatter   as above
 ``tcp+gotalk``         TCP          Gotalk
 ``ssl+gotalk``         TLS          Gotalk
+``ws+gotalk``          WebSocket    Gotalk    path = the endpoint's mount (default /gotalk/)
+``wss+gotalk``         WebSocket    Gotalk    over TLS
+``ws+sbs``             WebSocket    Chatter   binary messages carrying Chatter frames
+``wss+sbs``            WebSocket    Chatter   over TLS
 =====================  ===========  ========  ============================================
 
 A server ignores ``dialect``: it detects it from each connection's first frame.
@@ -19,7 +23,8 @@ from dataclasses import dataclass
 
 from wire.chatter import Dialect
 
-TRANSPORTS = {"tcp": False, "ssl": True}
+TRANSPORTS = {"tcp": False, "ssl": True, "ws": False, "wss": True}
+DEFAULT_MOUNT = "/gotalk/"
 CODECS = ("sbs", "gotalk")
 
 
@@ -39,6 +44,16 @@ class PeerUrl:
     @property
     def tls(self) -> bool:
         return TRANSPORTS[self.transport]
+
+    @property
+    def websocket(self) -> bool:
+        return self.transport in ("ws", "wss")
+
+    @property
+    def websocket_uri(self) -> str:
+        """The plain ``ws://``/``wss://`` address of a WebSocket URL."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.transport}://{host}:{self.port}{self.path}"
 
     def with_port(self, port: int) -> PeerUrl:
         return PeerUrl(self.transport, self.codec, self.host, port, self.path, self.dialect)
@@ -76,4 +91,11 @@ def parse_url(url: str) -> PeerUrl:
             raise UrlError(
                 f"dialect must be Hat or HatChatter, not {query['dialect'][-1]!r}"
             ) from None
-    return PeerUrl(transport, codec, parts.hostname, port, parts.path, dialect)
+    path = parts.path
+    if transport in ("ws", "wss"):
+        path = path or DEFAULT_MOUNT
+    elif path not in ("", "/"):
+        raise UrlError(f"{transport}+{codec} URLs take no path: {url!r}")
+    else:
+        path = ""
+    return PeerUrl(transport, codec, parts.hostname, port, path, dialect)
