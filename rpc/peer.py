@@ -122,6 +122,10 @@ class Peer:
             self._flush()
             self.abort(exc)
             return
+        except Exception:  # a bug of ours must not leave a half-dead connection behind
+            log.exception("%s: unexpected error handling input; closing", self.protocol_name)
+            self.abort()
+            return
         self._flush()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -198,8 +202,10 @@ class Peer:
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close."""
-        if self._tasks or self._calls:
-            pending = [c.future for c in self._calls.values()] + list(self._tasks)
+        # single requests of ours and handlers still running (streams end with their tasks)
+        pending = [c.future for c in self._calls.values() if c.queue is None]
+        pending += self._tasks
+        if pending:
             await asyncio.wait(pending, timeout=drain_timeout)
         self._flush()
         if self._transport is not None:
