@@ -38,6 +38,9 @@ from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
 log = logging.getLogger("peerwire.rpc.chatter")
 
 RPC_MODULE = "PeerwireRpc"
+_PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
+    f"{RPC_MODULE}.{t}" for t in ("Part", "End", "Error", "Retry", "Result")
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,7 +78,7 @@ class ChatterPeer(Peer):
         self._last_read = self._loop.time()
         self._ping_sent_at: float | None = None
         self._timer: Any = None
-        self._result_type = self._type_name(f"{RPC_MODULE}.Result")
+        self._result_type = _RESULT
 
     # --- names -----------------------------------------------------------------------------
 
@@ -157,23 +160,23 @@ class ChatterPeer(Peer):
             conv = Conversation.of_received(msg)
             if conv.owner:  # a reply in a conversation we started
                 self._on_reply(conv, op, msg)
-            elif op == f"{RPC_MODULE}.Part":
+            elif op == _PART:
                 self._on_request_part(conv, msg.data)
-            elif op == f"{RPC_MODULE}.End":
+            elif op == _END_TYPE:
                 self._on_request_end(conv)
 
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
-        if op == f"{RPC_MODULE}.Error":
+        if op == _RESULT:
+            self._on_result(conv, msg.data)
+        elif op == _ERROR:
             self._on_error(conv, self._sbs_decode(op, msg.data, str(msg.data)))
-        elif op == f"{RPC_MODULE}.Retry":
+        elif op == _RETRY:
             retry = self._sbs_decode(op, msg.data, {"waitMs": 500, "message": "retry"})
             self._on_retry(conv, retry["waitMs"] / 1000, retry["message"])
-        elif op == f"{RPC_MODULE}.Part":
+        elif op == _PART:
             self._on_result_part(conv, msg.data)
-        elif op == f"{RPC_MODULE}.End":
+        elif op == _END_TYPE:
             self._on_result_end(conv)
-        elif op == f"{RPC_MODULE}.Result":
-            self._on_result(conv, msg.data)
         elif msg.last:
             self._on_result(conv, self._incoming_payload(op, msg.data))
         else:
@@ -224,10 +227,10 @@ class ChatterPeer(Peer):
         return Conversation(True, msg.id)
 
     def _send_request_part(self, key: Conversation, payload: bytes) -> None:
-        self._send(f"{RPC_MODULE}.Part", payload, conversation=key, token=False, last=False)
+        self._send(_PART, payload, conversation=key, token=False, last=False)
 
     def _send_request_end(self, key: Conversation) -> None:
-        self._send(f"{RPC_MODULE}.End", b"", conversation=key, token=True, last=False)
+        self._send(_END_TYPE, b"", conversation=key, token=True, last=False)
 
     def _send_result(self, key: Conversation, payload: Any) -> None:
         if not self.codec.holds_token(key):
@@ -244,23 +247,21 @@ class ChatterPeer(Peer):
 
     def _send_result_part(self, key: Conversation, payload: bytes) -> None:
         if self.codec.holds_token(key):
-            self._send(f"{RPC_MODULE}.Part", payload, conversation=key, token=False, last=False)
+            self._send(_PART, payload, conversation=key, token=False, last=False)
 
     def _send_result_end(self, key: Conversation) -> None:
         if self.codec.holds_token(key):
-            self._send(f"{RPC_MODULE}.End", b"", conversation=key, last=True)
+            self._send(_END_TYPE, b"", conversation=key, last=True)
 
     def _send_error(self, key: Conversation, message: str) -> None:
         if self.codec.holds_token(key):
-            data = self.sbs_repo.encode(f"{RPC_MODULE}.Error", message)
-            self._send(f"{RPC_MODULE}.Error", data, conversation=key, last=True)
+            data = self.sbs_repo.encode(_ERROR, message)
+            self._send(_ERROR, data, conversation=key, last=True)
 
     def _send_retry(self, key: Conversation, wait: float, message: str) -> None:
         if self.codec.holds_token(key):
-            data = self.sbs_repo.encode(
-                f"{RPC_MODULE}.Retry", {"waitMs": int(wait * 1000), "message": message}
-            )
-            self._send(f"{RPC_MODULE}.Retry", data, conversation=key, last=True)
+            data = self.sbs_repo.encode(_RETRY, {"waitMs": int(wait * 1000), "message": message})
+            self._send(_RETRY, data, conversation=key, last=True)
 
     def _send_notification(self, name: str, payload: bytes) -> None:
         self._send(name, payload, last=True)

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="e.g. tcp+gotalk://127.0.0.1:0 (port 0 picks one); repeatable",
     )
-    serve.add_argument("--cert", metavar="F", help="PEM certificate chain (ssl+ URLs)")
+    serve.add_argument("--cert", metavar="F", help="PEM certificate chain (ssl+, wss+ URLs)")
     serve.add_argument("--key", metavar="F", help="PEM private key, if not in --cert")
     serve.add_argument(
         "--client-ca", metavar="F", help="require client certificates signed by these CAs"
@@ -114,9 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     client = argparse.ArgumentParser(add_help=False, parents=[verbose])
     client.add_argument("url", metavar="URL", help="e.g. tcp+sbs://127.0.0.1:4000?dialect=Hat")
     client.add_argument(
-        "--timeout", metavar="S", type=float, help="seconds to wait for a result (default 30)"
+        "--timeout",
+        metavar="S",
+        type=float,
+        help="seconds to wait for the (next) result (default: Chatter 5, Gotalk 30)",
     )
-    client.add_argument("--cafile", metavar="F", help="PEM CAs that sign the server (ssl+ URLs)")
+    client.add_argument("--cafile", metavar="F", help="PEM CAs that sign the server (TLS)")
     client.add_argument("--insecure", action="store_true", help="do not verify the server (TLS)")
     client.add_argument("--cert", metavar="F", help="client certificate (mutual TLS)")
     client.add_argument("--key", metavar="F", help="client key, if not in --cert")
@@ -198,7 +201,7 @@ async def serve(args: argparse.Namespace) -> int:
     server_ctx: ssl.SSLContext | None = None
     if any(url.tls for url in urls):
         if not args.cert:
-            raise CliError("ssl+ URLs need --cert (and --key)", EXIT_USAGE)
+            raise CliError("TLS URLs (ssl+, wss+) need --cert (and --key)", EXIT_USAGE)
         try:
             server_ctx = server_ssl_context(args.cert, args.key, client_cafile=args.client_ca)
         except (OSError, ssl.SSLError) as exc:
@@ -207,7 +210,7 @@ async def serve(args: argparse.Namespace) -> int:
     servers: list[rpc.Server] = []
     try:
         for url in urls:
-            # the core would serve TLS on a tcp+ URL if given a context: only ssl+ get one
+            # the core would serve TLS on a tcp+ URL if given a context: only TLS URLs get one
             server = rpc.serve(str(url), registry=registry, ssl=server_ctx if url.tls else None)
             try:
                 await server.start()
@@ -233,7 +236,7 @@ async def serve(args: argparse.Namespace) -> int:
 def _client_ssl(args: argparse.Namespace, url: rpc.PeerUrl) -> ssl.SSLContext | None:
     if not url.tls:
         if args.cafile or args.insecure or args.cert:
-            log.warning("--cafile, --insecure and --cert apply to ssl+ URLs only: ignored")
+            log.warning("--cafile, --insecure and --cert apply to TLS URLs only: ignored")
         return None
     try:
         return client_ssl_context(

@@ -31,6 +31,8 @@ current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_cu
 """The peer whose request is being handled; lets a handler call back into its caller."""
 
 _END = object()
+# result types that are never awaitable: skip inspect.isasyncgen/isawaitable (ABC checks)
+_PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 
 
 @dataclass(slots=True)
@@ -55,11 +57,21 @@ class Options:
 class _Call:
     """One outstanding request of ours."""
 
-    __slots__ = ("future", "queue")
+    __slots__ = ("deadline", "future", "queue")
 
-    def __init__(self, future: asyncio.Future[Any], queue: asyncio.Queue[Any] | None) -> None:
+    def __init__(
+        self,
+        future: asyncio.Future[Any],
+        queue: asyncio.Queue[Any] | None,
+        deadline: float | None = None,
+    ) -> None:
         self.future = future
         self.queue = queue
+        self.deadline = deadline
+
+
+class _Expired(Exception):
+    """Set on a call's future by the deadline sweep."""
 
 
 class Peer:
@@ -77,6 +89,8 @@ class Peer:
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self._calls: dict[Any, _Call] = {}
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._sweep_at = float("inf")
         # incoming stream requests; None = refused, its parts are dropped
         self._incoming_streams: dict[Any, asyncio.Queue[Any] | None] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -131,6 +145,9 @@ class Peer:
     def connection_lost(self, exc: BaseException | None) -> None:
         self._transport = None
         self._stop_timers()
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
         error = ConnectionClosed(f"connection closed: {exc}" if exc else "connection closed")
         for call in self._calls.values():
             if not call.future.done():
@@ -224,18 +241,21 @@ class Peer:
         """
         payload = self._encode_request(op, value)
         timeout = self._timeout(timeout)
-        deadline = self._loop.time() + timeout
+        loop = self._loop
+        deadline = loop.time() + timeout
         attempt = 0
         while True:
-            await self._wait_writable()
+            if self._write_ready is not None and not self._write_ready.done():
+                await self._write_ready
             self._check_open()
-            future: asyncio.Future[Any] = self._loop.create_future()
+            future: asyncio.Future[Any] = loop.create_future()
             key = self._send_request(op, payload, stream=False)
-            self._calls[key] = _Call(future, None)
+            self._calls[key] = _Call(future, None, deadline)
+            if deadline < self._sweep_at:
+                self._arm_sweep(deadline)
             try:
-                async with asyncio.timeout_at(deadline):
-                    reply = await future
-            except TimeoutError:
+                reply = await future
+            except _Expired:
                 raise RequestTimeout(f"{op}: no result within {timeout} s") from None
             finally:
                 if self._calls.pop(key, None) is not None:
@@ -308,14 +328,37 @@ class Peer:
 
     # --- events from the protocol subclass ------------------------------------------------
 
+    def _arm_sweep(self, when: float) -> None:
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+        self._sweep_at = when
+        self._sweep_timer = self._loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        """Fail every call past its deadline; re-arm for the nearest remaining one."""
+        self._sweep_timer = None
+        self._sweep_at = float("inf")
+        now = self._loop.time()
+        nearest = None
+        for call in self._calls.values():
+            deadline = call.deadline
+            if deadline is None:
+                continue
+            if deadline <= now:
+                if not call.future.done():
+                    call.future.set_exception(_Expired())
+            elif nearest is None or deadline < nearest:
+                nearest = deadline
+        if nearest is not None:
+            self._arm_sweep(nearest)
+
     def _on_result(self, key: Any, payload: Any) -> None:
-        call = self._calls.get(key)
+        call = self._calls.pop(key, None)
         if call is None:
             return  # late or unknown: ignored, as Go peers do
         if call.queue is not None:
             call.queue.put_nowait(payload)
             call.queue.put_nowait(_END)
-            del self._calls[key]
         elif not call.future.done():
             call.future.set_result(payload)
 
@@ -396,7 +439,9 @@ class Peer:
                 result = handler.fn(_drain(queue, handler.decode))
             else:
                 result = handler.fn(self._decode_params(handler, payload))
-            if inspect.isasyncgen(result):
+            if result.__class__ in _PLAIN_RESULTS:
+                self._reply(key, result)
+            elif inspect.isasyncgen(result):
                 self._spawn(self._stream_result(key, result))
             elif inspect.isawaitable(result):
                 self._spawn(self._await_result(key, result))

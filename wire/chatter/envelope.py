@@ -65,6 +65,12 @@ def encode_integer(n: int) -> bytes:
     """SBS Integer bytes of ``n`` (minimal length)."""
     if -64 <= n < 64:
         return _ONE_BYTE[n + 64]
+    if 0 < n < 0x2000:  # ids: 2, 3 and 4 groups without the loop
+        return bytes((n >> 7, (n & 0x7F) | 0x80))
+    if 0 < n < 0x100000:
+        return bytes((n >> 14, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
+    if 0 < n < 0x8000000:
+        return bytes((n >> 21, (n >> 14) & 0x7F, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
     groups = bytearray()
     while True:
         groups.append(n & 0x7F)
@@ -109,7 +115,6 @@ def _read_blob(buf: bytes | bytearray, pos: int, end: int) -> tuple[bytes, int]:
 
 # --- Msg -------------------------------------------------------------------------------
 
-_BOOL = (b"\x00", b"\x01")
 _NONE_MODULE = b"\x80"  # Optional index 0 ('none'), None adds no bytes
 _SOME_MODULE = b"\x81"  # Optional index 1 ('value')
 
@@ -121,25 +126,39 @@ def encode_msg(msg: Msg, dialect: Dialect) -> bytes:
 
 def encode_msg_parts(msg: Msg, dialect: Dialect) -> list[bytes]:
     """:func:`encode_msg` as a list of pieces, so a large payload is copied only once."""
-    type_bytes = msg.type.encode()
     data = msg.data
-    parts = [
-        encode_integer(msg.id),
-        encode_integer(msg.first),
-        _BOOL[msg.owner],
-        _BOOL[msg.token],
-        _BOOL[msg.last],
-    ]
     if dialect is Dialect.LEGACY:
-        if msg.module is None:
-            parts.append(_NONE_MODULE)
-        else:
-            module_bytes = msg.module.encode()
-            parts += (_SOME_MODULE, encode_integer(len(module_bytes)), module_bytes)
+        module = _NONE_MODULE if msg.module is None else _SOME_MODULE + _encode_text(msg.module)
     elif msg.module is not None:
         raise LocalProtocolError("the current Chatter dialect has no module field")
-    parts += (encode_integer(len(type_bytes)), type_bytes, encode_integer(len(data)), data)
-    return parts
+    else:
+        module = b""
+    return [
+        encode_integer(msg.id),
+        encode_integer(msg.first),
+        _FLAGS[msg.owner << 2 | msg.token << 1 | msg.last],
+        module,
+        _encode_text(msg.type),
+        encode_integer(len(data)),
+        data,
+    ]
+
+
+_FLAGS = [bytes(((i >> 2) & 1, (i >> 1) & 1, i & 1)) for i in range(8)]
+"""owner, token, last as three SBS Booleans, indexed by their bits."""
+
+_TEXT_CACHE: dict[str, bytes] = {}
+
+
+def _encode_text(text: str) -> bytes:
+    """SBS String bytes; message type names repeat, so the common ones are cached."""
+    encoded = _TEXT_CACHE.get(text)
+    if encoded is None:
+        raw = text.encode()
+        encoded = encode_integer(len(raw)) + raw
+        if len(_TEXT_CACHE) < 4096:
+            _TEXT_CACHE[text] = encoded
+    return encoded
 
 
 def decode_msg(buf: bytes | bytearray, start: int, end: int, dialect: Dialect) -> Msg:

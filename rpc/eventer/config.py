@@ -1,0 +1,115 @@
+"""Eventer server configuration: a JSON or TOML file, validated into :class:`ServerConfig`.
+
+Relative paths in the file (``database``, ``tls.*``) are relative to the file's folder, so
+a config can travel with its database. Unknown keys are errors (a typo must not silently
+fall back to a default).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from rpc.url import UrlError, parse_url
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which key and why."""
+
+
+class TlsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    cert: str
+    """PEM certificate chain (may hold the key too)."""
+    key: str | None = None
+    client_ca: str | None = None
+    """Require client certificates signed by these CAs (mutual TLS)."""
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    listen: list[str]
+    """peerwire URLs, e.g. ``tcp+sbs://127.0.0.1:23012?dialect=HatChatter``."""
+    server_id: int = 1
+    token: str | None = None
+    """Clients that send a token must send this one; clients without a token are accepted."""
+    database: str = "eventer.db"
+    """SQLite file (``:memory:`` for a throw-away store)."""
+    tls: TlsConfig | None = None
+    """Needed by ``ssl+sbs://`` URLs."""
+    sync: Literal["full", "normal"] = "full"
+    """SQLite ``synchronous``: ``full`` survives power loss, ``normal`` survives crashes of
+    the process only (and commits about ten times faster)."""
+    events_ack: bool = False
+    """Send events notifications with last = False and wait for each client's ack before
+    sending it the next one (per-client flow control)."""
+    ack_timeout: float = 30.0
+    """Seconds a client may take to ack; past it the connection is closed."""
+    max_query_results: int = 4096
+    """Server-side cap on events in one query result (the reference's default)."""
+    system_events: bool = True
+    """Register the reference's own events: ``event/<id>/engine`` STARTED/STOPPED and
+    ``event/<id>/eventer/<client>`` CONNECTED/DISCONNECTED."""
+
+    def __post_init__(self) -> None:
+        if not self.listen:
+            raise ConfigError("listen: give at least one URL")
+        for url in self.listen:
+            try:
+                parsed = parse_url(url)
+            except UrlError as exc:
+                raise ConfigError(f"listen: {exc}") from None
+            if parsed.codec != "sbs":
+                raise ConfigError(f"listen: {url!r} is not a Chatter (tcp+sbs/ssl+sbs) URL")
+            if parsed.tls and self.tls is None:
+                raise ConfigError(f"listen: {url!r} needs a [tls] section (cert, key)")
+        if self.max_query_results < 1:
+            raise ConfigError("max_query_results must be at least 1")
+        if self.ack_timeout <= 0:
+            raise ConfigError("ack_timeout must be positive")
+
+
+def config_from_dict(data: dict[str, object], base: Path | None = None) -> ServerConfig:
+    """Validate a decoded config; ``listen`` may be one URL or a list."""
+    data = dict(data)
+    if isinstance(data.get("listen"), str):
+        data["listen"] = [data["listen"]]
+    try:
+        config = msgspec.convert(data, ServerConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    if base is None:
+        return config
+
+    def rel(path: str | None) -> str | None:
+        if path is None or path == ":memory:":
+            return path
+        return str(base / path)
+
+    tls = config.tls
+    if tls is not None:
+        tls = TlsConfig(rel(tls.cert) or tls.cert, rel(tls.key), rel(tls.client_ca))
+    return msgspec.structs.replace(config, database=rel(config.database) or "", tls=tls)
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    """Read ``path``: ``.toml`` as TOML, anything else as JSON."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            data = tomllib.loads(raw.decode())
+        else:
+            data = msgspec.json.decode(raw)
+    except (tomllib.TOMLDecodeError, msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/object")
+    return config_from_dict(data, path.resolve().parent)
+
+
+__all__ = ["ConfigError", "ServerConfig", "TlsConfig", "config_from_dict", "load_config"]

@@ -1,0 +1,363 @@
+"""SQLite persistence of events (stdlib ``sqlite3``, WAL mode).
+
+Layout (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
+
+- ``events``: one row per event, a WITHOUT ROWID table keyed by the event id
+  ``(server, session, instance)``, so the table itself is the natural-order index used by
+  ``server`` queries and sentinel look-ups. ``data`` holds the event's SBS bytes
+  (``HatEventer.Event``) exactly as sent, so a query result is a concatenation of stored
+  bytes. ``ts`` / ``source_ts`` are microseconds since the epoch (clamped to int64).
+- indexes ``(ts)``, ``(source_ts)`` (partial, non-null only) and ``(type_id, ts)``; every
+  index of a WITHOUT ROWID table ends with the key, so ``ORDER BY ts, server, session,
+  instance`` (the reference's timeseries order) is read straight off an index, and a
+  ``LIMIT`` stops the scan early whatever the table size.
+- ``latest``: the latest event of each type, updated in the same transaction, so a latest
+  query is a primary-key look-up per type.
+- ``event_types``: type id <-> type (JSON array text).
+
+Threads: :meth:`open`, :meth:`write` and :meth:`close` run on ONE writer thread; the query
+methods run on any thread, each with its own connection (WAL readers see committed data
+only, so nothing uncommitted is ever read). A ``:memory:`` store has a single connection;
+its caller must run queries on the writer thread too (see :attr:`single_connection`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rpc.eventer.common import EventId, EventType
+
+log = logging.getLogger("peerwire.eventer.store")
+
+SCHEMA_VERSION = 1
+MERGE_MAX_TYPES = 32
+"""Up to this many queried types, a timeseries query merges one index range per type
+(fast for rare types in a large table); past it, one scan of the time index filters types."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS event_types (
+    id INTEGER PRIMARY KEY,
+    type TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS events (
+    server INTEGER NOT NULL,
+    session INTEGER NOT NULL,
+    instance INTEGER NOT NULL,
+    type_id INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    source_ts INTEGER,
+    data BLOB NOT NULL,
+    PRIMARY KEY (server, session, instance)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE INDEX IF NOT EXISTS events_source_ts ON events (source_ts) WHERE source_ts IS NOT NULL;
+CREATE INDEX IF NOT EXISTS events_type_ts ON events (type_id, ts);
+CREATE TABLE IF NOT EXISTS latest (
+    type_id INTEGER PRIMARY KEY,
+    server INTEGER NOT NULL,
+    session INTEGER NOT NULL,
+    instance INTEGER NOT NULL,
+    ts INTEGER NOT NULL
+);
+"""
+
+_INSERT_EVENT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)"
+# the reference's natural order: same server -> by id (later rows always win, ids only
+# grow), other server -> the later timestamp wins, a tie keeps the row already there
+_UPSERT_LATEST = """
+INSERT INTO latest (type_id, server, session, instance, ts) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (type_id) DO UPDATE SET
+    server = excluded.server, session = excluded.session,
+    instance = excluded.instance, ts = excluded.ts
+WHERE latest.server = excluded.server OR latest.ts < excluded.ts
+"""
+
+Row = tuple[int, int, int, int, int, int | None, bytes]
+"""(server, session, instance, type_id, ts, source_ts, data)"""
+LatestRow = tuple[int, int, int, int, int]
+"""(type_id, server, session, instance, ts)"""
+
+_type_encoder = msgspec.json.Encoder()
+_type_decoder = msgspec.json.Decoder(list[str])
+
+
+class StoreError(Exception):
+    """The database cannot be used (wrong schema version, not an eventer database)."""
+
+
+def type_text(event_type: EventType) -> str:
+    return _type_encoder.encode(event_type).decode()
+
+
+@dataclass(slots=True)
+class StoreState:
+    """What the server needs from disk to carry on where it stopped."""
+
+    types: list[tuple[int, EventType]]
+    last_session: int
+    last_ts: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class TimeseriesQuery:
+    by_source: bool
+    descending: bool
+    t_from: int | None
+    t_to: int | None
+    source_t_from: int | None
+    source_t_to: int | None
+    type_ids: list[int] | None
+    """None: every type."""
+    last_event_id: EventId | None
+    limit: int
+
+
+class Store:
+    def __init__(self, path: str | Path, *, sync: str = "full") -> None:
+        self.path = str(path)
+        self.sync = sync.upper()
+        if self.sync not in ("FULL", "NORMAL", "EXTRA"):
+            raise ValueError(f"sync must be full, normal or extra, not {sync!r}")
+        self.single_connection = self.path == ":memory:"
+        self._writer: sqlite3.Connection | None = None
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    # --- writer thread -----------------------------------------------------------------
+
+    def open(self, server_id: int) -> StoreState:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if version not in (0, SCHEMA_VERSION) or (version == 0 and "events" in tables):
+                raise StoreError(
+                    f"{self.path}: schema version {version}, expected {SCHEMA_VERSION}"
+                )
+            if not self.single_connection:
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StoreError(f"{self.path}: cannot switch to WAL mode ({mode})")
+            conn.execute(f"PRAGMA synchronous={self.sync}")
+            conn.execute("PRAGMA cache_size=-65536")
+            conn.execute("PRAGMA temp_store=MEMORY")
+            # one transaction: tables, indexes and the version appear together or not at all
+            conn.executescript(
+                f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
+            )
+            types = [
+                (type_id, tuple(_type_decoder.decode(text)))
+                for type_id, text in conn.execute("SELECT id, type FROM event_types ORDER BY id")
+            ]
+            last = conn.execute(
+                "SELECT session, ts FROM events WHERE server = ? "
+                "ORDER BY session DESC, instance DESC LIMIT 1",
+                (server_id,),
+            ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"{self.path}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._writer = conn
+        return StoreState(types, last[0] if last else 0, last[1] if last else None)
+
+    def write(
+        self, types: list[tuple[int, EventType]], rows: list[Row], latest: list[LatestRow]
+    ) -> None:
+        """Write one batch of sessions in one transaction; returns once it is committed."""
+        conn = self._writer
+        if conn is None:
+            raise StoreError("store is closed")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if types:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO event_types (id, type) VALUES (?, ?)",
+                    [(type_id, type_text(t)) for type_id, t in types],
+                )
+            conn.executemany(_INSERT_EVENT, rows)
+            conn.executemany(_UPSERT_LATEST, latest)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # --- readers -----------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        if self.single_connection:
+            if self._writer is None:
+                raise StoreError("store is closed")
+            return self._writer
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA query_only=ON")
+            conn.execute("PRAGMA cache_size=-16384")
+            conn.execute("PRAGMA mmap_size=268435456")
+            self._local.conn = conn
+            with self._lock:
+                self._readers.append(conn)
+        return conn
+
+    def query_latest(self, type_ids: list[int] | None) -> list[bytes]:
+        """Latest event of each type (``None``: of every type), in first-registered order."""
+        sql = (
+            "SELECT e.data FROM latest l JOIN events e ON e.server = l.server "
+            "AND e.session = l.session AND e.instance = l.instance"
+        )
+        conn = self._reader()
+        if type_ids is None:
+            rows = conn.execute(sql + " ORDER BY l.type_id")
+        else:
+            if not type_ids:
+                return []
+            rows = conn.execute(
+                sql + " WHERE l.type_id IN (SELECT value FROM json_each(?)) ORDER BY l.type_id",
+                (_type_encoder.encode(type_ids).decode(),),
+            )
+        return [r[0] for r in rows]
+
+    def query_server(
+        self, server_id: int, last_event_id: EventId | None, limit: int
+    ) -> tuple[list[bytes], bool]:
+        """Events of ``server_id`` after ``last_event_id`` in natural order."""
+        conn = self._reader()
+        if last_event_id is None:
+            rows = conn.execute(
+                "SELECT data FROM events WHERE server = ? ORDER BY session, instance LIMIT ?",
+                (server_id, limit + 1),
+            )
+        else:
+            rows = conn.execute(
+                "SELECT data FROM events WHERE server = ? AND session >= ? "
+                "AND (session > ? OR instance > ?) ORDER BY session, instance LIMIT ?",
+                (
+                    server_id,
+                    last_event_id.session,
+                    last_event_id.session,
+                    last_event_id.instance,
+                    limit + 1,
+                ),
+            )
+        blobs = [r[0] for r in rows]
+        more = len(blobs) > limit
+        return blobs[:limit], more
+
+    def query_timeseries(self, q: TimeseriesQuery) -> tuple[list[bytes], bool]:
+        """Events in [from, to] ordered by (timestamp or source timestamp, event id).
+
+        ``last_event_id`` is the reference's sentinel: events up to and including it in
+        this order are skipped; a sentinel that is not in the ordered range (unknown, or its
+        ordering timestamp is missing or out of range) leaves nothing to return.
+        """
+        if q.type_ids is not None and not q.type_ids:
+            return [], False
+        col = "source_ts" if q.by_source else "ts"
+        where: list[str] = []
+        params: dict[str, Any] = {"limit": q.limit + 1}
+        if q.by_source:
+            where.append("source_ts IS NOT NULL")
+        for name, column, op in (
+            ("t_from", "ts", ">="),
+            ("t_to", "ts", "<="),
+            ("source_t_from", "source_ts", ">="),
+            ("source_t_to", "source_ts", "<="),
+        ):
+            value = getattr(q, name)
+            if value is not None:
+                where.append(f"{column} {op} :{name}")
+                params[name] = value
+        conn = self._reader()
+        if q.last_event_id is not None:
+            sentinel = conn.execute(
+                f"SELECT {col} FROM events WHERE server = ? AND session = ? AND instance = ?",
+                tuple(q.last_event_id),
+            ).fetchone()
+            lo = q.source_t_from if q.by_source else q.t_from
+            hi = q.source_t_to if q.by_source else q.t_to
+            if (
+                sentinel is None
+                or sentinel[0] is None
+                or (lo is not None and sentinel[0] < lo)
+                or (hi is not None and sentinel[0] > hi)
+            ):
+                return [], False
+            cmp = "<" if q.descending else ">"
+            where.append(
+                f"{col} {cmp}= :sc AND ({col} {cmp} :sc OR "
+                f"(server, session, instance) {cmp} (:ss, :se, :si))"
+            )
+            params.update(
+                sc=sentinel[0],
+                ss=q.last_event_id.server,
+                se=q.last_event_id.session,
+                si=q.last_event_id.instance,
+            )
+        direction = "DESC" if q.descending else "ASC"
+        order = (
+            f"ORDER BY {col} {direction}, server {direction}, "
+            f"session {direction}, instance {direction} LIMIT :limit"
+        )
+        if q.type_ids is not None and len(q.type_ids) <= MERGE_MAX_TYPES:
+            blobs = self._merge_types(conn, q, col, where, params, order)
+        else:
+            if q.type_ids is not None:
+                # "+type_id": filter only, so the planner walks the time index in order
+                where.append("+type_id IN (SELECT value FROM json_each(:types))")
+                params["types"] = _type_encoder.encode(q.type_ids).decode()
+            sql = "SELECT data FROM events"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            blobs = [r[0] for r in conn.execute(f"{sql} {order}", params)]
+        more = len(blobs) > q.limit
+        return blobs[: q.limit], more
+
+    @staticmethod
+    def _merge_types(
+        conn: sqlite3.Connection,
+        q: TimeseriesQuery,
+        col: str,
+        where: list[str],
+        params: dict[str, Any],
+        order: str,
+    ) -> list[bytes]:
+        """One ordered index range per type, merged lazily: reads at most limit + 1 rows
+        past the sentinel from each type, whatever the table size."""
+        assert q.type_ids is not None
+        sql = (
+            f"SELECT {col}, server, session, instance, data FROM events "
+            f"WHERE {' AND '.join([*where, 'type_id = :type_id'])} {order}"
+        )
+        cursors: list[Iterator[Any]] = [
+            conn.execute(sql, {**params, "type_id": type_id}) for type_id in q.type_ids
+        ]
+        merged = heapq.merge(*cursors, key=lambda r: r[:4], reverse=q.descending)
+        try:
+            return [r[4] for r in itertools.islice(merged, q.limit + 1)]
+        finally:
+            for cursor in cursors:
+                cursor.close()  # type: ignore[attr-defined]

@@ -1,0 +1,38 @@
+"""peerwire on Apache Spark: call remote peers from DataFrames, run handlers on executors.
+
+Needs the ``spark`` extra (``pip install 'peerwire[spark]'``: PySpark >= 4.1 with Arrow).
+
+- :func:`call` / :func:`call_frame`: a ``struct<result, error>`` column from calling an op
+  on a peer once per row, pipelined over one connection per Python worker.
+- :func:`apply` / :func:`apply_frame`: a registry's handler run over a column on the
+  executors, no network involved.
+- :class:`SparkBatcher` / :func:`serve_op`: a peerwire op whose requests are batched into
+  Spark jobs.
+"""
+
+from __future__ import annotations
+
+try:
+    import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("rpc.spark needs PySpark and PyArrow: pip install 'peerwire[spark]'") from exc
+
+from rpc.spark.apply import apply, apply_frame, ship_by_value
+from rpc.spark.frames import SparkCallError
+from rpc.spark.serving import ROW_ID, SparkBatcher, serve_op
+from rpc.spark.udf import call, call_frame
+from rpc.spark.worker import Tls
+
+__all__ = [
+    "ROW_ID",
+    "SparkBatcher",
+    "SparkCallError",
+    "Tls",
+    "apply",
+    "apply_frame",
+    "call",
+    "call_frame",
+    "serve_op",
+    "ship_by_value",
+]

@@ -1,0 +1,231 @@
+"""Running a registry's handlers over a DataFrame, on the executors, without a network.
+
+    results = pws.apply_frame(requests, handlers.registry, "score", "features")
+
+The handler gets each row's value exactly as it would get a remote request's parameters
+(validated against its first parameter's annotation), so one handler serves both a peerwire
+server and a Spark job. Synchronous handlers run inline in the UDF; coroutine handlers (and
+async generators, whose parts are collected into a list) are run on the worker's event loop,
+``max_concurrency`` at a time.
+
+How the handler's code reaches the executors:
+
+- pass the :class:`rpc.Registry`: the handler function is pickled with the UDF
+  (cloudpickle). Functions of ``__main__``, notebooks and nested functions travel by value;
+  functions of an importable module travel by reference and that module must be installed
+  on the executors, unless :func:`ship_by_value` registered it to travel by value;
+- pass ``"package.module:attribute"``: the module is imported on the executors (and on
+  the driver, to check the op), so it must be installed there.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import importlib
+import inspect
+import types
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from pyspark.sql import Column, DataFrame
+from pyspark.sql.types import DataType
+
+from rpc.chatter_peer import Reply
+from rpc.payload import PayloadError, convert, decoder_for
+from rpc.registry import Handler, HandlerKind, Registry
+from rpc.spark.frames import ResultShape, column_function, input_column, map_frame, parse_type
+from rpc.spark.worker import Outcome, Pipeline, Results, describe, runtime
+
+# types Arrow converts itself: kept as they are when a typed result is made builtin
+_ARROW_NATIVE = (
+    bytes,
+    bytearray,
+    datetime.datetime,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    decimal.Decimal,
+    uuid.UUID,
+)
+
+
+def ship_by_value(module: types.ModuleType) -> None:
+    """Send ``module``'s functions to executors by value (for handler modules that are not
+    installed there). Call it on the driver before building the DataFrame."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+
+
+def resolve(handlers: Registry | str, op: str) -> Handler:
+    """The handler of ``op`` in a registry or a ``"module:attribute"`` registry path."""
+    registry = handlers
+    if isinstance(handlers, str):
+        module_name, _, attribute = handlers.partition(":")
+        registry = getattr(importlib.import_module(module_name), attribute or "registry")
+    if not isinstance(registry, Registry):
+        raise TypeError(f"{handlers!r} is not an rpc.Registry")
+    handler = registry.get(op)
+    if handler is None:
+        raise ValueError(f"no handler for {op!r}; the registry has {registry.names()}")
+    if handler.kind is not HandlerKind.REQUEST:
+        raise ValueError(f"{op!r} takes a stream request; apply() runs request handlers only")
+    return handler
+
+
+@dataclass(frozen=True, slots=True)
+class LocalHandler:
+    """The evaluator of :func:`apply`: the handler itself, or where to import it from."""
+
+    op: str
+    fn: Any  # the handler function (pickled with the UDF) or None
+    annotation: Any  # its parameter type, resolved on the driver (where its names are)
+    path: str | None  # "module:attribute" to import on the executor instead
+    max_concurrency: int
+    typed: bool
+
+    def handler(self) -> Handler:
+        if self.path is not None:
+            return resolve(self.path, self.op)
+        return Handler(
+            name=self.op,
+            fn=self.fn,
+            kind=HandlerKind.REQUEST,
+            annotation=self.annotation,
+            decode=decoder_for(self.annotation),  # not pickled: built here
+            is_async=inspect.iscoroutinefunction(self.fn) or inspect.isasyncgenfunction(self.fn),
+        )
+
+    def open(self) -> _HandlerBatches:
+        return _HandlerBatches(self.handler(), self.max_concurrency, self.typed)
+
+
+class _Done:
+    """A batch computed inline: already complete."""
+
+    __slots__ = ("_results",)
+
+    def __init__(self, results: Results) -> None:
+        self._results = results
+
+    def result(self) -> Results:
+        return self._results
+
+
+class _HandlerBatches:
+    def __init__(self, handler: Handler, max_concurrency: int, typed: bool) -> None:
+        self.handler = handler
+        self.typed = typed
+        self._pipeline: Pipeline | None = None
+        if handler.is_async:
+            self._pipeline = Pipeline(runtime(), self._run_async, max_concurrency)
+
+    def submit(self, values: list[Any]) -> Any:
+        if self._pipeline is not None:
+            return self._pipeline.submit(values)
+        results: list[Any] = []
+        errors: list[str | None] = []
+        for value in values:
+            result, error = self._run_sync(value)
+            results.append(result)
+            errors.append(error)
+        return _Done((results, errors))
+
+    def close(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.close()
+
+    def _params(self, value: Any) -> Any:
+        annotation = self.handler.annotation
+        if annotation is bytes:
+            if not isinstance(value, bytes | bytearray):
+                raise PayloadError(f"invalid parameters: expected bytes, got {type(value)}")
+            return bytes(value)
+        return convert(value, annotation)
+
+    def _finish(self, result: Any) -> Any:
+        if isinstance(result, Reply):
+            result = result.value
+        if self.typed:
+            return msgspec.to_builtins(result, builtin_types=_ARROW_NATIVE)
+        return result
+
+    def _run_sync(self, value: Any) -> Outcome:
+        try:
+            result = self.handler.fn(self._params(value))
+            if inspect.isawaitable(result):  # a plain function that returned a coroutine
+                result = runtime().run(_awaited(result))
+            return self._finish(result), None
+        except Exception as exc:
+            return None, describe(exc)
+
+    async def _run_async(self, value: Any) -> Outcome:
+        try:
+            result = self.handler.fn(self._params(value))
+            if inspect.isasyncgen(result):
+                result = [part async for part in result]
+            elif inspect.isawaitable(result):
+                result = await result
+            return self._finish(result), None
+        except Exception as exc:
+            return None, describe(exc)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _setup(
+    handlers: Registry | str,
+    op: str,
+    result_type: DataType | str | None,
+    max_concurrency: int,
+    on_error: str,
+) -> tuple[LocalHandler, ResultShape]:
+    if max_concurrency < 1:
+        raise ValueError("max_concurrency must be at least 1")
+    handler = resolve(handlers, op)
+    spark_type = parse_type(result_type)
+    typed = spark_type is not None
+    if isinstance(handlers, str):
+        evaluator = LocalHandler(op, None, None, handlers, max_concurrency, typed)
+    else:
+        evaluator = LocalHandler(op, handler.fn, handler.annotation, None, max_concurrency, typed)
+    return evaluator, ResultShape(spark_type, on_error, what=f"handler {op!r}")
+
+
+def apply(
+    handlers: Registry | str,
+    op: str,
+    *cols: Column | str,
+    result_type: DataType | str | None = None,
+    max_concurrency: int = 64,
+    on_error: str = "null",
+) -> Column:
+    """A ``struct<result, error>`` column: ``op``'s handler run on each row's value.
+
+    Values, ``result_type`` and ``on_error`` as in :func:`rpc.spark.call`; ``handlers`` is
+    a :class:`rpc.Registry` or a ``"module:attribute"`` path to one. Coroutine handlers run
+    on the worker loop, at most ``max_concurrency`` at once per Python worker.
+    """
+    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error)
+    return column_function(evaluator, shape)(input_column(cols)).alias(op)
+
+
+def apply_frame(
+    df: DataFrame,
+    handlers: Registry | str,
+    op: str,
+    *cols: Column | str,
+    into: str = "result",
+    result_type: DataType | str | None = None,
+    max_concurrency: int = 64,
+    on_error: str = "null",
+) -> DataFrame:
+    """``df`` with a ``struct<result, error>`` column ``into`` from running ``op``'s handler
+    over every row (``mapInArrow``; every other column kept). Options as in :func:`apply`."""
+    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error)
+    return map_frame(df, input_column(cols), into, evaluator, shape)

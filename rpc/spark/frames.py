@@ -1,0 +1,230 @@
+"""The Spark side shared by :func:`rpc.spark.call` and :func:`rpc.spark.apply`.
+
+Both turn a column of request values into a ``struct<result, error>`` column, batch by
+batch, through an :class:`Evaluator` (remote calls or local handlers). Two front-ends:
+
+- :func:`column_function`: an Arrow iterator UDF (``Iterator[pa.Array] ->
+  Iterator[pa.Array]``), marked non-deterministic so the optimizer never evaluates it twice
+  for a row (a deterministic UDF may be duplicated into a filter or a projection);
+- :func:`map_frame`: ``mapInArrow`` over the whole frame, keeping every other column.
+
+A batch is handed to the evaluator, and the next one is read from Spark while the first is
+in flight (one batch ahead), so the connection never idles between Arrow batches.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import DataType, StringType, StructField, StructType
+
+from rpc.errors import RpcError
+from rpc.spark.worker import Results
+
+ON_ERROR = ("null", "raise")
+PREFETCH = 1
+"""Batches read ahead of the one being answered."""
+INPUT_COLUMN = "__peerwire_input"
+
+_json = msgspec.json.Encoder()
+_T = TypeVar("_T")
+_O = TypeVar("_O")
+
+
+class SparkCallError(RpcError):
+    """A row failed and the caller asked for ``on_error="raise"``: the Spark task fails."""
+
+
+class Pending(Protocol):
+    def result(self) -> Results: ...
+
+
+class Batches(Protocol):
+    """An evaluation in progress (one per Spark partition)."""
+
+    def submit(self, values: list[Any]) -> Pending: ...
+    def close(self) -> None: ...
+
+
+class Evaluator(Protocol):
+    """Picklable: travels to executors inside the UDF and opens one :class:`Batches` per
+    partition there."""
+
+    def open(self) -> Batches: ...
+
+
+# --- results -----------------------------------------------------------------------------
+
+
+def parse_type(result_type: DataType | str | None) -> DataType | None:
+    """A DDL string (``"double"``, ``"label string, score double"``) or a DataType; DDL
+    strings are parsed by the active session (classic or Connect)."""
+    if result_type is None or isinstance(result_type, DataType):
+        return result_type
+    return DataType.fromDDL(result_type)
+
+
+@functools.lru_cache(maxsize=64)
+def _arrow_type(spark_type: DataType) -> pa.DataType:
+    return to_arrow_type(spark_type, timezone="UTC")
+
+
+@dataclass(frozen=True, slots=True)
+class ResultShape:
+    """How a batch's results become the ``struct<result, error>`` column.
+
+    ``result_type`` None: every result is its JSON text (a string column). Otherwise the
+    values are converted to that Spark type; a value that does not fit makes its row an
+    error, not the batch.
+    """
+
+    result_type: DataType | None = None
+    on_error: str = "null"
+    what: str = "call"
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
+
+    @property
+    def struct_type(self) -> StructType:
+        return StructType(
+            [
+                StructField("result", self.result_type or StringType(), True),
+                StructField("error", StringType(), True),
+            ]
+        )
+
+    def build(self, results: list[Any], errors: list[str | None]) -> pa.StructArray:
+        if self.on_error == "raise":
+            for i, error in enumerate(errors):
+                if error is not None:
+                    raise SparkCallError(f"{self.what} failed (row {i} of its batch): {error}")
+        if self.result_type is None:
+            target = pa.string()
+            values = _json_texts(results, errors)
+        else:
+            target = _arrow_type(self.result_type)
+            values = [None if e is not None else r for r, e in zip(results, errors, strict=True)]
+        try:
+            column = pa.array(values, type=target)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            column = _fit_rows(values, errors, target, self.result_type)
+        return pa.StructArray.from_arrays(
+            [column, pa.array(errors, type=pa.string())],
+            fields=[pa.field("result", target), pa.field("error", pa.string())],
+        )
+
+
+def _json_texts(results: list[Any], errors: list[str | None]) -> list[str | None]:
+    texts: list[str | None] = []
+    for i, (result, error) in enumerate(zip(results, errors, strict=True)):
+        if error is not None:
+            texts.append(None)
+            continue
+        try:
+            texts.append(_json.encode(result).decode())
+        except (TypeError, msgspec.EncodeError) as exc:
+            texts.append(None)
+            errors[i] = f"PayloadError: result is not JSON-able: {exc}"
+    return texts
+
+
+def _fit_rows(
+    values: list[Any], errors: list[str | None], target: pa.DataType, spark_type: DataType | None
+) -> pa.Array:
+    """The slow path after a batch did not convert: find the rows that do not fit."""
+    name = spark_type.simpleString() if spark_type is not None else "string"
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        try:
+            pa.array([value], type=target)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            values[i] = None
+            errors[i] = f"TypeError: result {value!r:.100} does not fit {name}: {exc}"
+    return pa.array(values, type=target)
+
+
+# --- evaluation --------------------------------------------------------------------------
+
+
+def stream(
+    evaluator: Evaluator,
+    shape: ResultShape,
+    items: Iterator[_T],
+    values_of: Callable[[_T], list[Any]],
+    emit: Callable[[_T, pa.StructArray], _O],
+) -> Iterator[_O]:
+    """Evaluate every item's values, one batch ahead, and emit results in input order."""
+    batches = evaluator.open()
+    pending: deque[tuple[_T, Pending]] = deque()
+    try:
+        for item in items:
+            pending.append((item, batches.submit(values_of(item))))
+            if len(pending) > PREFETCH:
+                first, handle = pending.popleft()
+                yield emit(first, shape.build(*handle.result()))
+        while pending:
+            first, handle = pending.popleft()
+            yield emit(first, shape.build(*handle.result()))
+    finally:
+        batches.close()
+
+
+def to_values(array: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """Arrow values as JSON-able Python values (maps as dicts; structs as dicts)."""
+    return array.to_pylist(maps_as_pydicts="lossy")
+
+
+def input_column(cols: Sequence[Column | str]) -> Column:
+    """One column as it is; several as a struct, so each request is an object keyed by the
+    column names (or aliases)."""
+    if not cols:
+        raise ValueError("give at least one input column")
+    columns = [F.col(c) if isinstance(c, str) else c for c in cols]
+    return columns[0] if len(columns) == 1 else F.struct(*columns)
+
+
+def column_function(evaluator: Evaluator, shape: ResultShape) -> Callable[[Column], Column]:
+    """A non-deterministic Arrow iterator UDF: input column -> ``struct<result, error>``."""
+
+    def evaluate(arrays: Iterator[pa.Array]) -> Iterator[pa.Array]:
+        return stream(evaluator, shape, arrays, to_values, _result_only)
+
+    udf = F.arrow_udf(evaluate, shape.struct_type)  # the type hints make it an iterator UDF
+    return udf.asNondeterministic()  # type: ignore[no-any-return]
+
+
+def _result_only(_: Any, result: pa.StructArray) -> pa.StructArray:
+    return result
+
+
+def map_frame(
+    df: DataFrame, input_col: Column, into: str, evaluator: Evaluator, shape: ResultShape
+) -> DataFrame:
+    """``df`` with one more column, ``into``, evaluated by ``mapInArrow``."""
+    if into in df.columns:
+        raise ValueError(f"the frame already has a column {into!r}; pick another into=")
+    schema = StructType([*df.schema.fields, StructField(into, shape.struct_type, True)])
+    names = [*df.columns, into]
+
+    def emit(batch: pa.RecordBatch, result: pa.StructArray) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays([*batch.columns[:-1], result], names=names)
+
+    def values_of(batch: pa.RecordBatch) -> list[Any]:
+        return to_values(batch.column(batch.num_columns - 1))
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return stream(evaluator, shape, batches, values_of, emit)
+
+    return df.withColumn(INPUT_COLUMN, input_col).mapInArrow(run, schema)
