@@ -104,7 +104,12 @@ class Registry:
         return self._notifications.get(name)
 
     def names(self) -> list[str]:
+        """Names of the request and stream handlers."""
         return sorted(self._handlers)
+
+    def notification_names(self) -> list[str]:
+        """Names of the notification handlers."""
+        return sorted(self._notifications)
 
     def update(self, other: Registry) -> None:
         """Add every handler of ``other`` (later registrations win)."""

@@ -461,26 +461,6 @@ class _InSink:
             self._arm(timeout - silent)
 
 
-class _HandlerIndex(Registry):
-    """A snapshot of another registry, read through the public ``update``.
-
-    The core registry does not list notification names, and a receiver must map a tag back
-    to a name; remove this once ``Registry.notification_names()`` exists.
-    """
-
-    def notification_names(self) -> list[str]:
-        return list(self._notifications)
-
-
-def _notification_names(registry: Registry) -> list[str]:
-    names = getattr(registry, "notification_names", None)
-    if callable(names):
-        return list(names())
-    index = _HandlerIndex()
-    index.update(registry)
-    return index.notification_names()
-
-
 class GroupNode:
     """A member of a broadcast group; create with :meth:`start`, end with :meth:`close`."""
 
@@ -905,7 +885,7 @@ class GroupNode:
             self._spawn(handler.name, result)
 
     def _index_handlers(self) -> None:
-        for name in _notification_names(self.registry):
+        for name in self.registry.notification_names():
             try:
                 self.types.register(name)
             except ValueError as exc:
