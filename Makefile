@@ -28,5 +28,9 @@ lint: $(VENV)/.ready
 bench: $(VENV)/.ready
 	for f in tests/benchmarks/bench_*.py; do $(VENV)/bin/python $$f || exit 1; done
 
+.PHONY: demo
+demo: $(VENV)/.ready
+	$(VENV)/bin/python examples/demo.py
+
 clean:
 	rm -rf $(VENV) $(LEGACY) .pytest_cache .hypothesis .ruff_cache *.egg-info

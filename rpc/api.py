@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl as ssl_module
 from collections.abc import Callable, Generator
 from typing import Any
+
+from websockets.exceptions import InvalidHandshake
 
 from rpc.chatter_peer import ChatterPeer
 from rpc.errors import ConnectionClosed
@@ -77,10 +80,12 @@ def connect(
 
     async def run() -> Peer:
         factory = _peer_factory(parsed, registry, options, False, protocol_options)
+        if ssl is not None and not parsed.tls:
+            raise ValueError(f"ssl= given for {url}, which is not a TLS URL")
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
-        if parsed.websocket:
-            max_size = (options or Options()).max_size
-            try:
+        try:
+            if parsed.websocket:
+                max_size = (options or Options()).max_size
                 peer = await open_websocket(
                     parsed.websocket_uri,
                     factory,
@@ -89,21 +94,19 @@ def connect(
                     max_size=max_size + 4096,
                     connect_timeout=connect_timeout,
                 )
-            except TimeoutError:
-                raise ConnectionClosed(f"connecting to {url} timed out") from None
-            assert isinstance(peer, Peer)
-            return peer
-        try:
-            peer = await open_stream(
-                parsed.host,
-                parsed.port,
-                factory,
-                ssl_context=ctx,
-                server_hostname=server_hostname or parsed.host,
-                connect_timeout=connect_timeout,
-            )
+            else:
+                peer = await open_stream(
+                    parsed.host,
+                    parsed.port,
+                    factory,
+                    ssl_context=ctx,
+                    server_hostname=server_hostname or parsed.host,
+                    connect_timeout=connect_timeout,
+                )
         except TimeoutError:
             raise ConnectionClosed(f"connecting to {url} timed out") from None
+        except (OSError, InvalidHandshake) as exc:  # refused, unreachable, TLS, WS handshake
+            raise ConnectionClosed(f"cannot connect to {url}: {exc}") from exc
         assert isinstance(peer, Peer)
         return peer
 
@@ -148,10 +151,10 @@ class Server:
     async def start(self) -> Server:
         if self.url.tls and self._ssl is None:
             raise ValueError(f"{self.url} needs an ssl= server context (certificate and key)")
+        if self._ssl is not None and not self.url.tls:
+            raise ValueError(f"ssl= given for {self.url}, which is not a TLS URL")
         if self.url.websocket:
-            web = self._web or HttpOptions()
-            web.mount = self.url.path
-            web.__post_init__()
+            web = dataclasses.replace(self._web or HttpOptions(), mount=self.url.path)
             max_size = self._max_size + 4096  # room for one Gotalk header beside the payload
             self._server = await start_websocket_server(
                 self.url.host,

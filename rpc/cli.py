@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -299,6 +300,9 @@ def _run(args: argparse.Namespace) -> int:
     except rpc.RequestTimeout as exc:
         print(f"peerwire: timeout: {exc}", file=sys.stderr)
         return EXIT_TIMEOUT
+    except BrokenPipeError:  # stdout closed early (`| head -1`): not the connection's fault
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return EXIT_FAILED
     except (rpc.ConnectionClosed, OSError) as exc:
         print(f"peerwire: connection failed: {exc}", file=sys.stderr)
         return EXIT_CONNECTION

@@ -170,7 +170,7 @@ class HttpOptions:
     """Non-browser clients may omit Origin (the Go server refuses that with 403)."""
     static_dir: Path | None = None
     cache_control: str = "public,max-age=300"
-    _assets: dict[str, _Asset] = field(default_factory=dict)
+    _assets: dict[str, _Asset] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.mount.startswith("/"):

@@ -237,15 +237,21 @@ def peer_repository() -> hat.sbs.Repository:
     return hat.sbs.Repository(*files)
 
 
+@functools.cache
+def _ref(type_name: str) -> hat.sbs.Ref:
+    module, _, name = type_name.partition(".")
+    return hat.sbs.Ref(module, name)  # hat-sbs parses a str name on every call otherwise
+
+
 def encode(type_name: str, value: Any) -> bytes:
-    return eventer_repository().encode(type_name, value)
+    return eventer_repository().encode(_ref(type_name), value)
 
 
 def decode(type_name: str, data: bytes) -> Any:
     """Decode, turning every hat-sbs failure (including its SystemError on truncated
     input) into :class:`InvalidMessage`."""
     try:
-        return eventer_repository().decode(type_name, data)
+        return eventer_repository().decode(_ref(type_name), data)
     except Exception as exc:
         raise InvalidMessage(f"{type_name}: {type(exc).__name__}: {exc}") from None
 
@@ -258,7 +264,111 @@ _FALSE = b"\x00"
 
 def encode_event(value: dict[str, Any]) -> bytes:
     """SBS bytes of one ``HatEventer.Event`` in its hat-sbs shape."""
-    return eventer_repository().encode(_EVENT, value)
+    return eventer_repository().encode(_ref(_EVENT), value)
+
+
+class RegisterPart(NamedTuple):
+    """One RegisterEvent of a MsgRegisterReq, split for splicing into Event bytes."""
+
+    type: EventType
+    source_ts: int | None
+    """Source timestamp in microseconds (clamped to int64), None if absent."""
+    json: str | None
+    """The JSON payload's text (to validate), None for no or a binary payload."""
+    type_bytes: bytes
+    """SBS bytes of the ``type`` field."""
+    tail_bytes: bytes
+    """SBS bytes of ``sourceTimestamp`` and ``payload``."""
+
+
+def split_register_req(data: bytes) -> list[RegisterPart]:
+    """Parse a ``MsgRegisterReq`` keeping each event's field bytes.
+
+    ``Event`` is ``id, type, timestamp, sourceTimestamp, payload`` and ``RegisterEvent``
+    is ``type, sourceTimestamp, payload``, so an event's bytes are ``id + type_bytes +
+    timestamp + tail_bytes``: no decode/encode round trip per event (about a third of
+    the cost). Validates what hat-sbs would (and what its C decoder does not): lengths
+    within the data, integers within int64, UTF-8, Choice indexes, no trailing bytes.
+    """
+    try:
+        return _split_register_req(data)
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise InvalidMessage(f"MsgRegisterReq: {type(exc).__name__}: {exc}") from None
+
+
+def _read_int(buf: bytes, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b & 0x80:  # one byte: -64..63
+        return (b & 0x3F) - (b & 0x40), pos + 1
+    value = -1 if b & 0x40 else 0
+    end = pos + 10
+    while True:
+        value = (value << 7) | (b & 0x7F)
+        pos += 1
+        if b & 0x80:
+            if not INT64_MIN <= value <= INT64_MAX:
+                raise InvalidMessage("MsgRegisterReq: integer beyond int64")
+            return value, pos
+        if pos >= end:
+            raise InvalidMessage("MsgRegisterReq: integer longer than 10 bytes")
+        b = buf[pos]
+
+
+def _read_str(buf: bytes, pos: int) -> tuple[str, int]:
+    length, pos = _read_int(buf, pos)
+    end = pos + length
+    if length < 0 or end > len(buf):
+        raise InvalidMessage("MsgRegisterReq: truncated")
+    return buf[pos:end].decode(), end
+
+
+def _split_register_req(buf: bytes) -> list[RegisterPart]:
+    count, pos = _read_int(buf, 0)
+    if count < 0 or count > len(buf):
+        raise InvalidMessage(f"MsgRegisterReq: bad event count {count}")
+    parts = []
+    for _ in range(count):
+        start = pos
+        n, pos = _read_int(buf, pos)
+        if n < 0 or n > len(buf):
+            raise InvalidMessage(f"MsgRegisterReq: bad segment count {n}")
+        segments = []
+        for _ in range(n):
+            segment, pos = _read_str(buf, pos)
+            segments.append(segment)
+        type_end = pos
+        choice, pos = _read_int(buf, pos)
+        source_ts = None
+        if choice == 1:
+            s, pos = _read_int(buf, pos)
+            us, pos = _read_int(buf, pos)
+            source_ts = min(max(s * 1_000_000 + us, INT64_MIN), INT64_MAX)
+        elif choice != 0:
+            raise InvalidMessage("MsgRegisterReq: bad sourceTimestamp choice")
+        choice, pos = _read_int(buf, pos)
+        json_text = None
+        if choice == 1:
+            kind, pos = _read_int(buf, pos)
+            if kind == 0:  # binary: type String, data Bytes
+                _, pos = _read_str(buf, pos)
+                length, pos = _read_int(buf, pos)
+                if length < 0 or pos + length > len(buf):
+                    raise InvalidMessage("MsgRegisterReq: truncated")
+                pos += length
+            elif kind == 1:
+                json_text, pos = _read_str(buf, pos)
+            else:
+                raise InvalidMessage("MsgRegisterReq: bad payload choice")
+        elif choice != 0:
+            raise InvalidMessage("MsgRegisterReq: bad payload choice")
+        parts.append(
+            RegisterPart(
+                tuple(segments), source_ts, json_text, buf[start:type_end], buf[type_end:pos]
+            )
+        )
+    if pos != len(buf):
+        raise InvalidMessage("MsgRegisterReq: trailing bytes")
+    return parts
 
 
 def encode_events(blobs: Sequence[bytes]) -> bytes:

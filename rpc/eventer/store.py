@@ -15,7 +15,8 @@ Layout (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
   query is a primary-key look-up per type.
 - ``event_types``: type id <-> type (JSON array text).
 
-Threads: :meth:`open`, :meth:`write` and :meth:`close` run on ONE writer thread; the query
+Threads: :meth:`open`, :meth:`write` and :meth:`close` run on ONE writer thread,
+:meth:`checkpoint` on another (it must not overlap :meth:`close`); the query
 methods run on any thread, each with its own connection (WAL readers see committed data
 only, so nothing uncommitted is ever read). A ``:memory:`` store has a single connection;
 its caller must run queries on the writer thread too (see :attr:`single_connection`).
@@ -132,6 +133,7 @@ class Store:
         self._writer: sqlite3.Connection | None = None
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
+        self._checkpointer: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
     # --- writer thread -----------------------------------------------------------------
@@ -149,6 +151,9 @@ class Store:
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if mode.lower() != "wal":
                     raise StoreError(f"{self.path}: cannot switch to WAL mode ({mode})")
+            if not self.single_connection:
+                # checkpoints run on their own connection (checkpoint()), off the commit path
+                conn.execute("PRAGMA wal_autocheckpoint=0")
             conn.execute(f"PRAGMA synchronous={self.sync}")
             conn.execute("PRAGMA cache_size=-65536")
             conn.execute("PRAGMA temp_store=MEMORY")
@@ -196,7 +201,23 @@ class Store:
                 conn.execute("ROLLBACK")
             raise
 
+    def checkpoint(self) -> None:
+        """Copy committed WAL pages into the database (PASSIVE: never blocks the writer or
+        readers). Runs on a thread of its own; the writer does not checkpoint, so a
+        commit never pays for copying earlier ones."""
+        if self.single_connection:
+            return
+        conn = self._checkpointer
+        if conn is None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA synchronous={self.sync}")
+            self._checkpointer = conn
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
         with self._lock:
             readers, self._readers = self._readers, []
         for reader in readers:

@@ -123,15 +123,23 @@ class Runtime:
         self.loop.call_soon_threadsafe(fn, *args)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Close pooled connections gracefully and stop the loop (best effort)."""
+        """Close pooled connections, end every task still running (pipelines nobody
+        closed), then stop the loop; best effort, for interpreter exit."""
         if not self._thread.is_alive():
             return
         try:
-            self.submit(self.pool.close()).result(timeout)
+            self.submit(self._shutdown()).result(timeout)
         except Exception:
-            log.debug("closing pooled connections failed", exc_info=True)
+            log.debug("shutting the peerwire-spark loop down failed", exc_info=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
+
+    async def _shutdown(self) -> None:
+        await self.pool.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 _lock = threading.Lock()
@@ -173,7 +181,14 @@ class ConnectionPool:
         self.connects = 0
         """Connections opened so far (a statistic for tests and logs)."""
 
+    def ready(self, endpoint: Endpoint) -> Peer | None:
+        """The open connection to ``endpoint``, if there is one (no waiting)."""
+        peer = self._peers.get(endpoint)
+        return peer if peer is not None and peer.is_open else None
+
     async def get(self, endpoint: Endpoint) -> Peer:
+        """The open connection to ``endpoint``, connecting (once for all callers) if needed.
+        Raises ConnectionClosed when the peer cannot be reached."""
         peer = self._peers.get(endpoint)
         if peer is not None and peer.is_open:
             return peer
@@ -261,7 +276,7 @@ def make_caller(
         attempt = 0
         while True:
             try:
-                peer = await pool.get(endpoint)
+                peer = pool.ready(endpoint) or await pool.get(endpoint)
                 return await peer.request(policy.op, value, timeout=policy.timeout), None
             except (RetryLater, ConnectionClosed) as exc:
                 if not policy.idempotent or attempt >= policy.retries:

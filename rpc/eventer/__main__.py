@@ -1,0 +1,5 @@
+import sys
+
+from rpc.eventer.cli import main
+
+sys.exit(main())

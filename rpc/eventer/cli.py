@@ -1,0 +1,90 @@
+"""``peerwire eventer serve --config FILE`` (also ``python -m rpc.eventer serve ...``).
+
+The config file is JSON or TOML (``.toml``); see :mod:`rpc.eventer.config` for the keys.
+Prints ``listening on URL`` per bound URL, runs until SIGINT/SIGTERM, then stops cleanly
+(clients get STOPPING, queued registrations are committed). Exit codes: 0 stopped,
+2 bad config, 3 cannot listen or open the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from rpc.eventer.config import ConfigError, load_config
+from rpc.eventer.server import serve_forever
+from rpc.eventer.store import StoreError
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_FAILED = 3
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Add ``eventer`` (with ``serve``) to a parent CLI; ``args.func(args)`` runs it."""
+    parser = subparsers.add_parser(
+        "eventer",
+        help="Hat Eventer server",
+        description="Hat Eventer (seed 003) server with SQLite persistence.",
+    )
+    _add_commands(parser)
+    return parser
+
+
+def _add_commands(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="eventer_command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run an event server until SIGINT/SIGTERM",
+        description="Run an Eventer server configured by FILE (JSON, or TOML if it ends "
+        "in .toml): keys listen, server_id, token, database, tls, sync, events_ack, "
+        "ack_timeout, max_query_results, system_events.",
+    )
+    serve.add_argument("--config", metavar="FILE", required=True, help="JSON or TOML file")
+    serve.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    serve.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"peerwire eventer: bad config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_forever(config, stop)
+
+    try:
+        asyncio.run(run())
+    except (OSError, StoreError) as exc:
+        print(f"peerwire eventer: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rpc.eventer", description="Hat Eventer server with SQLite persistence."
+    )
+    _add_commands(parser)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Eventer client (seed 003) on peerwire's Chatter core.
+
+    async with await connect("tcp+sbs://127.0.0.1:23012?dialect=HatChatter", "app/one",
+                             subscriptions=[("a", "*")]) as client:
+        events = await client.register([RegisterEvent(("a", "b"))], with_response=True)
+        result = await client.query(QueryLatestParams([("a", "*")]))
+        async for events in client.events():
+            ...
+
+Notifications are delivered in arrival order, one at a time, to ``events_cb`` (sync or
+async) and to every :meth:`Client.events` iterator; an events notification that asks for
+an ack (last = False) is acked once the callback returned and the events are queued.
+Status notifications go to ``status_cb`` in the same order. With ``reconnect=True`` a lost
+connection is re-established (with the same init) after ``reconnect_delay`` seconds,
+doubling up to ``reconnect_max_delay``; calls made meanwhile wait for it up to their
+timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import ssl as ssl_module
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import rpc
+from rpc.eventer import common
+from rpc.eventer.common import (
+    MSG_EVENTS_ACK,
+    MSG_EVENTS_NOTIFY,
+    MSG_INIT_REQ,
+    MSG_INIT_RES,
+    MSG_QUERY_REQ,
+    MSG_QUERY_RES,
+    MSG_REGISTER_REQ,
+    MSG_REGISTER_RES,
+    MSG_STATUS_NOTIFY,
+    Event,
+    EventerInitError,
+    EventType,
+    QueryParams,
+    QueryResult,
+    RegisterEvent,
+    Status,
+)
+
+log = logging.getLogger("peerwire.eventer.client")
+
+StatusCb = Callable[["Client", Status], Awaitable[None] | None]
+EventsCb = Callable[["Client", list[Event]], Awaitable[None] | None]
+
+_CLOSED = object()
+
+
+async def connect(
+    url: str,
+    client_name: str,
+    *,
+    client_token: str | None = None,
+    subscriptions: Iterable[EventType] = (),
+    server_id: int | None = None,
+    persisted: bool = False,
+    status_cb: StatusCb | None = None,
+    events_cb: EventsCb | None = None,
+    reconnect: bool = False,
+    reconnect_delay: float = 0.5,
+    reconnect_max_delay: float = 10.0,
+    timeout: float = 10.0,
+    events_queue_size: int = 1024,
+    ssl: ssl_module.SSLContext | None = None,
+    server_hostname: str | None = None,
+) -> Client:
+    """Connect and init; raises :class:`EventerInitError` if the server refuses the init
+    (the first attempt is never retried), ``rpc.ConnectionClosed`` / OSError if the
+    server is unreachable."""
+    client = Client(
+        url,
+        client_name,
+        client_token=client_token,
+        subscriptions=subscriptions,
+        server_id=server_id,
+        persisted=persisted,
+        status_cb=status_cb,
+        events_cb=events_cb,
+        reconnect=reconnect,
+        reconnect_delay=reconnect_delay,
+        reconnect_max_delay=reconnect_max_delay,
+        timeout=timeout,
+        events_queue_size=events_queue_size,
+        ssl=ssl,
+        server_hostname=server_hostname,
+    )
+    await client._connect_once()
+    client._supervisor = asyncio.get_running_loop().create_task(client._supervise())
+    return client
+
+
+class Client:
+    """One Eventer client; create it with :func:`connect`."""
+
+    def __init__(
+        self,
+        url: str,
+        client_name: str,
+        *,
+        client_token: str | None,
+        subscriptions: Iterable[EventType],
+        server_id: int | None,
+        persisted: bool,
+        status_cb: StatusCb | None,
+        events_cb: EventsCb | None,
+        reconnect: bool,
+        reconnect_delay: float,
+        reconnect_max_delay: float,
+        timeout: float,
+        events_queue_size: int,
+        ssl: ssl_module.SSLContext | None,
+        server_hostname: str | None,
+    ) -> None:
+        self.url = url
+        self.client_name = client_name
+        self.subscriptions = [tuple(t) for t in subscriptions]
+        self.timeout = timeout
+        self._init = common.encode(
+            MSG_INIT_REQ,
+            common.init_req_to_sbs(
+                client_name, client_token, self.subscriptions, server_id, persisted
+            ),
+        )
+        self._status_cb = status_cb
+        self._events_cb = events_cb
+        self._reconnect = reconnect
+        self._reconnect_delay = reconnect_delay
+        self._reconnect_max_delay = reconnect_max_delay
+        self._queue_size = events_queue_size
+        self._ssl = ssl
+        self._server_hostname = server_hostname
+        self._status = Status.STANDBY
+        self._peer: rpc.Peer | None = None
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._closed = asyncio.get_running_loop().create_future()
+        self._supervisor: asyncio.Task[None] | None = None
+        # ordered delivery: (kind, value, ack future or None)
+        self._deliveries: asyncio.Queue[tuple[str, Any, asyncio.Future[None] | None]] = (
+            asyncio.Queue()
+        )
+        self._iterators: set[asyncio.Queue[Any]] = set()
+        self._delivery = asyncio.get_running_loop().create_task(self._deliver())
+        self.registry = self._make_registry()
+
+    # --- public ----------------------------------------------------------------------------
+
+    @property
+    def status(self) -> Status:
+        """The server's last announced status."""
+        return self._status
+
+    @property
+    def is_connected(self) -> bool:
+        return self._peer is not None and self._peer.is_open and self._connected.is_set()
+
+    @property
+    def closed(self) -> asyncio.Future[None]:
+        """Resolves once the client is closed for good (closed, or lost without reconnect)."""
+        return self._closed
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        async with asyncio.timeout(self.timeout if timeout is None else timeout):
+            await self._connected.wait()
+
+    async def register(
+        self, events: Sequence[RegisterEvent], with_response: bool = False
+    ) -> list[Event] | None:
+        """Register one session. With a response: its events, or None if the server
+        refused them; without: None once sent."""
+        data = common.encode(MSG_REGISTER_REQ, [common.register_event_to_sbs(e) for e in events])
+        peer = await self._ready_peer()
+        if not with_response:
+            peer.notify(MSG_REGISTER_REQ, data)
+            return None
+        res = await peer.request(MSG_REGISTER_REQ, data, timeout=self.timeout, raw=True)
+        kind, value = common.decode(MSG_REGISTER_RES, _bytes(res, MSG_REGISTER_RES))
+        if kind == "events":
+            return [common.event_from_sbs(e) for e in value]
+        return None
+
+    async def query(self, params: QueryParams, *, timeout: float | None = None) -> QueryResult:
+        data = common.encode(MSG_QUERY_REQ, common.query_params_to_sbs(params))
+        peer = await self._ready_peer()
+        res = await peer.request(
+            MSG_QUERY_REQ, data, timeout=self.timeout if timeout is None else timeout, raw=True
+        )
+        return common.query_result_from_sbs(
+            common.decode(MSG_QUERY_RES, _bytes(res, MSG_QUERY_RES))
+        )
+
+    def events(self) -> AsyncIterator[list[Event]]:
+        """Every events notification from now on (one list per notification); ends when
+        the client closes. A full iterator (``events_queue_size``) holds up delivery."""
+        queue: asyncio.Queue[Any] = asyncio.Queue(self._queue_size)
+        self._iterators.add(queue)
+        return self._iterate(queue)
+
+    async def _iterate(self, queue: asyncio.Queue[Any]) -> AsyncIterator[list[Event]]:
+        try:
+            while True:
+                item = await queue.get()
+                if item is _CLOSED:
+                    return
+                yield item
+        finally:
+            self._iterators.discard(queue)
+
+    async def close(self) -> None:
+        if self._closing:
+            await asyncio.shield(self._closed)
+            return
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        if self._peer is not None:
+            await self._peer.close(drain_timeout=1.0)
+        self._finish()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- connection ------------------------------------------------------------------------
+
+    async def _connect_once(self) -> None:
+        peer = await rpc.connect(
+            self.url,
+            registry=self.registry,
+            ssl=self._ssl,
+            server_hostname=self._server_hostname,
+            connect_timeout=self.timeout,
+            sbs_repo=common.peer_repository(),
+        )
+        try:
+            res = await peer.request(MSG_INIT_REQ, self._init, timeout=self.timeout, raw=True)
+            kind, value = common.decode(MSG_INIT_RES, _bytes(res, MSG_INIT_RES))
+            if kind == "error":
+                raise EventerInitError(value)
+        except BaseException:
+            await peer.close(drain_timeout=0)
+            raise
+        self._peer = peer
+        self._set_status(common.status_from_sbs(value))
+        self._connected.set()
+
+    async def _supervise(self) -> None:
+        """Watch the connection; reconnect when it drops (if asked to)."""
+        try:
+            while True:
+                assert self._peer is not None
+                await asyncio.shield(self._peer.closed)
+                self._connected.clear()
+                if not self._reconnect or self._closing:
+                    break
+                log.info("eventer connection to %s lost; reconnecting", self.url)
+                delay = self._reconnect_delay
+                while True:
+                    await asyncio.sleep(delay)
+                    try:
+                        await self._connect_once()
+                        break
+                    except (OSError, rpc.RpcError, common.EventerError, TimeoutError) as exc:
+                        log.info("reconnecting to %s failed: %s", self.url, exc)
+                        delay = min(delay * 2, self._reconnect_max_delay)
+        finally:
+            if not self._closing:
+                self._finish()
+
+    def _finish(self) -> None:
+        self._connected.clear()
+        self._delivery.cancel()
+        for queue in list(self._iterators):
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(_CLOSED)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    async def _ready_peer(self) -> rpc.Peer:
+        if self._closing or self._closed.done():
+            raise rpc.ConnectionClosed("eventer client is closed")
+        if not self._connected.is_set():
+            if not self._reconnect:
+                raise rpc.ConnectionClosed("eventer connection is closed")
+            try:
+                await self.wait_connected()
+            except TimeoutError:
+                raise rpc.ConnectionClosed(f"not reconnected within {self.timeout} s") from None
+        assert self._peer is not None
+        return self._peer
+
+    # --- incoming ----------------------------------------------------------------------------
+
+    def _make_registry(self) -> rpc.Registry:
+        registry = rpc.Registry()
+        registry.handle(MSG_EVENTS_NOTIFY)(self._on_events_with_ack)
+        registry.handle_notification(MSG_EVENTS_NOTIFY)(self._on_events)
+        registry.handle_notification(MSG_STATUS_NOTIFY)(self._on_status)
+        return registry
+
+    def _on_events(self, data: bytes) -> None:
+        self._deliveries.put_nowait(("events", common.decode_events(data), None))
+
+    async def _on_events_with_ack(self, data: bytes) -> rpc.Reply:
+        done = asyncio.get_running_loop().create_future()
+        self._deliveries.put_nowait(("events", common.decode_events(data), done))
+        await done
+        return rpc.Reply(MSG_EVENTS_ACK, b"")
+
+    def _on_status(self, data: bytes) -> None:
+        self._set_status(common.status_from_sbs(common.decode(MSG_STATUS_NOTIFY, data)))
+
+    def _set_status(self, status: Status) -> None:
+        self._status = status  # now; the callback runs in delivery order
+        self._deliveries.put_nowait(("status", status, None))
+
+    async def _deliver(self) -> None:
+        while True:
+            kind, value, done = await self._deliveries.get()
+            try:
+                if kind == "status":
+                    if self._status_cb is not None:
+                        await _call(self._status_cb, self, value)
+                else:
+                    if self._events_cb is not None:
+                        await _call(self._events_cb, self, value)
+                    for queue in list(self._iterators):
+                        await queue.put(value)
+            except Exception:
+                log.exception("eventer %s callback failed", kind)
+            finally:
+                if done is not None and not done.done():
+                    done.set_result(None)
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> None:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+def _bytes(value: Any, what: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise common.InvalidMessage(f"expected {what}, got {type(value).__name__}")
+    return value
+
+
+__all__ = ["Client", "EventerInitError", "EventsCb", "StatusCb", "connect"]
