@@ -1,0 +1,543 @@
+"""End-to-end RPC benchmark: ``python tests/benchmarks/bench_rpc.py [--seconds S] [--only NAME]``.
+
+Not collected by pytest. Client and server run in separate processes on 127.0.0.1: this
+process is the client, and each row starts its server as a subprocess of this script
+(``--serve NAME``), which prints ``PORT <n>`` and serves until its stdin closes.
+
+Rows (``--only`` takes one of these names):
+
+- ``peerwire-chatter``: ``tcp+sbs://...?dialect=HatChatter``, handler ``echo(data: bytes)``,
+  ``peer.request("echo", payload, raw=True)``: no JSON anywhere.
+- ``peerwire-gotalk``: ``tcp+gotalk://``, same handler and call.
+- ``hat-chatter``: the reference, hat-drivers' chatter on both sides. The server answers
+  each message in its conversation; the client sends with ``last=False`` and a receive
+  loop resolves futures keyed by ``conv.first_id``.
+- ``bare-echo``: asyncio.Protocol on both sides, 4-byte big-endian length prefix, the
+  server echoes every whole frame of one read with one write and the client coalesces the
+  writes of one loop iteration (the same habit as the peerwire core): the ceiling.
+
+Each row is measured in two modes, each on a fresh connection, with a 16-byte payload:
+``sequential`` (one request at a time) and ``inflight100`` (100 workers each awaiting one
+request at a time, so 100 are always outstanding). After a warm-up of 0.5 s, completed
+requests are counted over ``--seconds``. Every worker checks that it got its payload back.
+Timers are left at their defaults (peerwire ping/heartbeat, hat-drivers ping), which is
+what users get.
+
+Every row runs ``--rounds`` times (default 3, rows interleaved, a new server process each
+time); the table shows the median rate, the slowest..fastest round, and the median process
+CPU time per request of each side (client: this process; server: asked over its stdin at
+the start and end of the window). Absolute rates drift by 2x on small VMs (where the
+scheduler puts the two processes matters), so compare the ratios against ``bare-echo``
+measured in the same run, and the CPU figures, which are steadier. At 100 in flight the
+peerwire sides take turns (one write of ~100 messages each way), so the rate is close to
+1 / (client CPU + server CPU) per request. ``--pin`` puts the client on CPU 0 and the
+servers on CPU 1.
+
+``--profile DIR`` runs one round of the ``inflight100`` measurement only and profiles the
+timed window on both sides: cProfile data to ``DIR/<row>-{client,server}.prof``, or with
+``--profiler pyinstrument`` (``pip install pyinstrument``) text reports to ``.txt`` files.
+Profilers slow both sides down several times, so the rates printed with them mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import cProfile
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import rpc
+
+PAYLOAD = b"0123456789abcdef"
+HOST = "127.0.0.1"
+ROWS = ("peerwire-chatter", "peerwire-gotalk", "hat-chatter", "bare-echo")
+MODES = (("sequential", 1), ("inflight100", 100))
+WARMUP = 0.5
+
+NOTES = (
+    ("Go gotalk server + Go client, 100 in flight (7 B)", "~65,000/s", "notes/gotalk.md"),
+    ("Go gotalk server + Go client, sequential (7 B)", "~20,800/s", "notes/gotalk.md"),
+    ("hat-drivers chatter, 100 conversations in flight", "~20,000/s", "notes/chatter.md"),
+    ("hat-drivers chatter, sequential", "~2,700/s", "notes/chatter.md"),
+    ("bare asyncio length-prefixed echo, sequential", "~12,000/s", "notes/chatter.md"),
+)
+
+Call = Callable[[], Awaitable[bytes]]
+
+
+def _nodelay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+# --- bare asyncio echo ---------------------------------------------------------------------
+
+
+def _split_frames(buf: bytearray, frames: list[bytes] | None) -> int:
+    """Bytes used by the whole 4-byte-length-prefixed frames at the start of ``buf``;
+    their bodies are appended to ``frames`` unless it is None."""
+    pos = 0
+    total = len(buf)
+    while total - pos >= 4:
+        end = pos + 4 + int.from_bytes(buf[pos : pos + 4], "big")
+        if end > total:
+            break
+        if frames is not None:
+            frames.append(bytes(buf[pos + 4 : end]))
+        pos = end
+    return pos
+
+
+class BareEchoServer(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        _nodelay(transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        used = _split_frames(buf, None)
+        if used:
+            assert self.transport is not None
+            self.transport.write(bytes(buf[:used]))  # every whole frame, echoed in one write
+            del buf[:used]
+
+
+class BareEchoClient(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.buf = bytearray()
+        self.waiters: collections.deque[asyncio.Future[bytes]] = collections.deque()
+        self.out: list[bytes] = []
+        self.flush_handle: asyncio.Handle | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        _nodelay(transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        frames: list[bytes] = []
+        del buf[: _split_frames(buf, frames)]
+        for frame in frames:  # replies come back in request order
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(frame)
+
+    def flush(self) -> None:
+        self.flush_handle = None
+        out, self.out = self.out, []
+        assert self.transport is not None
+        self.transport.write(b"".join(out))
+
+    def request(self, payload: bytes) -> asyncio.Future[bytes]:
+        future = self.loop.create_future()
+        self.waiters.append(future)
+        self.out.append(len(payload).to_bytes(4, "big") + payload)
+        if self.flush_handle is None:
+            self.flush_handle = self.loop.call_soon(self.flush)
+        return future
+
+
+# --- servers (run in the subprocess) ------------------------------------------------------
+
+
+def _registry() -> rpc.Registry:
+    registry = rpc.Registry()
+
+    @registry.handle("echo")
+    def echo(data: bytes) -> bytes:
+        return data
+
+    return registry
+
+
+async def _start_server(name: str) -> tuple[int, Callable[[], Awaitable[None]]]:
+    """Start row ``name``'s server on a free port; return (port, async close)."""
+    if name in ("peerwire-chatter", "peerwire-gotalk"):
+        codec = "sbs" if name == "peerwire-chatter" else "gotalk"
+        server = await rpc.serve(f"tcp+{codec}://{HOST}:0", registry=_registry())
+        return server.url.port, server.close
+    if name == "hat-chatter":
+        from hat.drivers import chatter, net
+
+        async def echo_loop(conn: chatter.Connection) -> None:
+            try:
+                while True:
+                    msg = await conn.receive()
+                    await conn.send(chatter.Data("Res", msg.data.data), conv=msg.conv)
+            except ConnectionError:
+                pass
+
+        def on_connection(conn: chatter.Connection) -> None:
+            conn.async_group.spawn(echo_loop, conn)
+
+        hat_server = await chatter.listen(on_connection, net.TcpAddress(HOST, 0))
+        return hat_server.info.addresses[0].port, hat_server.async_close
+    if name == "bare-echo":
+        loop = asyncio.get_running_loop()
+        bare = await loop.create_server(BareEchoServer, HOST, 0)
+
+        async def close() -> None:
+            bare.close()
+
+        return bare.sockets[0].getsockname()[1], close
+    raise SystemExit(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
+
+
+class Profile:
+    """One side's profiler: ``start`` and ``stop`` once; ``stop`` writes the report."""
+
+    def __init__(self, kind: str, directory: str, name: str, side: str) -> None:
+        self.path = Path(directory) / f"{name}-{side}"
+        if kind == "pyinstrument":
+            from pyinstrument import Profiler
+
+            self.profiler: Any = Profiler(interval=0.0002, async_mode="disabled")
+        else:
+            self.profiler = cProfile.Profile()
+
+    def start(self) -> None:
+        if isinstance(self.profiler, cProfile.Profile):
+            self.profiler.enable()
+        else:
+            self.profiler.start()
+
+    def stop(self) -> None:
+        if isinstance(self.profiler, cProfile.Profile):
+            self.profiler.disable()
+            self.profiler.dump_stats(str(self.path.with_suffix(".prof")))
+        else:
+            self.profiler.stop()
+            text = self.profiler.output_text(unicode=False, color=False, show_all=False)
+            self.path.with_suffix(".txt").write_text(text)
+
+
+async def _serve(name: str, profile: Profile | None) -> None:
+    """Serve until stdin closes; answer each ``cpu`` line on stdin with ``CPU <seconds>``.
+
+    With a profile, the first ``cpu`` line starts it and the second stops it.
+    """
+    port, close = await _start_server(name)
+    print(f"PORT {port}", flush=True)
+    loop = asyncio.get_running_loop()
+    stdin_closed = loop.create_future()
+    fd = sys.stdin.fileno()
+    profile_state = 0  # 0 not started, 1 running, 2 written
+
+    def on_stdin() -> None:
+        data = os.read(fd, 4096)
+        nonlocal profile_state
+        for _ in range(data.count(b"\n")):
+            print(f"CPU {time.process_time()!r}", flush=True)
+            if profile is not None and profile_state < 2:
+                (profile.stop if profile_state else profile.start)()
+                profile_state += 1
+        if not data and not stdin_closed.done():
+            stdin_closed.set_result(None)
+
+    loop.add_reader(fd, on_stdin)
+    await stdin_closed
+    loop.remove_reader(fd)
+    await close()
+
+
+def serve_main(name: str, cpu: int | None, profile: tuple[str, str] | None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    asyncio.run(_serve(name, Profile(*profile, name, "server") if profile else None))
+
+
+# --- clients (run here) ---------------------------------------------------------------------
+
+
+async def _connect(name: str, port: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
+    """Connect row ``name``'s client; return (one echo request, async close)."""
+    if name in ("peerwire-chatter", "peerwire-gotalk"):
+        url = (
+            f"tcp+sbs://{HOST}:{port}?dialect=HatChatter"
+            if name == "peerwire-chatter"
+            else f"tcp+gotalk://{HOST}:{port}"
+        )
+        peer = await rpc.connect(url, registry=rpc.Registry())
+        request = peer.request
+
+        def call() -> Awaitable[bytes]:
+            return request("echo", PAYLOAD, raw=True)
+
+        return call, peer.close
+    if name == "hat-chatter":
+        return await _hat_client(port)
+    if name == "bare-echo":
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_connection(BareEchoClient, HOST, port)
+
+        async def close() -> None:
+            transport.close()
+
+        return (lambda: protocol.request(PAYLOAD)), close
+    raise SystemExit(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
+
+
+async def _hat_client(port: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
+    from hat.drivers import chatter, net
+
+    conn = await chatter.connect(net.TcpAddress(HOST, port))
+    loop = asyncio.get_running_loop()
+    waiting: dict[int, asyncio.Future[bytes]] = {}
+    early: dict[int, bytes] = {}  # replies that beat their waiter's registration
+
+    async def receive_loop() -> None:
+        try:
+            while True:
+                msg = await conn.receive()
+                future = waiting.pop(msg.conv.first_id, None)
+                if future is None:
+                    early[msg.conv.first_id] = msg.data.data
+                elif not future.done():
+                    future.set_result(msg.data.data)
+        except ConnectionError:
+            pass
+
+    receiver = loop.create_task(receive_loop())
+
+    async def call() -> bytes:
+        conv = await conn.send(chatter.Data("Req", PAYLOAD), last=False)
+        if conv.first_id in early:
+            return early.pop(conv.first_id)
+        future = loop.create_future()
+        waiting[conv.first_id] = future
+        return await future
+
+    async def close() -> None:
+        await conn.async_close()
+        receiver.cancel()
+
+    return call, close
+
+
+@dataclass(slots=True)
+class Sample:
+    """One timed window: completed requests/s and CPU microseconds per request per side."""
+
+    rate: float
+    client_us: float
+    server_us: float
+
+
+class ServerProcess:
+    """Row ``name``'s server: this script with ``--serve``, in a process of its own."""
+
+    def __init__(self, name: str, cpu: int | None, profile: tuple[str, str] | None) -> None:
+        command = [sys.executable, __file__, "--serve", name]
+        if cpu is not None:
+            command += ["--cpu", str(cpu)]
+        if profile:
+            command += ["--profiler", profile[0], "--profile", profile[1]]
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        line = self._line()
+        if not line.startswith("PORT "):
+            self.close()
+            raise RuntimeError(f"{name} server did not start (said {line!r})")
+        self.port = int(line.split()[1])
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def cpu_time(self) -> float:
+        """The server's process CPU seconds so far (blocks for one exchange on its pipes)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("cpu\n")
+        self.proc.stdin.flush()
+        return float(self._line().split()[1])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def measure(
+    call: Call,
+    inflight: int,
+    seconds: float,
+    server: ServerProcess,
+    profile: Profile | None = None,
+) -> Sample:
+    """Completed requests per second with ``inflight`` workers, after a warm-up."""
+    count = 0
+    running = True
+
+    async def worker() -> None:
+        nonlocal count
+        while running:
+            reply = await call()
+            if reply != PAYLOAD:
+                raise AssertionError(f"echo returned {reply!r}")
+            count += 1
+
+    tasks = [asyncio.create_task(worker()) for _ in range(inflight)]
+    await asyncio.sleep(WARMUP)
+    server_start = server.cpu_time()
+    if profile is not None:
+        profile.start()
+    start_count, start, cpu_start = count, time.perf_counter(), time.process_time()
+    await asyncio.sleep(seconds)
+    done = count - start_count
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    if profile is not None:
+        profile.stop()
+    server_cpu = server.cpu_time() - server_start
+    running = False
+    await asyncio.gather(*tasks)
+    done = max(done, 1)
+    return Sample(done / elapsed, cpu / done * 1e6, server_cpu / done * 1e6)
+
+
+async def run_row(
+    name: str, server: ServerProcess, seconds: float, profile: tuple[str, str] | None
+) -> dict[str, Sample]:
+    results = {}
+    for mode, inflight in MODES:
+        if profile and inflight == 1:
+            continue
+        call, close = await _connect(name, server.port)
+        try:
+            client_profile = Profile(*profile, name, "client") if profile else None
+            results[mode] = await measure(call, inflight, seconds, server, client_profile)
+        finally:
+            await close()
+    return results
+
+
+def bench_row(
+    name: str, seconds: float, cpus: tuple[int, int] | None, profile: tuple[str, str] | None
+) -> dict[str, Sample]:
+    """Start the server process for ``name``, measure every mode, stop the server."""
+    server = ServerProcess(name, cpus[1] if cpus else None, profile)
+    try:
+        return asyncio.run(run_row(name, server, seconds, profile))
+    finally:
+        server.close()
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return f"{value / base:4.2f}" if value and base else " n/a"
+
+
+def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
+    rate = {
+        (name, mode): statistics.median(s.rate for s in samples)
+        for name, modes in results.items()
+        for mode, samples in modes.items()
+    }
+    print()
+    print(
+        f"rate: median of {rounds} round(s); range: slowest..fastest round; "
+        "CPU: median microseconds of process CPU per request"
+    )
+    print(
+        f"{'row':<18}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
+        f"  {'client CPU':>10}  {'server CPU':>10}"
+    )
+    for name, modes in results.items():
+        for mode, samples in modes.items():
+            median = rate[name, mode]
+            low = min(s.rate for s in samples)
+            high = max(s.rate for s in samples)
+            client = statistics.median(s.client_us for s in samples)
+            server = statistics.median(s.server_us for s in samples)
+            print(
+                f"{name:<18}{mode:<13}{median:>9,.0f}/s"
+                f"  ({_ratio(median, rate.get(('bare-echo', mode)))} of bare echo)"
+                f"  {low:>9,.0f}..{high:<9,.0f}  {client:>7.1f} us  {server:>7.1f} us"
+            )
+    print()
+    print("ratios (medians, measured in this run):")
+    for mode, _ in MODES:
+        chatter = rate.get(("peerwire-chatter", mode))
+        print(
+            f"  peerwire-chatter {mode:<12} vs hat-chatter: "
+            f"{_ratio(chatter, rate.get(('hat-chatter', mode))):>5}   vs bare echo: "
+            f"{_ratio(chatter, rate.get(('bare-echo', mode))):>5}"
+        )
+    for mode, _ in MODES:
+        gotalk = rate.get(("peerwire-gotalk", mode))
+        print(
+            f"  peerwire-gotalk  {mode:<12} vs bare echo: "
+            f"{_ratio(gotalk, rate.get(('bare-echo', mode))):>5}"
+        )
+    print()
+    print("reference figures (from notes, not measured here; other runs, 2-core machine):")
+    for what, figure, source in NOTES:
+        print(f"  {what:<50}{figure:>11}  ({source})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed window per mode")
+    parser.add_argument("--only", choices=ROWS, help="run one row")
+    parser.add_argument("--rounds", type=int, default=3, help="repeat every row; report medians")
+    parser.add_argument("--pin", action="store_true", help="client on CPU 0, servers on CPU 1")
+    parser.add_argument("--profile", metavar="DIR", help="profile both sides, inflight100 only")
+    parser.add_argument("--profiler", choices=("cprofile", "pyinstrument"), default="cprofile")
+    parser.add_argument("--serve", choices=ROWS, help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    profile = (args.profiler, args.profile) if args.profile else None
+    if args.serve:
+        serve_main(args.serve, args.cpu, profile)
+        return
+    cpus = (0, 1) if args.pin else None
+    if cpus:
+        os.sched_setaffinity(0, {cpus[0]})
+    rounds = 1 if args.profile else max(1, args.rounds)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, list[Sample]]] = {}
+    for round_no in range(1, rounds + 1):
+        for name in [args.only] if args.only else ROWS:
+            samples = bench_row(name, args.seconds, cpus, profile)
+            for mode, sample in samples.items():
+                results.setdefault(name, {}).setdefault(mode, []).append(sample)
+            line = ", ".join(
+                f"{mode} {s.rate:,.0f}/s ({s.client_us:.1f}+{s.server_us:.1f} us)"
+                for mode, s in samples.items()
+            )
+            print(f"round {round_no}  {name:<17} {line}", flush=True)
+    report(results, rounds)
+
+
+if __name__ == "__main__":
+    main()
