@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 LEGACY := .venv-legacy
 
-.PHONY: test lint bench clean
+.PHONY: test lint bench clean system-deps
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,13 @@ $(LEGACY)/.ready:
 	$(LEGACY)/bin/pip install -q 'hat-chatter==0.5.11'
 	touch $@
 
-test: $(VENV)/.ready $(LEGACY)/.ready
+# Machine packages the tests need: Debian's chromium (browser tests; Playwright drives it,
+# never downloads a browser of its own) and Java (Spark). Installed only where missing.
+system-deps:
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: system-deps $(VENV)/.ready $(LEGACY)/.ready
 	$(VENV)/bin/pytest
 
 lint: $(VENV)/.ready

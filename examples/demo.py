@@ -10,10 +10,12 @@ server and exits 0 only if everything worked, so it doubles as a smoke test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -119,8 +121,41 @@ async def python_api(urls: dict[str, str]) -> None:
             print(f"  ok  greet with bad input -> RemoteError: {exc}")
 
 
+def start_webchat() -> tuple[subprocess.Popen[str], str]:
+    """The browser demo, on port 8080 when free (else any port); returns (process, URL)."""
+    with socket.socket() as probe:
+        port = 8080 if probe.connect_ex(("127.0.0.1", 8080)) != 0 else 0
+    listen = f"ws+gotalk://127.0.0.1:{port}/gotalk/"
+    args = [sys.executable, "examples/webchat/server.py", "--listen", listen]
+    print(f"$ python examples/webchat/server.py --listen {listen}")
+    chat = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert chat.stdout is not None
+    first = chat.stdout.readline().strip()  # "open http://127.0.0.1:PORT/"
+    threading.Thread(target=lambda: [None for _ in chat.stdout], daemon=True).start()  # type: ignore[union-attr]
+    return chat, first.removeprefix("open ")
+
+
+async def webchat_check(page_url: str) -> None:
+    url = "ws+gotalk://" + page_url.split("://", 1)[1] + "gotalk/"
+    print(f"async with rpc.connect({url!r}) as peer:  # what the page's script does")
+    client = rpc.Registry()
+
+    @client.handle("whoami")
+    def whoami(_value: Any) -> str:
+        return "demo"
+
+    async with rpc.connect(url, registry=client) as peer:
+        await peer.request("send", "hello from the demo")
+        history = await peer.request("history")
+        texts = [entry.get("text") for entry in history if isinstance(entry, dict)]
+        check("web chat history has our message", "hello from the demo" in texts, True)
+
+
 def main() -> int:
-    print("== a server on both protocols")
+    print("== the web chat (browser demo)")
+    chat, page = start_webchat()
+    print(f"  open {page} in a browser (several tabs chat with each other)")
+    print("\n== a server on both protocols")
     server, lines = start_server()
     try:
         urls = bound_urls(lines, 2)
@@ -133,6 +168,7 @@ def main() -> int:
 
         print("\n== the Python API")
         asyncio.run(python_api(urls))
+        asyncio.run(webchat_check(page))
     except Exception as exc:  # a demo reports and fails; it does not hide the cause
         failures.append(f"{type(exc).__name__}: {exc}")
     finally:
@@ -151,6 +187,15 @@ def main() -> int:
     for text in ("hello over Gotalk", "hello over Hat Chatter"):
         check(f"server printed log: {text}", f"log: {text}" in printed, True)
 
+    if sys.stdin.isatty() and not failures:
+        print(f"\nthe web chat is still running at {page}: press Enter to stop it")
+        with contextlib.suppress(EOFError, KeyboardInterrupt):
+            input()
+    chat.send_signal(signal.SIGTERM)
+    try:
+        chat.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        chat.kill()
     if failures:
         print("\ndemo FAILED:\n  " + "\n  ".join(failures))
         return 1

@@ -175,7 +175,10 @@ class Server:
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Stop accepting, then close every connection gracefully."""
         if self._server is not None:
-            self._server.close()
+            if self.url.websocket:  # keep connections open: they are drained below
+                self._server.close(close_connections=False)
+            else:
+                self._server.close()
         await asyncio.gather(
             *(p.close(drain_timeout=drain_timeout) for p in list(self.peers)),
             return_exceptions=True,

@@ -40,6 +40,10 @@ class GotalkPeer(Peer):
     # --- lifecycle -------------------------------------------------------------------------
 
     def _start(self) -> None:
+        if self._framed:
+            # Over WebSocket, websockets' own ping detects dead peers, and browsers delay
+            # timers (so heartbeats) in background tabs: no Gotalk read timeout there.
+            self.read_timeout = None
         self._write(self.codec.handshake())
         self._last_read = self._loop.time()
         self._schedule_tick()

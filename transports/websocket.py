@@ -14,7 +14,6 @@ against an allow-list, same-origin by default; a refused handshake says why.
 from __future__ import annotations
 
 import asyncio
-import collections
 import gzip
 import hashlib
 import logging
@@ -32,8 +31,9 @@ from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
+from websockets.frames import DATA_OPCODES, Frame
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from transports.stream import ByteSink
 
@@ -41,54 +41,104 @@ log = logging.getLogger("peerwire.transports.websocket")
 
 SCRIPT_DIR = Path(__file__).parent / "web"
 SCRIPT_NAMES = ("gotalk.js", "peerwire.js")
-HIGH_WATER = 256
-"""Queued outgoing frames above which the sink is asked to pause."""
+HIGH_WATER = 256 * 1024
+"""Bytes buffered in the socket above which the sink is asked to pause writing."""
+
+
+class _SinkFeeding:
+    """Mixin for websockets connections: data frames go straight to a sink.
+
+    websockets' asyncio API queues each message for a reader task to pick up; peerwire's
+    codecs take a byte stream, so every data frame (text, binary or continuation) is handed
+    to the sink from the protocol callback instead: no task wakes up per message. Frames
+    that arrive before the sink is attached are held until then.
+    """
+
+    sink: ByteSink | None
+    early: list[bytes]
+
+    def process_event(self, event: Any) -> None:
+        if isinstance(event, Frame) and event.opcode in DATA_OPCODES:
+            data = bytes(event.data)
+            if self.sink is not None:
+                self.sink.data_received(data)
+            else:
+                self.early.append(data)
+            return
+        super().process_event(event)  # type: ignore[misc]
+
+
+class _ServerConnection(_SinkFeeding, ServerConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sink, self.early = None, []
+
+
+class _ClientConnection(_SinkFeeding, ClientConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sink, self.early = None, []
 
 
 class WebSocketTransport(asyncio.Transport):
-    """One WebSocket connection as an asyncio-style transport; one writer task sends frames."""
+    """One WebSocket connection as an asyncio-style transport for a byte sink.
 
-    def __init__(self, ws: ServerConnection | ClientConnection, sink: ByteSink) -> None:
+    Writes go through websockets' sans-I/O protocol object and reach the socket in one
+    ``transport.write`` per call, keeping one WebSocket message per frame written.
+    """
+
+    def __init__(self, ws: _ServerConnection | _ClientConnection, sink: ByteSink) -> None:
         super().__init__()
         self._ws = ws
         self._sink = sink
-        self._frames: collections.deque[bytes] = collections.deque()
-        self._wakeup = asyncio.Event()
         self._closing = False
         self._paused = False
-        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    def attach(self) -> None:
+        """Start feeding the sink (after its ``connection_made``)."""
+        ws = self._ws
+        ws.sink = self._sink
+        early, ws.early = ws.early, []
+        for data in early:
+            self._sink.data_received(data)
 
     # transport interface used by the RPC core
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing:
-            return
-        self._frames.append(bytes(data))
-        self._after_queue()
+        self.writelines((data,))
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        if self._closing:
+        ws = self._ws
+        if self._closing or ws.protocol.state is not State.OPEN:
             return
-        self._frames.extend(bytes(d) for d in list_of_data)
-        self._after_queue()
-
-    def _after_queue(self) -> None:
-        self._wakeup.set()
-        if not self._paused and len(self._frames) > HIGH_WATER:
+        protocol = ws.protocol
+        for data in list_of_data:
+            protocol.send_binary(data)
+        out = protocol.data_to_send()
+        ws.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if not self._paused and ws.transport.get_write_buffer_size() > HIGH_WATER:
             self._paused = True
             self._sink.pause_writing()
+            asyncio.get_running_loop().create_task(self._resume_when_drained())
+
+    async def _resume_when_drained(self) -> None:
+        try:
+            await self._ws.drain()
+        except Exception:  # closed meanwhile: connection_lost tells the sink
+            return
+        self._paused = False
+        self._sink.resume_writing()
 
     def is_closing(self) -> bool:
         return self._closing
 
     def close(self) -> None:
-        """Send what is queued, then close the WebSocket normally."""
-        self._closing = True
-        self._wakeup.set()
+        """Close the WebSocket normally (queued frames are already written)."""
+        if not self._closing:
+            self._closing = True
+            asyncio.get_running_loop().create_task(self._ws.close())
 
     def abort(self) -> None:
         self._closing = True
-        self._frames.clear()
-        self._writer.cancel()
         self._ws.transport.abort()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -100,42 +150,16 @@ class WebSocketTransport(asyncio.Transport):
             return getattr(self._ws, "request", None)
         return self._ws.transport.get_extra_info(name, default)
 
-    async def _write_loop(self) -> None:
-        ws = self._ws
-        try:
-            while True:
-                while self._frames:
-                    await ws.send(self._frames.popleft())
-                    if self._paused and len(self._frames) < HIGH_WATER // 2:
-                        self._paused = False
-                        self._sink.resume_writing()
-                if self._closing:
-                    await ws.close()
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-        except ConnectionClosed:
-            pass
-
     async def run(self) -> None:
-        """Feed received messages to the sink until the connection ends."""
-        sink = self._sink
-        error: BaseException | None = None
-        try:
-            async for message in self._ws:
-                sink.data_received(message.encode() if isinstance(message, str) else message)
-        except ConnectionClosed as exc:
-            if exc.rcvd is None or exc.rcvd.code not in (1000, 1001):
-                error = exc
-        finally:
-            self._closing = True
-            self._wakeup.set()
-            if not self._writer.done():
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._writer), 1.0)
-                except (TimeoutError, asyncio.CancelledError):
-                    self._writer.cancel()
-            sink.connection_lost(error)
+        """Wait for the connection to end, then tell the sink."""
+        await self._ws.wait_closed()
+        self._closing = True
+        rcvd = self._ws.protocol.close_rcvd
+        error = None
+        if rcvd is None or rcvd.code not in (1000, 1001):
+            error = ConnectionError(f"WebSocket closed: {rcvd or 'no close frame'}")
+        self._ws.sink = None
+        self._sink.connection_lost(error)
 
 
 # --- the HTTP side: script, static files, origin check ---------------------------------------
@@ -267,10 +291,11 @@ async def start_websocket_server(
 
     async def handler(ws: ServerConnection) -> None:
         sink = sink_factory()
-        transport = WebSocketTransport(ws, sink)
+        transport = WebSocketTransport(ws, sink)  # type: ignore[arg-type]
         active.add(transport)
         try:
             sink.connection_made(transport)
+            transport.attach()
             await transport.run()
         finally:
             active.discard(transport)
@@ -285,6 +310,7 @@ async def start_websocket_server(
         process_request=_process_request(http, lambda: len(active), max_connections),
         compression=None,
         server_header="peerwire",
+        create_connection=_ServerConnection,
     )
 
 
@@ -298,7 +324,7 @@ async def open_websocket(
     ping_interval: float | None = 20.0,
     connect_timeout: float = 10.0,
 ) -> ByteSink:
-    """Connect to a WebSocket endpoint and return the sink; reading runs in a task."""
+    """Connect to a WebSocket endpoint and return the sink (fed from the connection)."""
     if origin is None:  # a non-browser client presents the server's own origin
         parts = urllib.parse.urlsplit(uri)
         origin = f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}"
@@ -310,10 +336,16 @@ async def open_websocket(
         ping_interval=ping_interval,
         open_timeout=connect_timeout,
         compression=None,
+        create_connection=_ClientConnection,
     )
     sink = sink_factory()
-    transport = WebSocketTransport(ws, sink)
+    transport = WebSocketTransport(ws, sink)  # type: ignore[arg-type]
     sink.connection_made(transport)
-    task = asyncio.get_running_loop().create_task(transport.run())
-    transport._reader = task  # type: ignore[attr-defined]  # keep a reference
+    transport.attach()
+    _watchers.add(task := asyncio.get_running_loop().create_task(transport.run()))
+    task.add_done_callback(_watchers.discard)
     return sink
+
+
+_watchers: set[asyncio.Task[None]] = set()
+"""Tasks waiting for client connections to end (kept referenced until they do)."""

@@ -1,0 +1,271 @@
+"""WebSocket request throughput: ``python tests/benchmarks/bench_websocket.py [--seconds S]``.
+
+Not collected by pytest. This process is the client; each row's server runs in a process of
+its own (this script with ``--serve NAME``: it prints ``PORT <n>``, answers every ``cpu``
+line on stdin with its CPU seconds, and serves until stdin closes).
+
+Rows (``--only`` takes one):
+
+- ``peerwire-ws-gotalk``: ``rpc.serve("ws+gotalk://...")`` with handler ``echo(data: bytes)``,
+  client ``rpc.connect(...)`` and ``peer.request("echo", payload, raw=True)``. Every Gotalk
+  message is two WebSocket frames (header, then payload), as browser peers need.
+- ``peerwire-ws-sbs``: the same over ``ws+sbs://`` (Chatter frames in binary messages).
+- ``peerwire-tcp-gotalk``: the same handler over plain TCP, to show what WebSocket costs.
+- ``bare-websockets``: the baseline: a ``websockets`` echo server (``async for message in ws:
+  await ws.send(message)``) and a client that resolves replies in order; one frame each way,
+  no RPC at all.
+
+Modes, each on one connection with a 16-byte payload: ``sequential`` (one request at a time)
+and ``inflight100`` (100 workers, so 100 requests are always outstanding). After a warm-up
+the completed requests are counted over ``--seconds``; every reply is checked. Absolute
+figures drift with the machine: compare the ratios against ``bare-websockets`` measured in
+the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from websockets.asyncio.client import connect as ws_connect
+from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import serve as ws_serve
+
+import rpc
+
+PAYLOAD = b"0123456789abcdef"
+HOST = "127.0.0.1"
+ROWS = ("peerwire-ws-gotalk", "peerwire-ws-sbs", "peerwire-tcp-gotalk", "bare-websockets")
+URLS = {
+    "peerwire-ws-gotalk": "ws+gotalk://{host}:{port}/gotalk/",
+    "peerwire-ws-sbs": "ws+sbs://{host}:{port}/gotalk/",
+    "peerwire-tcp-gotalk": "tcp+gotalk://{host}:{port}",
+}
+CLIENT_QUERY = {"peerwire-ws-sbs": "?dialect=HatChatter"}
+MODES = (("sequential", 1), ("inflight100", 100))
+WARMUP = 0.5
+NOTES = (
+    ("Go gotalk over WebSocket, sequential", "~15,900/s"),
+    ("Go gotalk over WebSocket, 100 in flight", "~33,000/s"),
+    ("Go gotalk over TCP, sequential", "~20,800/s"),
+    ("Go gotalk over TCP, 100 in flight", "~65,000/s"),
+)
+
+Call = Callable[[], Awaitable[bytes]]
+Close = Callable[[], Awaitable[None]]
+
+
+# --- servers (in the subprocess) ------------------------------------------------------------
+
+
+async def start_server(name: str) -> tuple[int, Close]:
+    if name in URLS:
+        registry = rpc.Registry()
+
+        @registry.handle("echo")
+        def echo(data: bytes) -> bytes:
+            return data
+
+        server = await rpc.serve(URLS[name].format(host=HOST, port=0), registry=registry)
+        return server.url.port, server.close
+
+    async def echo_back(ws: ServerConnection) -> None:
+        async for message in ws:
+            await ws.send(message)
+
+    bare = await ws_serve(echo_back, HOST, 0, compression=None)
+
+    async def close() -> None:
+        bare.close()
+        await bare.wait_closed()
+
+    return bare.sockets[0].getsockname()[1], close
+
+
+async def serve(name: str) -> None:
+    port, close = await start_server(name)
+    print(f"PORT {port}", flush=True)
+    loop = asyncio.get_running_loop()
+    stdin_closed = loop.create_future()
+    fd = sys.stdin.fileno()
+
+    def on_stdin() -> None:
+        data = os.read(fd, 4096)
+        for _ in range(data.count(b"\n")):
+            print(f"CPU {time.process_time()!r}", flush=True)
+        if not data and not stdin_closed.done():
+            stdin_closed.set_result(None)
+
+    loop.add_reader(fd, on_stdin)
+    await stdin_closed
+    loop.remove_reader(fd)
+    await close()
+
+
+# --- clients (here) ---------------------------------------------------------------------------
+
+
+async def connect(name: str, port: int) -> tuple[Call, Close]:
+    if name in URLS:
+        url = URLS[name].format(host=HOST, port=port) + CLIENT_QUERY.get(name, "")
+        peer = await rpc.connect(url, registry=rpc.Registry())
+        request = peer.request
+        return (lambda: request("echo", PAYLOAD, raw=True)), peer.close
+
+    ws = await ws_connect(f"ws://{HOST}:{port}/", compression=None)
+    loop = asyncio.get_running_loop()
+    waiters: collections.deque[asyncio.Future[bytes]] = collections.deque()
+
+    async def read_replies() -> None:  # the echo server answers in order
+        async for message in ws:
+            waiters.popleft().set_result(message)  # type: ignore[arg-type]
+
+    reader = loop.create_task(read_replies())
+
+    async def call() -> bytes:
+        future = loop.create_future()
+        waiters.append(future)
+        await ws.send(PAYLOAD)
+        return await future
+
+    async def close() -> None:
+        await ws.close()
+        await reader
+
+    return call, close
+
+
+class ServerProcess:
+    def __init__(self, name: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self._line()
+        if not line.startswith("PORT "):
+            self.close()
+            raise RuntimeError(f"{name} server did not start (said {line!r})")
+        self.port = int(line.split()[1])
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def cpu_time(self) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("cpu\n")
+        self.proc.stdin.flush()
+        return float(self._line().split()[1])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def measure(
+    call: Call, inflight: int, seconds: float, server: ServerProcess
+) -> tuple[float, float, float]:
+    """(requests/s, client CPU us per request, server CPU us per request)."""
+    count = 0
+    running = True
+
+    async def worker() -> None:
+        nonlocal count
+        while running:
+            reply = await call()
+            if reply != PAYLOAD:
+                raise AssertionError(f"echo returned {reply!r}")
+            count += 1
+
+    tasks = [asyncio.create_task(worker()) for _ in range(inflight)]
+    await asyncio.sleep(WARMUP)
+    server_cpu = server.cpu_time()
+    start_count, start, cpu = count, time.perf_counter(), time.process_time()
+    await asyncio.sleep(seconds)
+    done = max(count - start_count, 1)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    server_cpu = server.cpu_time() - server_cpu
+    running = False
+    await asyncio.gather(*tasks)
+    return done / elapsed, cpu / done * 1e6, server_cpu / done * 1e6
+
+
+async def run_row(name: str, seconds: float) -> dict[str, tuple[float, float, float]]:
+    server = ServerProcess(name)
+    try:
+        results = {}
+        for mode, inflight in MODES:
+            call, close = await connect(name, server.port)
+            try:
+                results[mode] = await measure(call, inflight, seconds, server)
+            finally:
+                await close()
+        return results
+    finally:
+        server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed window per mode")
+    parser.add_argument("--rounds", type=int, default=3, help="repeat every row; report medians")
+    parser.add_argument("--only", choices=ROWS, help="run one row (plus the baseline)")
+    parser.add_argument("--serve", choices=ROWS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.serve))
+        return
+
+    rows = ROWS if args.only is None else tuple(dict.fromkeys((args.only, "bare-websockets")))
+    samples: dict[tuple[str, str], list[tuple[float, float, float]]] = collections.defaultdict(list)
+    for round_number in range(args.rounds):
+        for name in rows:  # rows interleave, so a slow spell of the machine hits all of them
+            for mode, sample in asyncio.run(run_row(name, args.seconds)).items():
+                samples[name, mode].append(sample)
+                print(
+                    f"round {round_number + 1}: {name:<20}{mode:<13}{sample[0]:>9,.0f}/s",
+                    flush=True,
+                )
+
+    def median(name: str, mode: str, index: int = 0) -> float:
+        return statistics.median(s[index] for s in samples[name, mode])
+
+    print(
+        f"\nmedian of {args.rounds} round(s), {len(PAYLOAD)}-byte payload, one connection; "
+        "CPU = microseconds of process CPU per request"
+    )
+    print(
+        f"{'row':<22}{'mode':<13}{'rate':>10}  {'vs bare-websockets':<20}"
+        f"{'client CPU':>11}{'server CPU':>12}"
+    )
+    for name in rows:
+        for mode, _ in MODES:
+            rate, base = median(name, mode), median("bare-websockets", mode)
+            print(
+                f"{name:<22}{mode:<13}{rate:>9,.0f}/s  {rate / base:>6.2f}x{'':<13}"
+                f"{median(name, mode, 1):>8.1f} us{median(name, mode, 2):>9.1f} us"
+            )
+    print("\nreference figures (notes/gotalk.md; Go peers, another run on a 2-core machine):")
+    for what, figure in NOTES:
+        print(f"  {what:<45}{figure:>10}")
+
+
+if __name__ == "__main__":
+    main()

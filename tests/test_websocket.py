@@ -1,0 +1,212 @@
+"""The WebSocket transport: Gotalk framing as browser peers need it, the HTTP side (script,
+ETag, gzip, static files), origin checks, limits, wss, and one registry on every transport."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import http.client
+from collections.abc import AsyncIterator
+
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+import rpc
+from tests.certs import Pki
+from transports.stream import client_ssl_context, server_ssl_context
+from transports.websocket import HttpOptions
+
+
+def registry() -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("echo")
+    def echo(data: bytes) -> bytes:
+        return data
+
+    @reg.handle("greet")
+    def greet(params: dict) -> dict:
+        return {"greeting": f"Hello {params['name']}"}
+
+    @reg.handle("notifyme")
+    def notifyme(data: bytes) -> str:
+        rpc.current_peer.get().notify("note", data)
+        return "ok"
+
+    @reg.handle_stream("stream")
+    async def stream(parts: AsyncIterator[bytes]):
+        async for part in parts:
+            yield part
+
+    return reg
+
+
+async def frames(ws, count: int) -> list[bytes]:
+    return [await asyncio.wait_for(ws.recv(), 5) for _ in range(count)]
+
+
+async def test_gotalk_frames_as_browser_peers_need_them() -> None:
+    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry()) as server:
+        uri = server.url.websocket_uri
+        origin = f"http://127.0.0.1:{server.url.port}"
+        async with ws_connect(uri, origin=origin) as ws:
+            assert await frames(ws, 1) == [b"01"]  # the version in a frame of its own
+            await ws.send(b"01")
+            # header and payload in separate frames (gotalk.js), payload as TEXT
+            await ws.send(b"r0001004echo00000007")
+            await ws.send('"hello"')
+            assert await frames(ws, 2) == [b"R000100000007", b'"hello"']
+            # header + payload merged in one frame (non-browser peers)
+            await ws.send(b'r0002005greet0000000e{"name":"Bob"}')
+            assert await frames(ws, 2) == [b"R000200000018", b'{"greeting":"Hello Bob"}']
+            # split mid-header across frames, text frames
+            await ws.send("r0003004no")
+            await ws.send("pe00000000")
+            assert await frames(ws, 2) == [b"E000300000018", b'unknown operation "nope"']
+            await ws.send(b"r0004008notifyme00000002")
+            await ws.send(b"{}")
+            assert await frames(ws, 4) == [b"n004note00000002", b"{}", b"R000400000004", b'"ok"']
+            await ws.send(b"s0005006stream00000005")
+            await ws.send(b"part1")
+            assert await frames(ws, 2) == [b"S000500000005", b"part1"]
+            await ws.send(b"p000500000000")
+            assert await frames(ws, 1) == [b"S000500000000"]  # empty: no payload frame
+            # an unknown message type: f00000002 in its own frame, then close
+            await ws.send(b"x000100000000")
+            assert await frames(ws, 1) == [b"f00000002"]
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 5)
+
+
+@pytest.mark.parametrize("codec", ["gotalk", "sbs"])
+async def test_python_client_over_websocket_both_directions(codec: str) -> None:
+    client_reg = rpc.Registry()
+
+    @client_reg.handle("whoami")
+    def whoami(_value) -> str:
+        return "the client"
+
+    query = "?dialect=HatChatter" if codec == "sbs" else ""
+    async with rpc.serve(f"ws+{codec}://127.0.0.1:0/rpc/", registry=registry()) as server:
+        async with rpc.connect(f"{server.url}{query}", registry=client_reg) as peer:
+            assert await peer.request("greet", {"name": "Web"}) == {"greeting": "Hello Web"}
+            results = await asyncio.gather(
+                *(peer.request("echo", b"%d" % i, raw=True) for i in range(100))
+            )
+            assert results == [b"%d" % i for i in range(100)]
+            assert [x async for x in peer.stream("stream", parts=["a", "b"])] == ["a", "b"]
+            [server_side] = server.peers
+            assert await server_side.request("whoami") == "the client"
+
+
+def http_get(port: int, path: str, headers: dict[str, str] | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", path, headers=headers or {})
+    response = conn.getresponse()
+    return response.status, dict(response.getheaders()), response.read()
+
+
+async def test_script_static_files_etag_and_gzip(tmp_path) -> None:
+    (tmp_path / "index.html").write_text("<h1>hi</h1>")
+    web = HttpOptions(static_dir=tmp_path)
+    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry(), web=web) as srv:
+        port = srv.url.port
+        get = asyncio.to_thread
+        status, headers, body = await get(http_get, port, "/gotalk/gotalk.js")
+        assert status == 200 and headers["Cache-Control"] == "public,max-age=300"
+        assert "javascript" in headers["Content-Type"] and len(body) > 100
+        etag = headers["ETag"]
+        status, _, _ = await get(http_get, port, "/gotalk/gotalk.js", {"If-None-Match": etag})
+        assert status == 304
+        status, headers, zipped = await get(
+            http_get, port, "/gotalk/peerwire.js", {"Accept-Encoding": "gzip, deflate"}
+        )
+        assert status == 200 and headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(zipped) == body
+        status, _, page = await get(http_get, port, "/")
+        assert (status, page) == (200, b"<h1>hi</h1>")
+        assert (await get(http_get, port, "/../../etc/passwd"))[0] == 404
+        assert (await get(http_get, port, "/nothing-here"))[0] == 404
+        assert (await get(http_get, port, "/gotalk/"))[0] == 426  # not an upgrade
+
+
+async def test_origin_checks() -> None:
+    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry()) as server:
+        uri = server.url.websocket_uri
+        for origin in (None, "http://evil.example"):
+            with pytest.raises(InvalidStatus) as refused:
+                async with ws_connect(uri, origin=origin):
+                    pass
+            assert refused.value.response.status_code == 403
+            assert b"Forbidden: " in refused.value.response.body
+        async with ws_connect(uri, origin=f"http://127.0.0.1:{server.url.port}") as ws:
+            assert await frames(ws, 1) == [b"01"]
+    allow = HttpOptions(origins=["http://app.example"])
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/", registry=registry(), web=allow
+    ) as server:
+        async with ws_connect(server.url.websocket_uri, origin="http://app.example") as ws:
+            assert await frames(ws, 1) == [b"01"]
+        with pytest.raises(InvalidStatus):
+            async with ws_connect(
+                server.url.websocket_uri, origin=f"http://127.0.0.1:{server.url.port}"
+            ):
+                pass
+
+
+async def test_limits_message_size_and_connections() -> None:
+    options = rpc.Options(max_size=1000)
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/", registry=registry(), options=options, max_connections=1
+    ) as server:
+        origin = f"http://127.0.0.1:{server.url.port}"
+        async with ws_connect(server.url.websocket_uri, origin=origin) as ws:
+            await frames(ws, 1)
+            with pytest.raises(InvalidStatus) as refused:
+                async with ws_connect(server.url.websocket_uri, origin=origin):
+                    pass
+            assert refused.value.response.status_code == 503
+            await ws.send(b"01")
+            await ws.send(b"r0001004echo" + b"%08x" % 50_000)  # over max_size: refused
+            assert await frames(ws, 1) == [b"f00000002"]
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 5)
+        await asyncio.sleep(0.1)
+        async with ws_connect(server.url.websocket_uri, origin=origin) as ws:
+            await frames(ws, 1)
+            await ws.send(b"x" * 20_000)  # a frame over the WebSocket limit: closed (1009)
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_wss(pki: Pki) -> None:
+    ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    async with rpc.serve(
+        "wss+gotalk://127.0.0.1:0/gotalk/", registry=registry(), ssl=ctx
+    ) as server:
+        url = f"wss+gotalk://localhost:{server.url.port}/gotalk/"
+        async with rpc.connect(url, ssl=client_ssl_context(cafile=pki.ca)) as peer:
+            assert await peer.request("greet", {"name": "TLS"}) == {"greeting": "Hello TLS"}
+
+
+async def test_one_registry_on_tcp_tls_and_websocket_at_once(pki: Pki) -> None:
+    reg = registry()
+    ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    async with (
+        rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg) as tcp,
+        rpc.serve("ssl+sbs://127.0.0.1:0", registry=reg, ssl=ctx) as tls,
+        rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=reg) as ws,
+    ):
+        client_ctx = client_ssl_context(cafile=pki.ca)
+        urls = [
+            (str(tcp.url), None),
+            (f"ssl+sbs://localhost:{tls.url.port}", client_ctx),
+            (str(ws.url), None),
+        ]
+        for url, ssl_ctx in urls:
+            async with rpc.connect(url, ssl=ssl_ctx) as peer:
+                assert await peer.request("greet", {"name": url[:3]}) == {
+                    "greeting": f"Hello {url[:3]}"
+                }
