@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 import rpc
+from rpc.eventer import cli as eventer_cli
 from transports.stream import client_ssl_context, server_ssl_context
 
 log = logging.getLogger("peerwire.cli")
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    eventer_cli.add_parser(sub)  # peerwire eventer serve --config FILE
 
     serve = sub.add_parser(
         "serve",
@@ -286,6 +288,8 @@ async def client(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "eventer":  # runs its own loop, signals and exit codes
+        return args.func(args)
     try:
         return asyncio.run(serve(args) if args.command == "serve" else client(args))
     except CliError as exc:

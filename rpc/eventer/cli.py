@@ -44,7 +44,10 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
         "ack_timeout, max_query_results, system_events.",
     )
     serve.add_argument("--config", metavar="FILE", required=True, help="JSON or TOML file")
-    serve.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # SUPPRESS: a parent CLI's own -v (given before "eventer") is not overwritten
+    serve.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
     serve.set_defaults(func=run_serve)
 
 

@@ -52,8 +52,6 @@ log = logging.getLogger("peerwire.eventer.client")
 StatusCb = Callable[["Client", Status], Awaitable[None] | None]
 EventsCb = Callable[["Client", list[Event]], Awaitable[None] | None]
 
-_CLOSED = object()
-
 
 async def connect(
     url: str,
@@ -199,8 +197,9 @@ class Client:
         )
 
     def events(self) -> AsyncIterator[list[Event]]:
-        """Every events notification from now on (one list per notification); ends when
-        the client closes. A full iterator (``events_queue_size``) holds up delivery."""
+        """Every events notification from now on (one list per notification); ends, after
+        what is already queued, when the client closes. A full iterator
+        (``events_queue_size``) holds up delivery (and, with acks, the server)."""
         queue: asyncio.Queue[Any] = asyncio.Queue(self._queue_size)
         self._iterators.add(queue)
         return self._iterate(queue)
@@ -208,9 +207,22 @@ class Client:
     async def _iterate(self, queue: asyncio.Queue[Any]) -> AsyncIterator[list[Event]]:
         try:
             while True:
-                item = await queue.get()
-                if item is _CLOSED:
-                    return
+                if queue.empty():
+                    if self._closed.done():
+                        return
+                    getter = asyncio.ensure_future(queue.get())
+                    try:
+                        await asyncio.wait(
+                            {getter, self._closed}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        if not getter.done():
+                            getter.cancel()
+                    if not getter.done() or getter.cancelled():
+                        continue  # closed: drain what is queued, then end
+                    item = getter.result()
+                else:
+                    item = queue.get_nowait()
                 yield item
         finally:
             self._iterators.discard(queue)
@@ -283,9 +295,6 @@ class Client:
     def _finish(self) -> None:
         self._connected.clear()
         self._delivery.cancel()
-        for queue in list(self._iterators):
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait(_CLOSED)
         if not self._closed.done():
             self._closed.set_result(None)
 

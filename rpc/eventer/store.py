@@ -7,16 +7,18 @@ Layout (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
   ``server`` queries and sentinel look-ups. ``data`` holds the event's SBS bytes
   (``HatEventer.Event``) exactly as sent, so a query result is a concatenation of stored
   bytes. ``ts`` / ``source_ts`` are microseconds since the epoch (clamped to int64).
-- indexes ``(ts)``, ``(source_ts)`` (partial, non-null only) and ``(type_id, ts)``; every
-  index of a WITHOUT ROWID table ends with the key, so ``ORDER BY ts, server, session,
-  instance`` (the reference's timeseries order) is read straight off an index, and a
-  ``LIMIT`` stops the scan early whatever the table size.
+- indexes ``(ts)``, ``(type_id, ts)`` and, for events that have one, ``(source_ts)`` and
+  ``(type_id, source_ts)``; every index of a WITHOUT ROWID table ends with the key, so
+  ``ORDER BY ts, server, session, instance`` (the reference's timeseries order) is read
+  straight off an index, and a ``LIMIT`` stops the walk early whatever the table size.
+  A query for a few types merges one such walk per type.
 - ``latest``: the latest event of each type, updated in the same transaction, so a latest
   query is a primary-key look-up per type.
 - ``event_types``: type id <-> type (JSON array text).
 
-Threads: :meth:`open`, :meth:`write` and :meth:`close` run on ONE writer thread,
-:meth:`checkpoint` on another (it must not overlap :meth:`close`); the query
+Threads: :meth:`open`, :meth:`write` and :meth:`close` use the writer connection, one call
+at a time (the server runs them on its writer thread, tiny writes inline on its loop);
+:meth:`checkpoint` runs on another thread (it must not overlap :meth:`close`); the query
 methods run on any thread, each with its own connection (WAL readers see committed data
 only, so nothing uncommitted is ever read). A ``:memory:`` store has a single connection;
 its caller must run queries on the writer thread too (see :attr:`single_connection`).
@@ -63,6 +65,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
 CREATE INDEX IF NOT EXISTS events_source_ts ON events (source_ts) WHERE source_ts IS NOT NULL;
 CREATE INDEX IF NOT EXISTS events_type_ts ON events (type_id, ts);
+CREATE INDEX IF NOT EXISTS events_type_source_ts ON events (type_id, source_ts)
+    WHERE source_ts IS NOT NULL;
 CREATE TABLE IF NOT EXISTS latest (
     type_id INTEGER PRIMARY KEY,
     server INTEGER NOT NULL,

@@ -1,0 +1,54 @@
+"""Helpers for the eventer tests: real servers on 127.0.0.1 port 0, polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from rpc import eventer
+from rpc.eventer import EventerServer, ServerConfig
+
+
+def server_config(tmp_path: Path, **overrides: Any) -> ServerConfig:
+    values: dict[str, Any] = {
+        "listen": ["tcp+sbs://127.0.0.1:0"],
+        "database": str(tmp_path / "events.db"),
+        "sync": "normal",
+    }
+    values.update(overrides)
+    return ServerConfig(**values)
+
+
+@contextlib.asynccontextmanager
+async def running_server(tmp_path: Path, **overrides: Any) -> AsyncIterator[EventerServer]:
+    async with EventerServer(server_config(tmp_path, **overrides)) as server:
+        yield server
+
+
+def url_of(server: EventerServer) -> str:
+    """The first listen URL, with the dialect a client needs."""
+    return server.urls[0] + "?dialect=HatChatter"
+
+
+def port_of(server: EventerServer) -> int:
+    return int(server.urls[0].rsplit(":", 1)[1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def json_event(event_type: tuple[str, ...], value: Any = None, source: Any = None) -> Any:
+    return eventer.RegisterEvent(event_type, source, eventer.EventPayloadJson(value))

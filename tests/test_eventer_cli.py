@@ -1,0 +1,106 @@
+"""``python -m rpc.eventer serve --config FILE`` as a real process: TOML and JSON configs,
+clean stop on SIGTERM, persistence across restarts, config and database errors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rpc import eventer
+from rpc.eventer import cli
+from tests.peers.eventer_helpers import json_event
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def start(config: Path) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rpc.eventer",
+        "serve",
+        "--config",
+        str(config),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+    assert line.startswith("listening on "), line
+    return proc, line.split()[-1]
+
+
+async def stop(proc: asyncio.subprocess.Process) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_serve_toml_then_json_on_the_same_database(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text(
+        'listen = ["tcp+sbs://127.0.0.1:0?dialect=HatChatter"]\n'
+        'server_id = 5\ntoken = "tok"\ndatabase = "events.db"\n'
+    )
+    proc, url = await start(tmp_path / "a.toml")
+    try:
+        assert url.startswith("tcp+sbs://127.0.0.1:") and "dialect=HatChatter" in url
+        async with await eventer.connect(url, "cli/one", client_token="tok") as client:
+            registered = await client.register([json_event(("c", "1"), 1)], with_response=True)
+            assert registered is not None and registered[0].id.server == 5
+        with pytest.raises(eventer.EventerInitError):
+            await eventer.connect(url, "cli/bad", client_token="nope")
+    finally:
+        assert await stop(proc) == 0
+    assert (tmp_path / "events.db").exists()
+
+    (tmp_path / "b.json").write_text(
+        json.dumps({"listen": "tcp+sbs://127.0.0.1:0", "server_id": 5, "database": "events.db"})
+    )
+    proc, url = await start(tmp_path / "b.json")
+    try:
+        async with await eventer.connect(url + "?dialect=HatChatter", "cli/two") as client:
+            result = await client.query(eventer.QueryLatestParams([("c", "1")]))
+            assert result.events == registered
+    finally:
+        assert await stop(proc) == 0
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rpc.eventer", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_config_and_database_errors(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text('listen = "tcp+gotalk://127.0.0.1:0"\n')
+    result = run_cli("serve", "--config", str(tmp_path / "bad.toml"))
+    assert result.returncode == 2 and "not a Chatter" in result.stderr
+
+    (tmp_path / "junk.db").write_text("this is no database " * 100)
+    (tmp_path / "c.json").write_text('{"listen": "tcp+sbs://127.0.0.1:0", "database": "junk.db"}')
+    result = run_cli("serve", "--config", str(tmp_path / "c.json"))
+    assert result.returncode == 3 and "junk.db" in result.stderr
+
+    result = run_cli("serve")
+    assert result.returncode == 2 and "--config" in result.stderr
+
+
+def test_add_parser_hooks_into_a_parent_cli() -> None:
+    parser = argparse.ArgumentParser(prog="peerwire")
+    sub = parser.add_subparsers(dest="command")
+    cli.add_parser(sub)
+    args = parser.parse_args(["eventer", "serve", "--config", "x.toml", "-v"])
+    assert args.func is cli.run_serve and args.config == "x.toml" and args.verbose
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eventer"])
