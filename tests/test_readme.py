@@ -15,7 +15,8 @@ def test_quick_start_runs() -> None:
     section = text.split("## Quick start", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
-    result = subprocess.run([sys.executable, "-c", code.group(1)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code.group(1)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "{'greeting': 'Hello Ada'}"
