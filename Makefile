@@ -23,6 +23,8 @@ $(LEGACY)/.ready:
 system-deps:
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v java >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 
 test: system-deps $(VENV)/.ready $(LEGACY)/.ready
 	$(VENV)/bin/pytest

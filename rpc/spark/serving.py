@@ -90,7 +90,18 @@ class SparkBatcher:
         self._queue.append((params, future))
         if self._runner is None:
             self._runner = asyncio.create_task(self._run())
+            self._runner.add_done_callback(self._runner_done)
         return await future
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        """A runner that died of a bug must not leave requests waiting forever."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("spark batcher failed", exc_info=task.exception())
+        queue, self._queue = self._queue, []
+        for _, future in queue:
+            if not future.done():
+                future.set_exception(RuntimeError("the Spark batcher failed; see server log"))
 
     async def _run(self) -> None:
         try:

@@ -169,7 +169,7 @@ class ConnectionPool:
 
     A failed connection attempt is remembered for ``failure_ttl`` seconds, so that the rows
     of a batch aimed at a peer that is down fail fast instead of each waiting for its own
-    attempt; retries (which back off longer than that) get a fresh attempt.
+    attempt; a retry asks for a ``fresh`` attempt.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, failure_ttl: float = 0.1) -> None:
@@ -186,17 +186,17 @@ class ConnectionPool:
         peer = self._peers.get(endpoint)
         return peer if peer is not None and peer.is_open else None
 
-    async def get(self, endpoint: Endpoint) -> Peer:
+    async def get(self, endpoint: Endpoint, *, fresh: bool = False) -> Peer:
         """The open connection to ``endpoint``, connecting (once for all callers) if needed.
-        Raises ConnectionClosed when the peer cannot be reached."""
+        Raises ConnectionClosed when the peer cannot be reached; unless ``fresh``, a
+        failure of the last ``failure_ttl`` seconds is raised again without a new attempt."""
         peer = self._peers.get(endpoint)
         if peer is not None and peer.is_open:
             return peer
-        failed = self._failed.get(endpoint)
-        if failed is not None:
-            if self._loop.time() - failed[0] < self.failure_ttl:
-                raise ConnectionClosed(str(failed[1]))
-            del self._failed[endpoint]
+        failed = self._failed.pop(endpoint, None)
+        if failed is not None and not fresh and self._loop.time() - failed[0] < self.failure_ttl:
+            self._failed[endpoint] = failed
+            raise ConnectionClosed(str(failed[1]))
         task = self._connecting.get(endpoint)
         if task is None:
             if peer is not None:
@@ -276,7 +276,7 @@ def make_caller(
         attempt = 0
         while True:
             try:
-                peer = pool.ready(endpoint) or await pool.get(endpoint)
+                peer = pool.ready(endpoint) or await pool.get(endpoint, fresh=attempt > 0)
                 return await peer.request(policy.op, value, timeout=policy.timeout), None
             except (RetryLater, ConnectionClosed) as exc:
                 if not policy.idempotent or attempt >= policy.retries:

@@ -1,0 +1,303 @@
+"""rpc.spark.call / call_frame from a local[2] session against real peerwire servers on
+127.0.0.1 (Gotalk and both Chatter dialects): results, per-row errors, exactly one call per
+row, typed results, timeouts, a peer that is down, a peer that drops connections, retry
+results, reconnecting after the pooled connection died, and TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import rpc
+from rpc import spark as pws
+from tests.certs import Pki
+from tests.spark_session import (  # noqa: F401
+    FLAVOURS,
+    loop_thread_fixture,
+    serve_peer_fixture,
+    spark_fixture,
+)
+from transports.stream import server_ssl_context
+
+
+@dataclass
+class Person:
+    id: int
+    name: str
+
+
+def people(session: SparkSession, n: int) -> DataFrame:
+    """``id`` 0..n-1 and ``name`` "n<id>", over two partitions (both Python workers)."""
+    return session.range(0, n, numPartitions=2).withColumn(
+        "name", F.concat(F.lit("n"), F.col("id").cast("string"))
+    )
+
+
+def people_registry(calls: Counter[Any]) -> rpc.Registry:
+    registry = rpc.Registry()
+
+    @registry.handle("greet")
+    def greet(name: str) -> dict[str, str]:
+        calls["greet", name] += 1
+        return {"greeting": f"Hello {name}"}
+
+    @registry.handle("check")
+    def check(person: Person) -> int:
+        calls["check", person.id] += 1
+        if person.id % 7 == 0:
+            raise ValueError(f"{person.id} is unlucky")
+        return person.id * 2
+
+    return registry
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+def test_results_errors_and_one_call_per_row(spark: SparkSession, serve_peer, flavour) -> None:
+    calls: Counter[Any] = Counter()
+    url = serve_peer(flavour, people_registry(calls)).url
+    n = 300
+    df = people(spark, n)
+
+    rows = df.select(
+        "id",
+        pws.call(url, "greet", "name").alias("g"),
+        pws.call(url, "check", "id", "name", result_type="long").alias("c"),
+    ).collect()
+
+    assert len(rows) == n
+    for row in rows:
+        assert row.g.error is None
+        assert json.loads(row.g.result) == {"greeting": f"Hello n{row.id}"}
+        if row.id % 7 == 0:
+            assert (row.c.result, row.c.error) == (None, f"RemoteError: {row.id} is unlucky")
+        else:
+            assert (row.c.result, row.c.error) == (row.id * 2, None)
+    expected = Counter({("greet", f"n{i}"): 1 for i in range(n)})
+    expected.update({("check", i): 1 for i in range(n)})
+    assert calls == expected
+
+    # a filter on the result and two projections of it: still one call per row (a
+    # deterministic UDF would be evaluated again for the filter)
+    calls.clear()
+    kept = (
+        df.withColumn("c", pws.call(url, "check", "id", "name", result_type="long"))
+        .where(F.col("c.error").isNull())
+        .select("id", F.col("c.result").alias("twice"), (F.col("c.result") + 1).alias("plus"))
+        .collect()
+    )
+    assert sorted(r.id for r in kept) == [i for i in range(n) if i % 7]
+    assert all(r.twice == 2 * r.id and r.plus == 2 * r.id + 1 for r in kept)
+    assert calls == Counter({("check", i): 1 for i in range(n)})
+
+
+def test_typed_results_in_a_frame(spark: SparkSession, serve_peer) -> None:
+    registry = rpc.Registry()
+
+    @registry.handle("describe")
+    def describe(person: Person) -> dict[str, Any]:
+        if person.id == 3:
+            return {"name": person.name, "length": "many"}
+        return {"name": person.name.upper(), "length": len(person.name)}
+
+    url = serve_peer("chatter", registry).url
+    out = pws.call_frame(
+        people(spark, 40),
+        url,
+        "describe",
+        "id",
+        "name",
+        into="info",
+        result_type="name string, length int",
+    )
+    assert out.columns == ["id", "name", "info"]
+    assert out.schema["info"].dataType.simpleString() == (
+        "struct<result:struct<name:string,length:int>,error:string>"
+    )
+    rows = {r.id: r for r in out.collect()}
+    assert len(rows) == 40
+    assert rows[3].info.result is None
+    assert rows[3].info.error.startswith("TypeError: result {'name': 'n3', 'length': 'many'}")
+    assert "does not fit struct<name:string,length:int>" in rows[3].info.error
+    for i in set(rows) - {3}:
+        assert rows[i].name == f"n{i}"
+        assert rows[i].info.error is None
+        assert rows[i].info.result.asDict() == {"name": f"N{i}", "length": len(f"n{i}")}
+
+
+def test_per_call_timeout_and_raise_mode(spark: SparkSession, serve_peer) -> None:
+    registry = rpc.Registry()
+
+    @registry.handle("slow")
+    async def slow(n: int) -> int:
+        if n % 10 == 0:
+            await asyncio.sleep(2.0)
+        return n
+
+    url = serve_peer("chatter", registry).url
+    df = spark.range(0, 40, numPartitions=2)
+    rows = df.select("id", pws.call(url, "slow", "id", timeout=0.3).alias("r")).collect()
+    for row in rows:
+        if row.id % 10 == 0:
+            assert row.r.result is None
+            assert row.r.error == "RequestTimeout: slow: no result within 0.3 s"
+        else:
+            assert (row.r.result, row.r.error) == (str(row.id), None)
+
+    with pytest.raises(Exception, match=r"call 'slow' failed .*RequestTimeout"):
+        df.select(pws.call(url, "slow", "id", timeout=0.3, on_error="raise")).collect()
+
+
+def test_peer_that_is_down(spark: SparkSession) -> None:
+    url = f"tcp+gotalk://127.0.0.1:{free_port()}"
+    rows = (
+        people(spark, 100)
+        .select(
+            pws.call(url, "greet", "name").alias("once"),
+            pws.call(url, "greet", "name", idempotent=True, retries=2, backoff=0.05).alias("r"),
+        )
+        .collect()
+    )
+    assert len(rows) == 100
+    for row in rows:
+        for outcome in (row.once, row.r):
+            assert outcome.result is None
+            assert outcome.error.startswith(f"ConnectionClosed: cannot connect to {url}")
+
+
+def dropping_registry(processed: Counter[int], every: int) -> rpc.Registry:
+    """``work`` aborts the connection at every ``every``-th request it receives on it; that
+    request and any after it on the dying connection are not processed."""
+    registry = rpc.Registry()
+
+    @registry.handle("work")
+    def work(n: int) -> int:
+        peer = rpc.current_peer.get()
+        if not peer.is_open:
+            return -1  # the connection is closing: the reply cannot be sent anyway
+        seen = peer.state["seen"] = peer.state.get("seen", 0) + 1
+        if seen % every == 0:
+            peer.abort()
+            return -1
+        processed[n] += 1
+        return n * 3
+
+    return registry
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter"])
+def test_peer_that_drops_connections_mid_job(spark: SparkSession, serve_peer, flavour) -> None:
+    processed: Counter[int] = Counter()
+    served = serve_peer(flavour, dropping_registry(processed, every=150))
+    n = 1000
+    df = spark.range(0, n, numPartitions=2)
+
+    rows = df.select("id", pws.call(served.url, "work", "id").alias("r")).collect()
+    ok = {r.id for r in rows if r.r.error is None}
+    failed = [r for r in rows if r.r.error is not None]
+    assert len(rows) == n
+    assert failed, "the server dropped connections: some calls must have failed"
+    assert all(r.r.error.startswith("ConnectionClosed") for r in failed)
+    assert all(r.r.result == str(r.id * 3) for r in rows if r.id in ok)
+    assert all(processed[i] == 1 for i in ok)  # no retries: nothing ran twice
+    assert max(processed.values()) == 1
+
+    processed.clear()
+    before = served.connections
+    rows = df.select(
+        "id", pws.call(served.url, "work", "id", idempotent=True, retries=10, backoff=0.05)
+    ).collect()
+    assert sorted((r.id, r.work.result, r.work.error) for r in rows) == [
+        (i, str(i * 3), None) for i in range(n)
+    ]
+    assert set(processed) == set(range(n))
+    assert served.connections - before > 2  # it reconnected after the drops
+
+
+def test_retry_results_are_honoured_for_idempotent_ops(spark: SparkSession, serve_peer) -> None:
+    processed: Counter[int] = Counter()
+    registry = rpc.Registry()
+
+    @registry.handle("limited")
+    async def limited(n: int) -> int:
+        processed[n] += 1
+        await asyncio.sleep(0.005)
+        return -n
+
+    # two requests at a time per connection; the rest get retry results
+    options = rpc.Options(max_concurrent=2, retry_wait=0.01)
+    url = serve_peer("gotalk", registry, options=options).url
+    df = spark.range(0, 200, numPartitions=2)
+
+    rows = df.select("id", pws.call(url, "limited", "id", max_in_flight=16).alias("r")).collect()
+    refused = [r for r in rows if r.r.error is not None]
+    assert refused and all(r.r.error == "RetryLater: request rate limit" for r in refused)
+    assert all(processed[r.id] == 0 for r in refused)
+
+    processed.clear()
+    rows = df.select(
+        "id",
+        pws.call(
+            url, "limited", "id", max_in_flight=16, idempotent=True, retries=30, backoff=0.01
+        ).alias("r"),
+    ).collect()
+    assert sorted((r.id, r.r.result, r.r.error) for r in rows) == [
+        (i, str(-i), None) for i in range(200)
+    ]
+    assert processed == Counter(range(200))  # refused requests never ran: once per row
+
+
+def test_reconnects_when_the_pooled_connection_died(spark: SparkSession, serve_peer) -> None:
+    calls: Counter[Any] = Counter()
+    served = serve_peer("gotalk", people_registry(calls))
+    df = people(spark, 200)
+
+    def greetings() -> list[tuple[Any, ...]]:
+        rows = df.select("id", pws.call(served.url, "greet", "name").alias("g")).collect()
+        return sorted((r.id, r.g.error) for r in rows)
+
+    assert greetings() == [(i, None) for i in range(200)]
+    first = served.connections
+    served.drop_connections()  # the Python workers keep their (now dead) connections
+    # not idempotent, so nothing is retried: every row succeeds only if the dead
+    # connection is noticed and replaced before any request is sent on it
+    assert greetings() == [(i, None) for i in range(200)]
+    assert served.connections > first
+    assert calls == Counter({("greet", f"n{i}"): 2 for i in range(200)})
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter"])
+def test_tls(spark: SparkSession, serve_peer, pki: Pki, flavour: str) -> None:
+    calls: Counter[Any] = Counter()
+    ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    url = serve_peer(flavour, people_registry(calls), tls=True, ssl=ctx).url
+    assert url.startswith("ssl+")
+    rows = (
+        people(spark, 50)
+        .select("id", pws.call(url, "greet", "name", tls=pws.Tls(cafile=str(pki.ca))).alias("g"))
+        .collect()
+    )
+    assert sorted((r.id, r.g.result) for r in rows) == [
+        (i, json.dumps({"greeting": f"Hello n{i}"}, separators=(",", ":"))) for i in range(50)
+    ]
+
+    # a CA that did not sign the server's certificate: every row fails, the job does not
+    rows = (
+        people(spark, 10)
+        .select(pws.call(url, "greet", "name", tls=pws.Tls(cafile=str(pki.other_ca))).alias("g"))
+        .collect()
+    )
+    assert all("CERTIFICATE_VERIFY_FAILED" in r.g.error for r in rows)
