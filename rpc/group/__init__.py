@@ -14,7 +14,7 @@ node = await rpc.group.GroupNode.start(
 await node.notify("chat", "hello, everyone")
 await node.close()
 
-The frame's encryption is weak (reused keystream, no MAC): see ``docs/group.md``.
+The frame's encryption is weak (reused keystream, no MAC): see the README section "Group broadcast".
 """
 
 from rpc.group.multicast import MulticastConfig

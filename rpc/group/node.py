@@ -5,7 +5,7 @@
 :mod:`rpc.group.planner`; each member calls the notification handler registered for
 ``name`` (``registry.handle_notification(name)``, as for any peerwire connection).
 
-What we add to the reference's behaviour (see ``docs/group.md``):
+What we add to the reference's behaviour (see the README section "Group broadcast"):
 
 - Streams are framed by start byte + VarInt length (:class:`wire.gossip.GossipCodec`) and
   every frame is bounded by ``max_size``.
