@@ -99,8 +99,13 @@ class ChatterPeer(Peer):
     def _send(self, op: str, data: bytes, **kwargs: Any) -> Msg:
         module, type_name = self._split(op)
         msg = self.codec.send(type_name, data, module=module, **kwargs)
-        self._write(self.codec.data_to_send())
+        self._schedule_flush()  # the codec queues the bytes; _collect_output takes them
         return msg
+
+    def _collect_output(self) -> None:
+        data = self.codec.data_to_send()
+        if data:
+            self._out.append(data)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -123,7 +128,7 @@ class ChatterPeer(Peer):
         silent_until = self._last_read + self.ping_interval
         if now >= silent_until and self.codec.dialect is not None:
             self.codec.send_ping()
-            self._write(self.codec.data_to_send())
+            self._schedule_flush()
             self._ping_sent_at = now
             self._timer = self._loop.call_at(now + self.ping_timeout, self._tick)
         else:
@@ -143,9 +148,6 @@ class ChatterPeer(Peer):
     def _receive(self, data: bytes) -> None:
         self._last_read = self._loop.time()
         messages = self.codec.receive_data(data)
-        pongs = self.codec.data_to_send()
-        if pongs:
-            self._write(pongs)
         for msg in messages:
             op = self._op(msg)
             if msg.owner and msg.first == msg.id:  # a peer starts a conversation

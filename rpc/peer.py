@@ -181,13 +181,20 @@ class Peer:
     def _write(self, data: bytes) -> None:
         """Queue bytes; they go out with the next flush (coalesced)."""
         self._out.append(data)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _collect_output(self) -> None:
+        """Move output a codec keeps queued itself into ``_out`` (Chatter does)."""
 
     def _flush(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        self._collect_output()
         out = self._out
         if not out or self._transport is None:
             return
