@@ -347,10 +347,17 @@ class Sample:
 
 
 class ServerProcess:
-    """Row ``name``'s server: this script with ``--serve``, in a process of its own."""
+    """Row ``name``'s server: ``script`` (this one by default) with ``--serve``, in a
+    process of its own; it prints ``PORT n`` and answers ``cpu`` on stdin."""
 
-    def __init__(self, name: str, cpu: int | None, profile: tuple[str, str] | None) -> None:
-        command = [sys.executable, __file__, "--serve", name]
+    def __init__(
+        self,
+        name: str,
+        cpu: int | None = None,
+        profile: tuple[str, str] | None = None,
+        script: str = __file__,
+    ) -> None:
+        command = [sys.executable, script, "--serve", name]
         if cpu is not None:
             command += ["--cpu", str(cpu)]
         if profile:

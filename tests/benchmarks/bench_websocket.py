@@ -29,7 +29,6 @@ import asyncio
 import collections
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +41,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 
 import rpc
+from tests.benchmarks.bench_rpc import ServerProcess, measure
 
 PAYLOAD = b"0123456789abcdef"
 HOST = "127.0.0.1"
@@ -145,76 +145,15 @@ async def connect(name: str, port: int) -> tuple[Call, Close]:
     return call, close
 
 
-class ServerProcess:
-    def __init__(self, name: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", name],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = self._line()
-        if not line.startswith("PORT "):
-            self.close()
-            raise RuntimeError(f"{name} server did not start (said {line!r})")
-        self.port = int(line.split()[1])
-
-    def _line(self) -> str:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.readline()
-
-    def cpu_time(self) -> float:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("cpu\n")
-        self.proc.stdin.flush()
-        return float(self._line().split()[1])
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-async def measure(
-    call: Call, inflight: int, seconds: float, server: ServerProcess
-) -> tuple[float, float, float]:
-    """(requests/s, client CPU us per request, server CPU us per request)."""
-    count = 0
-    running = True
-
-    async def worker() -> None:
-        nonlocal count
-        while running:
-            reply = await call()
-            if reply != PAYLOAD:
-                raise AssertionError(f"echo returned {reply!r}")
-            count += 1
-
-    tasks = [asyncio.create_task(worker()) for _ in range(inflight)]
-    await asyncio.sleep(WARMUP)
-    server_cpu = server.cpu_time()
-    start_count, start, cpu = count, time.perf_counter(), time.process_time()
-    await asyncio.sleep(seconds)
-    done = max(count - start_count, 1)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-    server_cpu = server.cpu_time() - server_cpu
-    running = False
-    await asyncio.gather(*tasks)
-    return done / elapsed, cpu / done * 1e6, server_cpu / done * 1e6
-
-
 async def run_row(name: str, seconds: float) -> dict[str, tuple[float, float, float]]:
-    server = ServerProcess(name)
+    server = ServerProcess(name, script=__file__)
     try:
         results = {}
         for mode, inflight in MODES:
             call, close = await connect(name, server.port)
             try:
-                results[mode] = await measure(call, inflight, seconds, server)
+                sample = await measure(call, inflight, seconds, server)
+                results[mode] = (sample.rate, sample.client_us, sample.server_us)
             finally:
                 await close()
         return results
