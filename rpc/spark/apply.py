@@ -24,12 +24,15 @@ import datetime
 import decimal
 import importlib
 import inspect
+import io
+import pickle
 import types
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame
 from pyspark.sql.types import DataType
 
@@ -60,6 +63,38 @@ def ship_by_value(module: types.ModuleType) -> None:
     cloudpickle.register_pickle_by_value(module)
 
 
+_MSGSPEC_CACHE = "__msgspec_cache__"
+
+
+class _HandlerPickler(cloudpickle.Pickler):
+    """cloudpickle without msgspec's type-info caches.
+
+    msgspec stores a ``__msgspec_cache__`` attribute on every dataclass, TypedDict and
+    NamedTuple it has decoded (as the registry does for a handler's parameter type); those
+    caches cannot be pickled, so a class that travels by value (one of ``__main__``, a
+    notebook, a function, or a ``ship_by_value`` module) would fail to pickle. The class's
+    pickled state leaves the cache out; msgspec rebuilds it on the executor.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = super().reducer_override(obj)
+        if not isinstance(obj, type) or _MSGSPEC_CACHE not in vars(obj):
+            return reduced
+        # a class pickled by value: (make skeleton, args, (class dict, slot state), ...)
+        if isinstance(reduced, tuple) and len(reduced) > 2 and isinstance(reduced[2], tuple):
+            class_dict, *rest = reduced[2]
+            if isinstance(class_dict, dict) and _MSGSPEC_CACHE in class_dict:
+                class_dict = {k: v for k, v in class_dict.items() if k != _MSGSPEC_CACHE}
+                return (*reduced[:2], (class_dict, *rest), *reduced[3:])
+        return reduced
+
+
+def _pickled(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    _HandlerPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
 def resolve(handlers: Registry | str, op: str) -> Handler:
     """The handler of ``op`` in a registry or a ``"module:attribute"`` registry path."""
     registry = handlers
@@ -81,8 +116,8 @@ class LocalHandler:
     """The evaluator of :func:`apply`: the handler itself, or where to import it from."""
 
     op: str
-    fn: Any  # the handler function (pickled with the UDF) or None
-    annotation: Any  # its parameter type, resolved on the driver (where its names are)
+    code: bytes | None  # the handler function and its parameter type (resolved on the
+    # driver, where its names are), pickled by _HandlerPickler; or None
     path: str | None  # "module:attribute" to import on the executor instead
     max_concurrency: int
     typed: bool
@@ -90,13 +125,15 @@ class LocalHandler:
     def handler(self) -> Handler:
         if self.path is not None:
             return resolve(self.path, self.op)
+        assert self.code is not None
+        fn, annotation = pickle.loads(self.code)
         return Handler(
             name=self.op,
-            fn=self.fn,
+            fn=fn,
             kind=HandlerKind.REQUEST,
-            annotation=self.annotation,
-            decode=decoder_for(self.annotation),  # not pickled: built here
-            is_async=inspect.iscoroutinefunction(self.fn) or inspect.isasyncgenfunction(self.fn),
+            annotation=annotation,
+            decode=decoder_for(annotation),  # not pickled: built here
+            is_async=inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn),
         )
 
     def open(self) -> _HandlerBatches:
@@ -191,9 +228,10 @@ def _setup(
     spark_type = parse_type(result_type)
     typed = spark_type is not None
     if isinstance(handlers, str):
-        evaluator = LocalHandler(op, None, None, handlers, max_concurrency, typed)
+        evaluator = LocalHandler(op, None, handlers, max_concurrency, typed)
     else:
-        evaluator = LocalHandler(op, handler.fn, handler.annotation, None, max_concurrency, typed)
+        code = _pickled((handler.fn, handler.annotation))  # unpicklable handlers fail here
+        evaluator = LocalHandler(op, code, None, max_concurrency, typed)
     return evaluator, ResultShape(spark_type, on_error, what=f"handler {op!r}")
 
 
