@@ -225,6 +225,21 @@ class Peer:
         if self._write_ready is not None and not self._write_ready.done():
             await self._write_ready
 
+    async def drain(self) -> None:
+        """Send what is queued and wait while the transport's buffer is above its high-water
+        mark: call it between notifications to a slow reader to keep memory bounded.
+        Raises ConnectionClosed if the connection goes away meanwhile."""
+        self._flush()
+        await self._wait_writable()
+        self._check_open()
+
+    @property
+    def write_buffer_size(self) -> int:
+        """Bytes the transport holds that the peer has not taken yet."""
+        if self._transport is None:
+            return 0
+        return self._transport.get_write_buffer_size()
+
     # --- closing -------------------------------------------------------------------------
 
     def abort(self, exc: BaseException | None = None) -> None:

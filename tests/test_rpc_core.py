@@ -9,6 +9,7 @@ import pytest
 
 import rpc
 from tests.rpc_helpers import FLAVOURS, served
+from wire.chatter import ChatterConnection, Dialect
 
 pytestmark = pytest.mark.parametrize("flavour", list(FLAVOURS))
 
@@ -225,3 +226,49 @@ async def test_on_connect_and_connection_limit(flavour: str) -> None:
             with pytest.raises(rpc.ConnectionClosed):
                 await extra.request("echo", 1)
         assert len(opened) == 1
+
+
+async def test_drain_bounds_what_a_slow_reader_costs(flavour: str) -> None:
+    scheme, query = FLAVOURS[flavour]
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=make_registry()) as server:
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        # a raw client that connects and then reads nothing
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        if flavour == "gotalk":
+            writer.write(b"01")
+        else:
+            hello = ChatterConnection(Dialect.CURRENT)
+            hello.send("echo", b"1", last=True)  # a notification: fixes the dialect
+            writer.write(hello.data_to_send())
+        await writer.drain()
+        while not server.peers:
+            await asyncio.sleep(0.01)
+        [slow] = server.peers
+        await asyncio.sleep(0.1)
+        chunk = b"x" * 65536
+        sent = 0
+        blocked = False
+        for _ in range(2000):  # up to 128 MiB if nothing pushed back
+            slow.notify("blob", chunk)
+            sent += 1
+            try:
+                await asyncio.wait_for(slow.drain(), 0.2)
+            except TimeoutError:
+                blocked = True
+                break
+        assert blocked, "drain() never waited for the slow reader"
+        assert slow.write_buffer_size < 16 * 1024 * 1024
+        assert sent < 2000
+
+        # once the client reads, drain() completes
+        async def consume() -> None:
+            while await reader.read(1 << 20):
+                pass
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.wait_for(slow.drain(), 10)
+        writer.close()
+        consumer.cancel()
+        # other connections were never affected
+        async with rpc.connect(url) as peer:
+            assert await peer.request("echo", 3) == 3

@@ -131,6 +131,9 @@ class WebSocketTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return self._closing
 
+    def get_write_buffer_size(self) -> int:
+        return self._ws.transport.get_write_buffer_size()
+
     def close(self) -> None:
         """Close the WebSocket normally (queued frames are already written)."""
         if not self._closing:
