@@ -243,10 +243,16 @@ class Peer:
     # --- closing -------------------------------------------------------------------------
 
     def abort(self, exc: BaseException | None = None) -> None:
-        """Close now, dropping anything in flight."""
-        if self._transport is not None:
-            self._flush()
-            self._transport.close()
+        """Close now, dropping work in flight. Queued bytes (a protocol's last word, such as
+        Gotalk's ``f`` message) still go out, unless the peer has stopped reading (writing
+        is paused): then the connection is cut at once rather than waiting on it forever."""
+        if self._transport is None:
+            return
+        if self._write_ready is not None and not self._write_ready.done():
+            self._transport.abort()
+            return
+        self._flush()
+        self._transport.close()
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close."""

@@ -27,15 +27,19 @@ from rpc.eventer.common import (
     Timestamp,
 )
 from tests.certs import Pki
+from tests.chatter_socket import ChatterSocket
 from tests.peers.eventer_helpers import (
     free_port,
     json_event,
+    port_of,
     running_server,
     server_config,
     url_of,
     wait_until,
 )
 from transports.stream import client_ssl_context
+from wire import schemas
+from wire.chatter import Dialect
 
 
 async def raw_peer(server: eventer.EventerServer, registry: rpc.Registry | None = None) -> rpc.Peer:
@@ -553,3 +557,36 @@ async def test_tls(tmp_path: Path, pki: Pki) -> None:
         ctx = client_ssl_context(cafile=pki.ca)
         async with await eventer.connect(url_of(server), "tls", ssl=ctx) as client:
             assert await client.register([json_event(("t",))], with_response=True)
+
+
+async def test_a_client_that_stops_reading_is_closed_not_buffered(tmp_path: Path) -> None:
+    repo = schemas.repository()
+    backlog = 2 * 1024 * 1024
+    async with running_server(tmp_path, max_client_backlog=backlog) as server:
+        slow = await ChatterSocket.connect("127.0.0.1", port_of(server), Dialect.CURRENT)
+        init = {
+            "clientName": "slow",
+            "clientToken": ("none", None),
+            "subscriptions": [["*"]],
+            "serverId": ("none", None),
+            "persisted": False,
+        }
+        slow.conn.send(
+            "HatEventer.MsgInitReq", repo.encode("HatEventer.MsgInitReq", init), last=False
+        )
+        slow.flush()
+        reply = await slow.receive()
+        assert reply.type == "HatEventer.MsgInitRes"
+        await wait_until(lambda: any(c.name == "slow" for c in server.clients))
+        # from now on the slow client reads nothing; another client registers 64 KiB events
+        async with await eventer.connect(url_of(server), "writer") as writer:
+            big = "x" * 65536
+            for i in range(200):  # ~13 MiB of notifications for the slow client
+                await writer.register([json_event(("big", str(i)), big)], with_response=True)
+                if not any(c.name == "slow" for c in server.clients):
+                    break
+            await wait_until(lambda: all(c.name != "slow" for c in server.clients))
+            # the server and its other clients are fine
+            result = await writer.query(eventer.QueryLatestParams([("big", "0")]))
+            assert len(result.events) == 1
+        await slow.close()

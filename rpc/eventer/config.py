@@ -48,6 +48,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """Seconds a client may take to ack; past it the connection is closed."""
     max_query_results: int = 4096
     """Server-side cap on events in one query result (the reference's default)."""
+    max_client_backlog: int = 64 * 1024 * 1024
+    """Bytes of notifications a client without acks may leave unread; past it the server
+    closes that client (a slow reader must not make the server's memory grow)."""
     system_events: bool = True
     """Register the reference's own events: ``event/<id>/engine`` STARTED/STOPPED and
     ``event/<id>/eventer/<client>`` CONNECTED/DISCONNECTED."""
@@ -68,6 +71,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
             raise ConfigError("max_query_results must be at least 1")
         if self.ack_timeout <= 0:
             raise ConfigError("ack_timeout must be positive")
+        if self.max_client_backlog < 1:
+            raise ConfigError("max_client_backlog must be at least 1")
 
 
 def config_from_dict(data: dict[str, object], base: Path | None = None) -> ServerConfig:

@@ -620,6 +620,9 @@ class EventerServer:
             return
         with contextlib.suppress(rpc.ConnectionClosed):
             client.peer.notify(msg_type, data)
+            if client.peer.write_buffer_size > self.config.max_client_backlog:
+                log.warning("client %s reads too slowly: closing it", client.name)
+                client.peer.abort()
 
     # --- queries ---------------------------------------------------------------------------
 
