@@ -89,9 +89,6 @@ class ChatterPeer(Peer):
             return module, type_name
         return None, op
 
-    def _type_name(self, op: str) -> str:
-        return op
-
     @staticmethod
     def _op(msg: Msg) -> str:
         return f"{msg.module}.{msg.type}" if msg.module else msg.type
