@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,3 +39,41 @@ async def served(
             **protocol_options,
         ) as peer:
             yield server, peer
+
+
+def gotalk_peer_registry() -> rpc.Registry:
+    """The ops of the reference gotalk-peer the transcripts were captured from.
+
+    ``echo`` (raw), ``greet``, ``fail``, ``notifyme`` (a notification, then "ok"), ``sleep``
+    and ``stream`` (parts echoed); tests add or replace ops on the registry they get.
+    """
+    reg = rpc.Registry()
+
+    @reg.handle("echo")
+    def echo(data: bytes) -> bytes:
+        return data
+
+    @reg.handle("greet")
+    def greet(params: dict) -> dict:
+        return {"greeting": f"Hello {params['name']}"}
+
+    @reg.handle("fail")
+    def fail(_data: bytes) -> None:
+        raise RuntimeError("something went wrong")
+
+    @reg.handle("notifyme")
+    def notifyme(data: bytes) -> str:
+        rpc.current_peer.get().notify("note", data)
+        return "ok"
+
+    @reg.handle("sleep")
+    async def sleep(params: dict) -> dict:
+        await asyncio.sleep(params["ms"] / 1000)
+        return {"slept": params["ms"]}
+
+    @reg.handle_stream("stream")
+    async def stream(parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for part in parts:
+            yield part
+
+    return reg

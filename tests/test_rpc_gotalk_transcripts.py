@@ -4,45 +4,11 @@ server, and play the Go server's side against our client."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
 import rpc
-
-
-def go_like_registry() -> rpc.Registry:
-    """The ops of the reference gotalk-peer used in the transcripts."""
-    reg = rpc.Registry()
-
-    @reg.handle("echo")
-    def echo(data: bytes) -> bytes:
-        return data
-
-    @reg.handle("greet")
-    def greet(params: dict) -> dict:
-        return {"greeting": f"Hello {params['name']}"}
-
-    @reg.handle("fail")
-    def fail(_data: bytes) -> None:
-        raise RuntimeError("something went wrong")
-
-    @reg.handle("notifyme")
-    def notifyme(data: bytes) -> str:
-        rpc.current_peer.get().notify("note", data)
-        return "ok"
-
-    @reg.handle("sleep")
-    async def sleep(params: dict) -> dict:
-        await asyncio.sleep(params["ms"] / 1000)
-        return {"slept": params["ms"]}
-
-    @reg.handle_stream("stream")
-    async def stream(parts: AsyncIterator[bytes]):
-        async for part in parts:
-            yield part
-
-    return reg
+from tests.rpc_helpers import gotalk_peer_registry
 
 
 async def exchange(port: int, steps: list[tuple[bytes, bytes]], settle: float = 0.05) -> None:
@@ -119,7 +85,7 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 async def test_go_client_bytes_against_our_server(name: str) -> None:
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=go_like_registry()) as server:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=gotalk_peer_registry()) as server:
         if name == "client sends f00000002":
             # a Fault from the peer means it is going away: we close too
             reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
@@ -132,7 +98,7 @@ async def test_go_client_bytes_against_our_server(name: str) -> None:
 
 
 async def test_invalid_json_gets_error_result() -> None:
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=go_like_registry()) as server:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=gotalk_peer_registry()) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
         writer.write(b"01r0002005greet00000003{x}")
         data = await asyncio.wait_for(reader.readuntil(b"E0002"), 5)
@@ -145,7 +111,7 @@ async def test_invalid_json_gets_error_result() -> None:
 async def test_rate_limited_server_answers_retry_result() -> None:
     options = rpc.Options(max_concurrent=0, retry_wait=3.494)
     async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=go_like_registry(), options=options
+        "tcp+gotalk://127.0.0.1:0", registry=gotalk_peer_registry(), options=options
     ) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
         writer.write(b'01r0001004echo00000007"hello"')

@@ -22,6 +22,7 @@ from playwright.async_api import Browser, BrowserContext, expect
 
 import rpc
 from tests.browser import assert_not_blank, chromium, eventually, page_errors
+from tests.rpc_helpers import gotalk_peer_registry
 from transports.websocket import HttpOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,24 +86,7 @@ def test_page(tmp_path: Path) -> HttpOptions:
 
 
 def library_registry(logged: list[Any]) -> rpc.Registry:
-    registry = rpc.Registry()
-
-    @registry.handle("echo")
-    def echo(data: bytes) -> bytes:
-        return data
-
-    @registry.handle("greet")
-    def greet(params: dict) -> dict:
-        return {"greeting": f"Hello {params['name']}"}
-
-    @registry.handle("fail")
-    def fail(_: Any = None) -> None:
-        raise ValueError("something went wrong")
-
-    @registry.handle("notifyme")
-    def notifyme(data: bytes) -> str:
-        rpc.current_peer.get().notify("note", data)
-        return "ok"
+    registry = gotalk_peer_registry()  # echo, greet, fail, notifyme, sleep, stream
 
     @registry.handle_stream("stream")
     async def stream(parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

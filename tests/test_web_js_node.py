@@ -25,6 +25,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 import rpc
+from tests.rpc_helpers import gotalk_peer_registry
 from transports.websocket import HttpOptions
 
 LIBRARY = Path(__file__).resolve().parent.parent / "transports" / "web" / "gotalk.js"
@@ -90,20 +91,7 @@ async def run_node(tmp_path: Path, body: str, address: str, timeout: float = 20)
 
 
 def peerwire_registry(logged: list[Any]) -> rpc.Registry:
-    registry = rpc.Registry()
-
-    @registry.handle("echo")
-    def echo(data: bytes) -> bytes:
-        return data
-
-    @registry.handle("greet")
-    def greet(params: dict) -> dict:
-        return {"greeting": f"Hello {params['name']}"}
-
-    @registry.handle("notifyme")
-    def notifyme(data: bytes) -> str:
-        rpc.current_peer.get().notify("note", data)
-        return "ok"
+    registry = gotalk_peer_registry()  # echo, greet, fail, notifyme, sleep, stream
 
     @registry.handle_stream("stream")
     async def stream(parts: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

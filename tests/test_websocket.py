@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.client
-from collections.abc import AsyncIterator
 
 import pytest
 from websockets.asyncio.client import connect as ws_connect
@@ -14,32 +13,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rpc
 from tests.certs import Pki
+from tests.rpc_helpers import gotalk_peer_registry
 from transports.stream import client_ssl_context, server_ssl_context
 from transports.websocket import HttpOptions
-
-
-def registry() -> rpc.Registry:
-    reg = rpc.Registry()
-
-    @reg.handle("echo")
-    def echo(data: bytes) -> bytes:
-        return data
-
-    @reg.handle("greet")
-    def greet(params: dict) -> dict:
-        return {"greeting": f"Hello {params['name']}"}
-
-    @reg.handle("notifyme")
-    def notifyme(data: bytes) -> str:
-        rpc.current_peer.get().notify("note", data)
-        return "ok"
-
-    @reg.handle_stream("stream")
-    async def stream(parts: AsyncIterator[bytes]):
-        async for part in parts:
-            yield part
-
-    return reg
 
 
 async def frames(ws, count: int) -> list[bytes]:
@@ -47,7 +23,9 @@ async def frames(ws, count: int) -> list[bytes]:
 
 
 async def test_gotalk_frames_as_browser_peers_need_them() -> None:
-    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry()) as server:
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/", registry=gotalk_peer_registry()
+    ) as server:
         uri = server.url.websocket_uri
         origin = f"http://127.0.0.1:{server.url.port}"
         async with ws_connect(uri, origin=origin) as ws:
@@ -88,7 +66,9 @@ async def test_python_client_over_websocket_both_directions(codec: str) -> None:
         return "the client"
 
     query = "?dialect=HatChatter" if codec == "sbs" else ""
-    async with rpc.serve(f"ws+{codec}://127.0.0.1:0/rpc/", registry=registry()) as server:
+    async with rpc.serve(
+        f"ws+{codec}://127.0.0.1:0/rpc/", registry=gotalk_peer_registry()
+    ) as server:
         async with rpc.connect(f"{server.url}{query}", registry=client_reg) as peer:
             assert await peer.request("greet", {"name": "Web"}) == {"greeting": "Hello Web"}
             results = await asyncio.gather(
@@ -110,7 +90,9 @@ def http_get(port: int, path: str, headers: dict[str, str] | None = None):
 async def test_script_static_files_etag_and_gzip(tmp_path) -> None:
     (tmp_path / "index.html").write_text("<h1>hi</h1>")
     web = HttpOptions(static_dir=tmp_path)
-    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry(), web=web) as srv:
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/", registry=gotalk_peer_registry(), web=web
+    ) as srv:
         port = srv.url.port
         get = asyncio.to_thread
         status, headers, body = await get(http_get, port, "/gotalk/gotalk.js")
@@ -132,7 +114,9 @@ async def test_script_static_files_etag_and_gzip(tmp_path) -> None:
 
 
 async def test_origin_checks() -> None:
-    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry()) as server:
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/", registry=gotalk_peer_registry()
+    ) as server:
         uri = server.url.websocket_uri
         for origin in (None, "http://evil.example"):
             with pytest.raises(InvalidStatus) as refused:
@@ -144,7 +128,7 @@ async def test_origin_checks() -> None:
             assert await frames(ws, 1) == [b"01"]
     allow = HttpOptions(origins=["http://app.example"])
     async with rpc.serve(
-        "ws+gotalk://127.0.0.1:0/gotalk/", registry=registry(), web=allow
+        "ws+gotalk://127.0.0.1:0/gotalk/", registry=gotalk_peer_registry(), web=allow
     ) as server:
         async with ws_connect(server.url.websocket_uri, origin="http://app.example") as ws:
             assert await frames(ws, 1) == [b"01"]
@@ -158,7 +142,10 @@ async def test_origin_checks() -> None:
 async def test_limits_message_size_and_connections() -> None:
     options = rpc.Options(max_size=1000)
     async with rpc.serve(
-        "ws+gotalk://127.0.0.1:0/gotalk/", registry=registry(), options=options, max_connections=1
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=gotalk_peer_registry(),
+        options=options,
+        max_connections=1,
     ) as server:
         origin = f"http://127.0.0.1:{server.url.port}"
         async with ws_connect(server.url.websocket_uri, origin=origin) as ws:
@@ -184,7 +171,7 @@ async def test_limits_message_size_and_connections() -> None:
 async def test_wss(pki: Pki) -> None:
     ctx = server_ssl_context(pki.server_cert, pki.server_key)
     async with rpc.serve(
-        "wss+gotalk://127.0.0.1:0/gotalk/", registry=registry(), ssl=ctx
+        "wss+gotalk://127.0.0.1:0/gotalk/", registry=gotalk_peer_registry(), ssl=ctx
     ) as server:
         url = f"wss+gotalk://localhost:{server.url.port}/gotalk/"
         async with rpc.connect(url, ssl=client_ssl_context(cafile=pki.ca)) as peer:
@@ -192,7 +179,7 @@ async def test_wss(pki: Pki) -> None:
 
 
 async def test_one_registry_on_tcp_tls_and_websocket_at_once(pki: Pki) -> None:
-    reg = registry()
+    reg = gotalk_peer_registry()
     ctx = server_ssl_context(pki.server_cert, pki.server_key)
     async with (
         rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg) as tcp,
