@@ -32,16 +32,15 @@ class StreamProtocol(asyncio.Protocol):
         self.sink: ByteSink | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sink = self._factory()
-        self.data_received = self.sink.data_received  # type: ignore[method-assign]
-        self.sink.connection_made(transport)
+        self.sink.connection_made(transport)  # type: ignore[arg-type]
 
-    def data_received(self, data: bytes) -> None:  # replaced per connection
-        raise RuntimeError("data before connection_made")
+    def data_received(self, data: bytes) -> None:
+        if self.sink is not None:
+            self.sink.data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.sink is not None:
