@@ -26,6 +26,10 @@ class RateLimitedLog:
         self._count = 0
         self._suppressed = 0
 
+    def reset(self) -> None:
+        """Start a new window (tests; a process that wants a fresh count)."""
+        self._started, self._count, self._suppressed = 0.0, 0, 0
+
     def warning(self, message: str, *args: Any) -> None:
         if not self._logger.isEnabledFor(logging.WARNING):
             return
