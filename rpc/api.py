@@ -33,6 +33,8 @@ def _peer_factory(
     server: bool,
     protocol_options: dict[str, Any],
 ) -> Callable[[], Peer]:
+    if not server:
+        protocol_options = {"extensions": True, **protocol_options}
     if url.codec == "gotalk":
         return lambda: GotalkPeer(registry, options, **protocol_options)
     dialect = None if server else (url.dialect or Dialect.LEGACY)

@@ -49,6 +49,11 @@ RPC_MODULE = "PeerwireRpc"
 _PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
     f"{RPC_MODULE}.{t}" for t in ("Part", "End", "Error", "Retry", "Result")
 )
+_CANCEL = f"{RPC_MODULE}.Cancel"
+HELLO = b"peerwire-ext/1"
+"""Extension announcement, as the data of a Ping (current dialect only). Hat peers answer
+with an empty Pong and never see anything else of the extension; a peerwire peer echoes it,
+and from then on each side may send ``PeerwireRpc.Cancel``."""
 _SBS_ERRORS = (ValueError, TypeError, KeyError, IndexError, SystemError, OverflowError)
 """What hat-sbs raises on bad input (its C decoder raises SystemError on some)."""
 
@@ -87,8 +92,11 @@ class ChatterAdapter:
         ping_timeout: float,
         strict: bool,
         sbs_repo: hat.sbs.Repository | None,
+        extensions: bool,
     ) -> None:
         self.peer = peer
+        self.extensions = extensions
+        self.cancels = False
         self.codec = ChatterConnection(dialect, max_size=peer.options.max_size, strict=strict)
         self.ping_interval = ping_interval
         self.ping_timeout = ping_timeout
@@ -124,6 +132,9 @@ class ChatterAdapter:
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.extensions and self.codec.dialect is Dialect.CURRENT:
+            self.codec.send_ping(HELLO)
+            self._take_codec_output()
         self._last_read = self._loop.time()
         if self.ping_interval:
             self.peer.deadlines.set("ping", self._last_read + self.ping_interval, self._ping_due)
@@ -174,8 +185,11 @@ class ChatterAdapter:
 
     def decode(self, data: bytes) -> list[Msg]:
         self._last_read = self._loop.time()
-        messages = self.codec.receive_data(data)
-        self._take_codec_output()  # Pongs for the Pings among them
+        codec = self.codec
+        messages = codec.receive_data(data)
+        self._take_codec_output()
+        if not self.cancels and HELLO in (codec.last_ping_data, codec.last_pong_data):
+            self.cancels = True  # Pongs for the Pings among them
         return messages
 
     def dispatch(self, msg: Msg) -> None:
@@ -184,6 +198,11 @@ class ChatterAdapter:
         if msg.owner and msg.first == msg.id:  # a peer starts a conversation
             conv = Conversation(False, msg.id)
             if msg.last:
+                if op == _CANCEL and self.cancels:
+                    first = self._sbs_decode(op, msg.data, None)
+                    if isinstance(first, int):
+                        peer.on_cancel(Conversation(False, first))
+                    return
                 peer.on_notification(op, self._incoming_payload(op, msg.data))
                 return
             if msg.module is not None and msg.module != RPC_MODULE:
@@ -343,7 +362,11 @@ class ChatterAdapter:
         self._send(name, payload, last=True)
 
     def abandon(self, key: Conversation) -> None:
+        """We gave up on ``key``: its late messages are dropped; a peerwire peer is told so
+        (the cancellation extension) and cancels the handler."""
         self.codec.abandon(key)
+        if self.cancels and self.peer.is_open:
+            self._send(_CANCEL, self.sbs_repo.encode(_CANCEL, key.first), last=True)
 
 
 @dataclass(slots=True, frozen=True)
@@ -363,6 +386,8 @@ class ChatterPeer(Peer):
     ``dialect=None`` (servers) detects the dialect from the first frame; ``strict=False``
     turns off the conversation checks for peers that do not keep them; ``sbs_repo`` is the
     schema repository for typed payloads (default: peerwire's bundled schemas).
+    ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions in
+    the current dialect (see ``HELLO``); the legacy dialect has no room for it.
     """
 
     def __init__(
@@ -375,6 +400,7 @@ class ChatterPeer(Peer):
         ping_timeout: float = 5.0,
         strict: bool = True,
         sbs_repo: hat.sbs.Repository | None = None,
+        extensions: bool = False,
     ) -> None:
         super().__init__(
             lambda peer: ChatterAdapter(
@@ -384,6 +410,7 @@ class ChatterPeer(Peer):
                 ping_timeout=ping_timeout,
                 strict=strict,
                 sbs_repo=sbs_repo,
+                extensions=extensions,
             ),
             registry,
             options,

@@ -37,6 +37,14 @@ _R, _S, _E, _P = (
 _REQ, _SREQ = gotalk.MessageType.REQUEST, gotalk.MessageType.STREAM_REQUEST
 _id_header = gotalk.id_header
 
+HELLO = "peerwire/hello"
+"""Extension announcement: a client sends it after the version; a peerwire server answers
+with the same. Go and gotalk.js peers ignore notifications they have no handler for, and
+a server never sends it first, so they never see anything else of the extension."""
+CANCEL = "peerwire/cancel"
+"""The caller gave up on the request whose 4-byte id is the payload."""
+_EXTENSION_PREFIX = "peerwire/"
+
 
 class GotalkAdapter:
     """Maps the peer's events onto Gotalk messages and back (see the module doc)."""
@@ -51,8 +59,11 @@ class GotalkAdapter:
         heartbeat_interval: float | None,
         read_timeout: float | None,
         retry_results: bool | None,
+        extensions: bool,
     ) -> None:
         self.peer = peer
+        self.extensions = extensions
+        self.cancels = False
         self.codec = gotalk.GotalkConnection(max_size=peer.options.max_size)
         self.heartbeat_interval = heartbeat_interval
         self.read_timeout = read_timeout
@@ -75,6 +86,8 @@ class GotalkAdapter:
                 transport = peer.transport
                 self.retry_results = bool(transport.get_extra_info("peerwire_retry", False))
         peer.outbox.push(self.codec.handshake())
+        if self.extensions:
+            self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, b"1")))
         now = self._loop.time()
         self._last_read = now
         if self.heartbeat_interval:
@@ -141,7 +154,10 @@ class GotalkAdapter:
             else:
                 peer.on_result_end(msg.id)
         elif cls is gotalk.Notification:
-            peer.on_notification(msg.name, msg.payload)
+            if msg.name.startswith(_EXTENSION_PREFIX):
+                self._on_extension(msg.name, msg.payload)
+            else:
+                peer.on_notification(msg.name, msg.payload)
         elif cls is gotalk.ErrorResult:
             peer.on_error(msg.id, msg.payload.decode(errors="replace"))
         elif cls is gotalk.RetryResult:
@@ -156,6 +172,14 @@ class GotalkAdapter:
             self.heartbeats_received += 1
         elif cls is gotalk.Fault:
             peer.abort()
+
+    def _on_extension(self, name: str, payload: bytes) -> None:
+        if name == HELLO:
+            if not self.cancels and not self.extensions:  # a server: answer once
+                self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, b"1")))
+            self.cancels = True
+        elif name == CANCEL and self.cancels and len(payload) == 4:
+            self.peer.on_cancel(payload)
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -217,7 +241,10 @@ class GotalkAdapter:
         self._emit_header(*gotalk.encode_parts(gotalk.Notification(name, payload)))
 
     def abandon(self, key: bytes) -> None:
-        """Gotalk has no way to withdraw a request: a late result is ignored."""
+        """We gave up on request ``key``: a late result is ignored; a peerwire peer is told
+        so (the cancellation extension) and cancels the handler."""
+        if self.cancels and self.peer.is_open:
+            self._emit_header(*gotalk.encode_parts(gotalk.Notification(CANCEL, key)))
 
     # --- payloads --------------------------------------------------------------------------
 
@@ -235,7 +262,12 @@ class GotalkAdapter:
 
 
 class GotalkPeer(Peer):
-    """A :class:`~rpc.peer.Peer` speaking Gotalk v1 (see the module doc for the defaults)."""
+    """A :class:`~rpc.peer.Peer` speaking Gotalk v1 (see the module doc for the defaults).
+
+    ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions to
+    the server; once it answers, a request we give up on (timeout, cancellation) cancels its
+    handler there. ``retry_results`` None decides from the transport (see the module doc).
+    """
 
     def __init__(
         self,
@@ -245,6 +277,7 @@ class GotalkPeer(Peer):
         heartbeat_interval: float | None = 20.0,
         read_timeout: float | None = 30.0,
         retry_results: bool | None = None,
+        extensions: bool = False,
     ) -> None:
         super().__init__(
             lambda peer: GotalkAdapter(
@@ -252,6 +285,7 @@ class GotalkPeer(Peer):
                 heartbeat_interval=heartbeat_interval,
                 read_timeout=read_timeout,
                 retry_results=retry_results,
+                extensions=extensions,
             ),
             registry,
             options,

@@ -89,6 +89,8 @@ class Adapter(Protocol):
     name: str
     default_timeout: float
     retry_results: bool
+    cancels: bool
+    """True once both sides announced the cancellation extension."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -154,6 +156,8 @@ class Peer(asyncio.Protocol):
         self._calls_at = float("inf")
         self._streams: dict[Any, asyncio.Queue[Any]] = {}
         self._ended: OrderedDict[Any, None] = OrderedDict()
+        self._running: dict[Any, asyncio.Task[Any]] = {}
+        """Handler tasks by request key, kept only while the peer may cancel them."""
         self._backlog: deque[Any] = deque()
         self._reading = True
         self.closed: asyncio.Future[BaseException | None] = loop.create_future()
@@ -238,6 +242,7 @@ class Peer(asyncio.Protocol):
             queue.put_nowait(error)
         self._streams.clear()
         self._ended.clear()
+        self._running.clear()
         self._backlog.clear()
         self._tasks.cancel_all()
         if not self.closed.done():
@@ -592,9 +597,13 @@ class Peer(asyncio.Protocol):
             if result.__class__ in _PLAIN_RESULTS:
                 self._reply(key, result, stream)
             elif inspect.isasyncgen(result):
-                self._tasks.spawn(self._stream_result(key, result))
+                task = self._tasks.spawn(self._stream_result(key, result))
+                if adapter.cancels:
+                    self._running[key] = task
             elif inspect.isawaitable(result):
-                self._tasks.spawn(self._await_result(key, result, stream))
+                task = self._tasks.spawn(self._await_result(key, result, stream))
+                if adapter.cancels:
+                    self._running[key] = task
             else:
                 self._reply(key, result, stream)
         except PayloadError as exc:
@@ -651,6 +660,15 @@ class Peer(asyncio.Protocol):
 
     # --- handler completion ----------------------------------------------------------------
 
+    def on_cancel(self, key: Any) -> None:
+        """The caller gave up on request ``key`` (peerwire extension): cancel its handler.
+        Its late result, if any, is dropped by the caller."""
+        task = self._running.pop(key, None)
+        if task is not None:
+            task.cancel()
+        if key in self._streams:
+            self._end_stream(key)
+
     def _task_done(self) -> None:
         if self._backlog and self._transport is not None:
             self._continue()
@@ -658,12 +676,18 @@ class Peer(asyncio.Protocol):
     async def _await_result(self, key: Any, awaitable: Any, stream: bool) -> None:
         try:
             result = await awaitable
+        except asyncio.CancelledError:
+            if self._running.pop(key, None) is not None or not self.is_open:
+                raise  # shut down with the connection
+            self.adapter.send_error(key, "cancelled by the caller")  # ends the conversation
+            raise
         except Exception as exc:
             log.debug("handler failed", exc_info=True)
             if self.is_open:
                 self.adapter.send_error(key, str(exc) or type(exc).__name__)
             return
         finally:
+            self._running.pop(key, None)
             if stream and key in self._streams:
                 self._end_stream(key)
         if self.outbox.blocked:
@@ -679,12 +703,18 @@ class Peer(asyncio.Protocol):
                 if not self.is_open:
                     return
                 adapter.send_result_part(key, self._encoded_result(item))
+        except asyncio.CancelledError:
+            if self.is_open and key not in self._running:  # the caller cancelled it
+                adapter.send_error(key, "cancelled by the caller")
+                adapter.send_result_end(key, True)
+            raise
         except Exception as exc:
             if self.is_open:
                 adapter.send_error(key, str(exc) or type(exc).__name__)
                 adapter.send_result_end(key, True)
             return
         finally:
+            self._running.pop(key, None)
             if key in self._streams:
                 self._end_stream(key)
         if self.is_open:

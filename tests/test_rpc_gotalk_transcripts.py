@@ -136,12 +136,21 @@ async def scripted_go_server(script) -> tuple[asyncio.Server, int]:
     return server, server.sockets[0].getsockname()[1]
 
 
+SKIPPED_NOTIFICATIONS: list[bytes] = []
+"""Notifications our client sent the scripted Go server, which (like Go) ignores them."""
+
+
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes, bytes]:
-    """Read one r message (skipping heartbeats): (id, op, payload)."""
+    """Read one r message (skipping heartbeats and notifications): (id, op, payload)."""
     while True:
         kind = await reader.readexactly(1)
         if kind == b"h":
             await reader.readexactly(12)
+            continue
+        if kind == b"n":
+            name = await reader.readexactly(int(await reader.readexactly(3), 16))
+            await reader.readexactly(int(await reader.readexactly(8), 16))
+            SKIPPED_NOTIFICATIONS.append(name)
             continue
         assert kind == b"r"
         rid = await reader.readexactly(4)
@@ -183,6 +192,7 @@ async def test_our_client_against_go_server_script() -> None:
         writer.write(b'0003"b"R' + rid + b'00000003"a"')
         await reader.read()  # until the client closes
 
+    SKIPPED_NOTIFICATIONS.clear()
     server, port = await scripted_go_server(script)
     async with server, rpc.connect(f"tcp+gotalk://127.0.0.1:{port}", registry=client_reg) as peer:
         assert await peer.request("echo", "hello") == "hello"
@@ -195,3 +205,7 @@ async def test_our_client_against_go_server_script() -> None:
         await asyncio.sleep(0.05)
         second = asyncio.create_task(peer.request("b"))
         assert await asyncio.gather(first, second) == ["a", "b"]
+        # like a Go server, the script ignored our extension announcement: nothing more of
+        # the extension (no cancel notifications) was ever sent to it
+        assert SKIPPED_NOTIFICATIONS == [b"peerwire/hello"]
+        assert not peer.adapter.cancels

@@ -20,6 +20,9 @@ PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
 }
 """(module, ping type, pong type) per dialect."""
 
+MAX_PING_DATA = 64
+"""Bytes of a Ping's data echoed in its Pong; the rest is not echoed."""
+
 
 class ChatterConnection:
     """The protocol state of one Chatter connection.
@@ -43,6 +46,8 @@ class ChatterConnection:
         "_reader",
         "_tracker",
         "dialect",
+        "last_ping_data",
+        "last_pong_data",
         "max_size",
         "pings_received",
         "pongs_received",
@@ -66,6 +71,12 @@ class ChatterConnection:
         self._dead: ProtocolError | None = None
         self.pings_received = 0
         self.pongs_received = 0
+        self.last_ping_data = b""
+        """Data of the last Ping received (Hat peers send none; peerwire peers announce
+        their extensions there in the current dialect)."""
+        self.last_pong_data = b""
+        """Data of the last Pong received (the echo of our Ping's data, from a peer that
+        echoes it)."""
 
     # --- receiving ---------------------------------------------------------------------
 
@@ -102,9 +113,13 @@ class ChatterConnection:
                 continue
             if msg.module == module and msg.type == ping:
                 self.pings_received += 1
-                self.send(pong, b"", conversation=Conversation.of_received(msg), module=module)
+                self.last_ping_data = msg.data
+                # a Pong echoes the Ping's data: peers that put none (all Hat peers) get none
+                reply = msg.data[:MAX_PING_DATA] if dialect is Dialect.CURRENT else b""
+                self.send(pong, reply, conversation=Conversation.of_received(msg), module=module)
             elif msg.module == module and msg.type == pong:
                 self.pongs_received += 1
+                self.last_pong_data = msg.data
             else:
                 messages.append(msg)
         return messages
@@ -170,10 +185,17 @@ class ChatterConnection:
         parts.insert(0, frame_header(size))
         return msg, parts
 
-    def send_ping(self) -> Msg:
-        """Queue a Ping in a new conversation that the peer's Pong will close."""
-        module, ping, _ = PING_TYPES[self._require_dialect()]
-        return self.send(ping, b"", token=True, last=False, module=module)
+    def send_ping(self, data: bytes = b"") -> Msg:
+        """Queue a Ping in a new conversation that the peer's Pong will close.
+
+        ``data`` (at most ``MAX_PING_DATA`` bytes) is allowed in the current dialect only:
+        the legacy Ping type has no room for it.
+        """
+        dialect = self._require_dialect()
+        if data and (dialect is Dialect.LEGACY or len(data) > MAX_PING_DATA):
+            raise LocalProtocolError("Ping data: current dialect only, at most 64 bytes")
+        module, ping, _ = PING_TYPES[dialect]
+        return self.send(ping, data, token=True, last=False, module=module)
 
     def data_to_send(self) -> bytes:
         """Everything queued since the last call, as one bytes object."""

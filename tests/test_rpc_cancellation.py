@@ -1,0 +1,80 @@
+"""Cancellation reaches the server: the peerwire extension on Gotalk and Chatter."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import rpc
+from tests.rpc_helpers import served
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def waiting_registry(started: asyncio.Event, cancelled: asyncio.Event) -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("wait")
+    async def wait(_: object = None) -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    @reg.handle("echo")
+    def echo(value: object) -> object:
+        return value
+
+    return reg
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_client_timeout_cancels_the_handler(flavour: str) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    async with served(flavour, waiting_registry(started, cancelled)) as (server, peer):
+        assert await peer.request("echo", 1) == 1  # the announcement has been answered
+        assert peer.adapter.cancels
+        with pytest.raises(rpc.RequestTimeout):
+            await peer.request("wait", timeout=0.2)
+        await asyncio.wait_for(cancelled.wait(), 5)
+        [server_peer] = server.peers
+        assert server_peer._running == {} and len(server_peer._tasks) == 0
+        assert await peer.request("echo", 2) == 2
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_cancelled_caller_cancels_the_handler(flavour: str) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    async with served(flavour, waiting_registry(started, cancelled)) as (_server, peer):
+        call = asyncio.create_task(peer.request("wait", timeout=30))
+        await asyncio.wait_for(started.wait(), 5)
+        call.cancel()
+        await asyncio.wait_for(cancelled.wait(), 5)
+        assert await peer.request("echo", 3) == 3
+
+
+async def test_legacy_dialect_has_no_extension() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    async with served("chatter-legacy", waiting_registry(started, cancelled)) as (server, peer):
+        assert await peer.request("echo", 1) == 1
+        assert not peer.adapter.cancels
+        [server_peer] = server.peers
+        assert not server_peer.adapter.cancels
+
+
+async def test_extension_off_when_the_client_opts_out() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=waiting_registry(started, cancelled)
+    ) as server:
+        async with rpc.connect(str(server.url), registry=rpc.Registry(), extensions=False) as peer:
+            assert await peer.request("echo", 1) == 1
+            assert not peer.adapter.cancels
+            with pytest.raises(rpc.RequestTimeout):
+                await peer.request("wait", timeout=0.2)
+            [server_peer] = server.peers
+            assert len(server_peer._tasks) == 1  # nobody told the server: the handler runs on
