@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import ssl as ssl_module
 from collections.abc import Callable, Generator
 from typing import Any
@@ -17,6 +18,7 @@ from rpc.peer import Options, Peer
 from rpc.registry import Registry
 from rpc.url import PeerUrl, parse_url
 from transports.stream import (
+    StreamProtocol,
     client_ssl_context,
     open_stream,
     server_address,
@@ -126,6 +128,7 @@ class Server:
         protocol_options: dict[str, Any],
         on_connect: Callable[[Peer], Any] | None = None,
         web: HttpOptions | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.requested_url = url
         self.url = url
@@ -136,6 +139,7 @@ class Server:
         self._web = web
         self._max_size = (options or Options()).max_size
         self._ssl = ssl
+        self._sock = sock
         self._server: Any = None  # asyncio.Server or websockets Server (same interface)
 
     def _new_peer(self) -> Peer:
@@ -164,6 +168,11 @@ class Server:
                 ssl_context=self._ssl,
                 max_size=max_size,
                 max_connections=self.max_connections,
+                sock=self._sock,
+            )
+        elif self._sock is not None:
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: StreamProtocol(self._new_peer), sock=self._sock, ssl=self._ssl, backlog=1024
             )
         else:
             self._server = await start_stream_server(
@@ -205,6 +214,7 @@ def serve(
     max_connections: int = 10_000,
     on_connect: Callable[[Peer], Any] | None = None,
     web: HttpOptions | None = None,
+    sock: socket.socket | None = None,
     **protocol_options: Any,
 ) -> Server:
     """Serve ``registry``'s handlers on ``url``: ``async with serve(url) as server``.
@@ -212,8 +222,18 @@ def serve(
     Port 0 picks a free port; ``server.url`` is the bound URL. TLS URLs need ``ssl``.
     ``on_connect(peer)`` runs for every accepted connection (sync or async); connections
     past ``max_connections`` are closed at once. WebSocket URLs serve their endpoint at the
-    URL's path; ``web`` sets allowed origins, a static folder and the like.
+    URL's path; ``web`` sets allowed origins, a static folder and the like. ``sock``, an
+    already bound TCP socket, is served instead of binding the URL's host and port (which
+    then only name it); :mod:`rpc.workers` passes one per worker process.
     """
     return Server(
-        parse_url(url), registry, options, ssl, max_connections, protocol_options, on_connect, web
+        parse_url(url),
+        registry,
+        options,
+        ssl,
+        max_connections,
+        protocol_options,
+        on_connect,
+        web,
+        sock,
     )

@@ -25,8 +25,8 @@ LoopName = Literal["asyncio", "uvloop"]
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 
-class LoopUnavailable(RuntimeError):
-    """uvloop was asked for and is not installed (or not supported on this platform)."""
+class LoopUnavailable(ValueError):
+    """The loop asked for cannot be had: an unknown name, or uvloop is not installed."""
 
 
 def uvloop_installed() -> bool:
@@ -37,13 +37,14 @@ def uvloop_installed() -> bool:
 def resolve(choice: str | None = None) -> LoopName:
     """The loop ``choice`` means here; ``None`` reads ``PEERWIRE_LOOP`` (default ``auto``).
 
-    Raises ``ValueError`` for an unknown name and :class:`LoopUnavailable` for ``uvloop``
-    when it is not installed.
+    Raises :class:`LoopUnavailable` for an unknown name, or for ``uvloop`` when it is not
+    installed.
     """
     name = choice if choice is not None else (os.environ.get(ENV_VAR) or "auto")
     if name not in CHOICES:
         source = "" if choice is not None else f" (from ${ENV_VAR})"
-        raise ValueError(f"unknown event loop {name!r}{source}: use one of {', '.join(CHOICES)}")
+        choices = ", ".join(CHOICES)
+        raise LoopUnavailable(f"unknown event loop {name!r}{source}: use one of {choices}")
     if name == "auto":
         return "uvloop" if uvloop_installed() else "asyncio"
     if name == "uvloop" and not uvloop_installed():
