@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from rpc import loops
@@ -238,7 +239,7 @@ class _Slot:
     """One worker position: its current process and its restart state."""
 
     index: int
-    process: Any = None  # multiprocessing Process
+    process: BaseProcess | None = None
     started: float = 0.0
     quick_exits: int = 0
     restart_at: float | None = None
@@ -254,7 +255,11 @@ def _describe_exit(code: int | None) -> str:
 
 class _Supervisor:
     def __init__(
-        self, listeners: list[Listener], workers: int, config: WorkerConfig, on_ready: Any
+        self,
+        listeners: list[Listener],
+        workers: int,
+        config: WorkerConfig,
+        on_ready: Callable[[list[str]], object] | None,
     ) -> None:
         try:
             self._mp = multiprocessing.get_context("fork")
@@ -279,8 +284,7 @@ class _Supervisor:
         slot.ready = False
         log.info("worker %d started: pid %d", slot.index, slot.process.pid)
 
-    def _exited(self, slot: _Slot) -> None:
-        process = slot.process
+    def _exited(self, slot: _Slot, process: BaseProcess) -> None:
         process.join()
         slot.process = None
         uptime = time.monotonic() - slot.started
@@ -337,7 +341,7 @@ class _Supervisor:
             now = time.monotonic()
             restarts = [s.restart_at for s in self.slots if s.restart_at is not None]
             timeout = max(0.0, min(restarts) - now) if restarts else None
-            live = {s.process.sentinel: s for s in self.slots if s.process is not None}
+            live = {s.process.sentinel: (s, s.process) for s in self.slots if s.process is not None}
             readable = multiprocessing.connection.wait([*live, ready_r, wake_r], timeout)
             if wake_r in readable:
                 os.read(wake_r, 512)
@@ -348,7 +352,7 @@ class _Supervisor:
                     self._on_ready_line(int(line))
             for sentinel in readable:
                 if sentinel in live:
-                    self._exited(live[sentinel])
+                    self._exited(*live[sentinel])
             if self.stopping:
                 break
             now = time.monotonic()
