@@ -106,6 +106,12 @@ def run_client(args: argparse.Namespace) -> None:
 # --- the driver ----------------------------------------------------------------------------
 
 
+def timed(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def one_round(args: argparse.Namespace, workers: int, op: str) -> tuple[float, list[int]]:
     serve_cmd = [sys.executable, "-m", "rpc.cli", "serve", __file__, f"--workers={workers}"]
     if args.loop:
@@ -165,11 +171,10 @@ def main() -> None:
         run_client(args)
         return
 
-    started = time.perf_counter()
-    busy()
-    work_us = (time.perf_counter() - started) * 1e6
+    work_us = 1e6 * min(timed(busy) for _ in range(20))
     print(
-        f"bench_workers: {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+        f"bench_workers: {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}), "
+        f"Python {sys.version.split()[0]}, "
         f"loop {loops.resolve(args.loop)}; {args.clients} client processes x "
         f"{args.connections} connections x {args.inflight} in flight; "
         f"'work' ~{work_us:.0f} us/call here; {args.rounds} rounds of {args.seconds:g} s"
