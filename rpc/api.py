@@ -109,7 +109,8 @@ def connect(
             raise ConnectionClosed(f"connecting to {url} timed out") from None
         except (OSError, InvalidHandshake) as exc:  # refused, unreachable, TLS, WS handshake
             raise ConnectionClosed(f"cannot connect to {url}: {exc}") from exc
-        assert isinstance(peer, Peer)
+        if not isinstance(peer, Peer):
+            raise TypeError(f"transport returned {peer!r}, not a Peer")
         return peer
 
     return _Connect(run)
@@ -134,19 +135,24 @@ class Server:
         self.url = url
         self.peers: set[Peer] = set()
         self.max_connections = max_connections
+        self.refused = 0
+        """Connections closed at once because ``max_connections`` were open."""
         self._factory = _peer_factory(url, registry, options, True, protocol_options)
         self._on_connect = on_connect
         self._web = web
-        self._max_size = (options or Options()).max_size
+        self._options = options or Options()
+        self._max_size = self._options.max_size
         self._ssl = ssl
         self._sock = sock
         self._server: Any = None  # asyncio.Server or websockets Server (same interface)
 
-    def _new_peer(self) -> Peer:
-        peer = self._factory()
+    def _new_peer(self) -> Peer | None:
+        """A peer for an accepted connection, or None past ``max_connections`` (counting
+        connections whose TLS or WebSocket handshake is still running)."""
         if len(self.peers) >= self.max_connections:
-            peer.connection_made = lambda transport: transport.abort()  # type: ignore[method-assign]
-            return peer
+            self.refused += 1
+            return None
+        peer = self._factory()
         self.peers.add(peer)
         peer.on_open = self._on_connect
         peer.closed.add_done_callback(lambda _: self.peers.discard(peer))
@@ -175,8 +181,13 @@ class Server:
                 lambda: StreamProtocol(self._new_peer), sock=self._sock, ssl=self._ssl, backlog=1024
             )
         else:
+            options = self._options
             self._server = await start_stream_server(
-                self.url.host, self.url.port, self._new_peer, ssl_context=self._ssl
+                self.url.host,
+                self.url.port,
+                self._new_peer,
+                ssl_context=self._ssl,
+                handshake_timeout=options.handshake_timeout or 60.0,
             )
         self.url = self.url.with_port(server_address(self._server)[1])
         return self

@@ -13,12 +13,19 @@ stream result          ``PeerwireRpc.Part`` messages keeping the token, then
                        ``PeerwireRpc.End`` with ``last = True``
 =====================  =====================================================================
 
+Legacy peers (hat-chatter 0.5) decode every payload against their own schemas and drop the
+connection on a type they do not know. So in the legacy dialect, a request whose type has a
+module other than ``PeerwireRpc`` (a plain Hat peer's request) is never answered with a
+``PeerwireRpc`` type: a handler's :class:`Reply` goes out as given, a plain result, an
+error or a retry ends nowhere (logged; the peer's own conversation timeout ends it).
+
 A handler is keyed by the message type (legacy dialect: ``module.type``), so a plain Hat
 peer that sends a message in a new conversation and waits for the reply calls our handlers,
 and our ``request`` calls a plain Hat service (any reply that ends the conversation is its
 result). Payloads are SBS when the type is in the schema repository, bytes otherwise (JSON
-for non-bytes values). Ping: after ``ping_interval`` s of inbound silence we send a Ping;
-if nothing arrives within ``ping_timeout`` s more, the connection is closed.
+for non-bytes values). Ping: after ``ping_interval`` s (default 30 s) of inbound silence we
+send a Ping; if nothing arrives within ``ping_timeout`` s (default 5 s) more, the connection
+is closed.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
 from wire import schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
+from wire.errors import MessageTooLarge, ProtocolError
 
 log = logging.getLogger("peerwire.rpc.chatter")
 
@@ -41,6 +49,8 @@ RPC_MODULE = "PeerwireRpc"
 _PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
     f"{RPC_MODULE}.{t}" for t in ("Part", "End", "Error", "Retry", "Result")
 )
+_SBS_ERRORS = (ValueError, TypeError, KeyError, IndexError, SystemError, OverflowError)
+"""What hat-sbs raises on bad input (its C decoder raises SystemError on some)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,9 +64,306 @@ class Reply:
     value: Any
 
 
+@dataclass(slots=True, frozen=True)
+class _Sbs:
+    """A payload already decoded from SBS (as opposed to raw bytes)."""
+
+    value: Any
+
+
+class ChatterAdapter:
+    """Maps the peer's events onto Chatter conversations and back (see the module doc)."""
+
+    name = "chatter"
+    default_timeout = 5.0  # the Chatter conversation timeout
+    retry_results = True
+
+    def __init__(
+        self,
+        peer: Peer,
+        *,
+        dialect: Dialect | None,
+        ping_interval: float | None,
+        ping_timeout: float,
+        strict: bool,
+        sbs_repo: hat.sbs.Repository | None,
+    ) -> None:
+        self.peer = peer
+        self.codec = ChatterConnection(dialect, max_size=peer.options.max_size, strict=strict)
+        self.ping_interval = ping_interval
+        self.ping_timeout = ping_timeout
+        self.sbs_repo = sbs_repo or schemas.repository()
+        self._sbs_names = _sbs_type_names(self.sbs_repo)
+        self._loop = peer.loop
+        self._last_read = 0.0
+        self._ping_sent_at = 0.0
+        self._foreign: set[Conversation] = set()
+        """Open requests from plain legacy Hat peers: never answered with our own types."""
+
+    # --- names -----------------------------------------------------------------------------
+
+    def _split(self, op: str) -> tuple[str | None, str]:
+        """op -> (module, type) for the wire: legacy splits ``module.type``."""
+        if self.codec.dialect is Dialect.LEGACY and "." in op:
+            module, _, type_name = op.rpartition(".")
+            return module, type_name
+        return None, op
+
+    def _send(self, op: str, data: bytes, **kwargs: Any) -> Msg:
+        module, type_name = self._split(op)
+        msg, pieces = self.codec.encode(type_name, data, module=module, **kwargs)
+        self.peer.outbox.push(b"".join(pieces))
+        return msg
+
+    def _take_codec_output(self) -> None:
+        """Pongs and Pings the codec queued itself go out with our own output."""
+        data = self.codec.data_to_send()
+        if data:
+            self.peer.outbox.push(data)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._last_read = self._loop.time()
+        if self.ping_interval:
+            self.peer.deadlines.set("ping", self._last_read + self.ping_interval, self._ping_due)
+
+    def stop(self) -> None:
+        self._foreign.clear()
+
+    def handshake_done(self) -> bool:
+        return self.codec.dialect is not None
+
+    def _ping_due(self) -> None:
+        """Silent for ``ping_interval``: send a Ping and expect anything within the timeout."""
+        peer = self.peer
+        if not peer.is_open or not self.ping_interval:
+            return
+        now = self._loop.time()
+        silent_until = self._last_read + self.ping_interval
+        if now < silent_until:
+            peer.deadlines.set("ping", silent_until, self._ping_due)
+            return
+        if self.codec.dialect is None:  # nothing received yet: the handshake limit decides
+            peer.deadlines.set("ping", now + self.ping_interval, self._ping_due)
+            return
+        self.codec.send_ping()
+        self._take_codec_output()
+        peer.outbox.flush()
+        self._ping_sent_at = now
+        peer.deadlines.set("ping", now + self.ping_timeout, self._pong_due)
+
+    def _pong_due(self) -> None:
+        peer = self.peer
+        if not peer.is_open:
+            return
+        if self._last_read >= self._ping_sent_at:  # heard from the peer meanwhile
+            peer.deadlines.set("ping", self._last_read + (self.ping_interval or 0), self._ping_due)
+            return
+        log.warning(
+            "chatter peer %s did not answer a ping within %s s; closing",
+            peer.remote_address,
+            self.ping_timeout,
+        )
+        peer.abort()
+
+    def last_word(self, exc: ProtocolError) -> None:
+        """Chatter sends nothing before closing on a peer's error."""
+
+    # --- receiving -------------------------------------------------------------------------
+
+    def decode(self, data: bytes) -> list[Msg]:
+        self._last_read = self._loop.time()
+        messages = self.codec.receive_data(data)
+        self._take_codec_output()  # Pongs for the Pings among them
+        return messages
+
+    def dispatch(self, msg: Msg) -> None:
+        peer = self.peer
+        op = f"{msg.module}.{msg.type}" if msg.module else msg.type
+        if msg.owner and msg.first == msg.id:  # a peer starts a conversation
+            conv = Conversation(False, msg.id)
+            if msg.last:
+                peer.on_notification(op, self._incoming_payload(op, msg.data))
+                return
+            if msg.module is not None and msg.module != RPC_MODULE:
+                self._foreign.add(conv)
+            if msg.token:
+                peer.on_request(conv, op, self._incoming_payload(op, msg.data), False)
+            else:
+                peer.on_request(conv, op, msg.data, True)
+            return
+        conv = Conversation.of_received(msg)
+        if conv.owner:  # a reply in a conversation we started
+            self._on_reply(conv, op, msg)
+        elif op == _PART:
+            peer.on_request_part(conv, msg.data)
+        elif op == _END_TYPE:
+            peer.on_request_end(conv)
+
+    def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
+        peer = self.peer
+        if op == _RESULT:
+            peer.on_result(conv, msg.data)
+        elif op == _ERROR:
+            peer.on_error(conv, self._sbs_decode(op, msg.data, _undecodable))
+        elif op == _RETRY:
+            retry = self._sbs_decode(op, msg.data, None)
+            if retry is None:
+                peer.on_error(conv, "undecodable PeerwireRpc.Retry result")
+            else:
+                peer.on_retry(conv, retry["waitMs"] / 1000, retry["message"])
+        elif op == _PART:
+            peer.on_result_part(conv, msg.data)
+        elif op == _END_TYPE:
+            peer.on_result_end(conv)
+        elif msg.last:
+            peer.on_result(conv, self._incoming_payload(op, msg.data))
+        else:
+            peer.on_result_part(conv, self._incoming_payload(op, msg.data))
+
+    def _sbs_decode(self, op: str, data: bytes, fallback: Any) -> Any:
+        try:
+            return self.sbs_repo.decode(op, data)
+        except _SBS_ERRORS as exc:
+            log.warning("undecodable %s from %s: %s", op, self.peer.remote_address, exc)
+            return fallback(data) if callable(fallback) else fallback
+
+    def _incoming_payload(self, op: str, data: bytes) -> Any:
+        """SBS-typed payloads are decoded here (lazily failing as a PayloadError for that
+        message alone); the rest stay bytes for the handler."""
+        if op in self._sbs_names:
+            try:
+                return _Sbs(self.sbs_repo.decode(op, data))
+            except _SBS_ERRORS as exc:
+                return _Undecodable(f"invalid {op} SBS payload: {exc}")
+        return data
+
+    # --- payloads --------------------------------------------------------------------------
+
+    def encode_request(self, op: str, value: Any) -> bytes:
+        if op in self._sbs_names:
+            try:
+                return self.sbs_repo.encode(op, value)
+            except _SBS_ERRORS as exc:
+                raise PayloadError(f"cannot encode {op} as SBS: {exc}") from None
+        return encode_value(value)
+
+    def encode_result(self, value: Any) -> Any:
+        if isinstance(value, Reply):
+            return value
+        return encode_value(value)
+
+    def decode_params(self, handler: Handler, payload: Any) -> Any:
+        cls = payload.__class__
+        if cls is _Sbs:
+            return convert(payload.value, handler.annotation)
+        if cls is _Undecodable:
+            raise PayloadError(payload.reason)
+        return handler.decode(payload)
+
+    def decode_result(self, payload: Any) -> Any:
+        cls = payload.__class__
+        if cls is _Sbs:
+            return payload.value
+        if cls is _Undecodable:
+            raise PayloadError(payload.reason)
+        return decode_any(payload)
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
+        msg = self._send(op, payload, token=not stream, last=False)
+        return Conversation(True, msg.id)
+
+    def send_request_part(self, key: Conversation, payload: bytes) -> None:
+        self._send(_PART, payload, conversation=key, token=False, last=False)
+
+    def send_request_end(self, key: Conversation) -> None:
+        self._send(_END_TYPE, b"", conversation=key, token=True, last=False)
+
+    def _answerable(self, key: Conversation, what: str) -> bool:
+        """May we end ``key`` with one of our own types? (see the module doc)"""
+        if not self.codec.holds_token(key):
+            return False  # the requester went away or already ended the conversation
+        if key in self._foreign:
+            self._foreign.discard(key)
+            log.info(
+                "not sending %s to legacy Hat peer %s (it cannot decode PeerwireRpc types)",
+                what,
+                self.peer.remote_address,
+            )
+            return False
+        return True
+
+    def send_result(self, key: Conversation, payload: Any, stream: bool) -> None:
+        if isinstance(payload, Reply):
+            if not self.codec.holds_token(key):
+                return
+            self._foreign.discard(key)
+            try:
+                data = (
+                    self.sbs_repo.encode(payload.type, payload.value)
+                    if payload.type in self._sbs_names
+                    else encode_value(payload.value)
+                )
+            except _SBS_ERRORS as exc:
+                self.send_error(key, f"cannot encode {payload.type} as SBS: {exc}")
+                return
+            self._send_last(key, payload.type, data)
+        elif self._answerable(key, "a PeerwireRpc.Result"):
+            self._send_last(key, _RESULT, payload)
+
+    def _send_last(self, key: Conversation, type_name: str, data: bytes) -> None:
+        try:
+            self._send(type_name, data, conversation=key, last=True)
+        except MessageTooLarge as exc:  # the conversation is still ours: say why
+            self.send_error(key, str(exc))
+
+    def send_result_part(self, key: Conversation, payload: bytes) -> None:
+        if self.codec.holds_token(key) and key not in self._foreign:
+            self._send(_PART, payload, conversation=key, token=False, last=False)
+
+    def send_result_end(self, key: Conversation, failed: bool) -> None:
+        if failed:
+            return  # the error result already ended the conversation
+        if self._answerable(key, "a PeerwireRpc.End"):
+            self._send(_END_TYPE, b"", conversation=key, last=True)
+
+    def send_error(self, key: Conversation, message: str) -> None:
+        if self._answerable(key, f"an error ({message})"):
+            self._send(_ERROR, self.sbs_repo.encode(_ERROR, message), conversation=key, last=True)
+
+    def send_retry(self, key: Conversation, wait: float, message: str) -> None:
+        if self._answerable(key, "a retry result"):
+            data = self.sbs_repo.encode(_RETRY, {"waitMs": int(wait * 1000), "message": message})
+            self._send(_RETRY, data, conversation=key, last=True)
+
+    def send_notification(self, name: str, payload: bytes) -> None:
+        self._send(name, payload, last=True)
+
+    def abandon(self, key: Conversation) -> None:
+        self.codec.abandon(key)
+
+
+@dataclass(slots=True, frozen=True)
+class _Undecodable:
+    """A payload whose SBS did not decode: a PayloadError for whoever reads it."""
+
+    reason: str
+
+
+def _undecodable(data: bytes) -> str:
+    return f"undecodable PeerwireRpc.Error result ({len(data)} bytes)"
+
+
 class ChatterPeer(Peer):
-    protocol_name = "chatter"
-    default_timeout = 5.0  # the seeds' conversation timeout
+    """A :class:`~rpc.peer.Peer` speaking Hat Chatter (see the module doc for the mapping).
+
+    ``dialect=None`` (servers) detects the dialect from the first frame; ``strict=False``
+    turns off the conversation checks for peers that do not keep them; ``sbs_repo`` is the
+    schema repository for typed payloads (default: peerwire's bundled schemas).
+    """
 
     def __init__(
         self,
@@ -69,208 +376,33 @@ class ChatterPeer(Peer):
         strict: bool = True,
         sbs_repo: hat.sbs.Repository | None = None,
     ) -> None:
-        super().__init__(registry, options)
-        self.codec = ChatterConnection(dialect, max_size=self.options.max_size, strict=strict)
-        self.ping_interval = ping_interval
-        self.ping_timeout = ping_timeout
-        self.sbs_repo = sbs_repo or schemas.repository()
-        self._sbs_names = _sbs_type_names(self.sbs_repo)
-        self._last_read = self._loop.time()
-        self._ping_sent_at: float | None = None
-        self._timer: Any = None
-        self._result_type = _RESULT
+        super().__init__(
+            lambda peer: ChatterAdapter(
+                peer,
+                dialect=dialect,
+                ping_interval=ping_interval,
+                ping_timeout=ping_timeout,
+                strict=strict,
+                sbs_repo=sbs_repo,
+            ),
+            registry,
+            options,
+        )
 
-    # --- names -----------------------------------------------------------------------------
+    @property
+    def chatter(self) -> ChatterAdapter:
+        adapter = self.adapter
+        if not isinstance(adapter, ChatterAdapter):
+            raise TypeError("not a Chatter peer")
+        return adapter
 
-    def _split(self, op: str) -> tuple[str | None, str]:
-        """op -> (module, type) for the wire: legacy splits ``module.type``."""
-        if self.codec.dialect is Dialect.LEGACY and "." in op:
-            module, _, type_name = op.rpartition(".")
-            return module, type_name
-        return None, op
+    @property
+    def codec(self) -> ChatterConnection:
+        return self.chatter.codec
 
-    @staticmethod
-    def _op(msg: Msg) -> str:
-        return f"{msg.module}.{msg.type}" if msg.module else msg.type
-
-    def _send(self, op: str, data: bytes, **kwargs: Any) -> Msg:
-        module, type_name = self._split(op)
-        msg = self.codec.send(type_name, data, module=module, **kwargs)
-        self._schedule_flush()  # the codec queues the bytes; _collect_output takes them
-        return msg
-
-    def _collect_output(self) -> None:
-        data = self.codec.data_to_send()
-        if data:
-            self._out.append(data)
-
-    # --- lifecycle -------------------------------------------------------------------------
-
-    def _start(self) -> None:
-        self._last_read = self._loop.time()
-        if self.ping_interval:
-            self._timer = self._loop.call_later(self.ping_interval, self._tick)
-
-    def _tick(self) -> None:
-        if not self.is_open or not self.ping_interval:
-            return
-        now = self._loop.time()
-        if self._ping_sent_at is not None and self._last_read < self._ping_sent_at:
-            if now - self._ping_sent_at >= self.ping_timeout:
-                log.warning("chatter ping timeout from %s", self.remote_address)
-                self.abort()
-                return
-            self._timer = self._loop.call_at(self._ping_sent_at + self.ping_timeout, self._tick)
-            return
-        silent_until = self._last_read + self.ping_interval
-        if now >= silent_until and self.codec.dialect is not None:
-            self.codec.send_ping()
-            self._schedule_flush()
-            self._ping_sent_at = now
-            self._timer = self._loop.call_at(now + self.ping_timeout, self._tick)
-        else:
-            self._ping_sent_at = None
-            self._timer = self._loop.call_at(max(silent_until, now + 0.01), self._tick)
-
-    def _stop_timers(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _abandon(self, key: Conversation) -> None:
-        self.codec.abandon(key)
-
-    # --- receiving -------------------------------------------------------------------------
-
-    def _receive(self, data: bytes) -> None:
-        self._last_read = self._loop.time()
-        messages = self.codec.receive_data(data)
-        for msg in messages:
-            op = self._op(msg)
-            if msg.owner and msg.first == msg.id:  # a peer starts a conversation
-                conv = Conversation(False, msg.id)
-                if msg.last:
-                    self._on_notification(op, self._incoming_payload(op, msg.data))
-                elif msg.token:
-                    self._on_request(conv, op, self._incoming_payload(op, msg.data), False)
-                else:
-                    self._on_request(conv, op, msg.data, True)
-                continue
-            conv = Conversation.of_received(msg)
-            if conv.owner:  # a reply in a conversation we started
-                self._on_reply(conv, op, msg)
-            elif op == _PART:
-                self._on_request_part(conv, msg.data)
-            elif op == _END_TYPE:
-                self._on_request_end(conv)
-
-    def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
-        if op == _RESULT:
-            self._on_result(conv, msg.data)
-        elif op == _ERROR:
-            self._on_error(conv, self._sbs_decode(op, msg.data, str(msg.data)))
-        elif op == _RETRY:
-            retry = self._sbs_decode(op, msg.data, {"waitMs": 500, "message": "retry"})
-            self._on_retry(conv, retry["waitMs"] / 1000, retry["message"])
-        elif op == _PART:
-            self._on_result_part(conv, msg.data)
-        elif op == _END_TYPE:
-            self._on_result_end(conv)
-        elif msg.last:
-            self._on_result(conv, self._incoming_payload(op, msg.data))
-        else:
-            self._on_result_part(conv, self._incoming_payload(op, msg.data))
-
-    def _sbs_decode(self, op: str, data: bytes, fallback: Any) -> Any:
-        try:
-            return self.sbs_repo.decode(op, data)
-        except Exception:
-            log.warning("undecodable %s from %s", op, self.remote_address)
-            return fallback
-
-    def _incoming_payload(self, op: str, data: bytes) -> Any:
-        """SBS-typed payloads are decoded here; the rest stay bytes for the handler."""
-        if op in self._sbs_names:
-            return _Sbs(self._sbs_decode(op, data, None))
-        return data
-
-    # --- payload hooks ---------------------------------------------------------------------
-
-    def _encode_request(self, op: str, value: Any) -> bytes:
-        if op in self._sbs_names:
-            try:
-                return self.sbs_repo.encode(op, value)
-            except Exception as exc:
-                raise PayloadError(f"cannot encode {op} as SBS: {exc}") from None
-        return encode_value(value)
-
-    def _encode_result(self, value: Any) -> Any:
-        if isinstance(value, Reply):
-            return value
-        return encode_value(value)
-
-    def _decode_params(self, handler: Handler, payload: Any) -> Any:
-        if isinstance(payload, _Sbs):
-            return convert(payload.value, handler.annotation)
-        return handler.decode(payload)
-
-    def _decode_result(self, payload: Any) -> Any:
-        if isinstance(payload, _Sbs):
-            return payload.value
-        return decode_any(payload)
-
-    # --- sending ---------------------------------------------------------------------------
-
-    def _send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        msg = self._send(op, payload, token=not stream, last=False)
-        return Conversation(True, msg.id)
-
-    def _send_request_part(self, key: Conversation, payload: bytes) -> None:
-        self._send(_PART, payload, conversation=key, token=False, last=False)
-
-    def _send_request_end(self, key: Conversation) -> None:
-        self._send(_END_TYPE, b"", conversation=key, token=True, last=False)
-
-    def _send_result(self, key: Conversation, payload: Any) -> None:
-        if not self.codec.holds_token(key):
-            return  # the requester went away or already ended the conversation
-        if isinstance(payload, Reply):
-            data = (
-                self.sbs_repo.encode(payload.type, payload.value)
-                if payload.type in self._sbs_names
-                else encode_value(payload.value)
-            )
-            self._send(payload.type, data, conversation=key, last=True)
-        else:
-            self._send(self._result_type, payload, conversation=key, last=True)
-
-    def _send_result_part(self, key: Conversation, payload: bytes) -> None:
-        if self.codec.holds_token(key):
-            self._send(_PART, payload, conversation=key, token=False, last=False)
-
-    def _send_result_end(self, key: Conversation) -> None:
-        if self.codec.holds_token(key):
-            self._send(_END_TYPE, b"", conversation=key, last=True)
-
-    def _send_error(self, key: Conversation, message: str) -> None:
-        if self.codec.holds_token(key):
-            data = self.sbs_repo.encode(_ERROR, message)
-            self._send(_ERROR, data, conversation=key, last=True)
-
-    def _send_retry(self, key: Conversation, wait: float, message: str) -> None:
-        if self.codec.holds_token(key):
-            data = self.sbs_repo.encode(_RETRY, {"waitMs": int(wait * 1000), "message": message})
-            self._send(_RETRY, data, conversation=key, last=True)
-
-    def _send_notification(self, name: str, payload: bytes) -> None:
-        self._send(name, payload, last=True)
-
-
-@dataclass(slots=True, frozen=True)
-class _Sbs:
-    """A payload already decoded from SBS (as opposed to raw bytes)."""
-
-    value: Any
+    @property
+    def sbs_repo(self) -> hat.sbs.Repository:
+        return self.chatter.sbs_repo
 
 
 def _sbs_type_names(repo: hat.sbs.Repository) -> frozenset[str]:

@@ -27,5 +27,8 @@ class ConnectionClosed(RpcError, ConnectionError):
     """The connection closed before the result arrived (or before we could send)."""
 
 
-class UnknownOperation(RpcError):
-    """Raised inside a peer when no handler is registered for an operation."""
+class PayloadError(RpcError, ValueError):
+    """A payload could not be encoded or decoded: a handler's parameters that do not match
+    its declaration, bytes that are not valid JSON (or UTF-8, or SBS), a value with no JSON
+    form, or a message above ``max_size``. On a server it becomes an error result for that
+    one request (a notification is dropped with a warning); the connection lives on."""

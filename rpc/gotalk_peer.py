@@ -1,9 +1,20 @@
 """The RPC core over Gotalk v1: requests are ``r``/``s``+``p``, results ``R``/``S``/``E``/``e``.
 
 Request ids are 4 opaque bytes; ours are a little-endian counter (as the Go client's).
-Liveness: we send a heartbeat every ``heartbeat_interval`` seconds (well inside the 30 s
-read timeout of Go peers) and, when nothing at all arrives for ``read_timeout`` seconds,
-send ``f00000003`` and close, as Go peers do.
+Liveness: we send a heartbeat every ``heartbeat_interval`` seconds (default 20 s, well
+inside the 30 s read timeout of Go peers) and, when nothing at all arrives for
+``read_timeout`` seconds (default 30 s), send ``f00000003`` and close, as Go peers do.
+Over WebSocket there is no read timeout (the WebSocket's own pings detect dead peers, and
+browsers delay timers in background tabs).
+
+Compatibility with real peers:
+- a stream request (``s``) is always answered with stream results, ending with an empty
+  ``S``, even when the handler returns one value: gotalk.js 1.2.1's ``streamRequest``
+  waits for that end.
+- retry results (``e``) go only to peers that understand them: byte-stream peers (Go,
+  peerwire) and WebSocket peers whose transport says so (``peerwire_retry`` extra info).
+  gotalk.js 1.2.1 answers ``e`` with ``f00000002`` and drops the connection, so other
+  WebSocket peers past ``max_concurrent`` are simply not read from until a handler finishes.
 """
 
 from __future__ import annotations
@@ -11,14 +22,220 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
-from rpc.registry import Registry
+from rpc.registry import Handler, Registry
 from wire import gotalk
 from wire.errors import ProtocolError
 
+_R, _S, _E, _P = (
+    gotalk.MessageType.RESULT,
+    gotalk.MessageType.STREAM_RESULT,
+    gotalk.MessageType.ERROR_RESULT,
+    gotalk.MessageType.STREAM_REQUEST_PART,
+)
+_REQ, _SREQ = gotalk.MessageType.REQUEST, gotalk.MessageType.STREAM_REQUEST
+_id_header = gotalk.id_header
+
+
+class GotalkAdapter:
+    """Maps the peer's events onto Gotalk messages and back (see the module doc)."""
+
+    name = "gotalk"
+    default_timeout = 30.0
+
+    def __init__(
+        self,
+        peer: Peer,
+        *,
+        heartbeat_interval: float | None,
+        read_timeout: float | None,
+        retry_results: bool | None,
+    ) -> None:
+        self.peer = peer
+        self.codec = gotalk.GotalkConnection(max_size=peer.options.max_size)
+        self.heartbeat_interval = heartbeat_interval
+        self.read_timeout = read_timeout
+        self.retry_results = retry_results if retry_results is not None else True
+        self._retry_choice = retry_results
+        self._next_id = 0
+        self._last_read = 0.0
+        self._framed = False
+        self.heartbeats_received = 0
+        self._loop = peer.loop
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        peer = self.peer
+        self._framed = peer.outbox.framed
+        if self._framed:
+            self.read_timeout = None
+            if self._retry_choice is None:
+                transport = peer.transport
+                self.retry_results = bool(transport.get_extra_info("peerwire_retry", False))
+        peer.outbox.push(self.codec.handshake())
+        now = self._loop.time()
+        self._last_read = now
+        if self.heartbeat_interval:
+            peer.deadlines.set("heartbeat", now + self.heartbeat_interval, self._heartbeat)
+        if self.read_timeout:
+            peer.deadlines.set("read", now + self.read_timeout, self._read_due)
+
+    def stop(self) -> None:
+        """Nothing of ours outlives the connection (timers live in the peer's deadlines)."""
+
+    def handshake_done(self) -> bool:
+        return self.codec.peer_version is not None
+
+    def _heartbeat(self) -> None:
+        if not self.peer.is_open or not self.heartbeat_interval:
+            return
+        beat = gotalk.Heartbeat(0, int(time.time()) & 0xFFFFFFFF)
+        self._emit_header(*gotalk.encode_parts(beat))
+        when = self._loop.time() + self.heartbeat_interval
+        self.peer.deadlines.set("heartbeat", when, self._heartbeat)
+
+    def _read_due(self) -> None:
+        timeout = self.read_timeout
+        if not timeout or not self.peer.is_open:
+            return
+        silent_until = self._last_read + timeout
+        if self._loop.time() < silent_until:  # something arrived meanwhile
+            self.peer.deadlines.set("read", silent_until, self._read_due)
+            return
+        self.peer.outbox.push(self.codec.fault(gotalk.ErrorCode.TIMEOUT))
+        self.peer.abort()
+
+    def last_word(self, exc: ProtocolError) -> None:
+        code = exc.code if exc.code is not None else gotalk.ErrorCode.INVALID_MESSAGE
+        self.peer.outbox.push(self.codec.fault(code))
+
+    # --- receiving -------------------------------------------------------------------------
+
+    def decode(self, data: bytes) -> list[Any]:
+        if self.read_timeout:
+            self._last_read = self._loop.time()
+        return self.codec.receive_data(data)
+
+    def dispatch(self, msg: Any) -> None:
+        peer = self.peer
+        cls = msg.__class__
+        if cls is gotalk.Request:
+            peer.on_request(msg.id, msg.op, msg.payload, False)
+        elif cls is gotalk.Result:
+            peer.on_result(msg.id, msg.payload)
+        elif cls is gotalk.StreamRequestPart:
+            known = (
+                peer.on_request_part(msg.id, msg.payload)
+                if msg.payload
+                else peer.on_request_end(msg.id)
+            )
+            if not known:  # as Go peers do
+                raise ProtocolError(
+                    "stream part for an unknown stream", code=gotalk.ErrorCode.INVALID_MESSAGE
+                )
+        elif cls is gotalk.StreamResult:
+            if msg.payload:
+                peer.on_result_part(msg.id, msg.payload)
+            else:
+                peer.on_result_end(msg.id)
+        elif cls is gotalk.Notification:
+            peer.on_notification(msg.name, msg.payload)
+        elif cls is gotalk.ErrorResult:
+            peer.on_error(msg.id, msg.payload.decode(errors="replace"))
+        elif cls is gotalk.RetryResult:
+            peer.on_retry(msg.id, msg.wait / 1000, msg.payload.decode(errors="replace"))
+        elif cls is gotalk.StreamRequest:
+            if peer.has_stream(msg.id):
+                raise ProtocolError(
+                    "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
+                )
+            peer.on_request(msg.id, msg.op, msg.payload, True)
+        elif cls is gotalk.Heartbeat:
+            self.heartbeats_received += 1
+        elif cls is gotalk.Fault:
+            peer.abort()
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def _emit_header(self, header: bytes, payload: bytes) -> None:
+        """Queue one message; over WebSocket its header and payload go in separate frames."""
+        push = self.peer.outbox.push
+        if self._framed:
+            push(header)
+            if payload:
+                push(payload)
+        else:
+            push(header + payload if payload else header)
+
+    def _new_id(self) -> bytes:
+        has_call = self.peer.has_call
+        while True:
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            rid = self._next_id.to_bytes(4, "little")
+            if not has_call(rid):
+                return rid
+
+    def send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
+        rid = self._new_id()
+        kind = _SREQ if stream else _REQ
+        self._emit_header(gotalk.request_header(kind, rid, op, len(payload)), payload)
+        return rid
+
+    def send_request_part(self, key: bytes, payload: bytes) -> None:
+        if payload:
+            self._emit_header(_id_header(_P, key, len(payload)), payload)
+
+    def send_request_end(self, key: bytes) -> None:
+        self._emit_header(_id_header(_P, key, 0), b"")
+
+    def send_result(self, key: bytes, payload: bytes, stream: bool) -> None:
+        if stream:  # as Go servers answer stream requests: S parts, then an empty S
+            if payload:
+                self._emit_header(_id_header(_S, key, len(payload)), payload)
+            self._emit_header(_id_header(_S, key, 0), b"")
+        else:
+            self._emit_header(_id_header(_R, key, len(payload)), payload)
+
+    def send_result_part(self, key: bytes, payload: bytes) -> None:
+        if payload:
+            self._emit_header(_id_header(_S, key, len(payload)), payload)
+
+    def send_result_end(self, key: bytes, failed: bool) -> None:
+        self._emit_header(_id_header(_S, key, 0), b"")
+
+    def send_error(self, key: bytes, message: str) -> None:
+        data = message.encode()
+        self._emit_header(_id_header(_E, key, len(data)), data)
+
+    def send_retry(self, key: bytes, wait: float, message: str) -> None:
+        retry = gotalk.RetryResult(key, int(wait * 1000), message.encode())
+        self._emit_header(*gotalk.encode_parts(retry))
+
+    def send_notification(self, name: str, payload: bytes) -> None:
+        self._emit_header(*gotalk.encode_parts(gotalk.Notification(name, payload)))
+
+    def abandon(self, key: bytes) -> None:
+        """Gotalk has no way to withdraw a request: a late result is ignored."""
+
+    # --- payloads --------------------------------------------------------------------------
+
+    def encode_request(self, op: str, value: Any) -> bytes:
+        return encode_value(value)
+
+    def encode_result(self, value: Any) -> bytes:
+        return encode_value(value)
+
+    def decode_params(self, handler: Handler, payload: bytes) -> Any:
+        return handler.decode(payload)
+
+    def decode_result(self, payload: bytes) -> Any:
+        return decode_any(payload)
+
 
 class GotalkPeer(Peer):
-    protocol_name = "gotalk"
+    """A :class:`~rpc.peer.Peer` speaking Gotalk v1 (see the module doc for the defaults)."""
 
     def __init__(
         self,
@@ -27,145 +244,30 @@ class GotalkPeer(Peer):
         *,
         heartbeat_interval: float | None = 20.0,
         read_timeout: float | None = 30.0,
+        retry_results: bool | None = None,
     ) -> None:
-        super().__init__(registry, options)
-        self.codec = gotalk.GotalkConnection(max_size=self.options.max_size)
-        self.heartbeat_interval = heartbeat_interval
-        self.read_timeout = read_timeout
-        self._next_id = 0
-        self._last_read = self._loop.time()
-        self._timer: Any = None
-        self.heartbeats_received = 0
+        super().__init__(
+            lambda peer: GotalkAdapter(
+                peer,
+                heartbeat_interval=heartbeat_interval,
+                read_timeout=read_timeout,
+                retry_results=retry_results,
+            ),
+            registry,
+            options,
+        )
 
-    # --- lifecycle -------------------------------------------------------------------------
+    @property
+    def codec(self) -> gotalk.GotalkConnection:
+        return self.gotalk.codec
 
-    def _start(self) -> None:
-        if self._framed:
-            # Over WebSocket, websockets' own ping detects dead peers, and browsers delay
-            # timers (so heartbeats) in background tabs: no Gotalk read timeout there.
-            self.read_timeout = None
-        self._write(self.codec.handshake())
-        self._last_read = self._loop.time()
-        self._schedule_tick()
+    @property
+    def gotalk(self) -> GotalkAdapter:
+        adapter = self.adapter
+        if not isinstance(adapter, GotalkAdapter):
+            raise TypeError("not a Gotalk peer")
+        return adapter
 
-    def _schedule_tick(self) -> None:
-        intervals = [t for t in (self.heartbeat_interval, self.read_timeout) if t]
-        if intervals:
-            self._timer = self._loop.call_later(min(intervals) / 2, self._tick)
-
-    def _tick(self) -> None:
-        if not self.is_open:
-            return
-        now = self._loop.time()
-        if self.read_timeout and now - self._last_read > self.read_timeout:
-            self._write(self.codec.fault(gotalk.ErrorCode.TIMEOUT))
-            self.abort()
-            return
-        if self.heartbeat_interval:
-            self._emit(gotalk.Heartbeat(0, int(time.time()) & 0xFFFFFFFF))
-        self._schedule_tick()
-
-    def _stop_timers(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _protocol_failed(self, exc: ProtocolError) -> None:
-        code = exc.code if exc.code is not None else gotalk.ErrorCode.INVALID_MESSAGE
-        self._write(self.codec.fault(code))
-
-    def _emit(self, message: gotalk.Message) -> None:
-        """Queue one message; over WebSocket its header and payload go in separate frames."""
-        if self._framed:
-            header, payload = gotalk.encode_parts(message)
-            self._write(header)
-            if payload:
-                self._write(payload)
-        else:
-            self._write(gotalk.encode(message))
-
-    # --- receiving -------------------------------------------------------------------------
-
-    def _receive(self, data: bytes) -> None:
-        self._last_read = self._loop.time()
-        for msg in self.codec.receive_data(data):
-            cls = msg.__class__
-            if cls is gotalk.Request:
-                self._on_request(msg.id, msg.op, msg.payload, False)
-            elif cls is gotalk.Result:
-                self._on_result(msg.id, msg.payload)
-            elif cls is gotalk.Notification:
-                self._on_notification(msg.name, msg.payload)
-            elif cls is gotalk.ErrorResult:
-                self._on_error(msg.id, msg.payload.decode(errors="replace"))
-            elif cls is gotalk.RetryResult:
-                self._on_retry(msg.id, msg.wait / 1000, msg.payload.decode(errors="replace"))
-            elif cls is gotalk.StreamResult:
-                if msg.payload:
-                    self._on_result_part(msg.id, msg.payload)
-                else:
-                    self._on_result_end(msg.id)
-            elif cls is gotalk.StreamRequest:
-                if msg.id in self._incoming_streams:
-                    raise ProtocolError(
-                        "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
-                    )
-                self._on_request(msg.id, msg.op, msg.payload, True)
-            elif cls is gotalk.StreamRequestPart:
-                known = (
-                    self._on_request_part(msg.id, msg.payload)
-                    if msg.payload
-                    else self._on_request_end(msg.id)
-                )
-                if not known:
-                    raise ProtocolError(
-                        "stream part for an unknown stream", code=gotalk.ErrorCode.INVALID_MESSAGE
-                    )
-            elif cls is gotalk.Heartbeat:
-                self.heartbeats_received += 1
-            elif cls is gotalk.Fault:
-                self.abort()
-                return
-
-    # --- sending ---------------------------------------------------------------------------
-
-    def _new_id(self) -> bytes:
-        while True:
-            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-            rid = self._next_id.to_bytes(4, "little")
-            if rid not in self._calls:
-                return rid
-
-    def _send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
-        rid = self._new_id()
-        cls = gotalk.StreamRequest if stream else gotalk.Request
-        self._emit(cls(rid, op, payload))
-        return rid
-
-    def _send_request_part(self, key: bytes, payload: bytes) -> None:
-        if payload:
-            self._emit(gotalk.StreamRequestPart(key, payload))
-
-    def _send_request_end(self, key: bytes) -> None:
-        self._emit(gotalk.StreamRequestPart(key, b""))
-
-    def _send_result(self, key: bytes, payload: bytes) -> None:
-        self._emit(gotalk.Result(key, payload))
-
-    def _send_result_part(self, key: bytes, payload: bytes) -> None:
-        if payload:
-            self._emit(gotalk.StreamResult(key, payload))
-
-    def _send_result_end(self, key: bytes) -> None:
-        self._emit(gotalk.StreamResult(key, b""))
-
-    _send_result_end_after_error = _send_result_end
-
-    def _send_error(self, key: bytes, message: str) -> None:
-        self._emit(gotalk.ErrorResult(key, message.encode()))
-
-    def _send_retry(self, key: bytes, wait: float, message: str) -> None:
-        self._emit(gotalk.RetryResult(key, int(wait * 1000), message.encode()))
-
-    def _send_notification(self, name: str, payload: bytes) -> None:
-        self._emit(gotalk.Notification(name, payload))
+    @property
+    def heartbeats_received(self) -> int:
+        return self.gotalk.heartbeats_received

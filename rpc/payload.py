@@ -14,12 +14,12 @@ from typing import Any
 
 import msgspec
 
+from rpc.errors import PayloadError
+
+__all__ = ["PayloadError", "convert", "decode_any", "decoder_for", "encode_value"]
+
 _encoder = msgspec.json.Encoder()
 _any_decoder = msgspec.json.Decoder()
-
-
-class PayloadError(ValueError):
-    """A payload did not decode into what the handler declared."""
 
 
 def encode_value(value: Any) -> bytes:

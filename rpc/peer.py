@@ -1,13 +1,22 @@
-"""The protocol-independent half of a connection: correlation, dispatch, timers, limits.
+"""A connection's RPC state: the ``asyncio.Protocol`` the loop drives, correlation, dispatch.
 
-A :class:`Peer` is driven by a transport (``connection_made`` / ``data_received`` /
-``connection_lost``) and by the application (``request``, ``stream``, ``notify``). A
-protocol subclass (:mod:`rpc.gotalk_peer`, :mod:`rpc.chatter_peer`) turns codec messages
-into the ``_on_*`` events below and the ``_send_*`` calls into codec messages.
+Path of a request, in one direction: the transport calls :meth:`Peer.data_received`; the
+peer's protocol adapter (:mod:`rpc.gotalk_peer`, :mod:`rpc.chatter_peer`) decodes the bytes
+into codec messages and :meth:`Peer._run` hands each to the adapter's ``dispatch``, which
+calls :meth:`Peer.on_request` (or ``on_result`` ...); the handler runs (inline when it is a
+plain function, as a task when it is a coroutine or async generator); its result goes back
+through the adapter's encoder into the :class:`~rpc.outbox.Outbox`, which writes once per
+read.
 
-Hot path: synchronous handlers run inline inside ``data_received``; a task is created
-only for a coroutine handler; all output produced while handling one read is written with
-one ``transport.write``; results of async work are flushed once per loop iteration.
+Everything per connection is bounded and freed when the connection goes:
+- calls of ours in ``_calls`` (bounded by the caller; each has a deadline);
+- incoming streams in ``_streams`` (at most ``max_concurrent``; each queue at most
+  ``max_stream_queue`` parts, past which that stream alone fails);
+- handler tasks in a :class:`~rpc.tasks.TaskSet` (at most ``max_concurrent``);
+- decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
+  reading stops as soon as the backlog is non-empty);
+- output in the outbox and the transport: reading pauses above ``high_water`` bytes.
+All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
 
 from __future__ import annotations
@@ -16,13 +25,19 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import random
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
-from rpc.payload import PayloadError, decode_any, encode_value
+from rpc.deadlines import Deadlines
+from rpc.errors import ConnectionClosed, PayloadError, RemoteError, RequestTimeout, RetryLater
+from rpc.logs import violations
+from rpc.outbox import Outbox
+from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind, Registry, default_registry
+from rpc.tasks import TaskSet
 from wire.errors import ProtocolError
 
 log = logging.getLogger("peerwire.rpc")
@@ -31,43 +46,82 @@ current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_cu
 """The peer whose request is being handled; lets a handler call back into its caller."""
 
 _END = object()
-FLUSH_EVERY = 16
-"""Messages queued before a flush is forced. Writes are coalesced per loop iteration, but
-a burst (100 replies from one read) is cut into writes of 16 so the peer starts working
-on the first ones while we encode the rest; measured +20-30% with 100 in flight."""
+ENDED_STREAMS = 256
+"""Incoming streams remembered after we stopped taking their parts (refused, failed or
+answered early), so their late parts are dropped instead of counting as parts of an
+unknown stream (a protocol violation for Gotalk). Older ones are forgotten."""
 # result types that are never awaitable: skip inspect.isasyncgen/isawaitable (ABC checks)
 _PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 
 
 @dataclass(slots=True)
 class Options:
-    """Per-connection settings (every limit is per connection)."""
+    """Per-connection settings; every limit is per connection."""
 
     timeout: float | None = None
     """Seconds a request waits for its result; None = the protocol's default (Chatter 5 s,
-    the seeds' conversation timeout; Gotalk 30 s)."""
+    the Chatter conversation timeout; Gotalk 30 s)."""
     max_concurrent: int = 1024
-    """Requests handled at once; past it the peer answers with a retry result."""
+    """Handlers running at once. Past it, peers that understand retry results get one
+    (waiting ``retry_wait``); others (browsers' gotalk.js) are not read from until a handler
+    finishes."""
     retry_wait: float = 0.5
     """Wait we ask for in our retry results, in seconds."""
     retries: int = 5
-    """How often ``request`` honours a retry result before raising RetryLater."""
+    """At most this many retry results are honoured per request, all within its timeout."""
     max_size: int = 16 * 1024 * 1024
-    """Largest message accepted (codec limit)."""
+    """Largest message accepted or sent, in bytes. A result above it becomes an error result;
+    a request above it raises PayloadError before anything is sent."""
     max_stream_queue: int = 256
-    """Buffered parts per incoming stream before the stream is failed."""
+    """Parts buffered per incoming stream; past it that stream fails with an error result."""
+    high_water: int = 256 * 1024
+    """Unsent output (bytes) above which we stop reading from the peer."""
+    low_water: int = 64 * 1024
+    """Unsent output (bytes) below which reading resumes."""
+    handshake_timeout: float | None = 10.0
+    """Seconds a new connection may take to send its version (Gotalk) or first frame
+    (Chatter) before it is closed."""
+
+
+class Adapter(Protocol):
+    """What the peer needs from a wire format (see :mod:`rpc.gotalk_peer`)."""
+
+    name: str
+    default_timeout: float
+    retry_results: bool
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def handshake_done(self) -> bool: ...
+    def decode(self, data: bytes) -> list[Any]: ...
+    def dispatch(self, message: Any) -> None: ...
+    def last_word(self, exc: ProtocolError) -> None: ...
+    def send_request(self, op: str, payload: Any, stream: bool) -> Any: ...
+    def send_request_part(self, key: Any, payload: bytes) -> None: ...
+    def send_request_end(self, key: Any) -> None: ...
+    def send_result(self, key: Any, payload: Any, stream: bool) -> None: ...
+    def send_result_part(self, key: Any, payload: Any) -> None: ...
+    def send_result_end(self, key: Any, failed: bool) -> None: ...
+    def send_error(self, key: Any, message: str) -> None: ...
+    def send_retry(self, key: Any, wait: float, message: str) -> None: ...
+    def send_notification(self, name: str, payload: Any) -> None: ...
+    def abandon(self, key: Any) -> None: ...
+    def encode_request(self, op: str, value: Any) -> Any: ...
+    def encode_result(self, value: Any) -> Any: ...
+    def decode_params(self, handler: Handler, payload: Any) -> Any: ...
+    def decode_result(self, payload: Any) -> Any: ...
 
 
 class _Call:
-    """One outstanding request of ours."""
+    """One outstanding request of ours: a future (single result) or a queue (stream)."""
 
     __slots__ = ("deadline", "future", "queue")
 
     def __init__(
         self,
-        future: asyncio.Future[Any],
+        future: asyncio.Future[Any] | None,
         queue: asyncio.Queue[Any] | None,
-        deadline: float | None = None,
+        deadline: float | None,
     ) -> None:
         self.future = future
         self.queue = queue
@@ -75,143 +129,185 @@ class _Call:
 
 
 class _Expired(Exception):
-    """Set on a call's future by the deadline sweep."""
+    """Set on a call's future when its deadline passes."""
 
 
-class Peer:
-    """One connection's RPC state. Subclasses implement the ``_send_*`` methods and
-    ``_receive`` (bytes -> ``_on_*`` events)."""
+class Peer(asyncio.Protocol):
+    """One connection's RPC state. Built by :class:`~rpc.gotalk_peer.GotalkPeer` or
+    :class:`~rpc.chatter_peer.ChatterPeer` with their adapter."""
 
-    protocol_name = "?"
-    default_timeout = 30.0
-
-    def __init__(self, registry: Registry | None = None, options: Options | None = None) -> None:
+    def __init__(
+        self,
+        adapter_factory: Callable[[Peer], Adapter],
+        registry: Registry | None = None,
+        options: Options | None = None,
+    ) -> None:
         self.registry = registry if registry is not None else default_registry
         self.options = options or Options()
-        self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
-        self._out: list[bytes] = []
-        self._flush_handle: asyncio.Handle | None = None
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._transport: Any = None
+        self.outbox = Outbox(loop)
+        self.deadlines = Deadlines(loop)
+        self._tasks = TaskSet(loop, self._task_done)
         self._calls: dict[Any, _Call] = {}
-        self._sweep_timer: asyncio.TimerHandle | None = None
-        self._sweep_at = float("inf")
-        # incoming stream requests; None = refused, its parts are dropped
-        self._incoming_streams: dict[Any, asyncio.Queue[Any] | None] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._active = 0
-        self._write_ready: asyncio.Future[None] | None = None
-        self._framed = False
-        self._queued = 0
-        self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
+        self._calls_at = float("inf")
+        self._streams: dict[Any, asyncio.Queue[Any]] = {}
+        self._ended: OrderedDict[Any, None] = OrderedDict()
+        self._backlog: deque[Any] = deque()
+        self._reading = True
+        self.closed: asyncio.Future[BaseException | None] = loop.create_future()
         """Resolves (with the transport's exception or None) once the connection is gone."""
         self.remote_address: Any = None
         self.on_open: Callable[[Peer], Any] | None = None
         """Called once the connection is up (a coroutine result runs as a task)."""
         self.state: dict[str, Any] = {}
         """Free room for the application's per-connection data (e.g. a session)."""
+        self.adapter = adapter_factory(self)
+
+    @property
+    def protocol_name(self) -> str:
+        return self.adapter.name
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def has_call(self, key: Any) -> bool:
+        """True while a call of ours with this key waits for its result."""
+        return key in self._calls
 
     # --- transport callbacks -------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         self._transport = transport
-        self._framed = bool(transport.get_extra_info("message_framed", False))
         self.remote_address = transport.get_extra_info("peername")
-        self._start()
+        self.outbox.attach(
+            transport, high_water=self.options.high_water, low_water=self.options.low_water
+        )
+        self.adapter.start()
+        if self.options.handshake_timeout:
+            when = self._loop.time() + self.options.handshake_timeout
+            self.deadlines.set("handshake", when, self._handshake_due)
         if self.on_open is not None:
             token = current_peer.set(self)
             try:
                 result = self.on_open(self)
                 if inspect.isawaitable(result):
-                    self._spawn(result)
+                    self._tasks.spawn(_awaited(result))
             except Exception:
                 log.exception("on_open callback failed; closing")
                 self.abort()
             finally:
                 current_peer.reset(token)
-        self._flush()
+        self.outbox.flush()
 
     def data_received(self, data: bytes) -> None:
         try:
-            self._receive(data)
+            messages = self.adapter.decode(data)
+            if self._backlog:
+                self._backlog.extend(messages)
+            elif messages:
+                self._run(messages)
         except ProtocolError as exc:
-            log.warning(
-                "%s protocol error from %s: %s", self.protocol_name, self.remote_address, exc
-            )
-            self._protocol_failed(exc)
-            self._flush()
-            self.abort(exc)
+            self._violation(exc)
             return
         except Exception:  # a bug of ours must not leave a half-dead connection behind
             log.exception("%s: unexpected error handling input; closing", self.protocol_name)
             self.abort()
             return
-        self._flush()
+        self.outbox.flush()
+
+    def eof_received(self) -> bool:
+        return False  # half-closed peers are closed: nothing more can be answered to them
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._transport = None
-        self._stop_timers()
-        if self._sweep_timer is not None:
-            self._sweep_timer.cancel()
-            self._sweep_timer = None
+        self.deadlines.close()
+        self.adapter.stop()
         error = ConnectionClosed(f"connection closed: {exc}" if exc else "connection closed")
+        self.outbox.lost(error)
         for call in self._calls.values():
-            if not call.future.done():
+            if call.future is not None and not call.future.done():
                 call.future.set_exception(error)
                 call.future.exception()  # retrieved: no "never retrieved" noise
             if call.queue is not None:
                 call.queue.put_nowait(error)
         self._calls.clear()
-        for queue in self._incoming_streams.values():
-            if queue is not None:
-                queue.put_nowait(error)
-        self._incoming_streams.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._write_ready is not None and not self._write_ready.done():
-            self._write_ready.set_exception(error)
-            self._write_ready.exception()
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+        self._streams.clear()
+        self._ended.clear()
+        self._backlog.clear()
+        self._tasks.cancel_all()
         if not self.closed.done():
             self.closed.set_result(exc)
 
     def pause_writing(self) -> None:
-        if self._write_ready is None or self._write_ready.done():
-            self._write_ready = self._loop.create_future()
+        self.outbox.pause()
+        self._pause_reading()
 
     def resume_writing(self) -> None:
-        if self._write_ready is not None and not self._write_ready.done():
-            self._write_ready.set_result(None)
+        self.outbox.resume()
+        self._continue()
 
-    # --- output ----------------------------------------------------------------------------
+    # --- input flow ----------------------------------------------------------------------
 
-    def _write(self, data: bytes) -> None:
-        """Queue bytes; they go out with the next flush (coalesced)."""
-        self._out.append(data)
-        self._schedule_flush()
+    def _held(self) -> bool:
+        """True when no more input may be handled now: output is backed up, or every
+        handler slot is taken and the peer does not understand retry results."""
+        return self.outbox.blocked or (
+            not self.adapter.retry_results and len(self._tasks) >= self.options.max_concurrent
+        )
 
-    def _schedule_flush(self) -> None:
-        self._queued += 1
-        if self._queued >= FLUSH_EVERY:
-            self._flush()
-        elif self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush)
+    def _run(self, messages: list[Any]) -> None:
+        dispatch = self.adapter.dispatch
+        for index, message in enumerate(messages):
+            if self._held():
+                self._backlog.extend(messages[index:])
+                self._pause_reading()
+                return
+            dispatch(message)
 
-    def _collect_output(self) -> None:
-        """Move output a codec keeps queued itself into ``_out`` (Chatter does)."""
-
-    def _flush(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        self._queued = 0
-        self._collect_output()
-        out = self._out
-        if not out or self._transport is None:
+    def _continue(self) -> None:
+        """Handle held-back messages once output drained or a handler slot freed."""
+        backlog = self._backlog
+        if self._transport is None:
             return
-        self._out = []
-        if self._framed:  # each queued piece is one message of the transport (WebSocket)
-            self._transport.writelines(out)
-        else:
-            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+        try:
+            while backlog and not self._held():
+                self.adapter.dispatch(backlog.popleft())
+        except ProtocolError as exc:
+            self._violation(exc)
+            return
+        self.outbox.flush()
+        if not backlog and not self.outbox.blocked and not self._reading:
+            self._reading = True
+            self._transport.resume_reading()
+
+    def _pause_reading(self) -> None:
+        if self._reading and self._transport is not None:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def _violation(self, exc: ProtocolError) -> None:
+        violations.warning(
+            "%s peer %s broke the protocol: %s", self.protocol_name, self.remote_address, exc
+        )
+        self.adapter.last_word(exc)
+        self.abort(exc)
+
+    def _handshake_due(self) -> None:
+        if not self.adapter.handshake_done():
+            violations.warning(
+                "%s peer %s sent nothing valid within %s s; closing",
+                self.protocol_name,
+                self.remote_address,
+                self.options.handshake_timeout,
+            )
+            self.abort()
+
+    # --- state ---------------------------------------------------------------------------
 
     @property
     def is_open(self) -> bool:
@@ -221,89 +317,106 @@ class Peer:
         if not self.is_open:
             raise ConnectionClosed("connection is closed")
 
-    async def _wait_writable(self) -> None:
-        if self._write_ready is not None and not self._write_ready.done():
-            await self._write_ready
+    @property
+    def transport(self) -> Any:
+        """The transport (None once closed): ``get_extra_info`` gives the TLS certificate."""
+        return self._transport
 
     async def drain(self) -> None:
-        """Send what is queued and wait while the transport's buffer is above its high-water
-        mark: call it between notifications to a slow reader to keep memory bounded.
-        Raises ConnectionClosed if the connection goes away meanwhile."""
-        self._flush()
-        await self._wait_writable()
+        """Send what is queued and wait while the peer is not taking our output: call it
+        between notifications to a slow reader. Raises ConnectionClosed if it goes away."""
+        self.outbox.flush()
+        await self.outbox.wait_writable()
         self._check_open()
 
     @property
     def write_buffer_size(self) -> int:
-        """Bytes the transport holds that the peer has not taken yet."""
-        if self._transport is None:
-            return 0
-        return self._transport.get_write_buffer_size()
+        """Bytes queued or held by the transport that the peer has not taken yet."""
+        return self.outbox.buffered
 
     # --- closing -------------------------------------------------------------------------
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Close now, dropping work in flight. Queued bytes (a protocol's last word, such as
-        Gotalk's ``f`` message) still go out, unless the peer has stopped reading (writing
-        is paused): then the connection is cut at once rather than waiting on it forever."""
+        Gotalk's ``f`` message) still go out, unless the peer has stopped reading: then the
+        connection is cut at once rather than waiting on it forever."""
         if self._transport is None:
             return
-        if self._write_ready is not None and not self._write_ready.done():
+        if self.outbox.blocked:
             self._transport.abort()
             return
-        self._flush()
+        self.outbox.flush()
         self._transport.close()
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close."""
-        # single requests of ours and handlers still running (streams end with their tasks)
-        pending = [c.future for c in self._calls.values() if c.queue is None]
-        pending += self._tasks
+        pending: list[Any] = [
+            c.future for c in self._calls.values() if c.future is not None and c.queue is None
+        ]
+        pending += list(self._tasks)
         if pending:
             await asyncio.wait(pending, timeout=drain_timeout)
-        self._flush()
+        self.outbox.flush()
         if self._transport is not None:
             self._transport.close()
         await asyncio.shield(self.closed)
 
-    # --- client side ---------------------------------------------------------------------
+    # --- calls of ours ---------------------------------------------------------------------
+
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is not None:
+            return timeout
+        if self.options.timeout is not None:
+            return self.options.timeout
+        return self.adapter.default_timeout
+
+    def _checked_payload(self, op: str, payload: Any) -> Any:
+        if payload.__class__ is bytes and len(payload) > self.options.max_size:
+            raise PayloadError(
+                f"{op}: request of {len(payload)} bytes exceeds max_size {self.options.max_size}"
+            )
+        return payload
 
     async def request(
         self, op: str, value: Any = None, *, timeout: float | None = None, raw: bool = False
     ) -> Any:
         """Send a request and wait for its result.
 
-        Retry results are honoured (wait, then resend) up to ``options.retries`` times within
-        ``timeout``. Raises RemoteError, RetryLater, RequestTimeout or ConnectionClosed.
+        Retry results are honoured (the peer's wait plus up to 50% jitter, then the request
+        is sent again), at most ``options.retries`` times and only while the retry still
+        fits ``timeout``. Raises RemoteError, RetryLater, RequestTimeout, ConnectionClosed,
+        or PayloadError (a value that cannot be encoded or a result that cannot be decoded).
         """
-        payload = self._encode_request(op, value)
+        adapter = self.adapter
+        payload = self._checked_payload(op, adapter.encode_request(op, value))
         timeout = self._timeout(timeout)
         loop = self._loop
         deadline = loop.time() + timeout
         attempt = 0
         while True:
-            if self._write_ready is not None and not self._write_ready.done():
-                await self._write_ready
+            if self.outbox.blocked:
+                await self.outbox.wait_writable()
             self._check_open()
             future: asyncio.Future[Any] = loop.create_future()
-            key = self._send_request(op, payload, stream=False)
+            key = adapter.send_request(op, payload, False)
             self._calls[key] = _Call(future, None, deadline)
-            if deadline < self._sweep_at:
-                self._arm_sweep(deadline)
+            if deadline < self._calls_at:
+                self._watch_calls(deadline)
             try:
                 reply = await future
             except _Expired:
                 raise RequestTimeout(f"{op}: no result within {timeout} s") from None
             finally:
                 if self._calls.pop(key, None) is not None:
-                    self._abandon(key)
-            if isinstance(reply, RetryLater):
+                    adapter.abandon(key)
+            if reply.__class__ is RetryLater:
                 attempt += 1
-                if attempt > self.options.retries or self._loop.time() + reply.wait > deadline:
+                wait = reply.wait * (1 + 0.5 * random.random())
+                if attempt > self.options.retries or loop.time() + wait > deadline:
                     raise reply
-                await asyncio.sleep(reply.wait)
+                await asyncio.sleep(wait)
                 continue
-            return reply if raw else self._decode_result(reply)
+            return reply if raw else adapter.decode_result(reply)
 
     async def stream(
         self,
@@ -319,67 +432,60 @@ class Peer:
         A single result yields once; a streamed result yields every part. ``timeout``
         bounds the wait for each next result.
         """
-        await self._wait_writable()
+        await self.outbox.wait_writable()
         self._check_open()
+        adapter = self.adapter
         timeout = self._timeout(timeout)
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        future: asyncio.Future[Any] = self._loop.create_future()
         if parts is None:
-            key = self._send_request(op, self._encode_request(op, value), stream=False)
-            self._calls[key] = _Call(future, queue)
+            payload = self._checked_payload(op, adapter.encode_request(op, value))
+            key = adapter.send_request(op, payload, False)
+            self._calls[key] = _Call(None, queue, None)
         else:
             iterator = _aiter(parts)
             first = await anext(iterator, _END)
-            key = self._send_request(op, b"" if first is _END else encode_value(first), stream=True)
-            self._calls[key] = _Call(future, queue)
+            data = b"" if first is _END else encode_value(first)
+            key = adapter.send_request(op, self._checked_payload(op, data), True)
+            self._calls[key] = _Call(None, queue, None)
             if first is not _END:
                 async for part in iterator:
-                    await self._wait_writable()
+                    await self.outbox.wait_writable()
                     self._check_open()
-                    self._send_request_part(key, encode_value(part))
-            self._send_request_end(key)
+                    adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
+            adapter.send_request_end(key)
         try:
             while True:
-                async with asyncio.timeout(timeout):
-                    item = await queue.get()
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
+                    raise RequestTimeout(f"{op}: no result within {timeout} s") from None
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item if raw else self._decode_result(item)
-        except TimeoutError:
-            raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+                yield item if raw else adapter.decode_result(item)
         finally:
             if self._calls.pop(key, None) is not None:
-                self._abandon(key)
-
-    def _timeout(self, timeout: float | None) -> float:
-        if timeout is not None:
-            return timeout
-        return self.options.timeout if self.options.timeout is not None else self.default_timeout
+                adapter.abandon(key)
 
     def notify(self, name: str, value: Any = None) -> None:
         """Send a notification (no reply)."""
         self._check_open()
-        self._send_notification(name, self._encode_request(name, value))
+        payload = self._checked_payload(name, self.adapter.encode_request(name, value))
+        self.adapter.send_notification(name, payload)
 
-    # --- events from the protocol subclass ------------------------------------------------
+    def _watch_calls(self, when: float) -> None:
+        self._calls_at = when
+        self.deadlines.set("calls", when, self._expire_calls)
 
-    def _arm_sweep(self, when: float) -> None:
-        if self._sweep_timer is not None:
-            self._sweep_timer.cancel()
-        self._sweep_at = when
-        self._sweep_timer = self._loop.call_at(when, self._sweep)
-
-    def _sweep(self) -> None:
-        """Fail every call past its deadline; re-arm for the nearest remaining one."""
-        self._sweep_timer = None
-        self._sweep_at = float("inf")
+    def _expire_calls(self) -> None:
+        """Fail every call past its deadline; watch the nearest remaining one."""
+        self._calls_at = float("inf")
         now = self._loop.time()
         nearest = None
         for call in self._calls.values():
             deadline = call.deadline
-            if deadline is None:
+            if deadline is None or call.future is None:
                 continue
             if deadline <= now:
                 if not call.future.done():
@@ -387,38 +493,40 @@ class Peer:
             elif nearest is None or deadline < nearest:
                 nearest = deadline
         if nearest is not None:
-            self._arm_sweep(nearest)
+            self._watch_calls(nearest)
 
-    def _on_result(self, key: Any, payload: Any) -> None:
+    # --- results of our calls (from the adapter) -------------------------------------------
+
+    def on_result(self, key: Any, payload: Any) -> None:
         call = self._calls.pop(key, None)
         if call is None:
             return  # late or unknown: ignored, as Go peers do
         if call.queue is not None:
             call.queue.put_nowait(payload)
             call.queue.put_nowait(_END)
-        elif not call.future.done():
+        elif call.future is not None and not call.future.done():
             call.future.set_result(payload)
 
-    def _on_result_part(self, key: Any, payload: Any) -> None:
+    def on_result_part(self, key: Any, payload: Any) -> None:
         call = self._calls.get(key)
         if call is not None and call.queue is not None:
             call.queue.put_nowait(payload)
 
-    def _on_result_end(self, key: Any) -> None:
+    def on_result_end(self, key: Any) -> None:
         call = self._calls.pop(key, None)
         if call is not None and call.queue is not None:
             call.queue.put_nowait(_END)
 
-    def _on_error(self, key: Any, message: str) -> None:
+    def on_error(self, key: Any, message: str) -> None:
         self._fail_call(key, RemoteError(message))
 
-    def _on_retry(self, key: Any, wait: float, message: str) -> None:
+    def on_retry(self, key: Any, wait: float, message: str) -> None:
         call = self._calls.get(key)
         if call is None:
             return
         if call.queue is not None:
             self._fail_call(key, RetryLater(message, wait))
-        elif not call.future.done():
+        elif call.future is not None and not call.future.done():
             call.future.set_result(RetryLater(message, wait))
 
     def _fail_call(self, key: Any, exc: BaseException) -> None:
@@ -427,208 +535,187 @@ class Peer:
             return
         if call.queue is not None:
             call.queue.put_nowait(exc)
-        elif not call.future.done():
+        elif call.future is not None and not call.future.done():
             call.future.set_exception(exc)
 
-    def _on_notification(self, name: str, payload: Any) -> None:
+    # --- requests and notifications from the peer (from the adapter) -----------------------
+
+    def on_notification(self, name: str, payload: Any) -> None:
         handler = self.registry.get_notification(name)
         if handler is None:
             log.debug("no handler for notification %r", name)
             return
         try:
-            value = self._decode_params(handler, payload)
+            value = self.adapter.decode_params(handler, payload)
         except PayloadError as exc:
-            log.warning("notification %r: %s", name, exc)
+            log.warning("notification %r from %s dropped: %s", name, self.remote_address, exc)
             return
         token = current_peer.set(self)
         try:
             result = handler.fn(value)
             if inspect.isawaitable(result):
-                self._spawn(result)
+                self._tasks.spawn(_awaited(result))
         except Exception:
             log.exception("notification handler %r failed", name)
         finally:
             current_peer.reset(token)
 
-    def _on_request(self, key: Any, op: str, payload: Any, stream: bool) -> None:
+    def on_request(self, key: Any, op: str, payload: Any, stream: bool) -> None:
+        """Run the handler of ``op``; a refused stream request keeps no state (its later
+        parts are dropped as parts of an unknown stream)."""
+        adapter = self.adapter
         handler = self.registry.get(op)
         if handler is None or (handler.kind is HandlerKind.STREAM) != stream:
             if handler is None:
-                self._send_error(key, f'unknown operation "{op}"')
+                adapter.send_error(key, f'unknown operation "{op}"')
             else:
                 kind = "stream" if stream else "single"
-                self._send_error(key, f'operation "{op}" does not take {kind} requests')
+                adapter.send_error(key, f'operation "{op}" does not take {kind} requests')
             if stream:
-                self._incoming_streams[key] = None
+                self._end_stream(key)
             return
-        if self._active >= self.options.max_concurrent:
-            self._send_retry(key, self.options.retry_wait, "request rate limit")
+        if len(self._tasks) >= self.options.max_concurrent:
+            adapter.send_retry(key, self.options.retry_wait, "request rate limit")
             if stream:
-                self._incoming_streams[key] = None
+                self._end_stream(key)
             return
         token = current_peer.set(self)  # tasks created below inherit it
         try:
             if stream:
                 queue: asyncio.Queue[Any] = asyncio.Queue()
-                self._incoming_streams[key] = queue
+                self._streams[key] = queue
                 if payload:
                     queue.put_nowait(payload)
-                result = handler.fn(_drain(queue, handler.decode))
+                result = handler.fn(_parts(queue, handler.decode))
             else:
-                result = handler.fn(self._decode_params(handler, payload))
+                result = handler.fn(adapter.decode_params(handler, payload))
             if result.__class__ in _PLAIN_RESULTS:
-                self._reply(key, result)
+                self._reply(key, result, stream)
             elif inspect.isasyncgen(result):
-                self._spawn(self._stream_result(key, result))
+                self._tasks.spawn(self._stream_result(key, result))
             elif inspect.isawaitable(result):
-                self._spawn(self._await_result(key, result))
+                self._tasks.spawn(self._await_result(key, result, stream))
             else:
-                self._reply(key, result)
+                self._reply(key, result, stream)
         except PayloadError as exc:
-            self._send_error(key, str(exc))
+            if stream:
+                self._end_stream(key)
+            adapter.send_error(key, str(exc))
         except Exception as exc:
+            if stream:
+                self._end_stream(key)
             log.debug("handler %r failed", op, exc_info=True)
-            self._send_error(key, str(exc) or type(exc).__name__)
+            adapter.send_error(key, str(exc) or type(exc).__name__)
         finally:
             current_peer.reset(token)
 
-    def _on_request_part(self, key: Any, payload: Any) -> bool:
-        """Returns False for a part of a stream we do not know (the caller decides)."""
-        if key not in self._incoming_streams:
-            return False
-        queue = self._incoming_streams[key]
+    def _end_stream(self, key: Any) -> None:
+        """Stop taking parts of incoming stream ``key``; remember it for a while."""
+        self._streams.pop(key, None)
+        ended = self._ended
+        ended[key] = None
+        if len(ended) > ENDED_STREAMS:
+            ended.popitem(last=False)
+
+    def on_request_part(self, key: Any, payload: Any) -> bool:
+        """Queue a part for its stream's handler. False: no such stream, now or lately."""
+        queue = self._streams.get(key)
         if queue is None:
-            return True  # a stream we refused: its parts are dropped
+            return key in self._ended  # refused, failed or answered: dropped
         if queue.qsize() >= self.options.max_stream_queue:
-            self._incoming_streams.pop(key)
-            queue.put_nowait(RemoteError("stream request parts arrive faster than handled"))
+            self._end_stream(key)
+            queue.put_nowait(
+                RemoteError(
+                    f"stream request parts arrive faster than handled "
+                    f"(more than {self.options.max_stream_queue} queued)"
+                )
+            )
             return True
         queue.put_nowait(payload)
         return True
 
-    def _on_request_end(self, key: Any) -> bool:
-        if key not in self._incoming_streams:
-            return False
-        queue = self._incoming_streams.pop(key)
-        if queue is not None:
-            queue.put_nowait(_END)
+    def on_request_end(self, key: Any) -> bool:
+        """End a stream's parts. False: no such stream, now or lately."""
+        queue = self._streams.pop(key, None)
+        if queue is None:
+            if key not in self._ended:
+                return False
+            del self._ended[key]
+            return True
+        queue.put_nowait(_END)
         return True
+
+    def has_stream(self, key: Any) -> bool:
+        """True while an incoming stream request ``key`` takes parts."""
+        return key in self._streams
 
     # --- handler completion ----------------------------------------------------------------
 
-    def _spawn(self, coro: Any) -> None:
-        self._active += 1
-        task = self._loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+    def _task_done(self) -> None:
+        if self._backlog and self._transport is not None:
+            self._continue()
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._active -= 1
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("handler task failed", exc_info=task.exception())
-
-    async def _await_result(self, key: Any, awaitable: Any) -> None:
+    async def _await_result(self, key: Any, awaitable: Any, stream: bool) -> None:
         try:
             result = await awaitable
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             log.debug("handler failed", exc_info=True)
             if self.is_open:
-                self._send_error(key, str(exc) or type(exc).__name__)
+                self.adapter.send_error(key, str(exc) or type(exc).__name__)
             return
+        finally:
+            if stream and key in self._streams:
+                self._end_stream(key)
+        if self.outbox.blocked:
+            await self.outbox.wait_writable()
         if self.is_open:
-            self._reply(key, result)
+            self._reply(key, result, stream)
 
     async def _stream_result(self, key: Any, agen: Any) -> None:
+        adapter = self.adapter
         try:
             async for item in agen:
+                await self.outbox.wait_writable()
                 if not self.is_open:
                     return
-                await self._wait_writable()
-                self._send_result_part(key, self._encode_result(item))
-        except asyncio.CancelledError:
-            raise
+                adapter.send_result_part(key, self._encoded_result(item))
         except Exception as exc:
             if self.is_open:
-                self._send_error(key, str(exc) or type(exc).__name__)
-                self._send_result_end_after_error(key)
+                adapter.send_error(key, str(exc) or type(exc).__name__)
+                adapter.send_result_end(key, True)
             return
+        finally:
+            if key in self._streams:
+                self._end_stream(key)
         if self.is_open:
-            self._send_result_end(key)
+            adapter.send_result_end(key, False)
 
-    def _reply(self, key: Any, result: Any) -> None:
+    def _encoded_result(self, value: Any) -> Any:
+        payload = self.adapter.encode_result(value)
+        if payload.__class__ is bytes and len(payload) > self.options.max_size:
+            raise PayloadError(
+                f"result of {len(payload)} bytes exceeds max_size {self.options.max_size}"
+            )
+        return payload
+
+    def _reply(self, key: Any, result: Any, stream: bool) -> None:
+        """Send a handler's single result (to a stream request too: then the handler is
+        done with the request's parts, and the stream's state goes)."""
+        if stream and key in self._streams:
+            self._end_stream(key)
         try:
-            payload = self._encode_result(result)
+            payload = self._encoded_result(result)
         except PayloadError as exc:
-            self._send_error(key, str(exc))
+            self.adapter.send_error(key, str(exc))
             return
-        self._send_result(key, payload)
-
-    # --- payload hooks (overridden where a protocol has typed payloads) ---------------------
-
-    def _encode_request(self, op: str, value: Any) -> Any:
-        return encode_value(value)
-
-    def _encode_result(self, value: Any) -> Any:
-        return encode_value(value)
-
-    def _decode_params(self, handler: Handler, payload: Any) -> Any:
-        return handler.decode(payload)
-
-    def _decode_result(self, payload: Any) -> Any:
-        return decode_any(payload)
-
-    # --- protocol subclass interface -------------------------------------------------------
-
-    def _start(self) -> None:
-        """Connection is up: send a handshake, start timers."""
-
-    def _stop_timers(self) -> None:
-        """Connection is gone: cancel timers."""
-
-    def _receive(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def _protocol_failed(self, exc: ProtocolError) -> None:
-        """Queue whatever the protocol sends before closing on a peer's error."""
-
-    def _abandon(self, key: Any) -> None:
-        """A call of ours ended without its final message (timeout, cancellation)."""
-
-    def _send_request(self, op: str, payload: Any, stream: bool) -> Any:
-        raise NotImplementedError
-
-    def _send_request_part(self, key: Any, payload: bytes) -> None:
-        raise NotImplementedError
-
-    def _send_request_end(self, key: Any) -> None:
-        raise NotImplementedError
-
-    def _send_result(self, key: Any, payload: Any) -> None:
-        raise NotImplementedError
-
-    def _send_result_part(self, key: Any, payload: Any) -> None:
-        raise NotImplementedError
-
-    def _send_result_end(self, key: Any) -> None:
-        raise NotImplementedError
-
-    def _send_result_end_after_error(self, key: Any) -> None:
-        """Some protocols close a failed stream explicitly after its error (Gotalk)."""
-
-    def _send_error(self, key: Any, message: str) -> None:
-        raise NotImplementedError
-
-    def _send_retry(self, key: Any, wait: float, message: str) -> None:
-        raise NotImplementedError
-
-    def _send_notification(self, name: str, payload: Any) -> None:
-        raise NotImplementedError
+        self.adapter.send_result(key, payload, stream)
 
 
-async def _drain(queue: asyncio.Queue[Any], decode: Any) -> AsyncIterator[Any]:
+async def _awaited(awaitable: Any) -> None:
+    await awaitable
+
+
+async def _parts(queue: asyncio.Queue[Any], decode: Any) -> AsyncIterator[Any]:
     """The async iterator a stream handler reads its request parts from."""
     while True:
         item = await queue.get()

@@ -42,6 +42,8 @@ log = logging.getLogger("peerwire.transports.websocket")
 
 SCRIPT_DIR = Path(__file__).parent / "web"
 SCRIPT_NAMES = ("gotalk.js", "peerwire.js")
+RETRY_FLAG = "peerwire-retry"
+"""Query parameter peerwire's browser client sends: it understands Gotalk retry results."""
 HIGH_WATER = 256 * 1024
 """Bytes buffered in the socket above which the sink is asked to pause writing."""
 
@@ -132,6 +134,15 @@ class WebSocketTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return self._closing
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._ws.transport.set_write_buffer_limits(high=high, low=low)
+
+    def pause_reading(self) -> None:
+        self._ws.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._ws.transport.resume_reading()
+
     def get_write_buffer_size(self) -> int:
         return self._ws.transport.get_write_buffer_size()
 
@@ -152,6 +163,10 @@ class WebSocketTransport(asyncio.Transport):
             return self._ws.remote_address
         if name == "request":
             return getattr(self._ws, "request", None)
+        if name == "peerwire_retry":  # the peer said it takes Gotalk "e" results
+            request = getattr(self._ws, "request", None)
+            query = request.path.partition("?")[2] if request else ""
+            return RETRY_FLAG in urllib.parse.parse_qs(query)
         return self._ws.transport.get_extra_info(name, default)
 
     async def run(self) -> None:

@@ -37,7 +37,7 @@ from rpc.group.payloads import PayloadTypes, decode_envelope, encode_envelope
 from rpc.group.planner import Chunk, Planner, skip_head
 from rpc.payload import PayloadError
 from rpc.registry import Registry, default_registry
-from transports.stream import StreamProtocol, open_stream
+from transports.stream import open_stream
 from wire import DEFAULT_MAX_SIZE
 from wire.errors import LocalProtocolError, MalformedMessage, ProtocolError
 from wire.gossip import BroadcastID, Gossip, GossipCodec, NetID, decode_frame, payload_tag
@@ -199,13 +199,13 @@ class _Item:
     resent: bool = False
 
 
-class _OutSink:
+class _OutSink(asyncio.Protocol):
     """Transport callbacks of an outgoing connection, handed to its link."""
 
     def __init__(self, link: _Link) -> None:
         self._link = link
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._link.transport = transport
 
     def data_received(self, data: bytes) -> None:
@@ -393,7 +393,7 @@ class _Link:
             node._send_chunk(node._skip(Chunk(self.netid, item.rest)), item.tag, item.payload)
 
 
-class _InSink:
+class _InSink(asyncio.Protocol):
     """One inbound connection: frames in, gossip out to the node; closed when silent."""
 
     def __init__(self, node: GroupNode) -> None:
@@ -403,7 +403,7 @@ class _InSink:
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         node = self._node
         self._transport = transport
         if len(node._inbound) >= node.options.max_connections or node._closing:
@@ -550,7 +550,7 @@ class GroupNode:
             for peer in peers:
                 node.add_peer(peer)
             node._server = await node._loop.create_server(
-                lambda: StreamProtocol(lambda: _InSink(node)), sock=sock, backlog=1024
+                lambda: _InSink(node), sock=sock, backlog=1024
             )
             config = node.options.multicast
             if config is not None:

@@ -30,6 +30,14 @@
   const BACKOFF_FIRST = 500; // ms before the first reconnect attempt, doubled per failure
   const BACKOFF_MAX = 5000;
   const MAX_RETRIES = 5; // retry results honoured per request before giving up
+  // Sent as a query parameter at connect so a peerwire server knows we understand retry
+  // results ("e"); other servers (Go gotalk) ignore the query; real gotalk.js never sends it.
+  const RETRY_FLAG = 'peerwire-retry';
+  function withRetryFlag(address) {
+    const url = new URL(address);
+    url.searchParams.set(RETRY_FLAG, '1');
+    return url.href;
+  }
   const MAX_MESSAGE_SIZE = 16 * 1024 * 1024; // largest payload accepted from the server
   const SEND_BUFFER_LIMIT = 100; // messages queued while the WebSocket is still connecting
   const SINGLE_IDS = 36 * 36 * 36 * 36; // "0000".."zzzz"
@@ -550,7 +558,7 @@
       if (!WS) throw new Error('gotalk: no WebSocket here (Node needs --experimental-websocket)');
       let ws;
       try {
-        ws = new WS(this._address);
+        ws = new WS(withRetryFlag(this._address));
       } catch (err) {
         setTimeout(() => this._connectFailed(err), 0);
         return;

@@ -127,21 +127,48 @@ class ChatterConnection:
         references. Raises LocalProtocolError for a send the rules forbid: no token,
         conversation closed, dialect unknown, body above ``max_size``.
         """
+        msg, pieces = self.encode(
+            type, data, conversation=conversation, token=token, last=last, module=module
+        )
+        self._out += pieces
+        return msg
+
+    def encode(
+        self,
+        type: str,
+        data: bytes = b"",
+        *,
+        conversation: Conversation | None = None,
+        token: bool = True,
+        last: bool = True,
+        module: str | None = None,
+    ) -> tuple[Msg, list[bytes]]:
+        """Like :meth:`send`, but return the frame's pieces for the caller to write instead
+        of queuing them (for callers with an output buffer of their own).
+
+        The size is checked before the conversation state changes: a message above
+        ``max_size`` raises :class:`~wire.errors.MessageTooLarge` and leaves the
+        conversation as it was, so the caller can still answer in it (with an error).
+        """
         dialect = self.dialect
         if dialect is None:
             raise LocalProtocolError("Chatter dialect not known yet; nothing received")
-        if self.strict:
-            msg_id, first, owner = self._tracker.outgoing(conversation, token, last)
+        msg_id = self._tracker.next_id
+        if conversation is None:
+            first, owner = msg_id, True
         else:
-            msg_id, first, owner = self._tracker.outgoing_unchecked(conversation)
+            first, owner = conversation[1], conversation[0]
         msg = Msg(msg_id, first, owner, token, last, type, data, module)
         parts = encode_msg_parts(msg, dialect)
         size = sum(map(len, parts))
         if size > self.max_size:
             raise MessageTooLarge(f"Chatter message of {size} bytes exceeds max_size")
-        self._out.append(frame_header(size))
-        self._out += parts
-        return msg
+        if self.strict:
+            self._tracker.outgoing(conversation, token, last)
+        else:
+            self._tracker.outgoing_unchecked(conversation)
+        parts.insert(0, frame_header(size))
+        return msg, parts
 
     def send_ping(self) -> Msg:
         """Queue a Ping in a new conversation that the peer's Pong will close."""

@@ -56,6 +56,11 @@ class ConversationTracker:
         self._abandoned: OrderedDict[tuple[bool, int], None] = OrderedDict()
 
     @property
+    def next_id(self) -> int:
+        """The id the next message we send will carry."""
+        return self._next_id
+
+    @property
     def open_count(self) -> int:
         return len(self._open)
 

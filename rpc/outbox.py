@@ -1,0 +1,137 @@
+"""One connection's output: coalesced writes and the high/low-water state of the transport.
+
+Bytes pushed here go out with the next :meth:`Outbox.flush`: the peer flushes once at the
+end of every ``data_received`` and, for output produced later (async handlers, requests),
+once per loop iteration. A flush is forced earlier when ``FLUSH_EVERY`` pieces or
+``FLUSH_BYTES`` bytes are queued, so a burst of replies reaches the wire while the rest are
+being encoded, and a large result never sits in two buffers at once.
+
+Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
+marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). The
+peer stops reading while blocked; :meth:`wait_writable` lets senders wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+FLUSH_EVERY = 16
+"""Pieces queued before a flush is forced (measured +20-30% with 100 requests in flight)."""
+FLUSH_BYTES = 64 * 1024
+"""Bytes queued before a flush is forced."""
+
+
+class Outbox:
+    """Coalesces a connection's writes; tracks whether its transport accepts more.
+
+    ``framed`` transports (WebSocket) take every pushed piece as one message of their own
+    (``writelines``); byte streams get the pieces joined into one ``write``.
+    """
+
+    __slots__ = (
+        "_count",
+        "_framed",
+        "_handle",
+        "_loop",
+        "_lost",
+        "_pieces",
+        "_size",
+        "_transport",
+        "_waiter",
+        "blocked",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._transport: Any = None
+        self._framed = False
+        self._pieces: list[bytes] = []
+        self._count = 0
+        self._size = 0
+        self._handle: asyncio.Handle | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._lost: BaseException | None = None
+        self.blocked = False
+        """True while the transport's buffer is above its high-water mark."""
+
+    def attach(self, transport: Any, *, high_water: int, low_water: int) -> None:
+        """Start writing to ``transport`` with the given water marks (bytes)."""
+        self._transport = transport
+        self._framed = bool(transport.get_extra_info("message_framed", False))
+        transport.set_write_buffer_limits(high=high_water, low=low_water)
+
+    @property
+    def framed(self) -> bool:
+        """True when every pushed piece travels as one transport message (WebSocket)."""
+        return self._framed
+
+    def push(self, data: bytes) -> None:
+        """Queue ``data``; it goes out with the next flush."""
+        self._pieces.append(data)
+        self._size += len(data)
+        self._count += 1
+        if self._count >= FLUSH_EVERY or self._size >= FLUSH_BYTES:
+            self.flush()
+        elif self._handle is None:
+            self._handle = self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write everything queued, in one call to the transport."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        pieces = self._pieces
+        if not pieces:
+            return
+        self._pieces = []
+        self._count = self._size = 0
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._framed:
+            transport.writelines(pieces)
+        else:
+            transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    @property
+    def buffered(self) -> int:
+        """Bytes queued here plus those the transport holds unsent."""
+        held = self._transport.get_write_buffer_size() if self._transport is not None else 0
+        return self._size + held
+
+    # --- writability ----------------------------------------------------------------------
+
+    def pause(self) -> None:
+        self.blocked = True
+
+    def resume(self) -> None:
+        self.blocked = False
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_writable(self) -> None:
+        """Return once the transport accepts more; raise the loss error if it is gone."""
+        while self.blocked:
+            if self._lost is not None:
+                raise self._lost
+            if self._waiter is None:
+                self._waiter = self._loop.create_future()
+            await asyncio.shield(self._waiter)
+        if self._lost is not None:
+            raise self._lost
+
+    def lost(self, error: BaseException) -> None:
+        """The connection is gone: drop queued bytes, wake every waiter with ``error``."""
+        self._lost = error
+        self._transport = None
+        self._pieces = []
+        self._count = self._size = 0
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+            waiter.exception()  # retrieved: waiters re-raise it themselves

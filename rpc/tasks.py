@@ -1,0 +1,67 @@
+"""A set of tasks owned by one object: counted, cancelled together, awaited on close.
+
+Used by every peer (coroutine handlers), the Eventer server and the group node, so that
+no task outlives its owner and none is garbage-collected while running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger("peerwire.rpc")
+
+
+class TaskSet:
+    """Owns tasks until they finish. ``on_done`` runs after each one (e.g. to admit more)."""
+
+    __slots__ = ("_loop", "_on_done", "_tasks")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        self._loop = loop
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._on_done = on_done
+
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        *,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task of this set (in ``context`` when given)."""
+        task = self._loop.create_task(coro, context=context)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Any:
+        return iter(tuple(self._tasks))
+
+    def cancel_all(self) -> None:
+        for task in tuple(self._tasks):
+            task.cancel()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait for every task (up to ``timeout`` s); True if none is left."""
+        if self._tasks:
+            await asyncio.wait(tuple(self._tasks), timeout=timeout)
+        return not self._tasks
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            exc = task.exception()
+            if exc is not None:
+                log.error("task %s failed", task.get_name(), exc_info=exc)
+        if self._on_done is not None:
+            self._on_done()

@@ -1,0 +1,261 @@
+"""The worst peer never wins: memory, idle and half-open connections, bad payloads.
+
+Every test runs a real server on 127.0.0.1, attacks it through raw sockets and checks two
+things: what the attacker costs (measured on the server's own structures) and that a
+canary client on another connection keeps getting answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import rpc
+from rpc.logs import RateLimitedLog, violations
+from tests.certs import Pki
+from transports.stream import server_ssl_context
+from wire import gotalk
+from wire.chatter import Dialect, Msg, encode_frame
+
+pytestmark = pytest.mark.timeout(60)
+MB = 1024 * 1024
+
+
+def registry() -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    @reg.handle("big")
+    def big(size: int) -> bytes:
+        return b"x" * size
+
+    @reg.handle_stream("slow_sum")
+    async def slow_sum(parts: Any) -> int:
+        total = 0
+        async for part in parts:
+            await asyncio.sleep(0.05)
+            total += part
+        return total
+
+    return reg
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` every 10 ms until true; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+async def canary_answers(server: rpc.Server) -> None:
+    async with rpc.connect(str(server.url), registry=rpc.Registry()) as canary:
+        assert await canary.request("echo", "alive", timeout=5) == "alive"
+
+
+def gotalk_request(rid: int, op: str, payload: bytes) -> bytes:
+    return gotalk.encode(gotalk.Request(rid.to_bytes(4, "big"), op, payload))
+
+
+async def test_peer_that_never_reads_costs_bounded_memory() -> None:
+    """600 requests for 1 MB results from a peer that never reads: the server stops reading
+    from it and holds a few MB, not 600 MB."""
+    options = rpc.Options(high_water=256 * 1024, low_water=64 * 1024)
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.write(b"01" + b"".join(gotalk_request(i, "big", b"1048576") for i in range(600)))
+        await writer.drain()
+        await until(lambda: any(not p._reading for p in srv.peers))
+        [attacker] = [p for p in srv.peers]
+        held = attacker.write_buffer_size + sum(
+            len(m.payload) for m in attacker._backlog
+        )  # output queued + requests held back
+        assert held < 16 * MB, held
+        await canary_answers(srv)
+        writer.close()
+
+
+async def test_stream_outrunning_its_handler_fails_alone() -> None:
+    options = rpc.Options(max_stream_queue=4)
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
+        rid = b"\x00\x00\x00\x01"
+        parts = b"".join(gotalk.encode(gotalk.StreamRequestPart(rid, b"1")) for _ in range(50))
+        writer.write(
+            b"01"
+            + gotalk.encode(gotalk.StreamRequest(rid, "slow_sum", b"1"))
+            + parts
+            + gotalk.encode(gotalk.StreamRequestPart(rid, b""))
+            + gotalk_request(2, "echo", b'"still here"')
+        )
+        codec = gotalk.GotalkConnection()
+        seen: list[Any] = []
+        async with asyncio.timeout(5):
+            while not any(isinstance(m, gotalk.ErrorResult) for m in seen) or not any(
+                isinstance(m, gotalk.Result) for m in seen
+            ):
+                seen += codec.receive_data(await reader.read(65536))
+        [error] = [m for m in seen if isinstance(m, gotalk.ErrorResult)]
+        assert error.id == rid and b"faster than handled" in error.payload
+        assert [m.payload for m in seen if isinstance(m, gotalk.Result)] == [b'"still here"']
+        assert not [m for m in seen if isinstance(m, gotalk.Fault)]
+        writer.close()
+
+
+async def test_refused_stream_requests_leave_bounded_state() -> None:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
+        flood = b"".join(
+            gotalk.encode(gotalk.StreamRequest(i.to_bytes(4, "big"), "nope", b"1"))
+            for i in range(2000)
+        )
+        writer.write(b"01" + flood + gotalk_request(99999, "echo", b"1"))
+        codec = gotalk.GotalkConnection()
+        results: list[Any] = []
+        async with asyncio.timeout(5):
+            while not results:
+                results = [
+                    m
+                    for m in codec.receive_data(await reader.read(65536))
+                    if isinstance(m, gotalk.Result)
+                ]
+        [peer] = srv.peers
+        assert peer._streams == {}
+        assert len(peer._ended) <= rpc.peer.ENDED_STREAMS
+        await canary_answers(srv)
+        writer.close()
+
+
+@pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
+async def test_silent_connections_are_closed_after_the_handshake_limit(scheme: str) -> None:
+    options = rpc.Options(handshake_timeout=0.3)
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), options=options) as srv:
+        silent = [await asyncio.open_connection("127.0.0.1", srv.url.port) for _ in range(20)]
+        await until(lambda: len(srv.peers) == 20)
+        started = time.monotonic()
+        for reader, _ in silent:  # each is closed by the server (EOF), none hangs
+            async with asyncio.timeout(5):
+                while await reader.read(65536):
+                    pass
+        assert time.monotonic() - started < 3
+        await until(lambda: not srv.peers)
+        await canary_answers(srv)
+
+
+async def test_pending_tls_handshakes_count_toward_max_connections(pki: Pki) -> None:
+    ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    options = rpc.Options(handshake_timeout=5)
+    async with rpc.serve(
+        "ssl+gotalk://127.0.0.1:0",
+        registry=registry(),
+        ssl=ctx,
+        options=options,
+        max_connections=10,
+    ) as srv:
+        silent = [await asyncio.open_connection("127.0.0.1", srv.url.port) for _ in range(50)]
+        await until(lambda: srv.refused == 40)
+        assert len(srv.peers) == 10  # the 10 silent handshakes hold the only slots
+        for _, writer in silent:
+            writer.close()
+        await until(lambda: not srv.peers)
+        client = ssl.create_default_context(cafile=str(pki.ca))
+        async with rpc.connect(str(srv.url), ssl=client, registry=rpc.Registry()) as canary:
+            assert await canary.request("echo", 1) == 1
+
+
+async def test_idle_connections_cost_no_cpu() -> None:
+    """300 idle Chatter connections whose ping interval has passed: timers fire for real
+    deadlines only (the old core re-armed a 10 ms timer per connection forever)."""
+    async with rpc.serve(
+        "tcp+sbs://127.0.0.1:0", registry=registry(), ping_interval=0.3, ping_timeout=5
+    ) as srv:
+        url = f"{srv.url}?dialect=HatChatter"
+        clients = [
+            await rpc.connect(url, registry=rpc.Registry(), ping_interval=None) for _ in range(300)
+        ]
+        for client in clients:
+            client.notify("echo", 1)  # the server learns the dialect: pings start
+        await until(
+            lambda: len(srv.peers) == 300 and all(p.deadlines.when("ping") for p in srv.peers)
+        )
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.monotonic()
+        await asyncio.sleep(1.5)  # a measuring window, not synchronisation
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        elapsed = time.monotonic() - wall
+        # 300 connections x (1 ping + 1 pong) every 0.3 s: well under a third of a core
+        assert cpu / elapsed < 0.33, (cpu, elapsed, os.cpu_count())
+        for client in clients:
+            await client.close(drain_timeout=0)
+
+
+@pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
+async def test_undecodable_payload_is_an_error_for_that_request(scheme: str) -> None:
+    reg = registry()
+
+    @reg.handle("typed")
+    def typed(params: dict[str, str]) -> str:
+        return params["name"]
+
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as srv:
+        query = "?dialect=HatChatter" if scheme == "tcp+sbs" else ""
+        async with rpc.connect(f"{srv.url}{query}", registry=rpc.Registry()) as peer:
+            for bad in (b'{"name": "\xff\xfe"}', b"{not json", b"\x00\x01"):
+                with pytest.raises(rpc.RemoteError):
+                    await peer.request("typed", bad)
+            assert await peer.request("typed", {"name": "ok"}) == "ok"
+
+
+@pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
+async def test_result_over_max_size_is_an_error_at_once(scheme: str) -> None:
+    options = rpc.Options(max_size=64 * 1024)
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), options=options) as srv:
+        query = "?dialect=HatChatter" if scheme == "tcp+sbs" else ""
+        async with rpc.connect(f"{srv.url}{query}", registry=rpc.Registry()) as peer:
+            started = time.monotonic()
+            with pytest.raises(rpc.RemoteError, match="exceeds max_size"):
+                await peer.request("big", 100_000, timeout=10)
+            assert time.monotonic() - started < 2
+            if scheme == "tcp+sbs":  # under the limit alone, over it with the envelope
+                with pytest.raises(rpc.RemoteError, match="max_size"):
+                    await peer.request("big", 64 * 1024 - 4, timeout=10)
+            assert await peer.request("echo", 1) == 1
+
+
+async def test_chatter_violation_is_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
+    violations.reset()  # earlier tests' violations must not use up this window
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
+        # a reply in a conversation that does not exist
+        writer.write(encode_frame(Msg(1, 7, False, True, True, "X", b""), Dialect.CURRENT))
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+        records = [r for r in caplog.records if r.name == "peerwire.rpc.violations"]
+        assert len(records) == 1 and records[0].levelname == "WARNING"
+        assert records[0].exc_info is None and "127.0.0.1" in records[0].getMessage()
+        await canary_answers(srv)
+
+
+def test_violation_log_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    limited = RateLimitedLog(logging.getLogger("peerwire.test.limited"), burst=3, window=60)
+    with caplog.at_level(logging.WARNING, logger="peerwire.test.limited"):
+        for i in range(100):
+            limited.warning("violation %d", i)
+    assert [r.getMessage() for r in caplog.records] == [f"violation {i}" for i in range(3)]
