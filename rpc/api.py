@@ -18,7 +18,6 @@ from rpc.peer import Options, Peer
 from rpc.registry import Registry
 from rpc.url import PeerUrl, parse_url
 from transports.stream import (
-    StreamProtocol,
     client_ssl_context,
     open_stream,
     server_address,
@@ -176,10 +175,6 @@ class Server:
                 max_connections=self.max_connections,
                 sock=self._sock,
             )
-        elif self._sock is not None:
-            self._server = await asyncio.get_running_loop().create_server(
-                lambda: StreamProtocol(self._new_peer), sock=self._sock, ssl=self._ssl, backlog=1024
-            )
         else:
             options = self._options
             self._server = await start_stream_server(
@@ -188,6 +183,7 @@ class Server:
                 self._new_peer,
                 ssl_context=self._ssl,
                 handshake_timeout=options.handshake_timeout or 60.0,
+                sock=self._sock,
             )
         self.url = self.url.with_port(server_address(self._server)[1])
         return self
