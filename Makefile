@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 LEGACY := .venv-legacy
 
-.PHONY: test lint bench clean system-deps
+.PHONY: test test-uvloop lint bench clean system-deps
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ system-deps:
 
 test: system-deps $(VENV)/.ready $(LEGACY)/.ready
 	$(VENV)/bin/pytest
+
+# The same suite on uvloop (tests, threads and CLI children: see tests/conftest.py).
+test-uvloop: system-deps $(VENV)/.ready $(LEGACY)/.ready
+	$(VENV)/bin/pytest --loop uvloop
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check .

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import ssl as ssl_module
 from collections.abc import Callable, Generator
 from typing import Any
@@ -129,6 +130,7 @@ class Server:
         protocol_options: dict[str, Any],
         on_connect: Callable[[Peer], Any] | None = None,
         web: HttpOptions | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.requested_url = url
         self.url = url
@@ -142,6 +144,7 @@ class Server:
         self._options = options or Options()
         self._max_size = self._options.max_size
         self._ssl = ssl
+        self._sock = sock
         self._server: Any = None  # asyncio.Server or websockets Server (same interface)
 
     def _new_peer(self) -> Peer | None:
@@ -172,6 +175,7 @@ class Server:
                 ssl_context=self._ssl,
                 max_size=max_size,
                 max_connections=self.max_connections,
+                sock=self._sock,
             )
         else:
             options = self._options
@@ -181,6 +185,7 @@ class Server:
                 self._new_peer,
                 ssl_context=self._ssl,
                 handshake_timeout=options.handshake_timeout or 60.0,
+                sock=self._sock,
             )
         self.url = self.url.with_port(server_address(self._server)[1])
         return self
@@ -218,6 +223,7 @@ def serve(
     max_connections: int = 10_000,
     on_connect: Callable[[Peer], Any] | None = None,
     web: HttpOptions | None = None,
+    sock: socket.socket | None = None,
     **protocol_options: Any,
 ) -> Server:
     """Serve ``registry``'s handlers on ``url``: ``async with serve(url) as server``.
@@ -225,8 +231,18 @@ def serve(
     Port 0 picks a free port; ``server.url`` is the bound URL. TLS URLs need ``ssl``.
     ``on_connect(peer)`` runs for every accepted connection (sync or async); connections
     past ``max_connections`` are closed at once. WebSocket URLs serve their endpoint at the
-    URL's path; ``web`` sets allowed origins, a static folder and the like.
+    URL's path; ``web`` sets allowed origins, a static folder and the like. ``sock``, an
+    already bound TCP socket, is served instead of binding the URL's host and port (which
+    then only name it); :mod:`rpc.workers` passes one per worker process.
     """
     return Server(
-        parse_url(url), registry, options, ssl, max_connections, protocol_options, on_connect, web
+        parse_url(url),
+        registry,
+        options,
+        ssl,
+        max_connections,
+        protocol_options,
+        on_connect,
+        web,
+        sock,
     )

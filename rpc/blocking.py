@@ -5,6 +5,8 @@
 
 One event loop runs in a daemon thread shared by every blocking peer of the process; calls
 from any thread are handed to it with ``run_coroutine_threadsafe`` and wait for the result.
+The loop is :func:`rpc.loops.new_event_loop`'s: uvloop when installed, or as
+``PEERWIRE_LOOP`` says.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
+from rpc import loops
 from rpc.api import connect as async_connect
 from rpc.peer import Peer
 
@@ -27,7 +30,7 @@ def _background_loop() -> asyncio.AbstractEventLoop:
     global _loop
     with _lock:
         if _loop is None:
-            loop = asyncio.new_event_loop()
+            loop = loops.new_event_loop()
             threading.Thread(target=loop.run_forever, name="peerwire-loop", daemon=True).start()
             _loop = loop
         return _loop

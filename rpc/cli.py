@@ -26,7 +26,9 @@ from typing import Any
 import msgspec
 
 import rpc
+from rpc import loops
 from rpc.eventer import cli as eventer_cli
+from rpc.workers import serve_workers
 from transports.stream import client_ssl_context, server_ssl_context
 
 log = logging.getLogger("peerwire.cli")
@@ -76,6 +78,16 @@ def _parse_url(url: str) -> rpc.PeerUrl:
         raise CliError(str(exc), EXIT_USAGE) from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     # -v is accepted before and after the subcommand; SUPPRESS keeps a subparser from
     # overwriting the top-level value with its own default.
@@ -112,6 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--key", metavar="F", help="PEM private key, if not in --cert")
     serve.add_argument(
         "--client-ca", metavar="F", help="require client certificates signed by these CAs"
+    )
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="serve in N processes sharing the listening sockets (default 1: this process)",
+    )
+    serve.add_argument(
+        "--loop",
+        choices=loops.CHOICES,
+        help="event loop; auto: uvloop when installed (default: $PEERWIRE_LOOP or auto)",
     )
 
     client = argparse.ArgumentParser(add_help=False, parents=[verbose])
@@ -196,7 +220,8 @@ def find_registry(module: ModuleType) -> rpc.Registry:
     return registry
 
 
-async def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
+    """Serve in this process, or with ``--workers N`` in N forked worker processes."""
     urls = [_parse_url(url) for url in args.listen]
     registry = find_registry(load_module(args.module))
     if not registry.names():
@@ -209,7 +234,36 @@ async def serve(args: argparse.Namespace) -> int:
             server_ctx = server_ssl_context(args.cert, args.key, client_cafile=args.client_ca)
         except (OSError, ssl.SSLError) as exc:
             raise CliError(f"cannot load certificate: {exc}", EXIT_USAGE) from None
+    try:
+        loops.resolve(args.loop)
+    except loops.LoopUnavailable as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    if args.workers == 1:
+        return loops.run(_serve_here(urls, registry, server_ctx), args.loop)
+    try:
+        serve_workers(
+            args.listen,
+            workers=args.workers,
+            registry=registry,
+            ssl=server_ctx,
+            loop=args.loop,
+            on_ready=_print_listening,
+        )
+    except OSError as exc:
+        raise CliError(
+            f"cannot listen on {' '.join(args.listen)}: {exc}", EXIT_CONNECTION
+        ) from None
+    return EXIT_OK
 
+
+def _print_listening(urls: list[str]) -> None:
+    for url in urls:
+        print(f"listening on {url}", flush=True)
+
+
+async def _serve_here(
+    urls: list[rpc.PeerUrl], registry: rpc.Registry, server_ctx: ssl.SSLContext | None
+) -> int:
     servers: list[rpc.Server] = []
     try:
         for url in urls:
@@ -291,10 +345,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "eventer":  # runs its own loop, signals and exit codes
         return args.func(args)
     try:
-        return asyncio.run(serve(args) if args.command == "serve" else client(args))
+        return serve(args) if args.command == "serve" else loops.run(client(args))
     except CliError as exc:
         print(f"peerwire: {exc}", file=sys.stderr)
         return exc.code
+    except loops.LoopUnavailable as exc:  # a bad $PEERWIRE_LOOP
+        print(f"peerwire: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except rpc.RemoteError as exc:
         print(f"peerwire: error result from peer: {exc}", file=sys.stderr)
         return EXIT_REMOTE_ERROR

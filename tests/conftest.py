@@ -1,16 +1,49 @@
-"""Shared test settings: hypothesis profile (CI runs the same examples every time), PKI."""
+"""Shared test settings: hypothesis profile (CI runs the same examples every time), PKI, and
+the event loop the async tests run on (``pytest --loop asyncio|uvloop|both``)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from rpc import loops
 from tests.certs import Pki, make_pki
 
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 settings.load_profile("default")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--loop",
+        choices=["asyncio", "uvloop", "both"],
+        default="asyncio",
+        help="event loop of the async tests, of rpc.blocking/Spark loop threads and of CLI "
+        "children (via $PEERWIRE_LOOP); 'both' runs every async test once on each "
+        "(in-process loops only). Default: asyncio",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    choice = config.getoption("--loop")
+    if choice != "asyncio" and not loops.uvloop_installed():
+        raise pytest.UsageError(f"--loop {choice} needs uvloop: pip install -e '.[speed]'")
+    if choice != "both":  # threads and child processes follow the same choice
+        os.environ[loops.ENV_VAR] = choice
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, loops.LoopFactory]:
+    """pytest-asyncio (>= 1.4) runs each async test on each loop returned here; with one
+    loop the test ids stay as they are."""
+    choice = config.getoption("--loop")
+    names = ["asyncio", "uvloop"] if choice == "both" else [choice]
+    return {name: loops.loop_factory(name) for name in names}
 
 
 @pytest.fixture(scope="session")

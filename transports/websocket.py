@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import logging
 import mimetypes
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
@@ -302,8 +303,10 @@ async def start_websocket_server(
     max_size: int = 16 * 1024 * 1024,
     ping_interval: float | None = 20.0,
     max_connections: int = 10_000,
+    sock: socket.socket | None = None,
 ) -> WsServer:
-    """Serve the endpoint at ``http.mount`` (plus script and static files) on host:port."""
+    """Serve the endpoint at ``http.mount`` (plus script and static files) on host:port, or
+    on ``sock`` (an already bound TCP socket) when given."""
     http = http or HttpOptions()
     active: set[WebSocketTransport] = set()
 
@@ -320,8 +323,9 @@ async def start_websocket_server(
 
     return await ws_serve(
         handler,
-        host,
-        port,
+        None if sock else host,
+        None if sock else port,
+        sock=sock,
         ssl=ssl_context,
         max_size=max_size,
         ping_interval=ping_interval,

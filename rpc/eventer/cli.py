@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 
+from rpc import loops
 from rpc.eventer.config import ConfigError, load_config
 from rpc.eventer.server import serve_forever
 from rpc.eventer.store import StoreError
@@ -44,6 +45,18 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
         "ack_timeout, max_query_results, system_events.",
     )
     serve.add_argument("--config", metavar="FILE", required=True, help="JSON or TOML file")
+    serve.add_argument(
+        "--loop",
+        choices=loops.CHOICES,
+        help="event loop; auto: uvloop when installed (default: $PEERWIRE_LOOP or auto)",
+    )
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        type=int,
+        default=1,
+        help="always 1: the server owns its SQLite database and runs in one process",
+    )
     # SUPPRESS: a parent CLI's own -v (given before "eventer") is not overwritten
     serve.add_argument(
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
@@ -57,6 +70,13 @@ def run_serve(args: argparse.Namespace) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.workers != 1:
+        print(
+            "peerwire eventer: the Eventer server runs in one process (it owns its SQLite "
+            "database and the event order): --workers must be 1",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -71,7 +91,10 @@ def run_serve(args: argparse.Namespace) -> int:
         await serve_forever(config, stop)
 
     try:
-        asyncio.run(run())
+        loops.run(run(), args.loop)
+    except loops.LoopUnavailable as exc:
+        print(f"peerwire eventer: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, StoreError) as exc:
         print(f"peerwire eventer: {exc}", file=sys.stderr)
         return EXIT_FAILED

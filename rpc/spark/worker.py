@@ -3,7 +3,8 @@
 Spark runs UDFs in long-lived Python worker processes (``spark.python.worker.reuse``), one
 task at a time per process. Everything here is per process and survives from task to task:
 
-- :func:`runtime` starts one asyncio loop in a daemon thread the first time it is needed
+- :func:`runtime` starts one event loop (:func:`rpc.loops.new_event_loop`: uvloop when
+  installed, or as ``PEERWIRE_LOOP`` says) in a daemon thread the first time it is needed
   (and again after a ``fork``: threads do not survive one).
 - :class:`ConnectionPool` keeps one :class:`rpc.Peer` per :class:`Endpoint`; a connection
   found closed (Spark recycled the server, the peer went away) is replaced on next use, and
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rpc import loops
 from rpc.api import connect
 from rpc.errors import ConnectionClosed, RetryLater, RpcError
 from rpc.payload import PayloadError
@@ -97,7 +99,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
+        self.loop = loops.new_event_loop()
         self.pool = ConnectionPool(self.loop)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="peerwire-spark-loop", daemon=True
