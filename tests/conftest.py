@@ -1,8 +1,13 @@
-"""Shared test settings: hypothesis profile (CI runs the same examples every time), PKI."""
+"""Shared test settings: hypothesis profile (CI runs the same examples every time), PKI,
+and the event loops: tests marked ``both_loops`` run on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Mapping
+
 import pytest
+import uvloop
 from hypothesis import HealthCheck, settings
 
 from tests.certs import Pki, make_pki
@@ -17,3 +22,22 @@ settings.load_profile("default")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A CA with server and client certificates, generated for this test session."""
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_loops: run on asyncio's loop and on uvloop")
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Both loops for tests marked ``both_loops``, asyncio's for the others."""
+    if item.get_closest_marker("both_loops") is not None:
+        return LOOPS
+    return {"asyncio": LOOPS["asyncio"]}

@@ -17,6 +17,8 @@ from tests.rpc_helpers import gotalk_peer_registry
 from transports.stream import client_ssl_context, server_ssl_context
 from transports.websocket import HttpOptions
 
+pytestmark = pytest.mark.both_loops
+
 
 async def frames(ws, count: int) -> list[bytes]:
     return [await asyncio.wait_for(ws.recv(), 5) for _ in range(count)]

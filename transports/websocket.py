@@ -40,7 +40,8 @@ log = logging.getLogger("peerwire.transports.websocket")
 HIGH_WATER = 256 * 1024
 """Bytes buffered in the socket above which the sink is asked to pause writing."""
 MAX_REFUSING = 1024
-"""Connections past ``max_connections`` kept open to read their 503; more are reset."""
+"""Connections past ``max_connections`` whose request is read to answer 503 (bounded as any
+pending handshake); more are reset at once."""
 
 
 class WebSocketServer:
@@ -66,7 +67,6 @@ class WebSocketServer:
         self._loop = asyncio.get_running_loop()
         self.connections: set[Connection] = set()
         self._refusing: set[Connection] = set()
-        self._tls_tasks: set[asyncio.Task[None]] = set()
         self._empty = asyncio.Event()
         self._empty.set()
         self._closing = False
@@ -78,7 +78,13 @@ class WebSocketServer:
         if self._listener is not None:
             raise RuntimeError("the server is already listening")
         listener = await self._loop.create_server(
-            self._new_connection, host, port, backlog=backlog, reuse_address=True
+            self._new_connection,
+            host,
+            port,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self.settings.handshake_timeout if self._ssl else None,
+            backlog=backlog,
+            reuse_address=True,
         )
         hosts = (
             HostCheck(self.http.allowed_hosts)
@@ -99,63 +105,31 @@ class WebSocketServer:
         return self._responder
 
     def _new_connection(self) -> Connection:
+        """Called at accept, before any TLS handshake: the connection counts from here."""
         ws = ServerProtocol(max_size=self.settings.max_size)
-        return Connection(ws, self, self.settings, max_head=self.http.max_request_head)
+        conn = Connection(ws, self, self.settings, max_head=self.http.max_request_head)
+        if not self._closing:
+            if len(self.connections) < self.max_connections:
+                self.connections.add(conn)
+                self._empty.clear()
+            elif self._ssl is None and len(self._refusing) < MAX_REFUSING:
+                self._refusing.add(conn)  # its request is read (bounded), then 503
+        conn.arm_handshake_deadline(lambda: self._handshake_timed_out(conn))
+        return conn
 
     # --- Opening: the server side of every connection -------------------------------------
 
     def started(self, conn: Connection) -> None:
-        raw = conn.raw
-        if raw is None:
-            return
-        if self._closing:
-            raw.abort()
-            return
-        if len(self.connections) >= self.max_connections:
-            self._refuse(conn, raw)
-            return
-        self.connections.add(conn)
-        self._empty.clear()
-        conn.arm_handshake_deadline(lambda: self._handshake_timed_out(conn))
-        if self._ssl is not None:
-            raw.pause_reading()  # the ClientHello waits in the socket for start_tls
-            conn.expect_tls()  # decrypted bytes before start_tls returns wait in conn
-            task = self._loop.create_task(self._start_tls(conn, raw, self._ssl))
-            self._tls_tasks.add(task)
-            task.add_done_callback(self._tls_tasks.discard)
-
-    def _refuse(self, conn: Connection, raw: asyncio.Transport) -> None:
-        log.info("refused connection from %s: max_connections reached", conn.peername)
-        if self._ssl is not None or len(self._refusing) >= MAX_REFUSING:
-            raw.abort()
-            return
-        self._refusing.add(conn)
-        conn.respond(refuse(conn.ws, 503, "Service Unavailable: too many connections\n"))
-        conn.flush()
-
-    async def _start_tls(
-        self, conn: Connection, raw: asyncio.Transport, context: ssl.SSLContext
-    ) -> None:
-        try:
-            tls = await self._loop.start_tls(
-                raw,
-                conn,
-                context,
-                server_side=True,
-                ssl_handshake_timeout=self.settings.handshake_timeout,
-            )
-        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
-            log.info("TLS handshake with %s failed: %s", conn.peername, exc)
-            raw.abort()
-            conn.connection_lost(exc)
-            return
-        if tls is None:  # closed meanwhile
-            conn.connection_lost(None)
-            return
-        conn.tls_ready(tls)
+        if conn in self._refusing:
+            log.info("refusing connection from %s: max_connections reached", conn.peername)
+        elif conn not in self.connections and conn.raw is not None:
+            log.info("closed connection from %s: max_connections reached", conn.peername)
+            conn.raw.abort()
 
     def _handshake_timed_out(self, conn: Connection) -> None:
-        if conn.ws.state is State.CONNECTING and conn.raw is not None:
+        if conn.raw is None:  # TLS handshake still running: the loop aborts it (same timeout)
+            self.lost(conn, None)
+        elif conn.ws.state is State.CONNECTING:
             log.info(
                 "closed %s: no WebSocket upgrade within %s s",
                 conn.peername,
@@ -166,7 +140,10 @@ class WebSocketServer:
     def handshake(self, conn: Connection, event: Request | Response) -> None:
         if not isinstance(event, Request) or not isinstance(conn.ws, ServerProtocol):
             return
-        response = self.responder.respond(event, conn.ws)
+        if conn in self._refusing:
+            response = refuse(conn.ws, 503, "Service Unavailable: too many connections\n")
+        else:
+            response = self.responder.respond(event, conn.ws)
         conn.respond(response)
         if response.status_code == 101 and not self._closing:
             conn.open(self._sink_factory())
@@ -191,9 +168,10 @@ class WebSocketServer:
         if self._listener is not None:
             self._listener.close()
         for conn in list(self.connections) + list(self._refusing):
-            if conn.ws.state is State.CONNECTING:
-                if conn.raw is not None:
-                    conn.raw.abort()
+            if conn.raw is None:  # in its TLS handshake (the loop closes it with the listener)
+                self.lost(conn, None)
+            elif conn.ws.state is State.CONNECTING:
+                conn.raw.abort()
             elif close_connections:
                 conn.close(CloseCode.GOING_AWAY)
 

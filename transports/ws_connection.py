@@ -161,7 +161,6 @@ class Connection(asyncio.Protocol):
         self._head_room = max_head
         """Bytes the peer may still send before its request head is parsed (server)."""
         self._held: list[Event] = []
-        self._early: list[bytes] | None = None
         self._write_paused = False
         self._timer: asyncio.TimerHandle | None = None
         self._received = False
@@ -175,7 +174,7 @@ class Connection(asyncio.Protocol):
         self.opening.started(self)
 
     def attach(self, raw: asyncio.Transport) -> None:
-        """Use ``raw`` for I/O (the TCP transport, or the TLS one after ``start_tls``)."""
+        """Use ``raw`` (TCP or TLS) for I/O."""
         self.raw = raw
         sock = raw.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -185,9 +184,6 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         room = self._head_room
         if room is not None:
-            if self._early is not None:
-                self._hold_early(data, room)
-                return
             data = self._receive_head(data, room)
             if not data:
                 return
@@ -202,24 +198,6 @@ class Connection(asyncio.Protocol):
             self._dispatch(events)
         if ws.state is not _OPEN:
             self._check_closing()
-
-    def expect_tls(self) -> None:
-        """Until :meth:`tls_ready`, hold what arrives (the TLS layer is not in place yet)."""
-        self._early = []
-
-    def tls_ready(self, tls: asyncio.Transport) -> None:
-        """TLS is up: use ``tls`` and handle what arrived meanwhile."""
-        early, self._early = self._early or [], None
-        self.attach(tls)
-        if early:
-            self.data_received(b"".join(early))
-
-    def _hold_early(self, data: bytes, room: int) -> None:
-        early = self._early
-        if early is not None:
-            early.append(data)
-            if sum(map(len, early)) > room and self.raw is not None:
-                self.raw.abort()
 
     def _receive_head(self, data: bytes, room: int) -> bytes:
         """Feed at most ``room`` bytes of a request head; 431 when it does not end there."""
