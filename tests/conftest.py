@@ -29,6 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_loops: always run on asyncio's loop and on uvloop")
     choice = config.getoption("--loop")
     if choice != "asyncio" and not loops.uvloop_installed():
         raise pytest.UsageError(f"--loop {choice} needs uvloop: pip install -e '.[speed]'")
@@ -40,9 +41,10 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> dict[str, loops.LoopFactory]:
     """pytest-asyncio (>= 1.4) runs each async test on each loop returned here; with one
-    loop the test ids stay as they are."""
+    loop the test ids stay as they are. Tests marked ``both_loops`` always get both."""
     choice = config.getoption("--loop")
-    names = ["asyncio", "uvloop"] if choice == "both" else [choice]
+    both = choice == "both" or item.get_closest_marker("both_loops") is not None
+    names = ["asyncio", "uvloop"] if both else [choice]
     return {name: loops.loop_factory(name) for name in names}
 
 

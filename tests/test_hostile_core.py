@@ -171,7 +171,7 @@ async def test_pending_tls_handshakes_count_toward_max_connections(pki: Pki) -> 
         assert len(srv.peers) == 10  # the 10 silent handshakes hold the only slots
         for _, writer in silent:
             writer.close()
-        await until(lambda: not srv.peers)
+        await until(lambda: not srv.peers)  # the handshake limit frees every slot
         client = ssl.create_default_context(cafile=str(pki.ca))
         async with rpc.connect(str(srv.url), ssl=client, registry=rpc.Registry()) as canary:
             assert await canary.request("echo", 1) == 1

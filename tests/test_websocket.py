@@ -12,10 +12,14 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rpc
+from tests.browser import eventually
 from tests.certs import Pki
 from tests.rpc_helpers import gotalk_peer_registry
 from transports.stream import client_ssl_context, server_ssl_context
+from transports.web_http import StaticFiles
 from transports.websocket import HttpOptions
+
+pytestmark = pytest.mark.both_loops
 
 
 async def frames(ws, count: int) -> list[bytes]:
@@ -159,7 +163,7 @@ async def test_limits_message_size_and_connections() -> None:
             assert await frames(ws, 1) == [b"f00000002"]
             with pytest.raises(ConnectionClosed):
                 await asyncio.wait_for(ws.recv(), 5)
-        await asyncio.sleep(0.1)
+        await eventually(lambda: not server.peers, "the refused connection's slot freed")
         async with ws_connect(server.url.websocket_uri, origin=origin) as ws:
             await frames(ws, 1)
             await ws.send(b"x" * 20_000)  # a frame over the WebSocket limit: closed (1009)
@@ -197,3 +201,78 @@ async def test_one_registry_on_tcp_tls_and_websocket_at_once(pki: Pki) -> None:
                 assert await peer.request("greet", {"name": url[:3]}) == {
                     "greeting": f"Hello {url[:3]}"
                 }
+
+
+async def test_static_files_are_read_gzipped_and_hashed_once(tmp_path) -> None:
+    (tmp_path / "app.js").write_text("console.log('hi');\n" * 100)
+    static = StaticFiles(tmp_path, budget=10_000)
+    first = static.get("/app.js")
+    assert first is not None and first.gzipped is not None
+    assert static.get("/app.js") is first  # the same object: nothing read or zipped again
+    assert static.cached_bytes == first.size
+    (tmp_path / "app.js").write_text("changed\n")
+    changed = static.get("/app.js")
+    assert changed is not None and changed.body == b"changed\n"  # size/mtime checked
+    (tmp_path / "big.js").write_text("x" * 20_000)  # over the budget: served, not kept
+    assert static.get("/big.js") is not None and static.cached_bytes == changed.size
+    assert static.get("/../etc/passwd") is None and static.get("/nothing") is None
+
+
+def test_the_websockets_api_we_rely_on() -> None:
+    """Fails loudly if a websockets upgrade changes the sans-I/O API ws_connection.py uses:
+    a client and a server protocol talk to each other in memory, as our transport drives them.
+    """
+    import websockets
+    from websockets.client import ClientProtocol
+    from websockets.frames import CloseCode, Frame, Opcode
+    from websockets.http11 import Request, Response
+    from websockets.protocol import State
+    from websockets.server import ServerProtocol
+    from websockets.uri import parse_uri
+
+    major = int(websockets.__version__.split(".")[0])
+    assert 14 <= major < 18, (
+        f"websockets {websockets.__version__} is outside the range pyproject.toml pins and "
+        "this test checked; run this test on it, then widen the pin"
+    )
+    client = ClientProtocol(parse_uri("ws://127.0.0.1:1/gotalk/"), max_size=100)
+    server = ServerProtocol(max_size=100)
+
+    def pump(src, dst):
+        for chunk in src.data_to_send():
+            if chunk:
+                dst.receive_data(chunk)
+            else:
+                dst.receive_eof()
+        return dst.events_received()
+
+    request = client.connect()
+    client.send_request(request)
+    [got] = pump(client, server)
+    assert isinstance(got, Request) and got.headers["Host"] == "127.0.0.1:1"
+    response = server.accept(got)
+    assert isinstance(response, Response) and response.status_code == 101
+    server.send_response(response)
+    [answer] = pump(server, client)
+    assert isinstance(answer, Response) and client.handshake_exc is None
+    assert server.state is State.OPEN and client.state is State.OPEN
+    client.send_binary(b"header")
+    client.send_text(b'"payload"')
+    frames = pump(client, server)
+    assert [(f.opcode, f.data) for f in frames] == [
+        (Opcode.BINARY, b"header"),
+        (Opcode.TEXT, b'"payload"'),
+    ]
+    assert all(type(f) is Frame and f.opcode <= Opcode.BINARY for f in frames)
+    server.send_ping(b"1234")
+    [ping] = pump(server, client)
+    assert ping.opcode is Opcode.PING
+    [pong] = pump(client, server)  # the protocol answered by itself
+    assert pong.opcode is Opcode.PONG
+    client.send_binary(b"x" * 101)  # over max_size: the server fails with 1009
+    pump(client, server)
+    assert server.close_sent is not None and server.close_sent.code == 1009
+    assert server.close_expected()
+    refused = ServerProtocol().reject(431, "too large\n")
+    assert refused.status_code == 431 and refused.headers["Connection"] == "close"
+    assert CloseCode.GOING_AWAY == 1001

@@ -4,12 +4,12 @@ A protocol here is any ``asyncio.Protocol`` (the RPC core's Peer is one); this m
 nothing of any wire format. It listens and connects, bounds TLS handshakes and builds TLS
 contexts. TCP_NODELAY is set by asyncio and uvloop on every TCP transport they create.
 
-Servers take a factory that may refuse a connection by returning None: the socket is then
-closed at once, before any TLS work. For TLS the handshake runs only after the factory
-admitted the connection, bounded by ``handshake_timeout``; a connection whose handshake
-fails or times out is closed and its protocol told so (``connection_lost``) without ever
-seeing ``connection_made``. So a server counting its connections from the factory counts
-handshakes in progress too, and a flood of silent TLS clients holds at most that many.
+Servers take a factory, called when a connection is accepted (before any TLS handshake),
+that may refuse it by returning None: the connection is then closed at once (after its
+handshake for TLS, which ``handshake_timeout`` bounds, default 10 s). A server counting its
+connections from the factory therefore counts handshakes in progress too. A protocol whose
+TLS handshake fails never sees ``connection_made`` nor ``connection_lost`` (asyncio and
+uvloop alike): its owner must forget it after the handshake limit.
 """
 
 from __future__ import annotations
@@ -43,76 +43,6 @@ class _Refused(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.abort()
-
-
-class _TlsAcceptor(asyncio.Protocol):
-    """Holds an admitted plain connection while its TLS handshake runs, then hands the TLS
-    transport to the real protocol. Reading stays paused until the handshake takes over.
-
-    ``loop.start_tls`` may deliver application data (a TLS 1.3 client writes right after its
-    Finished) before it returns; that data is held here (one read at most) and given to the
-    protocol right after its ``connection_made``.
-    """
-
-    def __init__(self, protocol: asyncio.Protocol, context: ssl.SSLContext, timeout: float) -> None:
-        self._protocol = protocol
-        self._context = context
-        self._timeout = timeout
-        self._task: asyncio.Task[None] | None = None
-        self._early: list[bytes] = []
-        self._lost: tuple[Exception | None] | None = None
-        self._handed_over = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not isinstance(transport, asyncio.Transport):  # a listening socket gives Transports
-            transport.abort()
-            return
-        transport.pause_reading()
-        self._task = asyncio.get_running_loop().create_task(self._handshake(transport))
-
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            tls = await loop.start_tls(
-                transport,
-                self,
-                self._context,
-                server_side=True,
-                ssl_handshake_timeout=self._timeout,
-            )
-        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
-            reason = str(exc) or type(exc).__name__
-            log.info(
-                "TLS handshake with %s failed: %s", transport.get_extra_info("peername"), reason
-            )
-            transport.abort()
-            self._protocol.connection_lost(exc)
-            return
-        protocol = self._protocol
-        if tls is None or self._lost is not None:
-            protocol.connection_lost(self._lost[0] if self._lost else None)
-            return
-        self._handed_over = True
-        tls.set_protocol(protocol)
-        protocol.connection_made(tls)
-        early, self._early = self._early, []
-        for data in early:
-            protocol.data_received(data)
-
-    def data_received(self, data: bytes) -> None:
-        self._early.append(data)
-
-    def eof_received(self) -> bool | None:
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._handed_over:
-            return
-        if self._task is not None and not self._task.done():
-            # Gone during the handshake, or before start_tls returned to us.
-            self._lost = (exc,)
-            return
-        self._protocol.connection_lost(exc)
 
 
 async def open_stream(
@@ -159,14 +89,13 @@ async def start_stream_server(
 
     def accept() -> asyncio.Protocol:
         protocol = protocol_factory()
-        if protocol is None:
-            return _Refused()
-        if ssl_context is None:
-            return protocol
-        return _TlsAcceptor(protocol, ssl_context, handshake_timeout)
+        return _Refused() if protocol is None else protocol
 
+    tls: dict[str, Any] = {}
+    if ssl_context is not None:
+        tls = {"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout}
     if sock is not None:
-        return await loop.create_server(accept, sock=sock, backlog=backlog)
+        return await loop.create_server(accept, sock=sock, backlog=backlog, **tls)
     return await loop.create_server(
         accept,
         host,
@@ -174,6 +103,7 @@ async def start_stream_server(
         backlog=backlog,
         reuse_address=True,
         reuse_port=reuse_port or None,
+        **tls,
     )
 
 

@@ -15,6 +15,9 @@ Rows (``--only`` takes one):
   await ws.send(message)``) and a client that resolves replies in order; one frame each way,
   no RPC at all.
 
+``--loop asyncio|uvloop`` picks the event loop of both processes (the server inherits it
+through ``PEERWIRE_BENCH_LOOP``).
+
 Modes, each on one connection with a 16-byte payload: ``sequential`` (one request at a time)
 and ``inflight100`` (100 workers, so 100 requests are always outstanding). After a warm-up
 the completed requests are counted over ``--seconds``; every reply is checked. Absolute
@@ -33,6 +36,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -54,6 +58,7 @@ URLS = {
 CLIENT_QUERY = {"peerwire-ws-sbs": "?dialect=HatChatter"}
 MODES = (("sequential", 1), ("inflight100", 100))
 WARMUP = 0.5
+LOOP_ENV = "PEERWIRE_BENCH_LOOP"
 NOTES = (
     ("Go gotalk over WebSocket, sequential", "~15,900/s"),
     ("Go gotalk over WebSocket, 100 in flight", "~33,000/s"),
@@ -61,6 +66,7 @@ NOTES = (
     ("Go gotalk over TCP, 100 in flight", "~65,000/s"),
 )
 
+T = TypeVar("T")
 Call = Callable[[], Awaitable[bytes]]
 Close = Callable[[], Awaitable[None]]
 
@@ -161,22 +167,34 @@ async def run_row(name: str, seconds: float) -> dict[str, tuple[float, float, fl
         server.close()
 
 
+def run(coro: Awaitable[T]) -> T:
+    """``asyncio.run`` on the loop chosen with ``--loop`` (inherited by server processes)."""
+    if os.environ.get(LOOP_ENV, "asyncio") == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)  # type: ignore[arg-type]
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="timed window per mode")
     parser.add_argument("--rounds", type=int, default=3, help="repeat every row; report medians")
     parser.add_argument("--only", choices=ROWS, help="run one row (plus the baseline)")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), help="event loop (both sides)")
     parser.add_argument("--serve", choices=ROWS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.loop:
+        os.environ[LOOP_ENV] = args.loop
     if args.serve:
-        asyncio.run(serve(args.serve))
+        run(serve(args.serve))
         return
 
     rows = ROWS if args.only is None else tuple(dict.fromkeys((args.only, "bare-websockets")))
     samples: dict[tuple[str, str], list[tuple[float, float, float]]] = collections.defaultdict(list)
     for round_number in range(args.rounds):
         for name in rows:  # rows interleave, so a slow spell of the machine hits all of them
-            for mode, sample in asyncio.run(run_row(name, args.seconds)).items():
+            for mode, sample in run(run_row(name, args.seconds)).items():
                 samples[name, mode].append(sample)
                 print(
                     f"round {round_number + 1}: {name:<20}{mode:<13}{sample[0]:>9,.0f}/s",
@@ -187,7 +205,8 @@ def main() -> None:
         return statistics.median(s[index] for s in samples[name, mode])
 
     print(
-        f"\nmedian of {args.rounds} round(s), {len(PAYLOAD)}-byte payload, one connection; "
+        f"\nmedian of {args.rounds} round(s) on {os.environ.get(LOOP_ENV, 'asyncio')}, "
+        f"{len(PAYLOAD)}-byte payload, one connection; "
         "CPU = microseconds of process CPU per request"
     )
     print(

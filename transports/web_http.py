@@ -1,0 +1,319 @@
+"""The HTTP side of the WebSocket server: which request gets which answer.
+
+Every request's ``Host`` header must name a host the server is meant to be reached at
+(``allowed_hosts``; a DNS-rebound page is refused with 400). The endpoint (``mount``) accepts
+WebSocket handshakes from allowed origins (403 otherwise, 426 for plain GETs); the browser
+script (``<mount>gotalk.js`` and ``<mount>peerwire.js``) and files under ``static_dir`` are
+served with ETag, 304, Cache-Control and gzip. Each file is read, gzipped and hashed once and
+kept in a cache bounded in bytes (``static_cache_bytes``), checked against the file's size and
+modification time on every request. Sans-I/O: requests in, ``Response`` objects out.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import ipaddress
+import logging
+import mimetypes
+import socket
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
+
+log = logging.getLogger("peerwire.transports.websocket")
+
+SCRIPT = Path(__file__).parent / "web" / "gotalk.js"
+SCRIPT_NAMES = ("gotalk.js", "peerwire.js")
+SERVER_HEADER = "peerwire"
+_COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/svg+xml")
+
+
+@dataclass(frozen=True, slots=True)
+class HttpOptions:
+    """What the WebSocket server answers besides the endpoint itself, and its limits."""
+
+    mount: str = "/gotalk/"
+    origins: Sequence[str] | None = None
+    """Allowed Origin values (scheme://host[:port]; case and a trailing slash do not matter);
+    None = same origin: the Origin's host:port must be the Host header's, an allowed host;
+    ["*"] = any."""
+    allow_missing_origin: bool = False
+    """Non-browser clients may omit Origin (the Go server refuses that with 403)."""
+    static_dir: Path | None = None
+    cache_control: str = "public,max-age=300"
+    allowed_hosts: Sequence[str] | None = None
+    """Host header values accepted (host names without port, case-insensitive; ``".x.org"``
+    also matches subdomains; ``"*"`` any). None = the listening address, plus ``localhost``
+    for loopback servers; a wildcard listener (0.0.0.0, ::) also accepts any IP literal and
+    the machine's host name. Others get 400."""
+    handshake_timeout: float = 10.0
+    """Seconds from accept (TLS included) to a completed upgrade; then the socket is closed."""
+    max_request_head: int = 16 * 1024
+    """Bytes of request line and headers a connection may send before its upgrade; more: 431."""
+    static_cache_bytes: int = 32 * 1024 * 1024
+    """Bytes of file contents (plain and gzipped) kept in the static file cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class Asset:
+    """One file ready to serve: body, gzipped body (None when gzip does not pay), ETag."""
+
+    body: bytes
+    gzipped: bytes | None
+    etag: str
+    content_type: str
+
+    @classmethod
+    def load(cls, path: Path) -> Asset:
+        body = path.read_bytes()
+        ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        gzipped = None
+        if ctype.startswith(_COMPRESSIBLE):
+            zipped = gzip.compress(body, mtime=0)
+            gzipped = zipped if len(zipped) < len(body) else None
+        if ctype.startswith("text/") or ctype.endswith("javascript"):
+            ctype += "; charset=utf-8"
+        return cls(body, gzipped, '"' + hashlib.sha1(body).hexdigest() + '"', ctype)
+
+    @property
+    def size(self) -> int:
+        return len(self.body) + len(self.gzipped or b"")
+
+
+@functools.cache
+def script_asset() -> Asset:
+    """The browser library, loaded once per process."""
+    return Asset.load(SCRIPT)
+
+
+class StaticFiles:
+    """Files under one folder, each loaded once; an LRU cache of at most ``budget`` bytes.
+
+    A file whose size or mtime changed is loaded again; files larger than the budget are
+    served without being kept.
+    """
+
+    def __init__(self, root: Path, budget: int) -> None:
+        self._root = root.resolve()
+        self._budget = budget
+        self._used = 0
+        self._cache: OrderedDict[Path, tuple[int, int, Asset]] = OrderedDict()
+
+    def get(self, path: str) -> Asset | None:
+        relative = urllib.parse.unquote(path).lstrip("/") or "index.html"
+        target = (self._root / relative).resolve()
+        if self._root not in target.parents:
+            return None
+        try:
+            stat = target.stat()
+        except OSError:
+            return None
+        if not target.is_file():
+            return None
+        cached = self._cache.get(target)
+        if cached is not None and cached[:2] == (stat.st_size, stat.st_mtime_ns):
+            self._cache.move_to_end(target)
+            return cached[2]
+        if cached is not None:
+            self._drop(target)
+        try:
+            asset = Asset.load(target)
+        except OSError:
+            return None
+        if asset.size <= self._budget:
+            while self._used + asset.size > self._budget:
+                self._drop(next(iter(self._cache)))
+            self._cache[target] = (stat.st_size, stat.st_mtime_ns, asset)
+            self._used += asset.size
+        return asset
+
+    def _drop(self, target: Path) -> None:
+        self._used -= self._cache.pop(target)[2].size
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._used
+
+
+# --- hosts and origins -----------------------------------------------------------------------
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """``host[:port]`` (IPv6 in brackets) -> (lower-case host without trailing dot, port)."""
+    parts = urllib.parse.urlsplit("//" + value.strip())
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host or parts.path or parts.query or parts.username is not None:
+        return None
+    return host.rstrip("."), port
+
+
+def normalise_origin(origin: str) -> str | None:
+    """``Scheme://Host:port/`` -> ``scheme://host[:port]`` (default ports left out)."""
+    parts = urllib.parse.urlsplit(origin.strip())
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if not scheme or not host or parts.path not in ("", "/"):
+        return None
+    default = {"http": 80, "https": 443, "ws": 80, "wss": 443}.get(scheme)
+    host = host.rstrip(".")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class HostCheck:
+    """Matches Host header hosts against ``allowed_hosts`` (see :class:`HttpOptions`)."""
+
+    def __init__(self, allowed: Iterable[str], *, any_ip: bool = False) -> None:
+        names = {name.strip().lower().rstrip(".").strip("[]") for name in allowed}
+        self.any = "*" in names
+        self.any_ip = any_ip
+        self.exact = frozenset(n for n in names if not n.startswith("."))
+        self.suffixes = tuple(n for n in names if n.startswith("."))
+
+    @classmethod
+    def default(cls, bind_host: str | None, bound: Iterable[str]) -> HostCheck:
+        """The listening address, ``localhost`` for loopback, any IP for wildcard ones."""
+        addresses = {ipaddress.ip_address(a.split("%")[0]) for a in bound}
+        names = {str(a) for a in addresses}
+        if bind_host and not _is_ip(bind_host):
+            names.add(bind_host)
+        wildcard = any(a.is_unspecified for a in addresses)
+        if wildcard or any(a.is_loopback for a in addresses):
+            names.add("localhost")
+        if wildcard:
+            names.add(socket.gethostname())
+        return cls(names, any_ip=wildcard)
+
+    def allows(self, host: str) -> bool:
+        if self.any or host in self.exact:
+            return True
+        if self.any_ip and _is_ip(host):
+            return True
+        return any(host.endswith(s) or host == s[1:] for s in self.suffixes)
+
+
+# --- the responder ---------------------------------------------------------------------------
+
+
+def _headers(**items: str) -> Headers:
+    headers = Headers(Server=SERVER_HEADER, Connection="close")
+    for name, value in items.items():
+        headers[name.replace("_", "-")] = value
+    return headers
+
+
+def serve_asset(request: Request, asset: Asset, cache_control: str) -> Response:
+    headers = _headers(
+        Content_Type=asset.content_type,
+        ETag=asset.etag,
+        Cache_Control=cache_control,
+        Vary="Accept-Encoding",
+    )
+    if request.headers.get("If-None-Match") == asset.etag:
+        return Response(304, "Not Modified", headers, b"")
+    body = asset.body
+    if asset.gzipped is not None and "gzip" in request.headers.get("Accept-Encoding", ""):
+        body = asset.gzipped
+        headers["Content-Encoding"] = "gzip"
+    headers["Content-Length"] = str(len(body))
+    return Response(200, "OK", headers, body)
+
+
+def refuse(ws: ServerProtocol, status: int, text: str) -> Response:
+    """A plain-text refusal (``ws.reject`` with our Server header)."""
+    response = ws.reject(status, text)
+    response.headers["Server"] = SERVER_HEADER
+    return response
+
+
+class Responder:
+    """Answers one server's HTTP requests (see the module docstring)."""
+
+    def __init__(self, options: HttpOptions, hosts: HostCheck) -> None:
+        mount = options.mount if options.mount.startswith("/") else "/" + options.mount
+        self.mount = mount if mount.endswith("/") else mount + "/"
+        self.options = options
+        self.hosts = hosts
+        self.scripts = {self.mount + name: script_asset() for name in SCRIPT_NAMES}
+        self.origins: frozenset[str | None] | None = None
+        if options.origins is not None:
+            self.origins = frozenset(
+                "*" if o == "*" else normalise_origin(o) for o in options.origins
+            )
+        self.static = (
+            StaticFiles(options.static_dir, options.static_cache_bytes)
+            if options.static_dir is not None
+            else None
+        )
+
+    def respond(self, request: Request, ws: ServerProtocol) -> Response:
+        """The response to ``request``: 101 (``ws.accept``) or any other status."""
+        host_header = request.headers.get("Host")
+        host = split_host(host_header) if host_header else None
+        if host is None or not self.hosts.allows(host[0]):
+            reason = f"Host header {host_header!r} is not an allowed host (allowed_hosts)"
+            log.info("refused HTTP request: %s", reason)
+            return refuse(ws, 400, f"Bad Request: {reason}\n")
+        path = request.path.split("?", 1)[0]
+        asset = self.scripts.get(path)
+        if asset is not None:
+            return serve_asset(request, asset, self.options.cache_control)
+        if path in (self.mount, self.mount[:-1]):
+            if request.headers.get("Upgrade", "").lower() != "websocket":
+                return refuse(ws, 426, "this is a WebSocket endpoint\n")
+            reason = self._origin_refusal(request, host)
+            if reason is not None:
+                log.info("refused WebSocket handshake: %s", reason)
+                return refuse(ws, 403, f"Forbidden: {reason}\n")
+            response = ws.accept(request)
+            response.headers["Server"] = SERVER_HEADER
+            return response
+        if self.static is not None:
+            found = self.static.get(path)
+            if found is not None:
+                return serve_asset(request, found, "no-cache")
+        return refuse(ws, 404, "Not Found\n")
+
+    def _origin_refusal(self, request: Request, host: tuple[str, int | None]) -> str | None:
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return None if self.options.allow_missing_origin else "missing Origin header"
+        normal = normalise_origin(origin)
+        if self.origins is not None:
+            if "*" in self.origins or (normal is not None and normal in self.origins):
+                return None
+            return f"origin {origin} is not allowed"
+        parts = urllib.parse.urlsplit(normal or "")
+        if normal is None or parts.scheme not in ("http", "https"):
+            return f"origin {origin} is not an http(s) origin"
+        origin_port = parts.port or (443 if parts.scheme == "https" else 80)
+        origin_host = (parts.hostname or "").rstrip(".")
+        same = origin_host == host[0] and (
+            host[1] == origin_port or (host[1] is None and origin_port in (80, 443))
+        )
+        if not same or not self.hosts.allows(origin_host):
+            return f"origin {origin} is not the same origin as {request.headers['Host']}"
+        return None

@@ -1,0 +1,407 @@
+"""One WebSocket connection: websockets' sans-I/O protocol driven by our asyncio.Protocol.
+
+:class:`Connection` is the protocol the loop is given (asyncio or uvloop). It feeds socket
+bytes to a ``websockets`` ``ServerProtocol``/``ClientProtocol`` (public sans-I/O API only:
+``receive_data``, ``events_received``, ``data_to_send``, ``send_*``, ``fail``) and hands every
+text, binary or continuation frame's payload to a byte sink as bytes. The sink sees
+:class:`WebSocketTransport`, an ``asyncio.Transport``: ``write`` = one binary message,
+``writelines`` = one message per item.
+
+One timer per connection, armed for its nearest deadline: the opening handshake
+(``handshake_timeout``), then keepalive (a ping after ``ping_interval`` seconds without
+incoming data, the connection failed when nothing arrives within ``ping_timeout``), then the
+closing handshake (``close_timeout``, then the socket is aborted). Backpressure: the socket's
+write buffer limits drive the sink's ``pause_writing``/``resume_writing``; the sink's
+``pause_reading`` stops reading the socket, and frames already parsed wait until it resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import urllib.parse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from websockets.client import ClientProtocol
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from transports.stream import ByteSink
+
+log = logging.getLogger("peerwire.transports.websocket")
+
+_OPEN = State.OPEN
+_LAST_DATA_OPCODE = Opcode.BINARY  # CONT, TEXT, BINARY are 0, 1, 2
+Event = Request | Response | Frame
+
+
+RETRY_FLAG = "peerwire-retry"
+"""Query parameter peerwire's browser client sends: it understands Gotalk retry results."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Per-connection limits (defaults as websockets' own, high water 256 KiB)."""
+
+    max_size: int | None = 16 * 1024 * 1024
+    ping_interval: float | None = 20.0
+    ping_timeout: float | None = 20.0
+    close_timeout: float = 10.0
+    handshake_timeout: float = 10.0
+    high_water: int = 256 * 1024
+    low_water: int | None = None
+
+
+class Opening(Protocol):
+    """The side-specific part of a connection: how it starts, opens and ends."""
+
+    def started(self, conn: Connection) -> None: ...
+    def handshake(self, conn: Connection, event: Request | Response) -> None: ...
+    def lost(self, conn: Connection, exc: BaseException | None) -> None: ...
+
+
+class WebSocketTransport(asyncio.Transport):
+    """What the sink holds: one WebSocket connection as an ``asyncio.Transport``.
+
+    Writes after the closing handshake started are dropped (as asyncio drops writes to a
+    closed transport). ``get_extra_info("message_framed")`` is True; ``"request"`` and
+    ``"response"`` give the opening handshake; other names go to the socket's transport.
+    """
+
+    __slots__ = ("_conn", "_raw", "_ws")
+
+    def __init__(self, conn: Connection, raw: asyncio.Transport) -> None:
+        super().__init__()
+        self._conn = conn
+        self._ws = conn.ws
+        self._raw = raw
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        ws = self._ws
+        if ws.state is _OPEN:
+            ws.send_binary(data)
+            self._raw.write(ws.data_to_send()[0])
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        ws = self._ws
+        if ws.state is _OPEN:
+            for data in list_of_data:
+                ws.send_binary(data)
+            out = ws.data_to_send()
+            if out:
+                self._raw.writelines(out)
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Start the closing handshake (code 1000); the socket closes when it completes."""
+        self._conn.close(CloseCode.NORMAL_CLOSURE)
+
+    def abort(self) -> None:
+        self._raw.abort()
+
+    def is_closing(self) -> bool:
+        return self._ws.state is not _OPEN or self._raw.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "message_framed":
+            return True
+        if name in ("request", "response"):
+            return self._conn.handshake_events.get(name, default)
+        if name == "peerwire_retry":  # the peer said it takes Gotalk "e" results
+            request = self._conn.handshake_events.get("request")
+            query = request.path.partition("?")[2] if request is not None else ""
+            return RETRY_FLAG in urllib.parse.parse_qs(query)
+        return self._raw.get_extra_info(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return self._raw.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._raw.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._raw.set_write_buffer_limits(high, low)
+
+    def pause_reading(self) -> None:
+        self._conn.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._conn.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._conn.reading
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        raise NotImplementedError("a WebSocket transport feeds the sink it was opened with")
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._conn.sink  # type: ignore[return-value]
+
+
+class Connection(asyncio.Protocol):
+    """Drives one sans-I/O websockets protocol over a socket; see the module docstring."""
+
+    def __init__(
+        self,
+        ws: ServerProtocol | ClientProtocol,
+        opening: Opening,
+        settings: Settings,
+        *,
+        max_head: int | None = None,
+    ) -> None:
+        self.ws = ws
+        self.opening = opening
+        self.settings = settings
+        self.loop = asyncio.get_running_loop()
+        self.raw: asyncio.Transport | None = None
+        self.sink: ByteSink | None = None
+        self.transport: WebSocketTransport | None = None
+        self.handshake_events: dict[str, Event] = {}
+        self.reading = True
+        self.lost = False
+        self._head_room = max_head
+        """Bytes the peer may still send before its request head is parsed (server)."""
+        self._held: list[Event] = []
+        self._write_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._received = False
+        self._ping_sent = False
+        self._closing_timer = False
+
+    # --- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.attach(transport)  # type: ignore[arg-type]
+        self.opening.started(self)
+
+    def attach(self, raw: asyncio.Transport) -> None:
+        """Use ``raw`` (TCP or TLS) for I/O."""
+        self.raw = raw
+        sock = raw.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw.set_write_buffer_limits(self.settings.high_water, self.settings.low_water)
+
+    def data_received(self, data: bytes) -> None:
+        room = self._head_room
+        if room is not None:
+            data = self._receive_head(data, room)
+            if not data:
+                return
+        ws = self.ws
+        ws.receive_data(data)
+        self._received = True
+        events = ws.events_received()
+        out = ws.data_to_send()
+        if out:
+            self._send(out)
+        if events:
+            self._dispatch(events)
+        if ws.state is not _OPEN:
+            self._check_closing()
+
+    def _receive_head(self, data: bytes, room: int) -> bytes:
+        """Feed at most ``room`` bytes of a request head; 431 when it does not end there."""
+        ws = self.ws
+        head, rest = (data, b"") if len(data) <= room else (data[:room], data[room:])
+        self._head_room = room - len(head)
+        ws.receive_data(head)
+        events = ws.events_received()
+        if events:
+            self._head_room = None
+            self._dispatch(events)
+        elif self._head_room == 0 and isinstance(ws, ServerProtocol):
+            self._head_room = None
+            log.info("WebSocket peer %s: request head over %d bytes", self.peername, room)
+            ws.send_response(ws.reject(431, "Request Header Fields Too Large\n"))
+        out = ws.data_to_send()
+        if out:
+            self._send(out)
+        if ws.state is not _OPEN:
+            self._check_closing()
+            return b""
+        return rest
+
+    def eof_received(self) -> bool | None:
+        self.ws.receive_eof()
+        self.ws.data_to_send()  # nothing to send past the peer's EOF: the socket closes
+        return None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        self._cancel_timer()
+        self._held = []
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            rcvd = self.ws.close_rcvd
+            error = None
+            if rcvd is None or rcvd.code not in (1000, 1001):
+                error = ConnectionError(f"WebSocket closed: {rcvd or 'no close frame'}")
+                error.__cause__ = exc
+            sink.connection_lost(error)
+        self.opening.lost(self, exc)
+
+    @property
+    def peername(self) -> Any:
+        return self.raw.get_extra_info("peername") if self.raw is not None else None
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        if self.sink is not None:
+            self.sink.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.sink is not None:
+            self.sink.resume_writing()
+
+    # --- events ------------------------------------------------------------------------------
+
+    def _dispatch(self, events: list[Event]) -> None:
+        sink = self.sink
+        for index, event in enumerate(events):
+            if type(event) is Frame:
+                if event.opcode <= _LAST_DATA_OPCODE and sink is not None:
+                    if not self.reading:
+                        self._held = events[index:]
+                        return
+                    sink.data_received(event.data)  # type: ignore[arg-type]
+            else:
+                self.handshake_events["request" if type(event) is Request else "response"] = event
+                self.opening.handshake(self, event)  # type: ignore[arg-type]
+                sink = self.sink
+                if self.raw is None or self.raw.is_closing():
+                    return
+
+    def open(self, sink: ByteSink) -> WebSocketTransport:
+        """The handshake succeeded: start keepalive and hand the connection to ``sink``."""
+        if self.raw is None:
+            raise RuntimeError("open() before connection_made()")
+        self._cancel_timer()
+        if self.settings.ping_interval:
+            self._arm(self.settings.ping_interval, self._keepalive)
+        transport = self.transport = WebSocketTransport(self, self.raw)
+        self.sink = sink
+        sink.connection_made(transport)
+        if self._write_paused:
+            sink.pause_writing()
+        return transport
+
+    # --- reading backpressure ----------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        if self.reading:
+            self.reading = False
+            if self.raw is not None and not self.raw.is_closing():
+                self.raw.pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self.reading:
+            self.reading = True
+            if self._held:
+                self.loop.call_soon(self._release)
+            elif self.raw is not None and not self.raw.is_closing():
+                self.raw.resume_reading()
+
+    def _release(self) -> None:
+        """Hand over the frames held while paused, then read the socket again."""
+        held, self._held = self._held, []
+        if held and self.reading:
+            self._dispatch(held)
+        raw = self.raw
+        if self.reading and not self._held and raw is not None and not raw.is_closing():
+            raw.resume_reading()
+
+    # --- writing, closing ----------------------------------------------------------------
+
+    def respond(self, response: Response) -> None:
+        """Send the handshake response (a 101 opens the connection for frames)."""
+        ws = self.ws
+        if isinstance(ws, ServerProtocol):
+            ws.send_response(response)
+            self._send(ws.data_to_send())
+
+    def flush(self) -> None:
+        """Write what the sans-I/O protocol has queued."""
+        self._send(self.ws.data_to_send())
+
+    def _send(self, out: list[bytes]) -> None:
+        raw = self.raw
+        if raw is None:
+            return
+        for chunk in out:
+            if chunk:
+                raw.write(chunk)
+            elif raw.can_write_eof():  # websockets' SEND_EOF: half-close, let the peer close
+                raw.write_eof()
+            else:  # TLS has no half-close
+                raw.close()
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Start the closing handshake; before the upgrade, just close the socket."""
+        ws = self.ws
+        if ws.state is _OPEN:
+            ws.send_close(code, reason)
+            self._send(ws.data_to_send())
+            self._check_closing()
+        elif ws.state is State.CONNECTING and self.raw is not None:
+            self.raw.abort()
+
+    def fail(self, code: int, reason: str) -> None:
+        """Fail the connection (close frame if possible, then the socket)."""
+        self.ws.fail(code, reason)
+        self._send(self.ws.data_to_send())
+        self._check_closing()
+
+    def _check_closing(self) -> None:
+        """Once the socket is expected to close, give it ``close_timeout`` seconds."""
+        if not self._closing_timer and self.ws.close_expected():
+            self._closing_timer = True
+            self._arm(self.settings.close_timeout, self._close_timed_out)
+
+    def _close_timed_out(self) -> None:
+        self._timer = None
+        if self.raw is not None:
+            self.raw.abort()
+
+    # --- the one timer ---------------------------------------------------------------------
+
+    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay, callback)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def arm_handshake_deadline(self, callback: Callable[[], None]) -> None:
+        self._arm(self.settings.handshake_timeout, callback)
+
+    def _keepalive(self) -> None:
+        self._timer = None
+        settings = self.settings
+        if self.ws.state is not _OPEN:
+            return
+        if self._received:  # the peer spoke during the last period: alive
+            self._received = self._ping_sent = False
+            self._arm(settings.ping_interval or 0.0, self._keepalive)
+        elif self._ping_sent:
+            log.info("WebSocket peer %s: no answer to a ping: closing", self.peername)
+            self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
+        else:
+            self.ws.send_ping(os.urandom(4))
+            self._send(self.ws.data_to_send())
+            self._ping_sent = True
+            self._arm(settings.ping_timeout or settings.ping_interval or 0.0, self._keepalive)
