@@ -341,7 +341,7 @@ async def test_idle_connections_are_closed_and_reopened() -> None:
 
 
 async def test_silent_inbound_connection_is_closed() -> None:
-    async with group(1, inbound_idle_timeout=0.2) as (a,):
+    async with group(1, first_frame_timeout=0.2) as (a,):
         reader, writer = await asyncio.open_connection(*a.node.address)
         async with asyncio.timeout(3):
             assert await reader.read(1) == b""
