@@ -29,7 +29,7 @@ import random
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from rpc.group.members import full_jitter
 from rpc.group.options import GroupOptions, GroupStats
@@ -117,10 +117,8 @@ class Link(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not isinstance(transport, asyncio.Transport):  # TCP gives Transports
-            transport.abort()
-            return
-        self._transport = transport
+        # A TCP transport (uvloop's do not subclass asyncio.Transport, so no isinstance).
+        self._transport = cast(asyncio.Transport, transport)
         self._lost.clear()
         self._writable.set()
 
