@@ -72,7 +72,9 @@ class Dispatcher:
             return
         try:
             value = handler.decode(data)
-        except PayloadError as exc:
+        except (PayloadError, UnicodeDecodeError) as exc:
+            # UnicodeDecodeError: msgspec raises it for invalid UTF-8 in a str-typed value,
+            # past rpc.payload's PayloadError conversion.
             violations.warning("group broadcast %r dropped: %s", handler.name, exc)
             self._stats.malformed += 1
             return

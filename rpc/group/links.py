@@ -13,12 +13,14 @@ Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`)
   drains; each write is at most 64 frames or 1 MiB, so a peer that does not read costs
   about 64 KiB + 1 MiB of buffer and its queue.
 - Connects on demand (``connect_timeout``, 2 s); closes after ``idle_timeout`` (30 s) with
-  nothing to send. A connection that drops with frames to send is opened again after a
-  full-jitter back-off (``retry_base`` doubling, capped by ``retry_after``), at most 3
-  drops in a row; then, or when a connect fails, the peer counts as failed and every
+  nothing to send. A connection that drops with frames to send is opened again at once,
+  then after a full-jitter back-off (``retry_base`` doubling, capped by ``retry_after``),
+  at most 3 drops in a row; then, or when a connect fails, the peer counts as failed and every
   queued frame goes to the rest of its chunk.
 
-:class:`Links` holds at most ``max_members`` links and owns their tasks.
+:class:`Links` owns the links' tasks. Links to members are always made (the member list is
+bounded); links to other nodes (named in received distribution lists) only while fewer than
+``max_members`` links exist.
 """
 
 from __future__ import annotations
@@ -199,6 +201,7 @@ class Link(asyncio.Protocol):
                     if self._draining:
                         await self._flush_and_close()
                         return
+                    self._drops = 0  # nothing waits: the next frame connects at once
                     if not await self._wait_for_work():
                         return
                 elif transport is not None and transport.is_closing():
@@ -243,9 +246,12 @@ class Link(asyncio.Protocol):
     async def _connect(self) -> bool:
         opts = self._options
         if self._drops:
-            delay = full_jitter(self._drops, opts.retry_base, opts.retry_after, self._rng)
+            # The first reconnect after a drop is at once; later ones back off.
+            delay = full_jitter(self._drops - 1, opts.retry_base, opts.retry_after, self._rng)
+            delay = delay if self._drops > 1 else 0.0
             log.info("%s dropped; reconnecting in %.3f s", self, delay)
-            await asyncio.sleep(delay)  # the back-off timer, not a synchronisation
+            if delay:
+                await asyncio.sleep(delay)  # the back-off timer, not a synchronisation
             self._stats.reconnects += 1
         try:
             await open_stream(
@@ -325,7 +331,7 @@ class Link(asyncio.Protocol):
 
 
 class Links:
-    """The node's links by peer (at most ``max_members``), and the tasks that run them."""
+    """The node's links by peer, and the tasks that run them."""
 
     def __init__(
         self,
@@ -343,12 +349,15 @@ class Links:
         self._tasks = TaskSet(loop)
         self._closing = False
 
-    def get(self, netid: NetID) -> Link | None:
-        """The live link to ``netid``, started if needed; None when closing or at the limit."""
+    def get(self, netid: NetID, *, member: bool) -> Link | None:
+        """The live link to ``netid``, started if needed; None when closing, or for a
+        non-member (a name in a received distribution list) past ``max_members`` links."""
         link = self._links.get(netid)
         if link is not None and not link.dead:
             return link
-        if self._closing or (link is None and len(self._links) >= self._options.max_members):
+        if self._closing:
+            return None
+        if not member and link is None and len(self._links) >= self._options.max_members:
             return None
         link = self._links[netid] = Link(netid, self._events, self._options, self._stats, self._rng)
         self._tasks.spawn(self._run(link))

@@ -55,6 +55,9 @@ class Members:
         """Every member, in the order added (ourselves never included)."""
         return self._list
 
+    def knows(self, netid: NetID) -> bool:
+        return netid in self._members
+
     def add(self, netid: NetID) -> None:
         """Add a static member (ignored if it is us)."""
         if netid != self._own:

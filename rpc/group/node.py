@@ -230,6 +230,7 @@ class GroupNode:
             write_buffered=sum(link.write_buffered for link in links),
             handler_tasks=self._dispatcher.running,
             origins=len(self._dedup),
+            backed_off=self._members.backed_off(),
         )
 
     def add_peer(self, peer: NetID | str | tuple[str, int]) -> NetID:
@@ -344,8 +345,6 @@ class GroupNode:
             self._members.learn(origin)
         first = self._dedup.first(origin, envelope.seq)
         if first:
-            if g.tag == _JOIN_TAG:
-                self._members.reachable(origin)
             self._dispatcher.dispatch(g.tag, envelope.data)
         else:
             self.stats.duplicates += 1
@@ -354,6 +353,11 @@ class GroupNode:
         # Forward even a duplicate's list: it comes from a sender that skipped a failed node,
         # and the lists shrink at every hop, so this ends.
         targets: Sequence[NetID] = g.distribution
+        if first and g.tag == _JOIN_TAG:
+            self._members.reachable(origin)
+            if learn and sender == origin and not targets:
+                # We are the joiner's seed: the whole group learns of it through our tree.
+                targets = [m for m in self._members.all if m != origin]
         if first and self._sightings is not None:
             targets = self._after_multicast(targets, g.tag, g.payload)
         if targets:

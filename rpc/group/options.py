@@ -49,8 +49,8 @@ class GroupOptions:
     max_connections: int = 1024
     """Inbound connections at once; more are closed on arrival."""
     max_members: int = 4096
-    """Members learned at most (``learn``), outgoing links at once, and peers whose
-    failures are remembered; static peers always count."""
+    """Members learned at most (``learn``; static peers always count), outgoing links to
+    non-members at once, and peers whose failures are remembered."""
     forget_after: int = 3
     """A learned member failing this many times in a row is forgotten."""
     max_others: int = 4
@@ -110,7 +110,7 @@ class Footprint:
     inbound_buffered: int
     """Bytes of incomplete frames held for them (at most ``11 + max_size`` each)."""
     links: int
-    """Outgoing links (at most ``max_members``)."""
+    """Outgoing links (members, plus at most ``max_members`` to other nodes)."""
     queued: int
     """Frames waiting on links (at most ``2 * max_queue`` each: queue plus resends)."""
     write_buffered: int
@@ -119,6 +119,8 @@ class Footprint:
     """Coroutine handlers running (at most ``max_handler_tasks``)."""
     origins: int
     """Origins tracked by the duplicate filter (at most ``max_origins``)."""
+    backed_off: int
+    """Peers whose failures are remembered (at most ``max_members``)."""
 
 
 def as_netid(peer: NetID | str | tuple[str, int]) -> NetID:

@@ -57,7 +57,7 @@ class Router:
             while next_chunk is not None:
                 head = next_chunk.head
                 if not self._members.is_down(head):
-                    link = self.links.get(head)
+                    link = self.links.get(head, member=self._members.knows(head))
                     item = Item(tag, payload, next_chunk.rest)
                     if link is not None and await link.put(item, self._options.send_timeout):
                         break
@@ -121,7 +121,7 @@ class Router:
             return
         while chunk is not None:
             if not self._members.is_down(chunk.head):
-                link = self.links.get(chunk.head)
+                link = self.links.get(chunk.head, member=self._members.knows(chunk.head))
                 if link is not None and link.offer(Item(tag, payload, chunk.rest)):
                     return
                 self._stats.overflows += 1
