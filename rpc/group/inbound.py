@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from rpc.deadlines import Deadlines
 from rpc.group.options import GroupOptions, GroupStats
@@ -43,7 +43,7 @@ class InboundConnection(asyncio.Protocol):
         self._codec = codec
         self._loop = asyncio.get_running_loop()
         self._deadlines = Deadlines(self._loop)
-        self._transport: asyncio.BaseTransport | None = None
+        self._transport: asyncio.Transport | None = None
         self._peer: Any = None
 
     @property
@@ -52,7 +52,8 @@ class InboundConnection(asyncio.Protocol):
         return self._codec.buffered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
+        # A TCP transport (uvloop's do not subclass asyncio.Transport, so no isinstance).
+        self._transport = cast(asyncio.Transport, transport)
         self._peer = transport.get_extra_info("peername")
         timeout = self._inbound.options.first_frame_timeout
         self._deadlines.set("idle", self._loop.time() + timeout, self._idle)

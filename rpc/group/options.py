@@ -132,5 +132,5 @@ def as_netid(peer: NetID | str | tuple[str, int]) -> NetID:
         if not sep or not port.isdigit():
             raise ValueError(f"not host:port: {peer!r}")
         return NetID(host, int(port))
-    host, port = peer
-    return NetID(host, port)
+    address, number = peer
+    return NetID(address, number)
