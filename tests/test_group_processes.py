@@ -1,8 +1,10 @@
-"""Sixteen group nodes as separate processes on 127.0.0.1: every broadcast reaches everyone
-exactly once, and a killed node in the middle of the tree does not cut off its chunk."""
+"""Group nodes as separate processes on 127.0.0.1: sixteen of them, where every broadcast
+reaches everyone exactly once and a killed node in the middle of the tree does not cut off
+its chunk; and a member killed and restarted (asyncio and uvloop) that rejoins the group."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -89,3 +91,34 @@ async def test_killed_middle_node_does_not_stop_its_chunk(cluster: Cluster) -> N
     # the victim's chunks really were handed on (it was a chunk head with a rest)
     assert sum(s["rerouted"] for s in stats) > 0
     assert sum(s["skipped"] for s in stats) > 0
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_killed_and_restarted_member_rejoins(loop: str) -> None:
+    # A back-off far longer than the test: only the restarted node's join can bring it back.
+    args = ["--loop", loop, "--retry-base", "60", "--retry-after", "60"]
+    cluster = await Cluster.start(6, seed=2000, args=args)
+    try:
+        origin = cluster.nodes[0]
+        await _broadcast_and_wait(cluster, origin, "up", 3)
+        victim = cluster.nodes[4]
+        port = victim.port
+        await victim.kill()
+        await _broadcast_and_wait(cluster, origin, "down", 3)  # its chunks handed on
+        # the members that tried it have backed off from it
+        assert any(s["backed_off"] for s in await cluster.stats())
+        peers = ",".join(n.address for n in cluster.alive)
+        again = await cluster.restart(4, ["--port", str(port), "--peers", peers, *args])
+        # its join reaches every member: nobody backs off from it any more
+        async with asyncio.timeout(10):
+            while any(s["backed_off"] for s in await cluster.stats()):
+                await asyncio.sleep(0.02)  # pacing the polls; the loop ends on the condition
+        receivers = await _broadcast_and_wait(cluster, origin, "back", 3)
+        assert again in receivers
+        assert _values(again, "back") == Counter(range(3))
+        assert _values(again, "down") == Counter()  # nothing of its absence was kept for it
+        await _broadcast_and_wait(cluster, again, "from-again", 3)
+        stats = await cluster.stats()
+        assert all(s["protocol_errors"] == 0 for s in stats)
+    finally:
+        await cluster.stop()

@@ -18,13 +18,15 @@ The frame's encryption is weak (reused keystream, no MAC): see the README sectio
 """
 
 from rpc.group.multicast import MulticastConfig
-from rpc.group.node import GroupNode, GroupOptions, GroupStats, as_netid
+from rpc.group.node import GroupNode
+from rpc.group.options import Footprint, GroupOptions, GroupStats, as_netid
 from rpc.group.payloads import PayloadType, PayloadTypes, TagCollision
 from rpc.group.planner import Chunk, Planner, fanout_bound
 from wire.gossip import NetID
 
 __all__ = [
     "Chunk",
+    "Footprint",
     "GroupNode",
     "GroupOptions",
     "GroupStats",

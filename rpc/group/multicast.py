@@ -4,6 +4,9 @@ Each node joins one multicast group on one interface; every datagram is one whol
 frame (:func:`wire.gossip.decode_frame`). Several nodes on one host share the group port
 through SO_REUSEADDR + SO_REUSEPORT, and each gets a copy of every datagram, its own ones
 included (multicast loops back), so the node ignores gossip whose sender is itself.
+
+:class:`Sightings` keeps who we see and who sees us, for the ``seen`` field of our gossip
+and for dropping from the TCP list the members that get our multicast anyway.
 """
 
 from __future__ import annotations
@@ -11,12 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MulticastConfig", "MulticastEndpoint", "open_multicast"]
+from wire.gossip import BroadcastID, NetID
+
+__all__ = ["MAX_SEEN", "MulticastConfig", "MulticastEndpoint", "Sightings", "open_multicast"]
 
 log = logging.getLogger("peerwire.group.multicast")
+
+MAX_SEEN = 16
+"""BroadcastIDs of others' multicast we report per gossip."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +113,60 @@ async def open_multicast(
         lambda: _Protocol(on_datagram), sock=_socket(config)
     )
     return MulticastEndpoint(config, transport)
+
+
+class Sightings:
+    """Whose multicast we receive (the last ``max_origins`` senders, the latest
+    :data:`MAX_SEEN` reported in our gossip) and which members report receiving ours
+    (at most ``max_reporters``, each report valid ``seen_ttl`` s)."""
+
+    def __init__(
+        self,
+        own: NetID,
+        seen_ttl: float,
+        max_origins: int,
+        max_reporters: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._own = own
+        self._ttl = seen_ttl
+        self._max_origins = max_origins
+        self._max_reporters = max_reporters
+        self._clock = clock
+        self._received: OrderedDict[NetID, int] = OrderedDict()  # sender -> its latest seq
+        self._seen: tuple[BroadcastID, ...] | None = ()  # None: rebuild from _received
+        self._sees_us: dict[NetID, float] = {}  # member -> when it last reported us
+
+    def received(self, sender: NetID, seq: int) -> None:
+        """A multicast gossip from ``sender`` arrived."""
+        self._received[sender] = seq
+        self._received.move_to_end(sender)
+        if len(self._received) > self._max_origins:
+            self._received.popitem(last=False)
+        self._seen = None
+
+    def seen(self) -> tuple[BroadcastID, ...]:
+        """What our gossip reports seeing: the latest multicast of up to 16 senders."""
+        if self._seen is None:
+            recent = list(self._received.items())[-MAX_SEEN:]
+            self._seen = tuple(BroadcastID(o, s) for o, s in recent)
+        return self._seen
+
+    def report(self, sender: NetID, seen: Iterable[BroadcastID]) -> None:
+        """``sender``'s gossip listed what it sees; note whether that includes us."""
+        if sender == self._own or not any(b.origin == self._own for b in seen):
+            return
+        self._sees_us.pop(sender, None)
+        self._sees_us[sender] = self._clock()
+        if len(self._sees_us) > self._max_reporters:
+            self._sees_us.pop(next(iter(self._sees_us)))
+
+    def seeing_us(self, targets: Sequence[NetID]) -> set[NetID]:
+        """The ``targets`` that recently reported receiving our multicast."""
+        limit = self._clock() - self._ttl
+        return {t for t in targets if self._sees_us.get(t, limit - 1.0) >= limit}
+
+    def reporters(self) -> tuple[NetID, ...]:
+        """Every member that recently reported receiving our multicast, sorted."""
+        limit = self._clock() - self._ttl
+        return tuple(sorted(n for n, t in self._sees_us.items() if t >= limit))

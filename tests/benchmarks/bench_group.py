@@ -1,4 +1,5 @@
-"""Group broadcast over 16 node processes on 127.0.0.1: ``python tests/benchmarks/bench_group.py``.
+"""Group broadcast over 16 node processes on 127.0.0.1: ``python tests/benchmarks/bench_group.py
+[--loop asyncio|uvloop] [--quick]`` (``--quick``: a fifth of the rounds and broadcasts).
 
 Not collected by pytest. Every node is its own process (tests/peers/group_node.py) knowing
 all the others; one origin broadcasts through the distribution tree (at most 4 direct sends
@@ -15,6 +16,7 @@ per node for 16 nodes).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
@@ -30,8 +32,8 @@ LATENCY_ROUNDS = 200
 THROUGHPUT = {64: 10_000, 4096: 4_000, 65536: 500}  # payload bytes -> broadcasts
 
 
-async def latency() -> None:
-    cluster = await Cluster.start(NODES, seed=1)
+async def latency(rounds: int, args: list[str]) -> None:
+    cluster = await Cluster.start(NODES, seed=1, args=args)
     try:
         origin = cluster.nodes[0]
         receivers = cluster.nodes[1:]
@@ -40,7 +42,7 @@ async def latency() -> None:
             await origin.command(cmd="notify", values=[{"warm": i}])
         await cluster.wait_until(lambda: all(len(n.received) == 20 for n in receivers), 10)
         samples = []
-        for i in range(LATENCY_ROUNDS):
+        for i in range(rounds):
             want = 21 + i
             sent = await origin.command(cmd="notify", values=[{"i": i}])
             await cluster.wait_until(
@@ -49,7 +51,7 @@ async def latency() -> None:
             samples.append(max(n.times[-1] for n in receivers) - sent["t0"])
         samples.sort()
         print(
-            f"latency, all {NODES} nodes have a message ({LATENCY_ROUNDS} broadcasts, one "
+            f"latency, all {NODES} nodes have a message ({rounds} broadcasts, one "
             f"at a time): median {statistics.median(samples) * 1e3:.2f} ms, "
             f"p90 {samples[int(0.9 * len(samples))] * 1e3:.2f} ms, max {samples[-1] * 1e3:.2f} ms"
         )
@@ -57,19 +59,28 @@ async def latency() -> None:
         await cluster.stop()
 
 
-async def throughput(size: int, count: int) -> None:
-    cluster = await Cluster.start(NODES, seed=1, quiet=True)
+async def throughput(size: int, count: int, args: list[str]) -> None:
+    cluster = await Cluster.start(NODES, seed=1, quiet=True, args=args)
     try:
         origin = cluster.nodes[0]
         value = {"pad": os.urandom(size // 2).hex()}  # incompressible, about `size` bytes
         await origin.command(cmd="notify", values=[value])  # warm-up
         total = 1 + count
         sent = await origin.command(timeout=600, cmd="notify", value=value, count=count)
+        deadline = asyncio.get_running_loop().time() + 120
         while True:
             stats = await cluster.stats()
             if all(s["got"] == total for s in stats[1:]):
                 break
-            await asyncio.sleep(0.05)
+            if asyncio.get_running_loop().time() > deadline:
+                missing = sum(total - s["got"] for s in stats[1:])
+                dropped = sum(s["dropped"] for s in stats)
+                print(
+                    f"throughput, {size}-byte values: {missing} deliveries missing after 120 s "
+                    f"({dropped} frames dropped)"
+                )
+                return
+            await asyncio.sleep(0.05)  # polling the counters
         elapsed = max(s["last_t"] for s in stats[1:]) - sent["t0"]
         frames = sum(s["frames_sent"] for s in stats)
         print(
@@ -82,11 +93,20 @@ async def throughput(size: int, count: int) -> None:
 
 
 async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--quick", action="store_true")
+    opts = parser.parse_args()
+    scale = 5 if opts.quick else 1
+    args = ["--loop", opts.loop]
     python = sys.version.split()[0]
-    print(f"{NODES} node processes on 127.0.0.1, {os.cpu_count()} CPUs, Python {python}")
-    await latency()
+    print(
+        f"{NODES} node processes on 127.0.0.1 ({opts.loop}), {os.cpu_count()} CPUs, "
+        f"Python {python}, load average {os.getloadavg()[0]:.1f}"
+    )
+    await latency(LATENCY_ROUNDS // scale, args)
     for size, count in THROUGHPUT.items():
-        await throughput(size, count)
+        await throughput(size, count // scale, args)
 
 
 if __name__ == "__main__":

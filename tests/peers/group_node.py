@@ -1,11 +1,14 @@
 """A group node in its own process, driven over stdin/stdout with JSON lines.
 
-usage: group_node.py [--key K] [--seed N] [--quiet]
+usage: group_node.py [--key K] [--seed N] [--quiet] [--port P] [--peers H:P,...] [--learn]
+                     [--loop asyncio|uvloop] [--retry-base S] [--retry-after S]
 
-Prints ``{"event": "ready", "port": P}`` once listening on 127.0.0.1. Commands (one JSON
-object per stdin line), each answered with one line:
+Prints ``{"event": "ready", "port": P}`` once listening on 127.0.0.1 (``--port``, default
+any free port; ``--peers`` are passed to ``GroupNode.start``, which then broadcasts a join).
+Commands (one JSON object per stdin line), each answered with one line:
 
     {"cmd": "peers", "peers": ["127.0.0.1:P", ...]}      -> {"event": "ok"}
+    {"cmd": "members"}                        -> {"event": "members", "members": ["H:P", ...]}
     {"cmd": "notify", "values": [v, ...]}     -> {"event": "sent", "count": n, "t0": t, "t1": t}
     {"cmd": "notify", "value": v, "count": n} -> the same, broadcasting v n times
     {"cmd": "stats"}                          -> {"event": "stats", "stats": {...}}
@@ -28,7 +31,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import rpc  # noqa: E402
-from rpc.group import GroupNode  # noqa: E402
+from rpc.group import GroupNode, GroupOptions  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 LINE_LIMIT = 1 << 24  # JSON lines carry benchmark payloads
@@ -48,7 +51,9 @@ def _say(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-async def serve(key: bytes, seed: int | None, quiet: bool) -> None:
+async def serve(args: argparse.Namespace) -> None:
+    key: bytes = args.key.encode()
+    quiet: bool = args.quiet
     registry = rpc.Registry()
     got = 0
     last_t = 0.0
@@ -61,8 +66,14 @@ async def serve(key: bytes, seed: int | None, quiet: bool) -> None:
         if not quiet:
             _say({"event": "got", "value": value, "t": last_t})
 
-    rng = random.Random(seed) if seed is not None else None
-    node = await GroupNode.start("127.0.0.1", 0, key=key, registry=registry, rng=rng)
+    rng = random.Random(args.seed) if args.seed is not None else None
+    options = GroupOptions(
+        learn=args.learn, retry_base=args.retry_base, retry_after=args.retry_after
+    )
+    peers = [p for p in args.peers.split(",") if p]
+    node = await GroupNode.start(
+        "127.0.0.1", args.port, key=key, peers=peers, registry=registry, rng=rng, options=options
+    )
     _say({"event": "ready", "port": node.netid.port})
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=LINE_LIMIT)
@@ -81,8 +92,12 @@ async def serve(key: bytes, seed: int | None, quiet: bool) -> None:
                     await node.notify("msg", value)
                 reply = {"event": "sent", "count": len(values)}
                 _say({**reply, "t0": t0, "t1": time.monotonic()})
+            elif cmd["cmd"] == "members":
+                _say({"event": "members", "members": [str(m) for m in node.members]})
             elif cmd["cmd"] == "stats":
+                backed_off = node.footprint().backed_off
                 stats = {**node.stats.as_dict(), "got": got, "last_t": last_t}
+                stats["backed_off"] = backed_off
                 _say({"event": "stats", "stats": stats})
             else:
                 _say({"event": "error", "message": f"unknown command {cmd['cmd']!r}"})
@@ -95,8 +110,19 @@ def main() -> None:
     parser.add_argument("--key", default="cluster key")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--peers", default="")
+    parser.add_argument("--learn", action="store_true")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--retry-base", type=float, default=GroupOptions().retry_base)
+    parser.add_argument("--retry-after", type=float, default=GroupOptions().retry_after)
     args = parser.parse_args()
-    asyncio.run(serve(args.key.encode(), args.seed, args.quiet))
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(serve(args))
+    else:
+        asyncio.run(serve(args))
 
 
 # --- driving processes --------------------------------------------------------------------
@@ -175,6 +201,26 @@ class NodeProcess:
                 await self._reader
 
 
+async def spawn(index: int, args: Sequence[str]) -> NodeProcess:
+    """One node process, started and listening (30 s at most)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(SCRIPT),
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        limit=LINE_LIMIT,
+    )
+    node = NodeProcess(index, proc)
+    try:
+        async with asyncio.timeout(30):
+            await node.start_reading()
+    except BaseException:
+        await node.stop()
+        raise
+    return node
+
+
 class Cluster:
     """``n`` node processes on 127.0.0.1, each knowing all the others."""
 
@@ -185,26 +231,22 @@ class Cluster:
             node.on_got = self._changed.set
 
     @classmethod
-    async def start(cls, n: int, *, seed: int = 1, quiet: bool = False) -> Cluster:
-        procs = await asyncio.gather(
-            *(
-                asyncio.create_subprocess_exec(
-                    sys.executable,
-                    str(SCRIPT),
-                    "--seed",
-                    str(seed + i),
-                    *(["--quiet"] if quiet else []),
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    limit=LINE_LIMIT,
-                )
-                for i in range(n)
-            )
+    async def start(
+        cls, n: int, *, seed: int = 1, quiet: bool = False, args: Sequence[str] = ()
+    ) -> Cluster:
+        """Start ``n`` processes (``args``: more command-line options for each) and give
+        each the others as static peers."""
+        flags = [*(["--quiet"] if quiet else []), *args]
+        nodes = await asyncio.gather(
+            *(spawn(i, ["--seed", str(seed + i), *flags]) for i in range(n)),
+            return_exceptions=True,
         )
-        cluster = cls([NodeProcess(i, p) for i, p in enumerate(procs)])
+        cluster = cls([node for node in nodes if isinstance(node, NodeProcess)])
         try:
+            for node in nodes:
+                if isinstance(node, BaseException):
+                    raise node
             async with asyncio.timeout(30):
-                await asyncio.gather(*(node.start_reading() for node in cluster.nodes))
                 everyone = [node.address for node in cluster.nodes]
                 await asyncio.gather(
                     *(node.command(cmd="peers", peers=everyone) for node in cluster.nodes)
@@ -213,6 +255,13 @@ class Cluster:
             await cluster.stop()
             raise
         return cluster
+
+    async def restart(self, index: int, args: Sequence[str] = ()) -> NodeProcess:
+        """Start node ``index`` again (after :meth:`NodeProcess.kill`) with ``args``."""
+        node = await spawn(index, args)
+        node.on_got = self._changed.set
+        self.nodes[index] = node
+        return node
 
     @property
     def alive(self) -> list[NodeProcess]:

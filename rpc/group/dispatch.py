@@ -1,0 +1,115 @@
+"""Dispatch: a received broadcast's value to the notification handler registered for its name.
+
+The gossip names its payload type by tag (``xxh32(name)``); names come from
+:class:`~rpc.group.payloads.PayloadTypes`, filled from the registry's notification handlers
+when an unknown tag arrives. A value the handler cannot decode is dropped with one
+rate-limited warning (:data:`rpc.logs.violations`). Coroutine handlers run as tasks, at most
+``max_handler_tasks`` (default 1024) at once; past it a notification is not dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from rpc.group.options import GroupStats
+from rpc.group.payloads import PayloadTypes
+from rpc.logs import violations
+from rpc.payload import PayloadError
+from rpc.registry import Registry
+from rpc.tasks import TaskSet
+
+__all__ = ["JOIN", "RESERVED_PREFIX", "Dispatcher"]
+
+log = logging.getLogger("peerwire.group")
+
+RESERVED_PREFIX = "peerwire.group."
+"""Names under this prefix are the group's own messages, never dispatched to handlers."""
+
+JOIN = RESERVED_PREFIX + "join"
+"""Broadcast by a node at start, so the members it knows learn of it (or use it again)."""
+
+
+class Dispatcher:
+    """Runs handlers for received broadcasts; owns the tasks of coroutine handlers."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        types: PayloadTypes,
+        stats: GroupStats,
+        max_tasks: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._registry = registry
+        self._types = types
+        self._stats = stats
+        self._max_tasks = max_tasks
+        self._tasks = TaskSet(loop)
+
+    @property
+    def running(self) -> int:
+        """Coroutine handlers running (at most ``max_handler_tasks``)."""
+        return len(self._tasks)
+
+    def dispatch(self, tag: int, data: bytes) -> None:
+        """Decode ``data`` for the handler of ``tag`` and call it (once per broadcast)."""
+        ptype = self._types.by_tag(tag)
+        if ptype is None:
+            self._index_handlers()
+            ptype = self._types.by_tag(tag)
+        if ptype is None:
+            self._stats.unhandled += 1
+            return
+        if ptype.name.startswith(RESERVED_PREFIX):
+            return
+        handler = self._registry.get_notification(ptype.name)
+        if handler is None:
+            self._stats.unhandled += 1
+            return
+        try:
+            value = handler.decode(data)
+        except (PayloadError, UnicodeDecodeError) as exc:
+            # UnicodeDecodeError: msgspec raises it for invalid UTF-8 in a str-typed value,
+            # past rpc.payload's PayloadError conversion.
+            violations.warning("group broadcast %r dropped: %s", handler.name, exc)
+            self._stats.malformed += 1
+            return
+        self._stats.dispatched += 1
+        try:
+            result = handler.fn(value)
+        except Exception:
+            log.exception("notification handler %r failed", handler.name)
+            return
+        if inspect.isawaitable(result):
+            self._spawn(handler.name, result)
+
+    async def close(self) -> None:
+        """Cancel running handlers and wait for them."""
+        self._tasks.cancel_all()
+        await self._tasks.wait()
+
+    def _index_handlers(self) -> None:
+        for name in self._registry.notification_names():
+            try:
+                self._types.register(name)
+            except ValueError as exc:
+                log.warning("notification %r cannot be received: %s", name, exc)
+
+    def _spawn(self, name: str, awaitable: Awaitable[Any]) -> None:
+        if len(self._tasks) >= self._max_tasks:
+            log.warning("handler %r not run: %d handlers already running", name, len(self._tasks))
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+            return
+        self._tasks.spawn(_run_handler(name, awaitable))
+
+
+async def _run_handler(name: str, awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("notification handler %r failed", name)

@@ -1,0 +1,388 @@
+"""Outgoing links: one persistent connection per peer, fed from a bounded queue of frames.
+
+A :class:`Link` is the ``asyncio.Protocol`` of its connection (handed straight to the loop,
+the same object again on every reconnect) and a task that writes its queue. It tells its
+owner what happens through :class:`LinkEvents`; it never reaches into the owner.
+
+Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`):
+
+- ``max_queue`` frames queued (default 256), plus at most ``max_queue`` frames being resent
+  after a drop; the ``max_queue`` frames written last are kept ``resend_window`` s (2 s) to
+  be resent once if the connection drops, then handed to the rest of their chunk.
+- Writes stop while the transport is above its high-water mark (asyncio's 64 KiB) until it
+  drains; each write is at most 64 frames or 1 MiB, so a peer that does not read costs
+  about 64 KiB + 1 MiB of buffer and its queue.
+- Connects on demand (``connect_timeout``, 2 s); closes after ``idle_timeout`` (30 s) with
+  nothing to send. A connection that drops with frames to send is opened again at once,
+  then after a full-jitter back-off (``retry_base`` doubling, capped by ``retry_after``),
+  at most 3 drops in a row; then, or when a connect fails, the peer counts as failed and every
+  queued frame goes to the rest of its chunk.
+
+:class:`Links` owns the links' tasks. Links to members are always made (the member list is
+bounded); links to other nodes (named in received distribution lists) only while fewer than
+``max_members`` links exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+from rpc.group.members import full_jitter
+from rpc.group.options import GroupOptions, GroupStats
+from rpc.tasks import TaskSet
+from transports.stream import open_stream
+from wire.errors import LocalProtocolError
+from wire.gossip import NetID
+
+__all__ = ["Item", "Link", "LinkEvents", "Links"]
+
+log = logging.getLogger("peerwire.group")
+
+BATCH_ITEMS = 64
+"""Frames joined into one write at most."""
+BATCH_BYTES = 1 << 20
+"""Bytes joined into one write at most (a larger single frame is written alone)."""
+MAX_DROPS = 3
+"""Drops in a row (each within ``resend_window`` of its connect) before a peer has failed."""
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """A frame to build for one peer: our payload, and the rest of its chunk."""
+
+    tag: int
+    payload: bytes
+    rest: tuple[NetID, ...]
+    sent_at: float = 0.0
+    resent: bool = False
+
+
+class LinkEvents(Protocol):
+    """What a link asks of its owner."""
+
+    def frame(self, item: Item, head: NetID, with_others: bool) -> bytes:
+        """Encode ``item`` for ``head`` (raises LocalProtocolError if it cannot be sent)."""
+        ...
+
+    def reroute(self, failed: NetID, item: Item) -> None:
+        """``failed`` could not take ``item``: hand it to the next node of its chunk."""
+        ...
+
+    def connected(self, netid: NetID) -> None: ...
+
+    def unreachable(self, netid: NetID) -> None: ...
+
+
+class Link(asyncio.Protocol):
+    """One peer's persistent outgoing connection and the frames waiting for it."""
+
+    def __init__(
+        self,
+        netid: NetID,
+        events: LinkEvents,
+        options: GroupOptions,
+        stats: GroupStats,
+        rng: random.Random,
+    ) -> None:
+        self.netid = netid
+        self._events = events
+        self._options = options
+        self._stats = stats
+        self._rng = rng
+        self._loop = asyncio.get_running_loop()
+        self._pending: deque[Item] = deque()
+        self._recent: deque[Item] = deque(maxlen=options.max_queue)
+        self._wakeup = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._lost = asyncio.Event()
+        self._lost.set()
+        self._transport: asyncio.Transport | None = None
+        self._dead = False
+        self._ours = False  # the close is ours (idle, shutdown): nothing to resend
+        self._draining = False
+        self._drops = 0
+        self._connected_at = 0.0
+        self._others_due = 0.0
+
+    def __str__(self) -> str:
+        return f"link to {self.netid}"
+
+    # --- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A TCP transport (uvloop's do not subclass asyncio.Transport, so no isinstance).
+        self._transport = cast(asyncio.Transport, transport)
+        self._lost.clear()
+        self._writable.set()
+
+    def data_received(self, data: bytes) -> None:
+        pass  # members never answer on this direction; anything sent is ignored, not kept
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._transport = None
+        self._writable.set()
+        self._lost.set()
+        if not (self._ours or self._dead):
+            self._dropped(exc)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # --- what the owner uses ---------------------------------------------------------------
+
+    @property
+    def dead(self) -> bool:
+        """The link has ended (idle, failed or closed); a new one is needed."""
+        return self._dead
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    @property
+    def write_buffered(self) -> int:
+        transport = self._transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
+    def offer(self, item: Item) -> bool:
+        """Queue without waiting; False if the queue is full or the link has ended."""
+        if self._dead or len(self._pending) >= self._options.max_queue:
+            return False
+        self._pending.append(item)
+        self._wakeup.set()
+        return True
+
+    async def put(self, item: Item, timeout: float) -> bool:
+        """Queue, waiting up to ``timeout`` for room; False if there was none."""
+        if self.offer(item):
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                while not self._dead and len(self._pending) >= self._options.max_queue:
+                    self._space.clear()
+                    await self._space.wait()
+        except TimeoutError:
+            return False
+        return self.offer(item)
+
+    def drain(self) -> None:
+        """Write what is queued, close the connection once flushed, and end."""
+        self._draining = True
+        self._wakeup.set()
+
+    def abort(self) -> None:
+        """Drop the connection now, unflushed (after a drain that took too long)."""
+        self._ours = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def run(self) -> None:
+        """Connect when there is something to send, write batches, end when idle or failed."""
+        try:
+            while True:
+                transport = self._transport
+                if not self._pending:
+                    if self._draining:
+                        await self._flush_and_close()
+                        return
+                    self._drops = 0  # nothing waits: the next frame connects at once
+                    if not await self._wait_for_work():
+                        return
+                elif transport is not None and transport.is_closing():
+                    await self._lost.wait()  # closed by the peer: connection_lost is coming
+                elif transport is None:
+                    if self._drops >= MAX_DROPS or not await self._connect():
+                        self._give_up()
+                        return
+                elif not self._writable.is_set():
+                    await self._writable.wait()
+                else:
+                    self._write_batch(transport)
+                    await asyncio.sleep(0)  # let other links and the readers run
+        finally:
+            self._dead = True
+            self._space.set()
+            if self._transport is not None:
+                self._ours = True
+                self._transport.close()
+
+    # --- inside ----------------------------------------------------------------------------
+
+    async def _wait_for_work(self) -> bool:
+        """Wait for a frame (or a drain) up to ``idle_timeout``; False when idle."""
+        self._wakeup.clear()
+        try:
+            async with asyncio.timeout(self._options.idle_timeout):
+                await self._wakeup.wait()
+        except TimeoutError:
+            if not self._pending:
+                log.debug("%s idle: closing", self)
+                return False
+        return True
+
+    async def _flush_and_close(self) -> None:
+        transport = self._transport
+        if transport is not None:
+            self._ours = True
+            transport.close()  # asyncio writes out its buffer first
+            await self._lost.wait()
+
+    async def _connect(self) -> bool:
+        opts = self._options
+        if self._drops:
+            # The first reconnect after a drop is at once; later ones back off.
+            delay = full_jitter(self._drops - 1, opts.retry_base, opts.retry_after, self._rng)
+            delay = delay if self._drops > 1 else 0.0
+            log.info("%s dropped; reconnecting in %.3f s", self, delay)
+            if delay:
+                await asyncio.sleep(delay)  # the back-off timer, not a synchronisation
+            self._stats.reconnects += 1
+        try:
+            await open_stream(
+                self.netid.host,
+                self.netid.port,
+                lambda: self,
+                connect_timeout=opts.connect_timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            log.info("%s: cannot connect: %s", self, exc or type(exc).__name__)
+            return False
+        self._connected_at = self._loop.time()
+        self._events.connected(self.netid)
+        return True
+
+    def _write_batch(self, transport: asyncio.Transport) -> None:
+        frames: list[bytes] = []
+        items: list[Item] = []
+        size = 0
+        now = self._loop.time()
+        while self._pending and len(frames) < BATCH_ITEMS and size < BATCH_BYTES:
+            item = self._pending.popleft()
+            with_others = now >= self._others_due
+            if with_others:
+                self._others_due = now + self._options.others_interval
+            try:
+                frame = self._events.frame(item, self.netid, with_others)
+            except LocalProtocolError as exc:
+                log.warning("%s: frame not sent: %s", self, exc)
+                self._stats.dropped += 1
+                continue
+            frames.append(frame)
+            items.append(item)
+            size += len(frame)
+        self._space.set()
+        if not frames:
+            return
+        transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        for item in items:
+            item.sent_at = now
+        self._recent.extend(items)
+        self._stats.frames_sent += len(frames)
+
+    def _dropped(self, exc: BaseException | None) -> None:
+        """The peer closed on us: resend what it may have missed (once), then reconnect."""
+        now = self._loop.time()
+        window = self._options.resend_window
+        if now - self._connected_at > window:
+            self._drops = 0
+        self._drops += 1
+        again: list[Item] = []
+        twice: list[Item] = []
+        for item in self._recent:
+            if now - item.sent_at <= window:
+                (twice if item.resent else again).append(item)
+        self._recent.clear()
+        for item in reversed(again):
+            item.resent = True
+            self._pending.appendleft(item)
+        self._stats.resent += len(again)
+        if again:
+            log.info("%s: connection dropped (%s); sending %d frames again", self, exc, len(again))
+        # Lost twice: this peer may be what fails, so the rest of the chunk gets them instead.
+        for item in twice:
+            self._events.reroute(self.netid, item)
+        self._wakeup.set()
+
+    def _give_up(self) -> None:
+        """The peer is unreachable: report it, and hand every frame to its chunk's next node."""
+        self._dead = True
+        self._events.unreachable(self.netid)
+        items = list(self._pending)
+        self._pending.clear()
+        self._space.set()
+        for item in items:
+            self._events.reroute(self.netid, item)
+
+
+class Links:
+    """The node's links by peer, and the tasks that run them."""
+
+    def __init__(
+        self,
+        events: LinkEvents,
+        options: GroupOptions,
+        stats: GroupStats,
+        rng: random.Random,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._events = events
+        self._options = options
+        self._stats = stats
+        self._rng = rng
+        self._links: dict[NetID, Link] = {}
+        self._tasks = TaskSet(loop)
+        self._closing = False
+
+    def get(self, netid: NetID, *, member: bool) -> Link | None:
+        """The live link to ``netid``, started if needed; None when closing, or for a
+        non-member (a name in a received distribution list) past ``max_members`` links."""
+        link = self._links.get(netid)
+        if link is not None and not link.dead:
+            return link
+        if self._closing:
+            return None
+        if not member and link is None and len(self._links) >= self._options.max_members:
+            return None
+        link = self._links[netid] = Link(netid, self._events, self._options, self._stats, self._rng)
+        self._tasks.spawn(self._run(link))
+        return link
+
+    def __iter__(self) -> Iterator[Link]:
+        return iter(tuple(self._links.values()))
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    async def close(self, drain_timeout: float) -> None:
+        """Flush every link (up to ``drain_timeout`` s together), then drop what is left."""
+        self._closing = True
+        for link in self:
+            link.drain()
+        if not await self._tasks.wait(drain_timeout):
+            for link in self:
+                link.abort()
+            self._tasks.cancel_all()
+            await self._tasks.wait()
+
+    async def _run(self, link: Link) -> None:
+        try:
+            await link.run()
+        finally:
+            if self._links.get(link.netid) is link:
+                del self._links[link.netid]

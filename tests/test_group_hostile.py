@@ -1,0 +1,294 @@
+"""Group nodes under hostile and faulty peers, on asyncio and uvloop: each test measures the
+node's structures (``footprint()``) and checks that a canary broadcast still arrives.
+Also: reconnecting with back-off, and a restarted member used again at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rpc.group import Footprint, GroupNode, NetID
+from rpc.group.members import full_jitter
+from rpc.group.payloads import encode_envelope
+from rpc.logs import violations
+from tests.group_helpers import (
+    Member,
+    RawPeer,
+    frame,
+    free_port,
+    group,
+    on_both_loops,
+    raw_payload_frame,
+    wait_for,
+)
+
+ATTACKER = NetID("10.66.0.1", 6666)
+
+
+class Peak:
+    """Samples a node's footprint on every loop turn while open; keeps the largest figures."""
+
+    def __init__(self, node: GroupNode) -> None:
+        self.node = node
+        self.max: dict[str, int] = dict.fromkeys(Footprint.__slots__, 0)
+
+    def sample(self) -> None:
+        fp = self.node.footprint()
+        for name in self.max:
+            self.max[name] = max(self.max[name], getattr(fp, name))
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[Peak]:
+        async def run() -> None:
+            while True:
+                self.sample()
+                await asyncio.sleep(0)
+
+        task = asyncio.get_running_loop().create_task(run())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def canary(sender: Member, receiver: Member, text: str = "canary") -> None:
+    """``sender`` broadcasts; ``receiver`` must get it within 5 s."""
+    await sender.node.notify("chat", text)
+    await wait_for(lambda: ("chat", text) in receiver.got)
+
+
+async def is_closed(reader: asyncio.StreamReader) -> bool:
+    async with asyncio.timeout(3):
+        return await reader.read(1) == b""
+
+
+@on_both_loops
+async def test_garbage_after_a_valid_frame_closes_only_that_connection() -> None:
+    async with group(2) as (a, b):
+        reader, writer = await asyncio.open_connection(*a.node.address)
+        writer.write(frame(ATTACKER, ATTACKER, 1, "chat", "valid"))
+        await wait_for(lambda: a.got == [("chat", "valid")])
+        writer.write(os.urandom(64).replace(b"\xff", b"\x00"))  # never a start byte
+        assert await is_closed(reader)
+        writer.close()
+        assert a.node.stats.protocol_errors == 1
+        await wait_for(lambda: a.node.footprint().inbound == 0)
+        await canary(b, a)
+
+
+@on_both_loops
+async def test_undecodable_payloads_are_dropped_and_the_connection_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    violations.reset()
+    async with group(2) as (a, b):
+        _, writer = await asyncio.open_connection(*a.node.address)
+        bad = [
+            raw_payload_frame(ATTACKER, "chat", b"not our envelope"),
+            frame(ATTACKER, ATTACKER, 1, "point", {"x": "not an int"}),
+            # invalid UTF-8 inside a JSON string
+            raw_payload_frame(ATTACKER, "chat", encode_envelope(ATTACKER, 2, b'"\xff\xfe"')),
+        ]
+        flood = [frame(ATTACKER, ATTACKER, 100 + i, "point", [i]) for i in range(200)]
+        with caplog.at_level(logging.WARNING, logger="peerwire.rpc.violations"):
+            writer.write(b"".join(bad + flood))
+            writer.write(frame(ATTACKER, ATTACKER, 1000, "chat", "still here"))
+            await wait_for(lambda: a.got == [("chat", "still here")])
+            # the same connection goes on carrying frames
+            writer.write(frame(ATTACKER, ATTACKER, 1001, "chat", "and here"))
+            await wait_for(lambda: len(a.got) == 2)
+        assert a.node.stats.malformed == 203
+        assert a.node.stats.protocol_errors == 0
+        assert a.node.footprint().inbound == 1
+        warnings = [r for r in caplog.records if r.name == "peerwire.rpc.violations"]
+        assert 3 <= len(warnings) <= 21  # rate-limited: a burst of 20, then counted
+        assert all(r.levelno == logging.WARNING and not r.exc_info for r in warnings)
+        writer.close()
+        await canary(b, a)
+
+
+@on_both_loops
+async def test_connection_flood_is_refused_past_max_connections() -> None:
+    async with group(2, max_connections=8) as (a, b):
+        await canary(b, a, "warm-up")  # b's link to a is one of the 8
+        async with Peak(a.node).watching() as peak:
+            streams = [await asyncio.open_connection(*a.node.address) for _ in range(40)]
+            await wait_for(lambda: a.node.stats.refused == 40 - 7)
+            await canary(b, a)
+        assert peak.max["inbound"] == 8
+        for _, writer in streams:
+            writer.close()
+        await wait_for(lambda: a.node.footprint().inbound == 1)
+
+
+@on_both_loops
+async def test_slowloris_and_silent_connections_are_closed_by_their_timers() -> None:
+    opts = {"first_frame_timeout": 0.3, "frame_timeout": 0.3, "inbound_idle_timeout": 0.5}
+    async with group(2, **opts) as (a, b):
+        data = frame(ATTACKER, ATTACKER, 1, "chat", "x" * 200)
+        silent = [await asyncio.open_connection(*a.node.address) for _ in range(10)]
+
+        async def slowloris() -> asyncio.StreamReader:
+            reader, writer = await asyncio.open_connection(*a.node.address)
+            for byte in data:  # one byte per loop turn wait, never a whole frame in time
+                if reader.at_eof() or writer.is_closing():
+                    break
+                writer.write(bytes((byte,)))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await reader.read(1)  # returns b"" once the node closes on us
+            return reader
+
+        async with Peak(a.node).watching() as peak:
+            slow = [asyncio.create_task(slowloris()) for _ in range(10)]
+            await canary(b, a)
+            for reader, _ in silent:
+                assert await is_closed(reader)
+            readers = await asyncio.gather(*slow)
+        assert all(r.at_eof() for r in readers)
+        assert peak.max["inbound_buffered"] <= 10 * len(data)
+        assert a.node.stats.timeouts >= 20
+        assert a.got == [("chat", "canary")]  # no slow frame was ever completed
+        # a connection that sent a whole frame, then fell silent: the idle timer closes it
+        reader, writer = await asyncio.open_connection(*a.node.address)
+        writer.write(frame(ATTACKER, ATTACKER, 2, "chat", "then silence"))
+        assert await is_closed(reader)
+        assert ("chat", "then silence") in a.got
+        for _, w in [*silent, (reader, writer)]:
+            w.close()
+        await wait_for(lambda: a.node.footprint().inbound_buffered == 0)
+
+
+@on_both_loops
+async def test_frame_flood_keeps_every_structure_bounded() -> None:
+    dead = tuple(NetID("127.0.0.1", free_port()) for _ in range(12))
+    opts = {"max_origins": 32, "max_members": 8, "max_queue": 4, "connect_timeout": 0.5}
+    async with group(2, **opts) as (a, b):
+        rng = random.Random(1)
+        frames = []
+        for i in range(1500):
+            origin = NetID(f"10.{rng.randrange(256)}.{rng.randrange(256)}.1", 1 + i)
+            dist = tuple(rng.sample(dead, 3))
+            frames.append(frame(ATTACKER, origin, 1, "blob", os.urandom(64), dist))
+        duplicate = frame(ATTACKER, ATTACKER, 7, "chat", "dup")
+        async with Peak(a.node).watching() as peak:
+            _, writer = await asyncio.open_connection(*a.node.address)
+            for i in range(0, len(frames), 100):
+                writer.write(b"".join(frames[i : i + 100]) + duplicate * 20)
+                await writer.drain()
+            await wait_for(lambda: a.node.stats.frames_received == 1500 + 15 * 20, timeout=20)
+            await canary(b, a)
+            await canary(a, b)
+        assert peak.max["origins"] <= 32
+        assert peak.max["links"] <= 8 + 1  # non-members, and the member b
+        assert peak.max["queued"] <= 9 * 2 * 4
+        assert peak.max["backed_off"] <= 8
+        stats = a.node.stats
+        assert stats.dispatched + stats.duplicates == 1500 + 15 * 20 + 1
+        # the duplicate's origin may be forgotten (32 origins kept) between two batches
+        assert stats.duplicates >= 15 * 19
+        writer.close()
+
+
+@on_both_loops
+async def test_member_that_never_reads_costs_bounded_memory() -> None:
+    opts = {"max_queue": 4, "send_timeout": 0.05}
+    async with RawPeer("stall") as staller, group(2, **opts) as (a, b):
+        a.node.add_peer(staller.netid)
+        blob = os.urandom(256 * 1024)
+        async with Peak(a.node).watching() as peak:
+            for i in range(40):
+                await a.node.notify("blob", blob[:-1] + bytes((i,)))
+            await canary(a, b)
+        assert a.node.stats.overflows >= 1
+        assert peak.max["queued"] <= 2 * 4
+        # asyncio's high-water mark, one batch (1 MiB at most, plus the frame that passed it)
+        assert peak.max["write_buffered"] <= 64 * 1024 + (1 << 20) + len(blob) + 4096
+
+
+# --- reconnecting -------------------------------------------------------------------------
+
+
+def test_full_jitter_bounds() -> None:
+    rng = random.Random(7)
+    for attempt in range(1, 12):
+        ceiling = min(5.0, 0.1 * 2 ** (attempt - 1))
+        waits = [full_jitter(attempt, 0.1, 5.0, rng) for _ in range(200)]
+        assert all(0.0 <= w <= ceiling for w in waits)
+        assert max(waits) > 0.8 * ceiling  # the whole range is used, not a fixed wait
+    assert full_jitter(10_000, 0.1, 5.0, rng) <= 5.0  # no overflow for long outages
+
+
+@on_both_loops
+async def test_dropped_link_reconnects_after_back_off_and_resends() -> None:
+    async with RawPeer("drop-first") as peer, group(1, retry_base=0.05) as (a,):
+        a.node.add_peer(peer.netid)
+        await a.node.notify("chat", "one")
+        # first connection: read one frame, then reset; the link resends on a new one
+        await wait_for(lambda: peer.accepted == 2 and len(peer.frames) >= 2)
+        assert a.node.stats.reconnects == 1
+        assert a.node.stats.resent == 1
+        assert peer.frames[0].payload == peer.frames[1].payload
+        await a.node.notify("chat", "two")
+        await wait_for(lambda: len(peer.frames) == 3)
+        assert peer.accepted == 2
+
+
+@on_both_loops
+async def test_restarted_member_is_used_again_at_once() -> None:
+    # a long back-off: only c's join can make a try it again within the test
+    opts = {"retry_base": 60.0, "retry_after": 60.0, "connect_timeout": 0.5}
+    async with group(3, rng=random.Random(3), **opts) as (a, b, c):
+        await canary(a, c, "before")
+        port = c.node.netid.port
+        await c.node.close()
+        await a.node.notify("chat", "while down")
+        await wait_for(lambda: ("chat", "while down") in b.got)
+        await wait_for(lambda: a.node.footprint().backed_off == 1)
+        again = Member()
+        await again.start(peers=[a.node.netid, b.node.netid], port=port, **opts)
+        c.node = again.node  # closed by the group at the end
+        await wait_for(lambda: a.node.footprint().backed_off == 0)  # its join arrived
+        await canary(a, again, "after")
+        await canary(again, a, "from the restarted one")
+        assert ("chat", "while down") not in again.got
+
+
+@on_both_loops
+async def test_learning_member_restarted_on_a_new_port_is_relearned() -> None:
+    opts = {"learn": True, "connect_timeout": 0.5}
+    seed = Member()
+    await seed.start(**opts)
+    others = [Member() for _ in range(3)]
+    try:
+        for m in others:
+            await m.start(peers=[seed.node.netid], **opts)
+        await wait_for(lambda: len(seed.node.members) == 3)  # every join arrived
+        await canary(seed, others[2], "from the seed")  # its gossip names the others
+        await wait_for(lambda: all(len(m.node.members) == 3 for m in others))
+        old = others[2].node.netid
+        await others[2].node.close()
+        again = Member()
+        await again.start(peers=[seed.node.netid], **opts)
+        others[2] = again
+        new = again.node.netid
+        # the seed spread the join: every member knows the new address
+        await wait_for(lambda: all(new in m.node.members for m in [seed, *others[:2]]))
+        await canary(others[0], again, "to the new address")
+        await canary(again, others[1], "from the new address")
+        # the old address fails and, being learned, is forgotten after forget_after failures
+        async with asyncio.timeout(10):
+            while old in seed.node.members:
+                await seed.node.notify("chat", "probe")
+                await asyncio.sleep(0.02)  # pacing the probes; the loop ends on the condition
+    finally:
+        for m in [seed, *others]:
+            await m.node.close()
