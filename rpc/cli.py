@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -30,6 +31,7 @@ from rpc import loops
 from rpc.eventer import cli as eventer_cli
 from rpc.workers import serve_workers
 from transports.stream import client_ssl_context, server_ssl_context
+from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.cli")
 
@@ -365,13 +367,29 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return EXIT_FAILED
     except (rpc.ConnectionClosed, OSError) as exc:
-        print(f"peerwire: connection failed: {exc}", file=sys.stderr)
+        print(f"peerwire: connection failed: {exc}{_dialect_hint(args)}", file=sys.stderr)
         return EXIT_CONNECTION
     except rpc.PayloadError as exc:
         print(f"peerwire: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+def _dialect_hint(args: argparse.Namespace) -> str:
+    """A Chatter connection in the legacy dialect that fails after connecting most likely
+    reached a peer of the current dialect (hat-drivers, hat-event): say how to ask for it."""
+    try:
+        url = rpc.parse_url(getattr(args, "url", ""))
+    except rpc.UrlError:
+        return ""
+    if url.codec != "sbs" or url.dialect not in (None, Dialect.LEGACY):
+        return ""
+    current = dataclasses.replace(url, dialect=Dialect.CURRENT)
+    return (
+        f" (the peer probably speaks the current Chatter dialect, as hat-drivers and "
+        f"hat-event do: try {current})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

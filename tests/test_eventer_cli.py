@@ -104,3 +104,30 @@ def test_add_parser_hooks_into_a_parent_cli() -> None:
     assert args.func is cli.run_serve and args.config == "x.toml" and args.verbose
     with pytest.raises(SystemExit):
         parser.parse_args(["eventer"])
+
+
+@pytest.mark.interop
+async def test_sigterm_announces_stopping_then_standby(tmp_path: Path) -> None:
+    """As hat-event's engine runner: STOPPING, the queued events committed, then STANDBY,
+    before the connections close (hat's own client runner waits for STANDBY)."""
+    from hat.drivers import net
+    from hat.event import common as hat
+    from hat.event import eventer as hat_eventer
+
+    (tmp_path / "s.json").write_text(
+        json.dumps({"listen": "tcp+sbs://127.0.0.1:0", "events_ack": True, "database": "s.db"})
+    )
+    proc, url = await start(tmp_path / "s.json")
+    port = int(url.rsplit(":", 1)[1])
+    theirs: list[hat.Status] = []
+    ours: list[eventer.Status] = []
+    hat_client = await hat_eventer.connect(
+        net.TcpAddress("127.0.0.1", port), "hat/stop", status_cb=lambda _c, s: theirs.append(s)
+    )
+    client = await eventer.connect(url, "pw/stop", status_cb=lambda _c, s: ours.append(s))
+    await hat_client.register([hat.RegisterEvent(("q",), None, None)])  # just before SIGTERM
+    assert await stop(proc) == 0
+    await asyncio.wait_for(hat_client.wait_closed(), 10)
+    await asyncio.wait_for(asyncio.shield(client.closed), 10)
+    assert theirs == [hat.Status.STOPPING, hat.Status.STANDBY]
+    assert ours == [eventer.Status.OPERATIONAL, eventer.Status.STOPPING, eventer.Status.STANDBY]

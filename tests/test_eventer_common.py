@@ -91,11 +91,9 @@ def test_register_splitting_builds_hat_event_bytes(events, session, server) -> N
     for instance, (part, reg) in enumerate(zip(parts, hat_events, strict=True), 1):
         assert part.type == reg.type
         expected_src = (
-            None
-            if reg.source_timestamp is None
-            else common.Timestamp(*reg.source_timestamp).to_us()
+            None if reg.source_timestamp is None else common.Timestamp(*reg.source_timestamp).key()
         )
-        assert part.source_ts == expected_src
+        assert part.source_key == expected_src
         spliced = (
             encode_integer(server)
             + encode_integer(session)

@@ -5,9 +5,7 @@ against its full server (MainRunner, lmdb backend)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from hat.event.server.main_runner import MainRunner
 import rpc
 from rpc import eventer
 from rpc.eventer import common
-from tests.peers.eventer_hat_server import hat_server_conf, wait_operational
+from tests.peers.eventer_hat_server import hat_full_server, hat_server_conf, wait_operational
 from tests.peers.eventer_helpers import free_port, port_of, running_server, url_of, wait_until
 
 pytestmark = pytest.mark.interop
@@ -253,24 +251,13 @@ async def test_our_client_against_hat_listen() -> None:
 # --- our client, hat's full server ---------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def hat_full_server(tmp_path: Path) -> AsyncIterator[str]:
-    port = free_port()
-    runner = MainRunner(hat_server_conf(port, str(tmp_path / "hat.lmdb")))
-    try:
-        await wait_operational(port)
-        yield f"tcp+sbs://127.0.0.1:{port}?dialect=HatChatter"
-    finally:
-        await runner.async_close()
-
-
 def project(events: list[eventer.Event]) -> list[tuple]:
     """What two servers must agree on (ids and timestamps are their own)."""
     return [(e.type, e.source_timestamp, e.payload) for e in events]
 
 
 async def test_our_client_against_hat_full_server(tmp_path: Path) -> None:
-    async with hat_full_server(tmp_path) as url:
+    async with hat_full_server(tmp_path / "hat.lmdb") as url:
         seen: list[list[eventer.Event]] = []
         listener = await eventer.connect(
             url, "pw/listener", subscriptions=[("d", "*")], events_cb=lambda _c, e: seen.append(e)
@@ -306,7 +293,7 @@ async def test_query_semantics_agree_with_hat_full_server(tmp_path: Path) -> Non
     ]
     results: dict[str, list] = {}
     async with (
-        hat_full_server(tmp_path) as hat_url,
+        hat_full_server(tmp_path / "hat.lmdb") as hat_url,
         running_server(tmp_path) as ours,
     ):
         for name, url in (("hat", hat_url), ("ours", url_of(ours))):

@@ -286,6 +286,7 @@ async def test_status_changes(tmp_path: Path) -> None:
         Status.STARTING,
         Status.OPERATIONAL,
         Status.STOPPING,
+        Status.STANDBY,  # after the flush, before the connection closes (as hat-event)
     ]
     with pytest.raises(rpc.ConnectionClosed):
         await client.register([json_event(("x",))])

@@ -42,7 +42,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
         help="run an event server until SIGINT/SIGTERM",
         description="Run an Eventer server configured by FILE (JSON, or TOML if it ends "
         "in .toml): keys listen, server_id, token, database, tls, sync, events_ack, "
-        "ack_timeout, max_query_results, system_events.",
+        "ack_timeout, max_query_results, max_client_backlog, max_message_size, system_events.",
     )
     serve.add_argument("--config", metavar="FILE", required=True, help="JSON or TOML file")
     serve.add_argument(

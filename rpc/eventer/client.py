@@ -1,6 +1,6 @@
 """Eventer client (seed 003) on peerwire's Chatter core.
 
-    async with await connect("tcp+sbs://127.0.0.1:23012?dialect=HatChatter", "app/one",
+    async with await connect("tcp+sbs://127.0.0.1:23012", "app/one",
                              subscriptions=[("a", "*")]) as client:
         events = await client.register([RegisterEvent(("a", "b"))], with_response=True)
         result = await client.query(QueryLatestParams([("a", "*")]))
@@ -10,16 +10,24 @@
 Notifications are delivered in arrival order, one at a time, to ``events_cb`` (sync or
 async) and to every :meth:`Client.events` iterator; an events notification that asks for
 an ack (last = False) is acked once the callback returned and the events are queued.
-Status notifications go to ``status_cb`` in the same order. With ``reconnect=True`` a lost
+Status notifications go to ``status_cb`` in the same order, and so does the status in each
+init response (hat's client does not call ``status_cb`` for it): a callback sees every
+status, including the one a reconnect finds. With ``reconnect=True`` a lost
 connection is re-established (with the same init) after ``reconnect_delay`` seconds,
 doubling up to ``reconnect_max_delay``; calls made meanwhile wait for it up to their
 timeout.
+
+The Eventer exists only in the current Chatter dialect: a ``tcp+sbs``/``ssl+sbs`` URL
+without ``?dialect=`` uses ``HatChatter``; ``?dialect=Hat`` is refused. ``max_size`` (16 MiB
+by default) bounds every message both ways; a registration that would not fit raises
+:class:`RegistrationTooLarge` before anything is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import ssl as ssl_module
@@ -41,11 +49,14 @@ from rpc.eventer.common import (
     Event,
     EventerInitError,
     EventType,
+    QueryError,
     QueryParams,
     QueryResult,
     RegisterEvent,
+    RegistrationTooLarge,
     Status,
 )
+from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.eventer.client")
 
@@ -70,12 +81,16 @@ async def connect(
     events_queue_size: int = 1024,
     ssl: ssl_module.SSLContext | None = None,
     server_hostname: str | None = None,
+    max_size: int = 16 * 1024 * 1024,
 ) -> Client:
     """Connect and init; raises :class:`EventerInitError` if the server refuses the init
     (the first attempt is never retried), ``rpc.ConnectionClosed`` / OSError if the
-    server is unreachable."""
+    server is unreachable, ValueError for a URL that cannot carry the Eventer.
+
+    ``max_size``: largest message in bytes, both ways; raise it to read results of a
+    server configured with a larger ``max_message_size`` (hat-event's has no limit)."""
     client = Client(
-        url,
+        eventer_url(url),
         client_name,
         client_token=client_token,
         subscriptions=subscriptions,
@@ -90,10 +105,24 @@ async def connect(
         events_queue_size=events_queue_size,
         ssl=ssl,
         server_hostname=server_hostname,
+        max_size=max_size,
     )
     await client._connect_once()
     client._supervisor = asyncio.get_running_loop().create_task(client._supervise())
     return client
+
+
+def eventer_url(url: str) -> str:
+    """``url`` in the current Chatter dialect (the only one that carries the Eventer)."""
+    parsed = rpc.parse_url(url)
+    if parsed.codec != "sbs":
+        raise ValueError(f"the Eventer runs over Chatter (tcp+sbs, ssl+sbs), not {url!r}")
+    if parsed.dialect is Dialect.LEGACY:
+        raise ValueError(
+            f"the Eventer exists only in the current Chatter dialect: {url!r} asks for the "
+            "legacy one (drop ?dialect=Hat)"
+        )
+    return str(dataclasses.replace(parsed, dialect=Dialect.CURRENT))
 
 
 class Client:
@@ -117,8 +146,11 @@ class Client:
         events_queue_size: int,
         ssl: ssl_module.SSLContext | None,
         server_hostname: str | None,
+        max_size: int,
     ) -> None:
         self.url = url
+        self.max_size = max_size
+        self._options = rpc.Options(max_size=max_size)
         self.client_name = client_name
         self.subscriptions = [tuple(t) for t in subscriptions]
         self.timeout = timeout
@@ -174,8 +206,15 @@ class Client:
         self, events: Sequence[RegisterEvent], with_response: bool = False
     ) -> list[Event] | None:
         """Register one session. With a response: its events, or None if the server
-        refused them; without: None once sent."""
+        refused them; without: None once sent. Raises :class:`RegistrationTooLarge` (nothing
+        sent) if the request, or the events it would bring back, exceed ``max_size``."""
         data = common.encode(MSG_REGISTER_REQ, [common.register_event_to_sbs(e) for e in events])
+        size = len(data) + len(events) * common.MAX_EVENT_GROWTH + common.ENVELOPE_RESERVE
+        if size > self.max_size:
+            raise RegistrationTooLarge(
+                f"registration of {len(data)} bytes ({len(events)} events) would not fit in "
+                f"a message of max_size {self.max_size}"
+            )
         peer = await self._ready_peer()
         if not with_response:
             peer.notify(MSG_REGISTER_REQ, data)
@@ -187,11 +226,16 @@ class Client:
         return None
 
     async def query(self, params: QueryParams, *, timeout: float | None = None) -> QueryResult:
+        """Raises :class:`QueryError` if the server answers with an error (a latest result
+        larger than its ``max_message_size``)."""
         data = common.encode(MSG_QUERY_REQ, common.query_params_to_sbs(params))
         peer = await self._ready_peer()
-        res = await peer.request(
-            MSG_QUERY_REQ, data, timeout=self.timeout if timeout is None else timeout, raw=True
-        )
+        try:
+            res = await peer.request(
+                MSG_QUERY_REQ, data, timeout=self.timeout if timeout is None else timeout, raw=True
+            )
+        except rpc.RemoteError as exc:
+            raise QueryError(str(exc)) from None
         return common.query_result_from_sbs(
             common.decode(MSG_QUERY_RES, _bytes(res, MSG_QUERY_RES))
         )
@@ -255,6 +299,7 @@ class Client:
             ssl=self._ssl,
             server_hostname=self._server_hostname,
             connect_timeout=self.timeout,
+            options=self._options,
             sbs_repo=common.peer_repository(),
         )
         try:
@@ -367,4 +412,4 @@ def _bytes(value: Any, what: str) -> bytes:
     return value
 
 
-__all__ = ["Client", "EventerInitError", "EventsCb", "StatusCb", "connect"]
+__all__ = ["Client", "EventerInitError", "EventsCb", "StatusCb", "connect", "eventer_url"]

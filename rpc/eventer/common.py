@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -57,6 +58,22 @@ class InvalidMessage(EventerError):
     """A peer sent bytes that do not decode as the HatEventer message they claim to be."""
 
 
+class QueryError(EventerError):
+    """The server answered a query with an error instead of a result (e.g. a latest result
+    larger than its ``max_message_size``); the message is the server's."""
+
+
+class RegistrationTooLarge(EventerError):
+    """A registration (or the response it would get) does not fit in one message of
+    ``max_size`` bytes; nothing was sent and the connection is unaffected."""
+
+
+ENVELOPE_RESERVE = 256
+"""Bytes of a Chatter message that are not the Eventer payload (ids, flags, type name)."""
+MAX_EVENT_GROWTH = 50
+"""Bytes an event gains from register request to event at most (id and timestamp)."""
+
+
 class Status(enum.Enum):
     STANDBY = "standby"
     STARTING = "starting"
@@ -84,6 +101,10 @@ class Timestamp(NamedTuple):
         """Microseconds since the epoch, clamped to int64 (SQLite's integer range)."""
         return min(max(self.s * 1_000_000 + self.us, INT64_MIN), INT64_MAX)
 
+    def key(self) -> bytes:
+        """16 bytes whose byte order is the order of (s, us): lossless for int64 fields."""
+        return timestamp_key(self.s, self.us)
+
     @classmethod
     def from_us(cls, us: int) -> Timestamp:
         s, rest = divmod(us, 1_000_000)
@@ -91,6 +112,14 @@ class Timestamp(NamedTuple):
 
     def to_float(self) -> float:
         return self.s + self.us * 1e-6
+
+
+def timestamp_key(s: int, us: int) -> bytes:
+    """Order-preserving bytes of a timestamp: ``s`` and ``us`` offset by 2**63, big-endian
+    (values beyond int64 are clamped; a registered timestamp never is)."""
+    s = min(max(s, INT64_MIN), INT64_MAX) - INT64_MIN
+    us = min(max(us, INT64_MIN), INT64_MAX) - INT64_MIN
+    return s.to_bytes(8, "big") + us.to_bytes(8, "big")
 
 
 def now() -> Timestamp:
@@ -271,8 +300,8 @@ class RegisterPart(NamedTuple):
     """One RegisterEvent of a MsgRegisterReq, split for splicing into Event bytes."""
 
     type: EventType
-    source_ts: int | None
-    """Source timestamp in microseconds (clamped to int64), None if absent."""
+    source_key: bytes | None
+    """Source timestamp as :func:`timestamp_key` bytes, None if absent."""
     json: str | None
     """The JSON payload's text (to validate), None for no or a binary payload."""
     type_bytes: bytes
@@ -338,11 +367,11 @@ def _split_register_req(buf: bytes) -> list[RegisterPart]:
             segments.append(segment)
         type_end = pos
         choice, pos = _read_int(buf, pos)
-        source_ts = None
+        source_key = None
         if choice == 1:
             s, pos = _read_int(buf, pos)
             us, pos = _read_int(buf, pos)
-            source_ts = min(max(s * 1_000_000 + us, INT64_MIN), INT64_MAX)
+            source_key = timestamp_key(s, us)
         elif choice != 0:
             raise InvalidMessage("MsgRegisterReq: bad sourceTimestamp choice")
         choice, pos = _read_int(buf, pos)
@@ -363,7 +392,7 @@ def _split_register_req(buf: bytes) -> list[RegisterPart]:
             raise InvalidMessage("MsgRegisterReq: bad payload choice")
         parts.append(
             RegisterPart(
-                tuple(segments), source_ts, json_text, buf[start:type_end], buf[type_end:pos]
+                tuple(segments), source_key, json_text, buf[start:type_end], buf[type_end:pos]
             )
         )
     if pos != len(buf):
@@ -423,11 +452,35 @@ _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
 
 
+def _json_text(data: Any) -> str:
+    try:
+        return _json_encoder.encode(data).decode()
+    except UnicodeEncodeError:  # lone surrogates: the stdlib escapes them, as hat does
+        return json.dumps(data, allow_nan=False)
+
+
+def _json_value(text: str) -> Any:
+    """Decode JSON text as the reference does (Python's ``json``, which also takes escaped
+    lone surrogates such as ``"\\ud800"``), msgspec first for speed. NaN and Infinity are
+    refused: the reference accepts them but cannot send them back."""
+    try:
+        return _json_decoder.decode(text)
+    except msgspec.DecodeError as exc:
+        try:
+            return json.loads(text, parse_constant=_no_constant)
+        except ValueError:
+            raise exc from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def payload_to_sbs(payload: EventPayload | None) -> tuple[str, Any]:
     if payload is None:
         return _NONE
     if isinstance(payload, EventPayloadJson):
-        return ("value", ("json", _json_encoder.encode(payload.data).decode()))
+        return ("value", ("json", _json_text(payload.data)))
     if isinstance(payload, EventPayloadBinary):
         return ("value", ("binary", {"type": payload.type, "data": bytes(payload.data)}))
     raise TypeError(f"not an event payload: {payload!r}")
@@ -438,16 +491,20 @@ def payload_from_sbs(value: tuple[str, Any]) -> EventPayload | None:
         return None
     kind, data = value[1]
     if kind == "json":
-        return EventPayloadJson(_json_decoder.decode(data))
+        return EventPayloadJson(_json_value(data))
     return EventPayloadBinary(data["type"], data["data"])
 
 
 def check_json_text(text: str) -> None:
-    """Raise InvalidMessage unless ``text`` is one valid JSON value."""
+    """Raise InvalidMessage unless ``text`` is one JSON value the reference accepts."""
     try:
-        _json_decoder.decode(text)
-    except msgspec.DecodeError as exc:
-        raise InvalidMessage(f"invalid JSON payload: {exc}") from None
+        _json_value(text)
+    except msgspec.DecodeError:
+        try:
+            json.loads(text)
+        except ValueError as exc:  # the stdlib says where and what
+            raise InvalidMessage(f"invalid JSON payload: {exc}") from None
+        raise InvalidMessage("invalid JSON payload: NaN and Infinity are not JSON") from None
 
 
 def event_to_sbs(event: Event) -> dict[str, Any]:

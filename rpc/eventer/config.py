@@ -51,6 +51,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_client_backlog: int = 64 * 1024 * 1024
     """Bytes of notifications a client without acks may leave unread; past it the server
     closes that client (a slow reader must not make the server's memory grow)."""
+    max_message_size: int = 16 * 1024 * 1024
+    """Largest Chatter message in bytes, both ways (the reference has no limit). A larger
+    incoming message closes its connection; a registration whose events would not fit in
+    one response is refused alone; timeseries and server results are cut to fit
+    (``more_follows``); a latest result that cannot fit gets an error reply. Clients must
+    accept messages this large (``rpc.eventer.connect(..., max_size=)``)."""
     system_events: bool = True
     """Register the reference's own events: ``event/<id>/engine`` STARTED/STOPPED and
     ``event/<id>/eventer/<client>`` CONNECTED/DISCONNECTED."""
@@ -73,6 +79,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
             raise ConfigError("ack_timeout must be positive")
         if self.max_client_backlog < 1:
             raise ConfigError("max_client_backlog must be at least 1")
+        if self.max_message_size < 4096:
+            raise ConfigError("max_message_size must be at least 4096")
 
 
 def config_from_dict(data: dict[str, object], base: Path | None = None) -> ServerConfig:

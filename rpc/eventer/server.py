@@ -8,7 +8,8 @@ MsgInitReq (last=False)    request handler; answers MsgInitRes (``rpc.Reply``); 
                            init is answered with the error, then closed after 0.5 s
 MsgRegisterReq             request (last=False) -> MsgRegisterRes after the commit;
                            notification (last=True) -> registered, nothing answered
-MsgQueryReq                request -> MsgQueryRes
+MsgQueryReq                request -> MsgQueryRes; a latest result over
+                           ``max_message_size`` -> an error reply (``PeerwireRpc.Error``)
 MsgStatusNotify            ``peer.notify`` (a one-message conversation)
 MsgEventsNotify            ``peer.notify``; with ``events_ack``: ``peer.request`` whose
                            result is the client's MsgEventsAck
@@ -20,6 +21,12 @@ queued in one SQLite transaction (group commit) on its own thread. Only after th
 are the session's events answered, notified (to every client, ``persisted`` or not) or
 visible to queries, so the server never reports an event it could then lose. A query waits
 for the sessions registered before it, so a client reads its own writes.
+
+Sizes: every message fits in ``config.max_message_size``. A registration whose events would
+not fit in one response or notification is refused alone (failure response); timeseries and
+server results are cut by size as by count (``more_follows``); a latest result that cannot
+fit is answered with an error. Stopping announces STOPPING, commits what is queued, then
+announces STANDBY (as the reference does) before the connections close.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from rpc.eventer.common import (
     Subscription,
 )
 from rpc.eventer.config import ServerConfig
-from rpc.eventer.store import LatestRow, Row, Store, TimeseriesQuery
+from rpc.eventer.store import LatestRow, ResultTooLarge, Row, Store, TimeseriesQuery
 from transports.stream import server_ssl_context
 from wire.chatter import encode_integer
 
@@ -80,6 +87,8 @@ MAX_QUEUED_NOTIFICATIONS = 10_000
 """Notifications waiting for a slow client's acks at most; past it it is disconnected."""
 MATCH_CACHE_SIZE = 65_536
 """Event types whose subscription match is remembered per client."""
+STOP_FLUSH_TIMEOUT = 1.0
+"""Seconds ``close`` waits for ack-paced clients to take their last notifications."""
 
 _CLIENT = "eventer.client"
 _REFUSED = "eventer.refused"
@@ -151,6 +160,8 @@ class EventerServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._started = False
+        # events of one message: its size less the envelope, an array count and a flag
+        self._max_event_bytes = config.max_message_size - common.ENVELOPE_RESERVE - 11
         self.registry = self._make_registry()
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -197,7 +208,11 @@ class EventerServer:
             if ctx is None and self.config.tls is not None:
                 tls = self.config.tls
                 ctx = server_ssl_context(tls.cert, tls.key, client_cafile=tls.client_ca)
-            options = rpc.Options(max_concurrent=1 << 20, timeout=self.config.ack_timeout)
+            options = rpc.Options(
+                max_concurrent=1 << 20,
+                timeout=self.config.ack_timeout,
+                max_size=self.config.max_message_size,
+            )
             for url in self.config.listen:
                 server = rpc.serve(
                     url,
@@ -215,8 +230,8 @@ class EventerServer:
         return self
 
     async def close(self) -> None:
-        """Announce STOPPING, commit what is queued (plus the STOPPED event), close every
-        connection, then the database."""
+        """Announce STOPPING, commit what is queued (plus the STOPPED event), announce
+        STANDBY, close every connection, then the database."""
         if self._closing or not self._started:
             return
         self._closing = True
@@ -225,8 +240,18 @@ class EventerServer:
             with contextlib.suppress(Exception):
                 await self._register_system(("engine",), "STOPPED", force=True)
         await self._wait_processed(self._session)
+        await self.set_status(Status.STANDBY)
+        flushed = [
+            asyncio.ensure_future(c.sender.idle.wait())
+            for c in self._clients.values()
+            if c.sender is not None
+        ]
+        if flushed:
+            await asyncio.wait(flushed, timeout=STOP_FLUSH_TIMEOUT)
+            for waiter in flushed:
+                waiter.cancel()
         for server in self.servers:
-            await server.close(drain_timeout=1.0)
+            await server.close(drain_timeout=STOP_FLUSH_TIMEOUT)
         for task in list(self._tasks):
             task.cancel()
         if self._writer_task is not None:
@@ -282,7 +307,12 @@ class EventerServer:
         return None if blobs is None else [_decode_event(b) for b in blobs]
 
     async def query(self, params: QueryParams) -> QueryResult:
-        blobs, more = await self._query(params)
+        """Raises :class:`~rpc.eventer.common.QueryError` for a latest result larger than
+        ``max_message_size``."""
+        try:
+            blobs, more = await self._query(params)
+        except ResultTooLarge as exc:
+            raise common.QueryError(str(exc)) from None
         return QueryResult([_decode_event(b) for b in blobs], more)
 
     # --- handlers ----------------------------------------------------------------------
@@ -416,6 +446,11 @@ class EventerServer:
         try:
             params = common.query_params_from_sbs(common.decode(MSG_QUERY_REQ, data))
             blobs, more = await self._query(params)
+        except ResultTooLarge as exc:
+            # MsgQueryRes has no error field: an error reply; hat's client closes on it,
+            # which fails its query instead of leaving it waiting forever
+            log.warning("query from %s refused: %s", peer.remote_address, exc)
+            raise common.QueryError(f"{exc} (max_message_size)") from None
         except (InvalidMessage, ValueError, KeyError) as exc:
             self._drop(peer, f"query failed: {exc}")
             raise
@@ -439,19 +474,25 @@ class EventerServer:
             if part.json is not None:
                 common.check_json_text(part.json)
         session = _Session(self._session + 1)
-        if respond:
-            session.future = asyncio.get_running_loop().create_future()
         if not parts:
-            if session.future is not None:
+            if respond:
+                session.future = asyncio.get_running_loop().create_future()
                 session.future.set_result([])
             return session
-        self._session = sid = session.id
         ts = max(common.now().to_us(), self._last_ts)  # never backwards: natural order
-        self._last_ts = ts
         s, us = divmod(ts, 1_000_000)
         ts_bytes = encode_integer(s) + encode_integer(us)
         server = self.server_id
+        sid = session.id
         id_prefix = encode_integer(server) + encode_integer(sid)
+        size = sum(len(p.type_bytes) + len(p.tail_bytes) for p in parts) + len(parts) * (
+            len(id_prefix) + len(ts_bytes) + len(encode_integer(len(parts)))
+        )
+        if size > self._max_event_bytes:
+            raise InvalidMessage(
+                f"registration of {size} bytes of events exceeds max_message_size "
+                f"{self.config.max_message_size}"
+            )
         type_ids = self._type_ids
         blobs, rows, types = session.blobs, session.rows, session.types
         for instance, part in enumerate(parts, 1):
@@ -464,8 +505,12 @@ class EventerServer:
                 id_prefix + encode_integer(instance) + part.type_bytes + ts_bytes + part.tail_bytes
             )
             blobs.append(blob)
-            rows.append((server, sid, instance, type_id, ts, part.source_ts, blob))
+            rows.append((server, sid, instance, type_id, ts, part.source_key, blob))
             types.append(event_type)
+        if respond:
+            session.future = asyncio.get_running_loop().create_future()
+        self._session = sid
+        self._last_ts = ts
         self._pending.append(session)
         self._pending_events += len(rows)
         assert self._wake is not None
@@ -631,10 +676,11 @@ class EventerServer:
         loop = asyncio.get_running_loop()
         assert self._reader_exec is not None
         cap = self.config.max_query_results
+        max_bytes = self._max_event_bytes
         if isinstance(params, QueryLatestParams):
             type_ids = self._resolve_types(params.event_types)
             blobs = await loop.run_in_executor(
-                self._reader_exec, self._store.query_latest, type_ids
+                self._reader_exec, self._store.query_latest, type_ids, max_bytes
             )
             return blobs, False
         if isinstance(params, QueryTimeseriesParams):
@@ -642,13 +688,14 @@ class EventerServer:
             query = TimeseriesQuery(
                 by_source=by_source,
                 descending=params.order is common.Order.DESCENDING,
-                t_from=_us(params.t_from),
-                t_to=_us(params.t_to),
-                source_t_from=_us(params.source_t_from),
-                source_t_to=_us(params.source_t_to),
+                t_from=_bound_us(params.t_from, 0, 1_000_000),
+                t_to=_bound_us(params.t_to, -1, 999_999),
+                source_t_from=None if params.source_t_from is None else params.source_t_from.key(),
+                source_t_to=None if params.source_t_to is None else params.source_t_to.key(),
                 type_ids=self._resolve_types(params.event_types),
                 last_event_id=params.last_event_id,
                 limit=_limit(params.max_results, cap),
+                max_bytes=max_bytes,
             )
             return await loop.run_in_executor(
                 self._reader_exec, self._store.query_timeseries, query
@@ -663,6 +710,7 @@ class EventerServer:
                 params.server_id,
                 last,
                 _limit(params.max_results, cap),
+                max_bytes,
             )
         raise InvalidMessage(f"unsupported query {params!r}")
 
@@ -704,6 +752,9 @@ class _AckSender:
         self._timeout = timeout
         self._queue: deque[tuple[str, bytes]] = deque()
         self._ready = asyncio.Event()
+        self.idle = asyncio.Event()
+        """Set while nothing is queued or waiting for an ack."""
+        self.idle.set()
         self._task = spawn(self._run())
 
     def push(self, msg_type: str, data: bytes) -> None:
@@ -716,6 +767,7 @@ class _AckSender:
             self._client.peer.abort()
             return
         self._queue.append((msg_type, data))
+        self.idle.clear()
         self._ready.set()
 
     def stop(self) -> None:
@@ -725,6 +777,7 @@ class _AckSender:
         peer = self._client.peer
         while True:
             if not self._queue:
+                self.idle.set()
                 self._ready.clear()
                 await self._ready.wait()
                 continue
@@ -758,8 +811,13 @@ def _decode_event(blob: bytes) -> Event:
     return common.event_from_sbs(common.decode("HatEventer.Event", blob))
 
 
-def _us(t: common.Timestamp | None) -> int | None:
-    return None if t is None else t.to_us()
+def _bound_us(t: common.Timestamp | None, lo: int, hi: int) -> int | None:
+    """A bound on server timestamps (always 0 <= us < 1e6) in microseconds that selects what
+    comparing (s, us) pairs selects, as the reference does, whatever the bound's ``us``:
+    ``us`` is clamped to [0, 1e6] for a lower bound, to [-1, 1e6 - 1] for an upper one."""
+    if t is None:
+        return None
+    return common.Timestamp(t.s, min(max(t.us, lo), hi)).to_us()
 
 
 def _limit(requested: int | None, cap: int) -> int:

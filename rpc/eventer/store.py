@@ -6,7 +6,10 @@ Layout (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
   ``(server, session, instance)``, so the table itself is the natural-order index used by
   ``server`` queries and sentinel look-ups. ``data`` holds the event's SBS bytes
   (``HatEventer.Event``) exactly as sent, so a query result is a concatenation of stored
-  bytes. ``ts`` / ``source_ts`` are microseconds since the epoch (clamped to int64).
+  bytes. ``ts`` is the server's timestamp in microseconds since the epoch; ``source_ts``
+  is the source timestamp as 16 order-preserving bytes (:func:`~rpc.eventer.common.
+  timestamp_key`), so any pair of int64 ``s``/``us`` is indexed without loss and in the
+  reference's (s, us) order.
 - indexes ``(ts)``, ``(type_id, ts)`` and, for events that have one, ``(source_ts)`` and
   ``(type_id, source_ts)``; every index of a WITHOUT ROWID table ends with the key, so
   ``ORDER BY ts, server, session, instance`` (the reference's timeseries order) is read
@@ -15,6 +18,13 @@ Layout (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
 - ``latest``: the latest event of each type, updated in the same transaction, so a latest
   query is a primary-key look-up per type.
 - ``event_types``: type id <-> type (JSON array text).
+
+Version 1 databases (integer, clamped ``source_ts``) are migrated on open: each key is
+recomputed from the event's stored bytes, in the same transaction as the version change.
+
+Result sizes: every query method stops reading once its rows exceed ``max_bytes`` (a
+timeseries or server result is cut there and reports more; a latest result raises
+:class:`ResultTooLarge`), so a query never holds more than one message's worth of rows.
 
 Threads: :meth:`open`, :meth:`write` and :meth:`close` use the writer connection, one call
 at a time (the server runs them on its writer thread, tiny writes inline on its loop);
@@ -27,7 +37,6 @@ its caller must run queries on the writer thread too (see :attr:`single_connecti
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 import sqlite3
 import threading
@@ -38,11 +47,12 @@ from typing import Any
 
 import msgspec
 
+from rpc.eventer import common
 from rpc.eventer.common import EventId, EventType
 
 log = logging.getLogger("peerwire.eventer.store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MERGE_MAX_TYPES = 32
 """Up to this many queried types, a timeseries query merges one index range per type
 (fast for rare types in a large table); past it, one scan of the time index filters types."""
@@ -58,7 +68,7 @@ CREATE TABLE IF NOT EXISTS events (
     instance INTEGER NOT NULL,
     type_id INTEGER NOT NULL,
     ts INTEGER NOT NULL,
-    source_ts INTEGER,
+    source_ts BLOB,
     data BLOB NOT NULL,
     PRIMARY KEY (server, session, instance)
 ) WITHOUT ROWID;
@@ -87,7 +97,7 @@ ON CONFLICT (type_id) DO UPDATE SET
 WHERE latest.server = excluded.server OR latest.ts < excluded.ts
 """
 
-Row = tuple[int, int, int, int, int, int | None, bytes]
+Row = tuple[int, int, int, int, int, bytes | None, bytes]
 """(server, session, instance, type_id, ts, source_ts, data)"""
 LatestRow = tuple[int, int, int, int, int]
 """(type_id, server, session, instance, ts)"""
@@ -98,6 +108,14 @@ _type_decoder = msgspec.json.Decoder(list[str])
 
 class StoreError(Exception):
     """The database cannot be used (wrong schema version, not an eventer database)."""
+
+
+class ResultTooLarge(Exception):
+    """A result that cannot be cut holds more than ``max_bytes`` of events."""
+
+    def __init__(self, what: str, max_bytes: int) -> None:
+        super().__init__(f"{what} holds more than {max_bytes} bytes of events")
+        self.max_bytes = max_bytes
 
 
 def type_text(event_type: EventType) -> str:
@@ -119,12 +137,15 @@ class TimeseriesQuery:
     descending: bool
     t_from: int | None
     t_to: int | None
-    source_t_from: int | None
-    source_t_to: int | None
+    """Bounds on ``ts`` in microseconds."""
+    source_t_from: bytes | None
+    source_t_to: bytes | None
+    """Bounds on ``source_ts`` as timestamp keys."""
     type_ids: list[int] | None
     """None: every type."""
     last_event_id: EventId | None
     limit: int
+    max_bytes: int
 
 
 class Store:
@@ -147,7 +168,7 @@ class Store:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            if version not in (0, SCHEMA_VERSION) or (version == 0 and "events" in tables):
+            if version not in (0, 1, SCHEMA_VERSION) or (version == 0 and "events" in tables):
                 raise StoreError(
                     f"{self.path}: schema version {version}, expected {SCHEMA_VERSION}"
                 )
@@ -162,9 +183,19 @@ class Store:
             conn.execute("PRAGMA cache_size=-65536")
             conn.execute("PRAGMA temp_store=MEMORY")
             # one transaction: tables, indexes and the version appear together or not at all
-            conn.executescript(
-                f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
-            )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if version == 1:
+                    _migrate_source_keys(conn)
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
             types = [
                 (type_id, tuple(_type_decoder.decode(text)))
                 for type_id, text in conn.execute("SELECT id, type FROM event_types ORDER BY id")
@@ -248,8 +279,9 @@ class Store:
                 self._readers.append(conn)
         return conn
 
-    def query_latest(self, type_ids: list[int] | None) -> list[bytes]:
-        """Latest event of each type (``None``: of every type), in first-registered order."""
+    def query_latest(self, type_ids: list[int] | None, max_bytes: int) -> list[bytes]:
+        """Latest event of each type (``None``: of every type), in first-registered order;
+        raises :class:`ResultTooLarge` past ``max_bytes``."""
         sql = (
             "SELECT e.data FROM latest l JOIN events e ON e.server = l.server "
             "AND e.session = l.session AND e.instance = l.instance"
@@ -264,12 +296,20 @@ class Store:
                 sql + " WHERE l.type_id IN (SELECT value FROM json_each(?)) ORDER BY l.type_id",
                 (_type_encoder.encode(type_ids).decode(),),
             )
-        return [r[0] for r in rows]
+        try:
+            blobs, more = _take((r[0] for r in rows), -1, max_bytes)
+        finally:
+            rows.close()  # a cut read must not keep its snapshot open
+        if more:
+            raise ResultTooLarge("the latest result", max_bytes)
+        return blobs
 
     def query_server(
-        self, server_id: int, last_event_id: EventId | None, limit: int
+        self, server_id: int, last_event_id: EventId | None, limit: int, max_bytes: int
     ) -> tuple[list[bytes], bool]:
-        """Events of ``server_id`` after ``last_event_id`` in natural order."""
+        """Events of ``server_id`` after ``last_event_id`` in natural order: at most
+        ``limit`` of them and ``max_bytes`` of their bytes (ResultTooLarge if the first
+        alone is larger)."""
         conn = self._reader()
         if last_event_id is None:
             rows = conn.execute(
@@ -288,12 +328,14 @@ class Store:
                     limit + 1,
                 ),
             )
-        blobs = [r[0] for r in rows]
-        more = len(blobs) > limit
-        return blobs[:limit], more
+        try:
+            return _take((r[0] for r in rows), limit, max_bytes)
+        finally:
+            rows.close()
 
     def query_timeseries(self, q: TimeseriesQuery) -> tuple[list[bytes], bool]:
-        """Events in [from, to] ordered by (timestamp or source timestamp, event id).
+        """Events in [from, to] ordered by (timestamp or source timestamp, event id), cut
+        at ``limit`` events or ``max_bytes`` (ResultTooLarge if the first alone is larger).
 
         ``last_event_id`` is the reference's sentinel: events up to and including it in
         this order are skipped; a sentinel that is not in the ordered range (unknown, or its
@@ -348,18 +390,19 @@ class Store:
             f"session {direction}, instance {direction} LIMIT :limit"
         )
         if q.type_ids is not None and len(q.type_ids) <= MERGE_MAX_TYPES:
-            blobs = self._merge_types(conn, q, col, where, params, order)
-        else:
-            if q.type_ids is not None:
-                # "+type_id": filter only, so the planner walks the time index in order
-                where.append("+type_id IN (SELECT value FROM json_each(:types))")
-                params["types"] = _type_encoder.encode(q.type_ids).decode()
-            sql = "SELECT data FROM events"
-            if where:
-                sql += " WHERE " + " AND ".join(where)
-            blobs = [r[0] for r in conn.execute(f"{sql} {order}", params)]
-        more = len(blobs) > q.limit
-        return blobs[: q.limit], more
+            return self._merge_types(conn, q, col, where, params, order)
+        if q.type_ids is not None:
+            # "+type_id": filter only, so the planner walks the time index in order
+            where.append("+type_id IN (SELECT value FROM json_each(:types))")
+            params["types"] = _type_encoder.encode(q.type_ids).decode()
+        sql = "SELECT data FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        cursor = conn.execute(f"{sql} {order}", params)
+        try:
+            return _take((r[0] for r in cursor), q.limit, q.max_bytes)
+        finally:
+            cursor.close()
 
     @staticmethod
     def _merge_types(
@@ -369,7 +412,7 @@ class Store:
         where: list[str],
         params: dict[str, Any],
         order: str,
-    ) -> list[bytes]:
+    ) -> tuple[list[bytes], bool]:
         """One ordered index range per type, merged lazily: reads at most limit + 1 rows
         past the sentinel from each type, whatever the table size."""
         assert q.type_ids is not None
@@ -382,7 +425,40 @@ class Store:
         ]
         merged = heapq.merge(*cursors, key=lambda r: r[:4], reverse=q.descending)
         try:
-            return [r[4] for r in itertools.islice(merged, q.limit + 1)]
+            return _take((r[4] for r in merged), q.limit, q.max_bytes)
         finally:
             for cursor in cursors:
                 cursor.close()  # type: ignore[attr-defined]
+
+
+def _take(blobs: Iterator[bytes], limit: int, max_bytes: int) -> tuple[list[bytes], bool]:
+    """Up to ``limit`` (-1: any number of) blobs totalling at most ``max_bytes``, and
+    whether any is left; reads at most one blob past the cut."""
+    taken: list[bytes] = []
+    size = 0
+    for blob in blobs:
+        size += len(blob)
+        if len(taken) == limit or size > max_bytes:
+            if not taken and limit != 0:
+                raise ResultTooLarge(f"an event of {len(blob)} bytes", max_bytes)
+            return taken, True
+        taken.append(blob)
+    return taken, False
+
+
+def _migrate_source_keys(conn: sqlite3.Connection) -> None:
+    """Version 1 -> 2: integer (clamped) source timestamps become exact timestamp keys,
+    recomputed from each event's stored bytes. Runs inside the caller's transaction."""
+    rows = conn.execute(
+        "SELECT server, session, instance, data FROM events WHERE source_ts IS NOT NULL"
+    ).fetchall()
+    updates = []
+    for server, session, instance, data in rows:
+        source = common.decode("HatEventer.Event", data)["sourceTimestamp"][1]
+        key = common.timestamp_key(source["s"], source["us"])
+        updates.append((key, server, session, instance))
+    conn.executemany(
+        "UPDATE events SET source_ts = ? WHERE server = ? AND session = ? AND instance = ?",
+        updates,
+    )
+    log.info("migrated %d source timestamps to schema version %d", len(updates), SCHEMA_VERSION)

@@ -9,7 +9,11 @@ caller can start measuring right away. Used by tests/benchmarks/bench_eventer.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from hat.drivers import net
 from hat.event import common, eventer
@@ -55,6 +59,20 @@ async def wait_operational(port: int, timeout: float = 20.0) -> None:
                     return
             finally:
                 await client.async_close()
+
+
+@contextlib.asynccontextmanager
+async def hat_full_server(db_path: Path, server_id: int = 1) -> AsyncIterator[str]:
+    """hat-event's full server in-process on a free port; yields its peerwire URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    runner = MainRunner(hat_server_conf(port, str(db_path), server_id))
+    try:
+        await wait_operational(port)
+        yield f"tcp+sbs://127.0.0.1:{port}?dialect=HatChatter"
+    finally:
+        await runner.async_close()
 
 
 async def main() -> None:
