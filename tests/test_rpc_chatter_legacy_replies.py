@@ -23,9 +23,6 @@ pytestmark = pytest.mark.interop
 SCRIPT = Path(__file__).parent / "peers" / "legacy_chatter_script.py"
 TYPES = ("MsgReq", "MsgRes", "Missing", "Fail", "Slow", "Release", "Raw")
 PW_TEST = "module PwTest\n" + "".join(f"{t} = Bytes\n" for t in TYPES)
-ITEM_3 = pytest.mark.xfail(
-    strict=True, reason="issue 12 item 3: lead implements in the chatter adapter"
-)
 
 
 def registry(release: asyncio.Event) -> rpc.Registry:
@@ -91,7 +88,6 @@ async def test_legacy_peer_script_control() -> None:
     ]
 
 
-@ITEM_3
 @pytest.mark.parametrize("bad_type", ["Missing", "Fail", "Raw"])
 async def test_legacy_peer_survives_a_failed_call(bad_type: str) -> None:
     """Unknown op, a handler that raises, a handler returning plain bytes: no reply the
@@ -103,7 +99,6 @@ async def test_legacy_peer_survives_a_failed_call(bad_type: str) -> None:
     ]
 
 
-@ITEM_3
 async def test_legacy_peer_survives_a_call_over_max_concurrent() -> None:
     """Slow holds the only slot, the next call is over max_concurrent (today: a
     PeerwireRpc.Retry); Release frees Slow; later calls work."""
