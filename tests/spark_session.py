@@ -120,8 +120,11 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def serve(self, scheme: str, registry: rpc.Registry, **kwargs: Any) -> rpc.Server:
-        return self.run(rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry, **kwargs).start())
+    def serve(
+        self, scheme: str, registry: rpc.Registry, *, port: int = 0, **kwargs: Any
+    ) -> rpc.Server:
+        url = f"{scheme}://127.0.0.1:{port}"
+        return self.run(rpc.serve(url, registry=registry, **kwargs).start())
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
