@@ -209,9 +209,17 @@ _KEYED = ("__request", "__key")
 
 @dataclass(frozen=True, slots=True)
 class Input:
-    """The UDF's input column and how to read request values (and row labels) from it."""
+    """The UDF's input column (driver only) and how executors read it."""
 
     column: Column
+    reader: Reader
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """Reads request values and the labels that name rows from the input column (travels
+    to executors)."""
+
     keyed: bool
 
     def values(self, array: pa.Array | pa.ChunkedArray) -> tuple[list[Any], Sequence[Any]]:
@@ -241,8 +249,9 @@ def input_column(
     as_object = request == "object" or len(columns) > 1
     column = F.struct(*columns) if as_object else columns[0]
     if key is None:
-        return Input(column, keyed=False)
-    return Input(F.struct(column.alias(_KEYED[0]), F.col(key).alias(_KEYED[1])), keyed=True)
+        return Input(column, Reader(keyed=False))
+    keyed = F.struct(column.alias(_KEYED[0]), F.col(key).alias(_KEYED[1]))
+    return Input(keyed, Reader(keyed=True))
 
 
 def udf_name(kind: str, op: str) -> str:
@@ -256,8 +265,10 @@ def column_function(
     """A non-deterministic Arrow iterator UDF named ``name``: input -> ``struct<result,
     error>``."""
 
+    reader = source.reader
+
     def evaluate(arrays: Iterator[pa.Array]) -> Iterator[pa.Array]:
-        return stream(evaluator, shape, arrays, source.values, _result_only, name, stats)
+        return stream(evaluator, shape, arrays, reader.values, _result_only, name, stats)
 
     evaluate.__name__ = evaluate.__qualname__ = name
     udf = F.arrow_udf(evaluate, shape.struct_type)  # the type hints make it an iterator UDF
@@ -287,8 +298,10 @@ def map_frame(
     def emit(batch: pa.RecordBatch, result: pa.StructArray) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays([*batch.columns[:-1], result], names=names)
 
+    reader = source.reader
+
     def values_of(batch: pa.RecordBatch) -> tuple[list[Any], Sequence[Any]]:
-        return source.values(batch.column(batch.num_columns - 1))
+        return reader.values(batch.column(batch.num_columns - 1))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return stream(evaluator, shape, batches, values_of, emit, name, stats)
