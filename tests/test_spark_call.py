@@ -158,8 +158,59 @@ def test_per_call_timeout_and_raise_mode(spark: SparkSession, serve_peer) -> Non
         else:
             assert (row.r.result, row.r.error) == (str(row.id), None)
 
-    with pytest.raises(Exception, match=r"call 'slow' failed .*RequestTimeout"):
+    # the failed row is named by its request value, or by the key column the caller names
+    with pytest.raises(Exception, match=r"call 'slow' failed for request \d*0: RequestTimeout"):
         df.select(pws.call(url, "slow", "id", timeout=0.3, on_error="raise")).collect()
+    keyed = df.withColumn("key", F.concat(F.lit("k"), F.col("id").cast("string")))
+    with pytest.raises(Exception, match=r"call 'slow' failed for key='k\d*0': RequestTimeout"):
+        keyed.select(
+            pws.call(url, "slow", "id", timeout=0.3, on_error="raise", key="key")
+        ).collect()
+    # with on_error="null" a key column changes nothing but travels along
+    rows = keyed.select("id", pws.call(url, "slow", "id", key="key").alias("r")).collect()
+    assert sorted((r.id, r.r.result) for r in rows if r.id % 10) == [
+        (i, str(i)) for i in range(40) if i % 10
+    ]
+
+
+def test_request_shapes_null_results_and_udf_names(spark: SparkSession, serve_peer, capsys) -> None:
+    registry = rpc.Registry()
+
+    @registry.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    @registry.handle("nothing")
+    def nothing(value: Any) -> None:
+        return None
+
+    url = serve_peer("gotalk", registry).url
+    df = people(spark, 20)
+    out = df.select(
+        "id",
+        pws.call(url, "echo", "name").alias("bare"),
+        pws.call(url, "echo", "name", request="object").alias("obj"),
+        pws.call(url, "echo", "id", "name").alias("two"),
+        pws.call(url, "nothing", "id").alias("null"),
+        pws.call(url, "nothing", "id", result_type="long").alias("typed_null"),
+    )
+    for row in out.collect():
+        assert json.loads(row.bare.result) == f"n{row.id}"
+        assert json.loads(row.obj.result) == {"name": f"n{row.id}"}
+        assert json.loads(row.two.result) == {"id": row.id, "name": f"n{row.id}"}
+        # a null result is SQL NULL, with or without result_type, and not an error
+        assert (row.null.result, row.null.error) == (None, None)
+        assert (row.typed_null.result, row.typed_null.error) == (None, None)
+    with pytest.raises(ValueError, match='request="value" takes exactly one column'):
+        pws.call(url, "echo", "id", "name", request="value")
+
+    # plans (and the UI) name each UDF after its op
+    capsys.readouterr()
+    out.explain()
+    plan = capsys.readouterr().out
+    assert "peerwire_call_echo" in plan and "peerwire_call_nothing" in plan
+    pws.call_frame(df, url, "echo", "name").explain()
+    assert "peerwire_call_echo" in capsys.readouterr().out
 
 
 def test_peer_that_is_down(spark: SparkSession) -> None:
