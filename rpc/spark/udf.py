@@ -50,8 +50,9 @@ class RemoteCalls:
             if attempt > 0:
                 raise SparkCallError(
                     f"call {self.policy.op!r}: not calling the peer again in attempt "
-                    f"{attempt + 1} of this task (on_error='raise' stops at the first failed "
-                    "attempt; see the first attempt's error)"
+                    f"{attempt + 1} of this task: with on_error='raise' a task runs its calls "
+                    "once (the first attempt's error, in the stage's failed tasks, names the "
+                    "row)"
                 )
         rt = runtime()
         tally = Tally()
