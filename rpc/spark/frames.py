@@ -9,7 +9,9 @@ batch, through an :class:`Evaluator` (remote calls or local handlers). Two front
 - :func:`map_frame`: ``mapInArrow`` over the whole frame, keeping every other column.
 
 A batch is handed to the evaluator, and the next one is read from Spark while the first is
-in flight (one batch ahead), so the connection never idles between Arrow batches.
+in flight (one batch ahead), so the connection never idles between Arrow batches. Both are
+named after what they run (``peerwire_call_greet``), so plans and the UI tell them apart;
+an optional :class:`rpc.spark.CallStats` gets each task's counts when it ends.
 """
 
 from __future__ import annotations
