@@ -102,8 +102,10 @@ def test_job_rides_out_a_peer_restart(spark: SparkSession, tmp_path: Path, idemp
     if idempotent:
         assert failed == []
         assert set(calls) == set(range(ROWS))
-        assert sum(n - 1 for n in calls.values()) <= 2 * WINDOW  # resent: those in flight
-        assert 0 < counts["retries"] <= 2 * WINDOW
+        # run twice: rows the old peer ran just before it died (at most those in flight)
+        twice = sum(n - 1 for n in calls.values())
+        assert twice <= 2 * WINDOW
+        assert counts["retries"] >= max(twice, 1)
     else:
         lost = f"ConnectionClosed: connection to {url} lost with the call in flight"
         assert {r.r.error for r in rows if r.r.error is not None} <= {lost}

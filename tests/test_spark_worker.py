@@ -212,3 +212,27 @@ def test_setup_failures_are_named_remembered_and_logged_once(serve_peer, caplog)
     assert len([m for m in messages if "still unreachable" in m]) == 1
     # one traceback (the protocol's error, which asyncio caught), not one per attempt or row
     assert len([r for r in caplog.records if r.exc_info is not None]) == 1
+
+
+def test_a_new_connection_carries_one_call_until_it_answers(serve_peer) -> None:
+    """The first call on a new connection goes alone (a connection that a dying peer's
+    kernel accepted then loses one call, not a window); the rest follow its reply."""
+    events: list[tuple[str, int]] = []
+    registry = rpc.Registry()
+
+    @registry.handle("hold")
+    async def hold(n: int) -> int:
+        events.append(("start", n))
+        await asyncio.sleep(0.2 if len(events) == 1 else 0.001)
+        events.append(("end", n))
+        return n
+
+    served = serve_peer("gotalk", registry)
+    pipe = pipeline(served.url, "hold", window=16, timeout=5.0)
+    try:
+        assert pipe.submit(list(range(50))).result(20) == (list(range(50)), [None] * 50)
+    finally:
+        pipe.close()
+    first = events[0][1]
+    assert events[:2] == [("start", first), ("end", first)]
+    assert max(n for kind, n in events if kind == "start") == 49

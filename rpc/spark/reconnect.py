@@ -8,7 +8,9 @@ call that needs the connection waits for it, each within its own time budget. A 
 budget is spent fails with the cause of the last failed attempt; calls that arrive once the
 outage is older than their budget fail at once, while the reconnect task keeps trying
 (every ``cap`` seconds at most) for as long as calls keep asking, so a peer that comes back
-is found again.
+is found again. A new connection carries one call (the probe) until that call has ended
+with the connection still open: a connection that the kernel of a dying peer accepted just
+before its listening socket closed then costs one call, not a window of them.
 
 Any failure of connection set-up counts as the peer being unreachable (refused, timed out,
 TLS errors, and errors inside the protocol such as missing schemas): it is named in the
@@ -96,6 +98,10 @@ class Link:
         self._connect = connect
         self._backoff = backoff
         self._peer: Peer | None = None
+        self._proven = False
+        """A reply has come back on ``_peer`` (until then only one call, the probe, uses it:
+        a connection the kernel of a dying peer accepted loses one call, not a window)."""
+        self._probing = False
         self._task: asyncio.Task[None] | None = None
         self._news: asyncio.Future[None] = loop.create_future()
         """Resolved (and replaced) after every connection attempt."""
@@ -111,19 +117,27 @@ class Link:
         """Connections opened so far."""
 
     def ready(self) -> Peer | None:
-        """The open connection, if there is one (no waiting)."""
+        """The open connection, if there is one and it has answered (no waiting)."""
         peer = self._peer
-        return peer if peer is not None and peer.is_open else None
+        return peer if self._proven and peer is not None and peer.is_open else None
 
-    async def get(self, since: float, budget: float) -> Peer:
-        """The open connection. Without one, wait for the reconnect task until ``since``
-        (or the outage's start, if earlier) plus ``budget`` seconds; then raise
+    async def get(self, since: float, budget: float) -> tuple[Peer, bool]:
+        """The open connection, and whether the caller is its probe: the first call on a
+        new connection goes alone, and its caller must report with :meth:`settled`; the
+        others wait for it. Without a connection, wait for the reconnect task until
+        ``since`` (or the outage's start, if earlier) plus ``budget`` seconds; then raise
         ConnectionClosed naming the last attempt's failure. The first attempt of an outage
         is always waited for (``connect_timeout`` bounds it)."""
         while True:
-            peer = self.ready()
-            if peer is not None:
-                return peer
+            peer = self._peer
+            if peer is not None and peer.is_open:
+                if self._proven:
+                    return peer, False
+                if not self._probing:
+                    self._probing = True
+                    return peer, True
+                await asyncio.shield(self._news)  # the probe settles it
+                continue
             now = self._loop.time()
             if self._down_since is None or self._task is None:
                 self._outage_starts(now)  # a new outage, or an old one nobody asked about
@@ -142,6 +156,14 @@ class Link:
                     await asyncio.wait_for(asyncio.shield(news), timeout)
             finally:
                 self._waiters -= 1
+
+    def settled(self, peer: Peer) -> None:
+        """The probe's call on ``peer`` ended: a peer still open has answered."""
+        if peer is self._peer and self._probing:
+            self._probing = False
+            self._proven = peer.is_open
+            news, self._news = self._news, self._loop.create_future()
+            news.set_result(None)
 
     def _outage_starts(self, now: float) -> None:
         self._down_since = now
@@ -192,6 +214,7 @@ class Link:
 
     def _connected(self, peer: Peer, failures: int) -> None:
         self._peer = peer
+        self._proven = self._probing = False
         self.connects += 1
         if failures:
             log.warning(

@@ -281,12 +281,15 @@ def make_caller(
         resends = 0
         while True:
             peer = link.ready()
+            probe = False
             if peer is None:
                 try:
-                    peer = await link.get(started, budget)
+                    peer, probe = await link.get(started, budget)
                 except ConnectionClosed as exc:  # never sent: the peer stayed down
                     return None, describe(exc)
                 if not peer.is_open:
+                    if probe:
+                        link.settled(peer)
                     continue  # closed while this call was being woken: not sent
             # sent from here on (unless the transport's buffer is full and the connection
             # dies while the request waits for room: then it counts as lost too)
@@ -300,6 +303,9 @@ def make_caller(
                 error, wait = lost, 0.0
             except (RpcError, PayloadError) as exc:
                 return None, describe(exc)
+            finally:
+                if probe:
+                    link.settled(peer)
             if policy.retries is not None and resends >= policy.retries:
                 return None, error
             cap = min(policy.max_backoff, policy.backoff * 2 ** min(resends, 30))
