@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import sys
 import threading
 import time
@@ -39,21 +40,37 @@ def serve_greet() -> str:
     return str(server.url)
 
 
+# Settings fixed when the driver JVM starts, and SQL settings any session may change.
+STATIC_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "768m",
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+}
+SQL_CONF = {"spark.sql.shuffle.partitions": "2"}
+
+
 def session(master: str, remote: str | None):  # -> SparkSession
-    """A small local session: this interpreter on the executors, loopback, no UI."""
+    """A small session: this interpreter on the executors, loopback, no UI.
+
+    Static settings go where they apply: to the builder of a classic session; for a local
+    Spark Connect server (``--remote local[2]``) to the spark-submit that starts its JVM
+    (``PYSPARK_SUBMIT_ARGS``); a remote server (``sc://...``) keeps its own. Only SQL
+    settings are set on a Connect session (it refuses static ones)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("peerwire-spark-enrich")
-    builder = builder.remote(remote) if remote else builder.master(master)
-    conf = {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.memory": "768m",
-        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
-    }
+    if remote is None:
+        builder = builder.master(master)
+        conf = {**STATIC_CONF, **SQL_CONF}
+    else:
+        if remote.startswith("local"):
+            flags = [f"--conf {shlex.quote(f'{k}={v}')}" for k, v in STATIC_CONF.items()]
+            os.environ.setdefault("PYSPARK_SUBMIT_ARGS", " ".join([*flags, "pyspark-shell"]))
+        builder = builder.remote(remote)
+        conf = SQL_CONF
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -75,6 +92,9 @@ def main() -> int:
     spark = session(args.master, args.remote)
     kind = "Spark Connect" if "connect" in type(spark).__module__ else "classic"
     print(f"session: {kind} ({type(spark).__module__}), peer: {url}")
+    if args.remote is None or args.remote.startswith("local"):
+        settings = ", ".join(f"{k}={spark.conf.get(k, None)}" for k in STATIC_CONF)
+        print(f"settings: {settings}")
 
     people = spark.range(0, args.rows, numPartitions=2).withColumn(
         "name", F.concat(F.lit("name-"), F.col("id").cast("string"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,23 @@ def require_spark() -> None:
         pytest.fail(f"the Spark tests need the spark extra: pip install -e '.[spark]' ({exc})")
 
 
+def connect_builder(remote: str, conf: dict[str, str]) -> Any:
+    """A Spark Connect session builder for a local server (``remote="local[2]"``) with
+    ``conf``: SQL settings on the session, the others (static: UI, driver memory, JVM
+    options) passed to the spark-submit that starts the server's JVM, which is where they
+    apply (a Connect session refuses to set them: CANNOT_MODIFY_CONFIG)."""
+    from pyspark.sql import SparkSession
+
+    static = {k: v for k, v in conf.items() if not k.startswith("spark.sql.")}
+    flags = [f"--conf {shlex.quote(f'{k}={v}')}" for k, v in static.items()]
+    os.environ["PYSPARK_SUBMIT_ARGS"] = " ".join([*flags, "pyspark-shell"])
+    builder = SparkSession.builder.remote(remote)
+    for key, value in conf.items():
+        if key.startswith("spark.sql."):
+            builder = builder.config(key, value)
+    return builder
+
+
 @pytest.fixture(scope="session", name="spark")
 def spark_fixture() -> Iterator[Any]:
     """One classic local[2] session for every Spark test."""
@@ -120,8 +138,11 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def serve(self, scheme: str, registry: rpc.Registry, **kwargs: Any) -> rpc.Server:
-        return self.run(rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry, **kwargs).start())
+    def serve(
+        self, scheme: str, registry: rpc.Registry, *, port: int = 0, **kwargs: Any
+    ) -> rpc.Server:
+        url = f"{scheme}://127.0.0.1:{port}"
+        return self.run(rpc.serve(url, registry=registry, **kwargs).start())
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

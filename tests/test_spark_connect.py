@@ -66,6 +66,10 @@ def test_spark_connect_session_runs_the_udf(serve_peer) -> None:
     proc = run_connect("examples/spark_enrich.py", "--url", url, "--rows", str(n))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "session: Spark Connect (pyspark.sql.connect.session)" in proc.stdout
+    # static settings applied where they apply (the server's JVM), none refused
+    assert "settings: spark.ui.enabled=false, spark.ui.showConsoleProgress=false, " in proc.stdout
+    assert "spark.driver.memory=768m" in proc.stdout
+    assert "CANNOT_MODIFY_CONFIG" not in proc.stderr
     assert f"enriched {n} rows" in proc.stdout
     assert ": 0 errors, 0 wrong" in proc.stdout
     assert calls == Counter({f"name-{i}": 1 for i in range(n)})
@@ -122,6 +126,7 @@ def test_spark_connect_session_applies_handlers_and_calls_frames(serve_peer) -> 
     report = json.loads(output[-1])
     assert (proc.returncode, report["mismatches"]) == (0, []), proc.stderr[-4000:]
     assert report["session"] == "pyspark.sql.connect.session"
+    assert "CANNOT_MODIFY_CONFIG" not in proc.stderr
     for name in [*ROW_CHECKS, *OTHER_ROW_CHECKS]:
         assert report["rows"].get(name) == ROWS, name
     assert report["errors"] == {name: e for name, e in ROW_CHECKS.items() if e}

@@ -1,6 +1,7 @@
-"""The executor-side machinery (rpc.spark.worker) in this process, without Spark: the
-in-flight window, one pooled connection, and no "never retrieved" noise after failures,
-timeouts and cancelled batches."""
+"""The executor-side machinery (rpc.spark.worker, rpc.spark.reconnect) in this process,
+without Spark: the in-flight window, one pooled connection, no "never retrieved" noise after
+failures, timeouts and cancelled batches, calls that wait for a peer to come back, calls
+lost in flight, and connection set-up failures remembered and logged once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import concurrent.futures
 import gc
 import logging
 import socket
+import threading
+import time
+from collections import Counter
 
 import pytest
 
@@ -64,8 +68,8 @@ def test_failures_leave_no_unretrieved_futures(serve_peer, caplog) -> None:
         down = f"tcp+gotalk://127.0.0.1:{sock.getsockname()[1]}"
 
     pipes = [
-        pipeline(down, "sleep", window=4),
-        pipeline(down, "sleep", window=4, idempotent=True, retries=2, backoff=0.01),
+        pipeline(down, "sleep", window=4, retry_for=0.2),
+        pipeline(down, "sleep", window=4, idempotent=True, retry_for=0.2, backoff=0.01),
         pipeline(url, "sleep", window=4, timeout=0.05),
         pipeline(url, "sleep", window=4),
     ]
@@ -90,3 +94,145 @@ def test_failures_leave_no_unretrieved_futures(serve_peer, caplog) -> None:
     runtime().run(asyncio.sleep(0.05))  # the loop reports unretrieved exceptions from here
     noise = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert noise == []
+
+
+def free_url(scheme: str = "tcp+gotalk") -> tuple[str, int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"{scheme}://127.0.0.1:{port}", port
+
+
+def counting_registry(processed: Counter[int]) -> rpc.Registry:
+    registry = rpc.Registry()
+
+    @registry.handle("work")
+    async def work(n: int) -> int:
+        processed[n] += 1
+        await asyncio.sleep(0.001)
+        return n * 3
+
+    return registry
+
+
+def test_calls_wait_for_a_peer_that_comes_back(loop_thread, caplog) -> None:
+    """The peer is down when the batch is submitted and starts listening later: every row
+    waits for it (reconnect with back-off) and is called once."""
+    caplog.set_level(logging.INFO, logger="peerwire.spark")
+    processed: Counter[int] = Counter()
+    url, port = free_url()
+    pipe = pipeline(url, "work", window=16, retry_for=30.0)
+    server = None
+    try:
+        pending = pipe.submit(list(range(200)))
+        link = runtime().pool.link(Endpoint(url))
+        deadline = time.monotonic() + 10
+        while link.attempts < 3:  # it has failed to connect a few times
+            assert time.monotonic() < deadline, "no reconnect attempts"
+            time.sleep(0.01)
+        assert not pending.done()
+        server = loop_thread.serve(url.split("://")[0], counting_registry(processed), port=port)
+        results, errors = pending.result(20)
+    finally:
+        pipe.close()
+        if server is not None:
+            loop_thread.run(server.close(drain_timeout=1.0))
+    assert errors == [None] * 200
+    assert results == [n * 3 for n in range(200)]
+    assert processed == Counter(range(200))
+    messages = [r.getMessage() for r in caplog.records if r.name == "peerwire.spark"]
+    assert len([m for m in messages if m.startswith(f"cannot connect to {url}")]) == 1
+    assert any(m.startswith(f"connected to {url} after") for m in messages)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_calls_lost_in_flight(serve_peer, idempotent: bool) -> None:
+    """The server drops every connection while calls are in flight: those calls fail with
+    one wording unless the op is idempotent; calls not sent yet wait for the reconnect."""
+    processed: Counter[int] = Counter()
+    registry = rpc.Registry()
+    started = threading.Event()
+
+    @registry.handle("work")
+    async def work(n: int) -> int:
+        processed[n] += 1
+        if n == 50:
+            started.set()
+        await asyncio.sleep(0.05 if n < 100 else 0.001)
+        return n * 3
+
+    served = serve_peer("gotalk", registry)
+    pipe = pipeline(served.url, "work", window=32, idempotent=idempotent, retry_for=10.0)
+    try:
+        pending = pipe.submit(list(range(300)))
+        assert started.wait(10)
+        served.drop_connections()
+        results, errors = pending.result(30)
+    finally:
+        pipe.close()
+    lost = f"ConnectionClosed: connection to {served.url} lost with the call in flight"
+    failed = [n for n, e in enumerate(errors) if e is not None]
+    assert all(errors[n] == lost for n in failed)
+    assert all(results[n] == n * 3 for n in range(300) if n not in failed)
+    assert served.connections == 2
+    if idempotent:
+        assert failed == []
+        assert set(processed) == set(range(300))
+    else:
+        assert 0 < len(failed) <= 32  # at most a window's worth was in flight
+        assert max(processed.values()) == 1  # nothing was sent twice
+        assert all(processed[n] == 1 for n in range(300) if n not in failed)
+
+
+def test_setup_failures_are_named_remembered_and_logged_once(serve_peer, caplog) -> None:
+    """A failure inside the protocol's set-up (here: an option the protocol does not take)
+    is a peer that cannot be reached: every row names the cause, the link retries at its own
+    pace (not once per row), the log says it once."""
+    caplog.set_level(logging.INFO, logger="peerwire.spark")
+    served = serve_peer("gotalk", counting_registry(Counter()))
+    rt = runtime()
+    endpoint = Endpoint(served.url, protocol_options=(("no_such_option", 1),))
+    policy = CallPolicy("work", retry_for=0.5)
+    pipe = Pipeline(rt, make_caller(rt.pool, endpoint, policy), 64)
+    try:
+        first = pipe.submit(list(range(2000)))
+        results, errors = first.result(20)
+        again, errors_again = pipe.submit(list(range(2000))).result(20)  # fails fast now
+    finally:
+        pipe.close()
+    assert results == again == [None] * 2000
+    assert {*errors, *errors_again} == {
+        f"ConnectionClosed: cannot connect to {served.url}: "
+        "TypeError: GotalkPeer.__init__() got an unexpected keyword argument 'no_such_option'"
+    }
+    attempts = rt.pool.link(endpoint).attempts
+    assert 2 <= attempts <= 40  # back-off up to 2 s over ~0.5 s and the second batch
+    messages = [r.getMessage() for r in caplog.records if r.name == "peerwire.spark"]
+    assert len([m for m in messages if m.startswith("cannot connect to")]) == 1
+    assert len([m for m in messages if "still unreachable" in m]) == 1
+    # one traceback (the protocol's error, which asyncio caught), not one per attempt or row
+    assert len([r for r in caplog.records if r.exc_info is not None]) == 1
+
+
+def test_a_new_connection_carries_one_call_until_it_answers(serve_peer) -> None:
+    """The first call on a new connection goes alone (a connection that a dying peer's
+    kernel accepted then loses one call, not a window); the rest follow its reply."""
+    events: list[tuple[str, int]] = []
+    registry = rpc.Registry()
+
+    @registry.handle("hold")
+    async def hold(n: int) -> int:
+        events.append(("start", n))
+        await asyncio.sleep(0.2 if len(events) == 1 else 0.001)
+        events.append(("end", n))
+        return n
+
+    served = serve_peer("gotalk", registry)
+    pipe = pipeline(served.url, "hold", window=16, timeout=5.0)
+    try:
+        assert pipe.submit(list(range(50))).result(20) == (list(range(50)), [None] * 50)
+    finally:
+        pipe.close()
+    first = events[0][1]
+    assert events[:2] == [("start", first), ("end", first)]
+    assert max(n for kind, n in events if kind == "start") == 49

@@ -8,6 +8,7 @@ Needs the ``spark`` extra (``pip install 'peerwire[spark]'``: PySpark >= 4.1 wit
   executors, no network involved.
 - :class:`SparkBatcher` / :func:`serve_op`: a peerwire op whose requests are batched into
   Spark jobs.
+- :class:`CallStats`: rows called, failed and resent per UDF (an accumulator).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from rpc.spark.apply import apply, apply_frame, ship_by_value
 from rpc.spark.frames import SparkCallError
 from rpc.spark.serving import ROW_ID, SparkBatcher, serve_op
+from rpc.spark.stats import CallStats
 from rpc.spark.udf import call, call_frame
 from rpc.spark.worker import Tls
 
 __all__ = [
     "ROW_ID",
+    "CallStats",
     "SparkBatcher",
     "SparkCallError",
     "Tls",

@@ -39,8 +39,16 @@ from pyspark.sql.types import DataType
 from rpc.chatter_peer import Reply
 from rpc.payload import PayloadError, convert, decoder_for
 from rpc.registry import Handler, HandlerKind, Registry
-from rpc.spark.frames import ResultShape, column_function, input_column, map_frame, parse_type
-from rpc.spark.worker import Outcome, Pipeline, Results, describe, runtime
+from rpc.spark.frames import (
+    ResultShape,
+    column_function,
+    input_column,
+    map_frame,
+    parse_type,
+    udf_name,
+)
+from rpc.spark.stats import CallStats
+from rpc.spark.worker import Outcome, Pipeline, Results, Tally, describe, runtime
 
 # types Arrow converts itself: kept as they are when a typed result is made builtin
 _ARROW_NATIVE = (
@@ -156,9 +164,10 @@ class _HandlerBatches:
     def __init__(self, handler: Handler, max_concurrency: int, typed: bool) -> None:
         self.handler = handler
         self.typed = typed
+        self.tally = Tally()
         self._pipeline: Pipeline | None = None
         if handler.is_async:
-            self._pipeline = Pipeline(runtime(), self._run_async, max_concurrency)
+            self._pipeline = Pipeline(runtime(), self._run_async, max_concurrency, self.tally)
 
     def submit(self, values: list[Any]) -> Any:
         if self._pipeline is not None:
@@ -169,6 +178,8 @@ class _HandlerBatches:
             result, error = self._run_sync(value)
             results.append(result)
             errors.append(error)
+        self.tally.calls += len(values)
+        self.tally.errors += sum(e is not None for e in errors)
         return _Done((results, errors))
 
     def close(self) -> None:
@@ -221,6 +232,7 @@ def _setup(
     result_type: DataType | str | None,
     max_concurrency: int,
     on_error: str,
+    key: str | None,
 ) -> tuple[LocalHandler, ResultShape]:
     if max_concurrency < 1:
         raise ValueError("max_concurrency must be at least 1")
@@ -232,7 +244,7 @@ def _setup(
     else:
         code = _pickled((handler.fn, handler.annotation))  # unpicklable handlers fail here
         evaluator = LocalHandler(op, code, None, max_concurrency, typed)
-    return evaluator, ResultShape(spark_type, on_error, what=f"handler {op!r}")
+    return evaluator, ResultShape(spark_type, on_error, what=f"handler {op!r}", key=key)
 
 
 def apply(
@@ -240,17 +252,23 @@ def apply(
     op: str,
     *cols: Column | str,
     result_type: DataType | str | None = None,
+    request: str | None = None,
     max_concurrency: int = 64,
     on_error: str = "null",
+    key: str | None = None,
+    stats: CallStats | None = None,
 ) -> Column:
     """A ``struct<result, error>`` column: ``op``'s handler run on each row's value.
 
-    Values, ``result_type`` and ``on_error`` as in :func:`rpc.spark.call`; ``handlers`` is
-    a :class:`rpc.Registry` or a ``"module:attribute"`` path to one. Coroutine handlers run
-    on the worker loop, at most ``max_concurrency`` at once per Python worker.
+    Values, ``result_type``, ``request``, ``on_error``, ``key`` and ``stats`` as in
+    :func:`rpc.spark.call`; ``handlers`` is a :class:`rpc.Registry` or a
+    ``"module:attribute"`` path to one. Coroutine handlers run on the worker loop, at most
+    ``max_concurrency`` at once per Python worker.
     """
-    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error)
-    return column_function(evaluator, shape)(input_column(cols)).alias(op)
+    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error, key)
+    source = input_column(cols, request, key)
+    name = udf_name("apply", op)
+    return column_function(evaluator, shape, source, name, stats).alias(op)
 
 
 def apply_frame(
@@ -260,10 +278,14 @@ def apply_frame(
     *cols: Column | str,
     into: str = "result",
     result_type: DataType | str | None = None,
+    request: str | None = None,
     max_concurrency: int = 64,
     on_error: str = "null",
+    key: str | None = None,
+    stats: CallStats | None = None,
 ) -> DataFrame:
     """``df`` with a ``struct<result, error>`` column ``into`` from running ``op``'s handler
     over every row (``mapInArrow``; every other column kept). Options as in :func:`apply`."""
-    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error)
-    return map_frame(df, input_column(cols), into, evaluator, shape)
+    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error, key)
+    source = input_column(cols, request, key)
+    return map_frame(df, source, into, evaluator, shape, udf_name("apply", op), stats)

@@ -9,12 +9,15 @@ batch, through an :class:`Evaluator` (remote calls or local handlers). Two front
 - :func:`map_frame`: ``mapInArrow`` over the whole frame, keeping every other column.
 
 A batch is handed to the evaluator, and the next one is read from Spark while the first is
-in flight (one batch ahead), so the connection never idles between Arrow batches.
+in flight (one batch ahead), so the connection never idles between Arrow batches. Both are
+named after what they run (``peerwire_call_greet``), so plans and the UI tell them apart;
+an optional :class:`rpc.spark.CallStats` gets each task's counts when it ends.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +31,8 @@ from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import DataType, StringType, StructField, StructType
 
 from rpc.errors import RpcError
-from rpc.spark.worker import Results
+from rpc.spark.stats import CallStats
+from rpc.spark.worker import Results, Tally
 
 ON_ERROR = ("null", "raise")
 PREFETCH = 1
@@ -50,6 +54,8 @@ class Pending(Protocol):
 
 class Batches(Protocol):
     """An evaluation in progress (one per Spark partition)."""
+
+    tally: Tally
 
     def submit(self, values: list[Any]) -> Pending: ...
     def close(self) -> None: ...
@@ -90,6 +96,9 @@ class ResultShape:
     result_type: DataType | None = None
     on_error: str = "null"
     what: str = "call"
+    key: str | None = None
+    """The column that names a failed row in ``on_error="raise"`` errors (None: the
+    request value does)."""
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -104,11 +113,15 @@ class ResultShape:
             ]
         )
 
-    def build(self, results: list[Any], errors: list[str | None]) -> pa.StructArray:
+    def build(
+        self, results: list[Any], errors: list[str | None], labels: Sequence[Any]
+    ) -> pa.StructArray:
+        """The column for one batch; ``labels`` name its rows (key or request values)."""
         if self.on_error == "raise":
-            for i, error in enumerate(errors):
+            for label, error in zip(labels, errors, strict=True):
                 if error is not None:
-                    raise SparkCallError(f"{self.what} failed (row {i} of its batch): {error}")
+                    row = f"request {label!r:.200}" if self.key is None else f"{self.key}={label!r}"
+                    raise SparkCallError(f"{self.what} failed for {row}: {error}")
         if self.result_type is None:
             target = pa.string()
             values = _json_texts(results, errors)
@@ -128,7 +141,7 @@ class ResultShape:
 def _json_texts(results: list[Any], errors: list[str | None]) -> list[str | None]:
     texts: list[str | None] = []
     for i, (result, error) in enumerate(zip(results, errors, strict=True)):
-        if error is not None:
+        if error is not None or result is None:  # a null result is SQL NULL, not 'null'
             texts.append(None)
             continue
         try:
@@ -162,23 +175,29 @@ def stream(
     evaluator: Evaluator,
     shape: ResultShape,
     items: Iterator[_T],
-    values_of: Callable[[_T], list[Any]],
+    values_of: Callable[[_T], tuple[list[Any], Sequence[Any]]],
     emit: Callable[[_T, pa.StructArray], _O],
+    name: str,
+    stats: CallStats | None,
 ) -> Iterator[_O]:
-    """Evaluate every item's values, one batch ahead, and emit results in input order."""
+    """Evaluate every item's values, one batch ahead, and emit results in input order;
+    ``values_of`` gives an item's request values and the labels that name its rows."""
     batches = evaluator.open()
-    pending: deque[tuple[_T, Pending]] = deque()
+    pending: deque[tuple[_T, Sequence[Any], Pending]] = deque()
     try:
         for item in items:
-            pending.append((item, batches.submit(values_of(item))))
+            values, labels = values_of(item)
+            pending.append((item, labels, batches.submit(values)))
             if len(pending) > PREFETCH:
-                first, handle = pending.popleft()
-                yield emit(first, shape.build(*handle.result()))
+                first, first_labels, handle = pending.popleft()
+                yield emit(first, shape.build(*handle.result(), first_labels))
         while pending:
-            first, handle = pending.popleft()
-            yield emit(first, shape.build(*handle.result()))
+            first, first_labels, handle = pending.popleft()
+            yield emit(first, shape.build(*handle.result(), first_labels))
     finally:
         batches.close()
+        if stats is not None:
+            stats.add(name, batches.tally)
 
 
 def to_values(array: pa.Array | pa.ChunkedArray) -> list[Any]:
@@ -186,23 +205,76 @@ def to_values(array: pa.Array | pa.ChunkedArray) -> list[Any]:
     return array.to_pylist(maps_as_pydicts="lossy")
 
 
-def input_column(cols: Sequence[Column | str]) -> Column:
-    """One column as it is; several as a struct, so each request is an object keyed by the
-    column names (or aliases)."""
+REQUEST_SHAPES = ("value", "object")
+_KEYED = ("__request", "__key")
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """The UDF's input column (driver only) and how executors read it."""
+
+    column: Column
+    reader: Reader
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """Reads request values and the labels that name rows from the input column (travels
+    to executors)."""
+
+    keyed: bool
+
+    def values(self, array: pa.Array | pa.ChunkedArray) -> tuple[list[Any], Sequence[Any]]:
+        if not self.keyed:
+            values = to_values(array)
+            return values, values
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if not isinstance(array, pa.StructArray):
+            raise TypeError(f"expected the (request, key) struct, got {array.type}")
+        return to_values(array.field(0)), array.field(1).to_pylist()
+
+
+def input_column(
+    cols: Sequence[Column | str], request: str | None = None, key: str | None = None
+) -> Input:
+    """The request column: one column's value, or an object keyed by the columns' names
+    (or aliases) when several are given; ``request="value"`` or ``"object"`` fixes the
+    shape. With a ``key`` column, its value travels along to name failed rows."""
     if not cols:
         raise ValueError("give at least one input column")
+    if request is not None and request not in REQUEST_SHAPES:
+        raise ValueError(f"request must be one of {REQUEST_SHAPES} or None, not {request!r}")
     columns = [F.col(c) if isinstance(c, str) else c for c in cols]
-    return columns[0] if len(columns) == 1 else F.struct(*columns)
+    if request == "value" and len(columns) > 1:
+        raise ValueError('request="value" takes exactly one column; use request="object"')
+    as_object = request == "object" or len(columns) > 1
+    column = F.struct(*columns) if as_object else columns[0]
+    if key is None:
+        return Input(column, Reader(keyed=False))
+    keyed = F.struct(column.alias(_KEYED[0]), F.col(key).alias(_KEYED[1]))
+    return Input(keyed, Reader(keyed=True))
 
 
-def column_function(evaluator: Evaluator, shape: ResultShape) -> Callable[[Column], Column]:
-    """A non-deterministic Arrow iterator UDF: input column -> ``struct<result, error>``."""
+def udf_name(kind: str, op: str) -> str:
+    """The name plans and the UI show: ``peerwire_call_greet``."""
+    return f"peerwire_{kind}_{re.sub(r'[^0-9A-Za-z_]', '_', op)}"
+
+
+def column_function(
+    evaluator: Evaluator, shape: ResultShape, source: Input, name: str, stats: CallStats | None
+) -> Column:
+    """A non-deterministic Arrow iterator UDF named ``name``: input -> ``struct<result,
+    error>``."""
+
+    reader = source.reader
 
     def evaluate(arrays: Iterator[pa.Array]) -> Iterator[pa.Array]:
-        return stream(evaluator, shape, arrays, to_values, _result_only)
+        return stream(evaluator, shape, arrays, reader.values, _result_only, name, stats)
 
+    evaluate.__name__ = evaluate.__qualname__ = name
     udf = F.arrow_udf(evaluate, shape.struct_type)  # the type hints make it an iterator UDF
-    return udf.asNondeterministic()  # type: ignore[no-any-return]
+    return udf.asNondeterministic()(source.column)  # type: ignore[no-any-return]
 
 
 def _result_only(_: Any, result: pa.StructArray) -> pa.StructArray:
@@ -210,9 +282,16 @@ def _result_only(_: Any, result: pa.StructArray) -> pa.StructArray:
 
 
 def map_frame(
-    df: DataFrame, input_col: Column, into: str, evaluator: Evaluator, shape: ResultShape
+    df: DataFrame,
+    source: Input,
+    into: str,
+    evaluator: Evaluator,
+    shape: ResultShape,
+    name: str,
+    stats: CallStats | None,
 ) -> DataFrame:
-    """``df`` with one more column, ``into``, evaluated by ``mapInArrow``."""
+    """``df`` with one more column, ``into``, evaluated by ``mapInArrow`` (a function
+    named ``name``)."""
     if into in df.columns:
         raise ValueError(f"the frame already has a column {into!r}; pick another into=")
     schema = StructType([*df.schema.fields, StructField(into, shape.struct_type, True)])
@@ -221,10 +300,13 @@ def map_frame(
     def emit(batch: pa.RecordBatch, result: pa.StructArray) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays([*batch.columns[:-1], result], names=names)
 
-    def values_of(batch: pa.RecordBatch) -> list[Any]:
-        return to_values(batch.column(batch.num_columns - 1))
+    reader = source.reader
+
+    def values_of(batch: pa.RecordBatch) -> tuple[list[Any], Sequence[Any]]:
+        return reader.values(batch.column(batch.num_columns - 1))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return stream(evaluator, shape, batches, values_of, emit)
+        return stream(evaluator, shape, batches, values_of, emit, name, stats)
 
-    return df.withColumn(INPUT_COLUMN, input_col).mapInArrow(run, schema)
+    run.__name__ = run.__qualname__ = name
+    return df.withColumn(INPUT_COLUMN, source.column).mapInArrow(run, schema)

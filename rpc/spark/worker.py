@@ -6,9 +6,11 @@ task at a time per process. Everything here is per process and survives from tas
 - :func:`runtime` starts one event loop (:func:`rpc.loops.new_event_loop`: uvloop when
   installed, or as ``PEERWIRE_LOOP`` says) in a daemon thread the first time it is needed
   (and again after a ``fork``: threads do not survive one).
-- :class:`ConnectionPool` keeps one :class:`rpc.Peer` per :class:`Endpoint`; a connection
-  found closed (Spark recycled the server, the peer went away) is replaced on next use, and
-  concurrent users share one connection attempt.
+- :class:`ConnectionPool` keeps one connection per :class:`Endpoint` (a
+  :class:`rpc.spark.reconnect.Link`); a connection found closed (the peer restarted) is
+  replaced by one reconnect task with back-off, which the calls that need it wait for
+  within their time budget.
+- :func:`make_caller` makes one row's call, resending it only when that is safe.
 - :class:`Pipeline` runs the calls of a stream of batches with at most ``window`` in flight
   over that one connection; the core matches replies to requests. The UDF thread hands a
   batch over with :meth:`Pipeline.submit` and collects it later, so the next batch is read
@@ -39,6 +41,7 @@ from rpc.errors import ConnectionClosed, RetryLater, RpcError
 from rpc.payload import PayloadError
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
+from rpc.spark.reconnect import Link, LoopErrors
 from transports.stream import client_ssl_context
 
 log = logging.getLogger("peerwire.spark")
@@ -100,7 +103,9 @@ class Runtime:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = loops.new_event_loop()
-        self.pool = ConnectionPool(self.loop)
+        errors = LoopErrors()
+        self.loop.set_exception_handler(errors)
+        self.pool = ConnectionPool(self.loop, errors)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="peerwire-spark-loop", daemon=True
         )
@@ -167,83 +172,62 @@ def _close_runtime() -> None:
 
 
 class ConnectionPool:
-    """One open connection per endpoint, reconnected on demand. Used on its loop only.
+    """One :class:`Link` (a connection, reconnected on demand) per endpoint; on its loop only.
 
-    A failed connection attempt is remembered for ``failure_ttl`` seconds, so that the rows
-    of a batch aimed at a peer that is down fail fast instead of each waiting for its own
-    attempt; a retry asks for a ``fresh`` attempt.
+    Calls that find no connection wait for the link's reconnect task within their time
+    budget (see :mod:`rpc.spark.reconnect`); a peer that stays down makes them fail with
+    the cause of its last failed connection attempt.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, failure_ttl: float = 0.1) -> None:
-        self._loop = loop
-        self.failure_ttl = failure_ttl
-        self._peers: dict[Endpoint, Peer] = {}
-        self._connecting: dict[Endpoint, asyncio.Task[Peer]] = {}
-        self._failed: dict[Endpoint, tuple[float, ConnectionClosed]] = {}
-        self.connects = 0
-        """Connections opened so far (a statistic for tests and logs)."""
+    def __init__(self, loop: asyncio.AbstractEventLoop, errors: LoopErrors) -> None:
+        self.loop = loop
+        self.errors = errors
+        self._links: dict[Endpoint, Link] = {}
+        self._lock = threading.Lock()  # links are made on the UDF thread
 
-    def ready(self, endpoint: Endpoint) -> Peer | None:
-        """The open connection to ``endpoint``, if there is one (no waiting)."""
-        peer = self._peers.get(endpoint)
-        return peer if peer is not None and peer.is_open else None
-
-    async def get(self, endpoint: Endpoint, *, fresh: bool = False) -> Peer:
-        """The open connection to ``endpoint``, connecting (once for all callers) if needed.
-        Raises ConnectionClosed when the peer cannot be reached; unless ``fresh``, a
-        failure of the last ``failure_ttl`` seconds is raised again without a new attempt."""
-        peer = self._peers.get(endpoint)
-        if peer is not None and peer.is_open:
-            return peer
-        failed = self._failed.pop(endpoint, None)
-        if failed is not None and not fresh and self._loop.time() - failed[0] < self.failure_ttl:
-            self._failed[endpoint] = failed
-            raise ConnectionClosed(str(failed[1]))
-        task = self._connecting.get(endpoint)
-        if task is None:
-            if peer is not None:
-                log.info("connection to %s is gone; reconnecting", endpoint.url)
-                del self._peers[endpoint]
-            task = self._loop.create_task(self._connect(endpoint))
-            self._connecting[endpoint] = task
-            task.add_done_callback(lambda t: self._connected(endpoint, t))
-        # shield: a cancelled caller must not cancel the attempt the others wait for
-        return await asyncio.shield(task)
+    def link(self, endpoint: Endpoint) -> Link:
+        """The endpoint's link, made on first use (from any thread)."""
+        with self._lock:
+            link = self._links.get(endpoint)
+            if link is None:
+                link = Link(self.loop, endpoint.url, lambda: self._connect(endpoint))
+                self._links[endpoint] = link
+            return link
 
     async def _connect(self, endpoint: Endpoint) -> Peer:
-        tls = endpoint.tls
+        errors, before = self.errors, self.errors.count
         try:
-            return await connect(
-                endpoint.url,
-                registry=Registry(),  # the remote side may not call anything on executors
-                options=Options(retries=0),  # retry results are the caller's to honour
-                ssl=tls.context() if tls is not None else None,
-                server_hostname=tls.server_hostname if tls is not None else None,
-                connect_timeout=endpoint.connect_timeout,
-                **dict(endpoint.protocol_options),
-            )
-        except ConnectionClosed:
-            raise
-        except (OSError, EOFError) as exc:  # refused, unreachable, TLS handshake failures
-            raise ConnectionClosed(f"cannot connect to {endpoint.url}: {exc}") from None
+            return await _connect(endpoint)
+        except Exception as exc:
+            if errors.count == before or errors.last is None:
+                raise
+            # the real cause died in a protocol callback (asyncio only logged it); the
+            # core then fails with something less telling
+            raise errors.last from exc
 
-    def _connected(self, endpoint: Endpoint, task: asyncio.Task[Peer]) -> None:
-        self._connecting.pop(endpoint, None)
-        if task.cancelled():
-            return
-        exc = task.exception()  # retrieved here even if every waiter was cancelled
-        if exc is None:
-            self._peers[endpoint] = task.result()
-            self.connects += 1
-        elif isinstance(exc, ConnectionClosed):
-            self._failed[endpoint] = (self._loop.time(), exc)
+    @property
+    def connects(self) -> int:
+        """Connections opened so far (a statistic for tests and logs)."""
+        return sum(link.connects for link in self._links.values())
 
     async def close(self) -> None:
-        peers = list(self._peers.values())
-        self._peers.clear()
-        for task in self._connecting.values():
-            task.cancel()
-        await asyncio.gather(*(p.close(drain_timeout=1.0) for p in peers), return_exceptions=True)
+        with self._lock:
+            links = list(self._links.values())
+            self._links.clear()
+        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+
+
+async def _connect(endpoint: Endpoint) -> Peer:
+    tls = endpoint.tls
+    return await connect(
+        endpoint.url,
+        registry=Registry(),  # the remote side may not call anything on executors
+        options=Options(retries=0),  # retry results are the caller's to honour
+        ssl=tls.context() if tls is not None else None,
+        server_hostname=tls.server_hostname if tls is not None else None,
+        connect_timeout=endpoint.connect_timeout,
+        **dict(endpoint.protocol_options),
+    )
 
 
 # --- calls -------------------------------------------------------------------------------
@@ -257,40 +241,82 @@ class CallPolicy:
     timeout: float | None = None
     """Seconds each attempt waits for its result; None = the protocol's default."""
     idempotent: bool = False
-    """Only idempotent calls are retried (after a retry result or a transport failure)."""
-    retries: int = 3
+    """Calls in flight when their connection died are sent again only for idempotent ops."""
+    retry_for: float = 30.0
+    """Seconds a row may spend waiting for the peer (reconnecting) and resending."""
+    retries: int | None = None
+    """At most this many resends per row (None: as many as ``retry_for`` allows)."""
     backoff: float = 0.2
-    """First wait before a retry; doubled each time (with jitter), at most ``max_backoff``;
-    a retry result's own wait is honoured when longer."""
+    """First wait before a resend (retry results, lost idempotent calls); doubled each time,
+    at most ``max_backoff``, full jitter; a retry result's own wait is honoured when longer."""
     max_backoff: float = 5.0
 
 
-def make_caller(
-    pool: ConnectionPool, endpoint: Endpoint, policy: CallPolicy
-) -> Callable[[Any], Awaitable[Outcome]]:
-    """The per-row coroutine function: one remote call, retried as ``policy`` allows.
+@dataclass(slots=True)
+class Tally:
+    """Per-op counts of one pipeline (one Spark task): rows called, failed, resends."""
 
-    Remote errors, timeouts and payload errors are never retried: the peer may have done
-    the work. Retry results and lost connections are retried only for idempotent ops.
+    calls: int = 0
+    errors: int = 0
+    retries: int = 0
+
+
+def make_caller(
+    pool: ConnectionPool, endpoint: Endpoint, policy: CallPolicy, tally: Tally | None = None
+) -> Callable[[Any], Awaitable[Outcome]]:
+    """The per-row coroutine function: one remote call, resent only when that is safe.
+
+    A row waits for the connection within ``policy.retry_for`` seconds (from its start, or
+    the outage's, if earlier). A request that was never sent, or was answered with a retry
+    result (the peer did not run it), is sent later for any op. A call in flight when the
+    connection died has an unknown fate: it fails unless the op is idempotent. Error
+    results, timeouts and payload errors are never resent.
     """
+    link = pool.link(endpoint)
+    loop = pool.loop
+    budget = policy.retry_for
+    counts = tally if tally is not None else Tally()
+    lost = f"ConnectionClosed: connection to {endpoint.url} lost with the call in flight"
 
     async def call(value: Any) -> Outcome:
-        attempt = 0
+        started = loop.time()
+        resends = 0
         while True:
-            try:
-                peer = pool.ready(endpoint) or await pool.get(endpoint, fresh=attempt > 0)
-                return await peer.request(policy.op, value, timeout=policy.timeout), None
-            except (RetryLater, ConnectionClosed) as exc:
-                if not policy.idempotent or attempt >= policy.retries:
+            peer = link.ready()
+            probe = False
+            if peer is None:
+                try:
+                    peer, probe = await link.get(started, budget)
+                except ConnectionClosed as exc:  # never sent: the peer stayed down
                     return None, describe(exc)
-                wait = min(policy.max_backoff, policy.backoff * 2**attempt)
-                wait *= 0.5 + random.random() / 2
-                if isinstance(exc, RetryLater):
-                    wait = max(wait, exc.wait)
-                attempt += 1
-                await asyncio.sleep(wait)
+                if not peer.is_open:
+                    if probe:
+                        link.settled(peer)
+                    continue  # closed while this call was being woken: not sent
+            # sent from here on (unless the transport's buffer is full and the connection
+            # dies while the request waits for room: then it counts as lost too)
+            try:
+                return await peer.request(policy.op, value, timeout=policy.timeout), None
+            except RetryLater as exc:  # the peer did not run it: safe to send again
+                error, wait = describe(exc), exc.wait
+            except ConnectionClosed:
+                if not policy.idempotent:
+                    return None, lost
+                error, wait = lost, 0.0
             except (RpcError, PayloadError) as exc:
                 return None, describe(exc)
+            finally:
+                if probe:
+                    link.settled(peer)
+            if policy.retries is not None and resends >= policy.retries:
+                return None, error
+            cap = min(policy.max_backoff, policy.backoff * 2 ** min(resends, 30))
+            wait = max(wait, random.uniform(0.0, cap))
+            if loop.time() + wait > started + budget:
+                return None, error
+            resends += 1
+            counts.retries += 1
+            await asyncio.sleep(wait)
 
     return call
 
@@ -320,13 +346,20 @@ class Pipeline:
     """
 
     def __init__(
-        self, runtime: Runtime, fn: Callable[[Any], Awaitable[Outcome]], window: int = 128
+        self,
+        runtime: Runtime,
+        fn: Callable[[Any], Awaitable[Outcome]],
+        window: int = 128,
+        tally: Tally | None = None,
     ) -> None:
         if window < 1:
             raise ValueError("window must be at least 1")
         self.runtime = runtime
         self.fn = fn
         self.window = window
+        self.tally = tally if tally is not None else Tally()
+        """Rows run and failed so far (resends are counted by ``fn``)."""
+        self._bugs = 0
         self._batches: deque[_Batch] = deque()  # batches with rows not taken yet
         self._unfinished: set[_Batch] = set()
         self._workers: set[asyncio.Task[None]] = set()
@@ -367,6 +400,8 @@ class Pipeline:
 
     def _close(self) -> None:
         self._closed = True
+        if self._bugs > 1:
+            log.error("%d more peerwire-spark calls failed unexpectedly", self._bugs - 1)
         for task in list(self._workers):
             task.cancel()
         for batch in self._unfinished:
@@ -396,8 +431,14 @@ class Pipeline:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug in fn: the row says so, the batch goes on
-                log.exception("peerwire-spark call failed unexpectedly")
+                self._bugs += 1
+                if self._bugs == 1:  # once per pipeline; close() gives the count
+                    log.exception("peerwire-spark call failed unexpectedly")
                 result, error = None, describe(exc)
+            tally = self.tally
+            tally.calls += 1
+            if error is not None:
+                tally.errors += 1
             batch.results[i] = result
             batch.errors[i] = error
             batch.left -= 1

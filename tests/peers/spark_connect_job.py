@@ -183,15 +183,10 @@ def pair(cell: Any, fields: tuple[str, ...] | None = None) -> tuple[Any, Any]:
 
 def session(remote: str) -> Any:
     """A local Spark Connect session with the test suite's small-JVM settings."""
-    from pyspark.sql import SparkSession
+    from tests.spark_session import SPARK_CONF, connect_builder
 
-    from tests.spark_session import SPARK_CONF
-
-    builder = SparkSession.builder.remote(remote).appName("peerwire-spark-connect-job")
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1"}
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return connect_builder(remote, conf).appName("peerwire-spark-connect-job").getOrCreate()
 
 
 def modules(spark: Any, workdir: Path) -> tuple[Any, str]:
@@ -357,7 +352,9 @@ def check_call(spark: Any, checks: Checks, n: int, url: str) -> None:
     # nobody listens: every row fails fast with ConnectionClosed, the job does not
     down = f"tcp+gotalk://127.0.0.1:{free_port()}"
     started = time.perf_counter()
-    dead = pws.call_frame(df.limit(20), down, "price", "name", "qty", connect_timeout=2.0)
+    dead = pws.call_frame(
+        df.limit(20), down, "price", "name", "qty", connect_timeout=2.0, retry_for=1.0
+    )
     dead_rows = dead.collect()
     checks.true("call_frame.peer_down.rows", len(dead_rows) == 20, f"{len(dead_rows)} rows")
     for r in dead_rows:
