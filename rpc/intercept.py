@@ -11,7 +11,6 @@ same handler slots, incoming streams, outstanding calls and deadlines.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import logging
 import random
@@ -19,6 +18,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from rpc import middleware as mw
+from rpc import peer as core  # importing this module; its names are used at call time only
 from rpc.errors import PayloadError, Rejected, RequestTimeout, RetryLater, UnknownOperation
 from rpc.middleware import Call
 from rpc.payload import encode_value
@@ -32,17 +32,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("peerwire.rpc")
 
 
-def _core() -> Any:
-    from rpc import peer  # rpc.peer imports this module: resolved at call time
-
-    return peer
-
-
-def _context(peer: Peer, call: Call) -> contextvars.Context:
-    context = contextvars.copy_context()
-    context.run(_core().current_peer.set, peer)
-    context.run(mw.current_call.set, call)
-    return context
+def _enter(peer: Peer, call: Call) -> None:
+    """Set the context variables of a served call (in its task's own context)."""
+    core.current_peer.set(peer)
+    mw.current_call.set(call)
 
 
 # --- calls the peer makes to us ---------------------------------------------------------------
@@ -76,13 +69,14 @@ def serve_request(peer: Peer, key: Any, op: str, payload: Any, stream: bool) -> 
         else:
             peer._end_stream(key)  # its parts are dropped; the chain says why
     call = Call(op, "stream" if stream else "request", "server", peer, payload, key, metadata)
-    peer._tasks.spawn(_serve(peer, call, handler, queue), context=_context(peer, call))
+    peer._tasks.spawn(_serve(peer, call, handler, queue))
 
 
 async def _serve(
     peer: Peer, call: Call, handler: Handler | None, queue: asyncio.Queue[Any] | None
 ) -> None:
     key, stream, adapter = call.id, call.kind == "stream", peer.adapter
+    _enter(peer, call)
     try:
         result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
     except RetryLater as exc:
@@ -125,7 +119,7 @@ async def _handle(call: Call, handler: Handler | None, queue: asyncio.Queue[Any]
         kind = "stream" if call.kind == "stream" else "single"
         raise UnknownOperation(f'operation "{call.op}" does not take {kind} requests')
     if queue is not None:
-        result = handler.fn(_core()._parts(queue, handler.decode))
+        result = handler.fn(core._parts(queue, handler.decode))
     else:
         result = handler.fn(peer.adapter.decode_params(handler, call.payload))
     if not inspect.isasyncgen(result) and inspect.isawaitable(result):
@@ -137,10 +131,11 @@ def serve_notification(peer: Peer, name: str, payload: Any) -> None:
     """An incoming notification: the chain runs as one of the peer's tasks."""
     call = Call(name, "notification", "server", peer, payload)
     handler = peer.registry.get_notification(name)
-    peer._tasks.spawn(_notify(peer, call, handler), context=_context(peer, call))
+    peer._tasks.spawn(_notify(peer, call, handler))
 
 
 async def _notify(peer: Peer, call: Call, handler: Handler | None) -> None:
+    _enter(peer, call)
     try:
         await mw.run(peer.middleware, call, lambda c: _handle_notification(c, handler))
     except (Rejected, UnknownOperation, RetryLater) as exc:
@@ -190,7 +185,7 @@ async def request(peer: Peer, op: str, value: Any, timeout: float | None, raw: b
 
 
 async def _attempt(call: Call, deadline: float, timeout: float, raw: bool) -> Any:
-    peer, core = call.peer, _core()
+    peer = call.peer
     adapter = peer.adapter
     payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
     if peer.outbox.blocked:
@@ -237,7 +232,7 @@ async def stream(
 
 
 async def _open_stream(call: Call, timeout: float, raw: bool) -> AsyncIterator[Any]:
-    peer, core = call.peer, _core()
+    peer = call.peer
     adapter = peer.adapter
     await peer.outbox.wait_writable()
     peer._check_open()
@@ -264,7 +259,7 @@ async def _open_stream(call: Call, timeout: float, raw: bool) -> AsyncIterator[A
 async def _results(
     call: Call, queue: asyncio.Queue[Any], timeout: float, raw: bool
 ) -> AsyncIterator[Any]:
-    core, adapter = _core(), call.peer.adapter
+    adapter = call.peer.adapter
     while True:
         try:
             item = await asyncio.wait_for(queue.get(), timeout)
