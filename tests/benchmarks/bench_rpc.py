@@ -497,7 +497,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         "CPU: median microseconds of process CPU per request"
     )
     print(
-        f"{'row':<18}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
+        f"{'row':<20}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
         f"  {'client CPU':>10}  {'server CPU':>10}"
     )
     for name, modes in results.items():
@@ -508,7 +508,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
             client = statistics.median(s.client_us for s in samples)
             server = statistics.median(s.server_us for s in samples)
             print(
-                f"{name:<18}{mode:<13}{median:>9,.0f}/s"
+                f"{name:<20}{mode:<13}{median:>9,.0f}/s"
                 f"  ({_ratio(median, rate.get(('bare-echo', mode)))} of bare echo)"
                 f"  {low:>9,.0f}..{high:<9,.0f}  {client:>7.1f} us  {server:>7.1f} us"
             )
