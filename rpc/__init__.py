@@ -16,35 +16,43 @@ from rpc.api import Server, connect, serve
 from rpc.chatter_peer import ChatterPeer, Reply
 from rpc.errors import (
     ConnectionClosed,
+    Rejected,
     RemoteError,
     RequestTimeout,
     RetryLater,
     RpcError,
+    UnknownOperation,
 )
 from rpc.gotalk_peer import GotalkPeer
+from rpc.middleware import Call, Middleware, current_call
 from rpc.payload import PayloadError
 from rpc.peer import Options, Peer, current_peer
 from rpc.registry import Registry, default_registry, handle, handle_notification, handle_stream
 from rpc.url import PeerUrl, UrlError, parse_url
 
 __all__ = [
+    "Call",
     "ChatterPeer",
     "ConnectionClosed",
     "GotalkPeer",
+    "Middleware",
     "Options",
     "PayloadError",
     "Peer",
     "PeerUrl",
     "Registry",
+    "Rejected",
     "RemoteError",
     "Reply",
     "RequestTimeout",
     "RetryLater",
     "RpcError",
     "Server",
+    "UnknownOperation",
     "UrlError",
     "blocking",
     "connect",
+    "current_call",
     "current_peer",
     "default_registry",
     "handle",

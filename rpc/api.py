@@ -6,14 +6,15 @@ import asyncio
 import dataclasses
 import socket
 import ssl as ssl_module
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Protocol
 
 from websockets.exceptions import InvalidHandshake
 
 from rpc.chatter_peer import ChatterPeer
 from rpc.errors import ConnectionClosed
 from rpc.gotalk_peer import GotalkPeer
+from rpc.middleware import Middleware
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
 from rpc.url import PeerUrl, parse_url
@@ -25,6 +26,32 @@ from transports.stream import (
 )
 from transports.websocket import HttpOptions, open_websocket, start_websocket_server
 from wire.chatter import Dialect
+
+
+class Meter(Protocol):
+    """What ``serve(metrics=...)`` and ``connect(metrics=...)`` take (:class:`rpc.metrics.Metrics`
+    is one): a middleware for the calls, and for servers the connections."""
+
+    @property
+    def middleware(self) -> Middleware: ...
+
+    def admitted(self, peer: Peer, protocol: str) -> asyncio.Protocol:
+        """The protocol the transport drives for an admitted connection (it passes every
+        event on to ``peer``)."""
+        ...
+
+    def refused(self, protocol: str) -> None: ...
+
+
+def _with_middleware(
+    options: Options | None, middleware: Sequence[Middleware], metrics: Meter | None
+) -> Options | None:
+    """``options`` with the metrics' middleware (outermost), then ``middleware``, first."""
+    extra = ((metrics.middleware,) if metrics is not None else ()) + tuple(middleware)
+    if not extra:
+        return options
+    options = options or Options()
+    return dataclasses.replace(options, middleware=(*extra, *options.middleware))
 
 
 def _peer_factory(
@@ -70,16 +97,20 @@ def connect(
     server_hostname: str | None = None,
     connect_timeout: float = 10.0,
     origin: str | None = None,
+    middleware: Sequence[Middleware] = (),
+    metrics: Meter | None = None,
     **protocol_options: Any,
 ) -> _Connect:
     """Connect to a peer: ``peer = await connect(url)`` or ``async with connect(url) as peer``.
 
     ``registry`` holds the handlers the remote side may call on us (default: the module
     registry). ``ssl`` overrides the default TLS client context (system CAs, hostname
-    checked). ``protocol_options`` go to the protocol peer (``ping_interval``,
-    ``heartbeat_interval``, ...).
+    checked). ``middleware`` wrap every call on the connection (:mod:`rpc.middleware`);
+    ``metrics`` (:class:`rpc.metrics.Metrics`) counts our calls. ``protocol_options`` go to
+    the protocol peer (``ping_interval``, ``heartbeat_interval``, ...).
     """
     parsed = parse_url(url)
+    options = _with_middleware(options, middleware, metrics)
 
     async def run() -> Peer:
         factory = _peer_factory(parsed, registry, options, False, protocol_options)
@@ -131,6 +162,7 @@ class Server:
         on_connect: Callable[[Peer], Any] | None = None,
         web: HttpOptions | None = None,
         sock: socket.socket | None = None,
+        metrics: Meter | None = None,
     ) -> None:
         self.requested_url = url
         self.url = url
@@ -139,6 +171,8 @@ class Server:
         self.refused = 0
         """Connections closed at once because ``max_connections`` were open."""
         self._factory = _peer_factory(url, registry, options, True, protocol_options)
+        self._metrics = metrics
+        self._protocol = "gotalk" if url.codec == "gotalk" else "chatter"
         self._on_connect = on_connect
         self._web = web
         self._options = options or Options()
@@ -147,11 +181,14 @@ class Server:
         self._sock = sock
         self._server: Any = None  # asyncio.Server or websockets Server (same interface)
 
-    def _new_peer(self) -> Peer | None:
-        """A peer for an accepted connection, or None past ``max_connections`` (counting
-        connections whose TLS or WebSocket handshake is still running)."""
+    def _new_peer(self) -> Any:
+        """The protocol for an accepted connection (its peer, or what ``metrics`` wraps it
+        in), or None past ``max_connections`` (counting connections whose TLS or WebSocket
+        handshake is still running)."""
         if len(self.peers) >= self.max_connections:
             self.refused += 1
+            if self._metrics is not None:
+                self._metrics.refused(self._protocol)
             return None
         peer = self._factory()
         self.peers.add(peer)
@@ -161,6 +198,8 @@ class Server:
             # a failed TLS handshake never reaches the peer: forget it after the limit
             limit = (self._options.handshake_timeout or 60.0) + 1.0
             peer.loop.call_later(limit, self._forget_unopened, peer)
+        if self._metrics is not None:
+            return self._metrics.admitted(peer, self._protocol)
         return peer
 
     @staticmethod
@@ -233,6 +272,8 @@ def serve(
     on_connect: Callable[[Peer], Any] | None = None,
     web: HttpOptions | None = None,
     sock: socket.socket | None = None,
+    middleware: Sequence[Middleware] = (),
+    metrics: Meter | None = None,
     **protocol_options: Any,
 ) -> Server:
     """Serve ``registry``'s handlers on ``url``: ``async with serve(url) as server``.
@@ -243,15 +284,18 @@ def serve(
     URL's path; ``web`` sets allowed origins, a static folder and the like. ``sock``, an
     already bound TCP socket, is served instead of binding the URL's host and port (which
     then only name it); :mod:`rpc.workers` passes one per worker process.
+    ``middleware`` wrap every call on every connection (:mod:`rpc.middleware`); ``metrics``
+    (:class:`rpc.metrics.Metrics`) counts calls, connections and bytes.
     """
     return Server(
         parse_url(url),
         registry,
-        options,
+        _with_middleware(options, middleware, metrics),
         ssl,
         max_connections,
         protocol_options,
         on_connect,
         web,
         sock,
+        metrics,
     )

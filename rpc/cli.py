@@ -2,6 +2,8 @@
 
     peerwire serve examples/greet.py --listen tcp+gotalk://127.0.0.1:0
     peerwire call tcp+gotalk://127.0.0.1:4000 greet '{"name": "Ada"}'
+    peerwire serve examples/greet.py --listen tcp+gotalk://127.0.0.1:4000 --metrics :9100
+    peerwire top 127.0.0.1:9100
 
 Payloads and results are JSON, one result per line, so the output pipes into ``jq``.
 Exit codes tell failures apart for scripts; see ``EPILOG``.
@@ -139,6 +141,26 @@ def build_parser() -> argparse.ArgumentParser:
         choices=loops.CHOICES,
         help="event loop; auto: uvloop when installed (default: $PEERWIRE_LOOP or auto)",
     )
+    serve.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra)",
+    )
+
+    top = sub.add_parser(
+        "top",
+        parents=[verbose],
+        help="live view of a server's metrics: calls/s, errors, latency, connections",
+        description="Scrape URL (a `serve --metrics` endpoint; HOST:PORT will do) every "
+        "--interval seconds and show per op calls/s, error rate and latency percentiles.",
+    )
+    top.add_argument("url", metavar="URL", help="e.g. 127.0.0.1:9100 or http://host:9100/metrics")
+    top.add_argument("--interval", metavar="S", type=float, default=1.0, help="default 1")
+    top.add_argument("--count", metavar="N", type=int, help="stop after N refreshes")
+    top.add_argument(
+        "--side", choices=("server", "client"), default="server", help="whose calls to show"
+    )
+    top.add_argument("--plain", action="store_true", help="plain text even on a terminal")
 
     client = argparse.ArgumentParser(add_help=False, parents=[verbose])
     client.add_argument("url", metavar="URL", help="e.g. tcp+sbs://127.0.0.1:4000?dialect=Hat")
@@ -222,6 +244,32 @@ def find_registry(module: ModuleType) -> rpc.Registry:
     return registry
 
 
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CliError(f"expected HOST:PORT, got {text!r}", EXIT_USAGE)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _start_metrics(address: str) -> tuple[Any, Any]:
+    """(Metrics, HTTP server) for ``--metrics HOST:PORT``."""
+    host, port = _host_port(address)
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from rpc import metrics
+    except ImportError:
+        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE) from None
+    registry = CollectorRegistry()
+    collected = metrics.Metrics(registry)
+    try:
+        http, _ = metrics.start_http_server(host, port, registry=registry)
+    except OSError as exc:
+        raise CliError(f"cannot serve metrics on {address}: {exc}", EXIT_CONNECTION) from None
+    print(f"metrics on http://{host}:{http.server_port}/metrics", flush=True)
+    return collected, http
+
+
 def serve(args: argparse.Namespace) -> int:
     """Serve in this process, or with ``--workers N`` in N forked worker processes."""
     urls = [_parse_url(url) for url in args.listen]
@@ -241,7 +289,9 @@ def serve(args: argparse.Namespace) -> int:
     except loops.LoopUnavailable as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     if args.workers == 1:
-        return loops.run(_serve_here(urls, registry, server_ctx), args.loop)
+        return loops.run(_serve_here(urls, registry, server_ctx, args.metrics), args.loop)
+    if args.metrics:
+        raise CliError("--metrics serves one process: use it without --workers", EXIT_USAGE)
     try:
         serve_workers(
             args.listen,
@@ -264,13 +314,19 @@ def _print_listening(urls: list[str]) -> None:
 
 
 async def _serve_here(
-    urls: list[rpc.PeerUrl], registry: rpc.Registry, server_ctx: ssl.SSLContext | None
+    urls: list[rpc.PeerUrl],
+    registry: rpc.Registry,
+    server_ctx: ssl.SSLContext | None,
+    metrics_address: str | None,
 ) -> int:
     servers: list[rpc.Server] = []
+    metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
     try:
         for url in urls:
             # the core would serve TLS on a tcp+ URL if given a context: only TLS URLs get one
-            server = rpc.serve(str(url), registry=registry, ssl=server_ctx if url.tls else None)
+            server = rpc.serve(
+                str(url), registry=registry, ssl=server_ctx if url.tls else None, metrics=metrics
+            )
             try:
                 await server.start()
             except OSError as exc:
@@ -286,6 +342,24 @@ async def _serve_here(
         log.info("stopping: closing %d server(s)", len(servers))
     finally:
         await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
+        if http is not None:
+            http.shutdown()
+    return EXIT_OK
+
+
+def top(args: argparse.Namespace) -> int:
+    try:
+        from rpc import top as live_view
+    except ImportError:
+        raise CliError("top needs: pip install 'peerwire[top]'", EXIT_USAGE) from None
+    try:
+        live_view.run(
+            args.url, interval=args.interval, count=args.count, side=args.side, plain=args.plain
+        )
+    except OSError as exc:  # urllib's URLError included
+        raise CliError(f"cannot read {args.url}: {exc}", EXIT_CONNECTION) from None
+    except ValueError as exc:  # not a Prometheus exposition
+        raise CliError(f"{args.url} is not a metrics endpoint: {exc}", EXIT_FAILED) from None
     return EXIT_OK
 
 
@@ -347,6 +421,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "eventer":  # runs its own loop, signals and exit codes
         return args.func(args)
     try:
+        if args.command == "top":
+            return top(args)
         return serve(args) if args.command == "serve" else loops.run(client(args))
     except CliError as exc:
         print(f"peerwire: {exc}", file=sys.stderr)

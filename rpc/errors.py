@@ -32,3 +32,12 @@ class PayloadError(RpcError, ValueError):
     its declaration, bytes that are not valid JSON (or UTF-8, or SBS), a value with no JSON
     form, or a message above ``max_size``. On a server it becomes an error result for that
     one request (a notification is dropped with a warning); the connection lives on."""
+
+
+class Rejected(RpcError):
+    """Raised by middleware (or a handler) to refuse a call: the caller gets an error result
+    with this message; metrics count it as ``rejected``."""
+
+
+class UnknownOperation(RpcError):
+    """No handler is registered for the op (the caller gets an error result saying so)."""

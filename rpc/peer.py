@@ -31,9 +31,11 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rpc import intercept
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed, PayloadError, RemoteError, RequestTimeout, RetryLater
 from rpc.logs import violations
+from rpc.middleware import Middleware
 from rpc.outbox import Outbox
 from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind, Registry, default_registry
@@ -81,6 +83,9 @@ class Options:
     handshake_timeout: float | None = 10.0
     """Seconds a new connection may take to send its version (Gotalk) or first frame
     (Chatter) before it is closed."""
+    middleware: tuple[Middleware, ...] = ()
+    """Wrapped around every call of the connection, both ways, first outermost (see
+    :mod:`rpc.middleware`); the registry's own middleware run inside these."""
 
 
 class Adapter(Protocol):
@@ -167,6 +172,14 @@ class Peer(asyncio.Protocol):
         """Called once the connection is up (a coroutine result runs as a task)."""
         self.state: dict[str, Any] = {}
         """Free room for the application's per-connection data (e.g. a session)."""
+        self.violation: Exception | None = None
+        """Why we closed the connection when the peer broke the protocol (else None)."""
+        self.middleware = (*self.options.middleware, *self.registry.middleware)
+        """The middleware of calls served here, outermost first (fixed at connection time;
+        our own calls go through ``options.middleware`` alone)."""
+        self.envelope = False
+        """True once the peer agreed to peerwire's request envelope (:meth:`accept_envelope`)."""
+        self._intercepted = bool(self.middleware)
         self.adapter = adapter_factory(self)
 
     @property
@@ -296,6 +309,7 @@ class Peer(asyncio.Protocol):
             self._transport.pause_reading()
 
     def _violation(self, exc: ProtocolError) -> None:
+        self.violation = exc
         violations.warning(
             "%s peer %s broke the protocol: %s", self.protocol_name, self.remote_address, exc
         )
@@ -304,6 +318,7 @@ class Peer(asyncio.Protocol):
 
     def _handshake_due(self) -> None:
         if not self.adapter.handshake_done():
+            self.violation = TimeoutError("no handshake")
             violations.warning(
                 "%s peer %s sent nothing valid within %s s; closing",
                 self.protocol_name,
@@ -366,6 +381,20 @@ class Peer(asyncio.Protocol):
             self._transport.close()
         await asyncio.shield(self.closed)
 
+    def accept_envelope(self) -> None:
+        """Exchange every request payload with this peer in peerwire's request envelope
+        (:mod:`wire.envelope`), which carries ``Call.metadata`` (trace context) both ways.
+
+        Only for a peer that said it takes the envelope (the connect-time announcement of
+        peerwire peers); both ends must call it before either sends a request. Never for
+        Go, gotalk.js or Hat peers. Gotalk connections only (a Chatter adapter decodes
+        typed SBS payloads before the core sees them).
+        """
+        if self.protocol_name != "gotalk":
+            raise ValueError("the request envelope is for Gotalk connections only")
+        self.envelope = True
+        self._intercepted = True
+
     # --- calls of ours ---------------------------------------------------------------------
 
     def _timeout(self, timeout: float | None) -> float:
@@ -392,6 +421,8 @@ class Peer(asyncio.Protocol):
         fits ``timeout``. Raises RemoteError, RetryLater, RequestTimeout, ConnectionClosed,
         or PayloadError (a value that cannot be encoded or a result that cannot be decoded).
         """
+        if self._intercepted:
+            return await intercept.request(self, op, value, timeout, raw)
         adapter = self.adapter
         payload = self._checked_payload(op, adapter.encode_request(op, value))
         timeout = self._timeout(timeout)
@@ -437,6 +468,10 @@ class Peer(asyncio.Protocol):
         A single result yields once; a streamed result yields every part. ``timeout``
         bounds the wait for each next result.
         """
+        if self._intercepted:
+            async for item in intercept.stream(self, op, parts, value, timeout, raw):
+                yield item
+            return
         await self.outbox.wait_writable()
         self._check_open()
         adapter = self.adapter
@@ -546,6 +581,9 @@ class Peer(asyncio.Protocol):
     # --- requests and notifications from the peer (from the adapter) -----------------------
 
     def on_notification(self, name: str, payload: Any) -> None:
+        if self._intercepted:
+            intercept.serve_notification(self, name, payload)
+            return
         handler = self.registry.get_notification(name)
         if handler is None:
             log.debug("no handler for notification %r", name)
@@ -568,6 +606,9 @@ class Peer(asyncio.Protocol):
     def on_request(self, key: Any, op: str, payload: Any, stream: bool) -> None:
         """Run the handler of ``op``; a refused stream request keeps no state (its later
         parts are dropped as parts of an unknown stream)."""
+        if self._intercepted:
+            intercept.serve_request(self, key, op, payload, stream)
+            return
         adapter = self.adapter
         handler = self.registry.get(op)
         if handler is None or (handler.kind is HandlerKind.STREAM) != stream:

@@ -15,6 +15,9 @@ from typing import Any
 
 from rpc.payload import decoder_for
 
+if typing.TYPE_CHECKING:
+    from rpc.middleware import Middleware
+
 
 class HandlerKind(enum.Enum):
     REQUEST = "request"
@@ -49,6 +52,7 @@ class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
         self._notifications: dict[str, Handler] = {}
+        self._middleware: list[Middleware] = []
 
     def _register(self, name: str, fn: Callable[..., Any], kind: HandlerKind) -> Handler:
         annotation = _first_param_annotation(fn)
@@ -97,6 +101,19 @@ class Registry:
 
         return register
 
+    def use(self, middleware: Middleware) -> Middleware:
+        """Wrap every call served by this registry's handlers in ``middleware`` (see
+        :mod:`rpc.middleware`); the first one added runs outermost. Read when a connection
+        opens: connections already open keep the middleware they had. Usable as a
+        decorator."""
+        self._middleware.append(middleware)
+        return middleware
+
+    @property
+    def middleware(self) -> tuple[Middleware, ...]:
+        """The middleware added with :meth:`use`, outermost first."""
+        return tuple(self._middleware)
+
     def get(self, name: str) -> Handler | None:
         return self._handlers.get(name)
 
@@ -112,7 +129,8 @@ class Registry:
         return sorted(self._notifications)
 
     def update(self, other: Registry) -> None:
-        """Add every handler of ``other`` (later registrations win)."""
+        """Add every handler of ``other`` (later registrations win); its middleware are
+        not taken over."""
         self._handlers.update(other._handlers)
         self._notifications.update(other._notifications)
 

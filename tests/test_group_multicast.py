@@ -159,8 +159,10 @@ async def _pruned() -> dict[str, Any]:
         # every TCP frame sent has arrived (the put-back node's re-multicast went out, if it
         # did, when its frame arrived; datagrams on loopback are delivered as they are sent)
         await _until(
-            lambda: sum(n.stats.frames_sent for n in nodes)
-            == sum(n.stats.frames_received for n in nodes)
+            lambda: (
+                sum(n.stats.frames_sent for n in nodes)
+                == sum(n.stats.frames_received for n in nodes)
+            )
         )
         return {
             "multicast_peers": sorted(map(str, nodes[0].multicast_peers)),

@@ -4,11 +4,14 @@ Not collected by pytest. Client and server run in separate processes on 127.0.0.
 process is the client, and each row starts its server as a subprocess of this script
 (``--serve NAME``), which prints ``PORT <n>`` and serves until its stdin closes.
 
-Rows (``--only`` takes one of these names):
+Rows (``--only`` takes one of these names; repeat it for several):
 
 - ``peerwire-chatter``: ``tcp+sbs://...?dialect=HatChatter``, handler ``echo(data: bytes)``,
   ``peer.request("echo", payload, raw=True)``: no JSON anywhere.
 - ``peerwire-gotalk``: ``tcp+gotalk://``, same handler and call.
+- ``peerwire-gotalk-mw``: the same with one pass-through middleware on each side
+  (``serve(middleware=...)`` and ``connect(middleware=...)``): what the middleware path
+  costs next to the plain one, which has none.
 - ``hat-chatter``: the reference, hat-drivers' chatter on both sides. The server answers
   each message in its conversation; the client sends with ``last=False`` and a receive
   loop resolves futures keyed by ``conv.first_id``.
@@ -62,7 +65,7 @@ import rpc
 
 PAYLOAD = b"0123456789abcdef"
 HOST = "127.0.0.1"
-ROWS = ("peerwire-chatter", "peerwire-gotalk", "hat-chatter", "bare-echo")
+ROWS = ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-mw", "hat-chatter", "bare-echo")
 MODES = (("sequential", 1), ("inflight100", 100))
 WARMUP = 0.5
 
@@ -163,6 +166,11 @@ class BareEchoClient(asyncio.Protocol):
 # --- servers (run in the subprocess) ------------------------------------------------------
 
 
+async def _pass_through(call: rpc.Call, call_next: Callable[[rpc.Call], Awaitable[Any]]) -> Any:
+    """The cheapest middleware: what running the chain itself costs."""
+    return await call_next(call)
+
+
 def _registry() -> rpc.Registry:
     registry = rpc.Registry()
 
@@ -178,6 +186,11 @@ async def _start_server(name: str) -> tuple[int, Callable[[], Awaitable[None]]]:
     if name in ("peerwire-chatter", "peerwire-gotalk"):
         codec = "sbs" if name == "peerwire-chatter" else "gotalk"
         server = await rpc.serve(f"tcp+{codec}://{HOST}:0", registry=_registry())
+        return server.url.port, server.close
+    if name == "peerwire-gotalk-mw":
+        server = await rpc.serve(
+            f"tcp+gotalk://{HOST}:0", registry=_registry(), middleware=[_pass_through]
+        )
         return server.url.port, server.close
     if name == "hat-chatter":
         from hat.drivers import chatter, net
@@ -281,6 +294,15 @@ async def _connect(name: str, port: int) -> tuple[Call, Callable[[], Awaitable[N
             else f"tcp+gotalk://{HOST}:{port}"
         )
         peer = await rpc.connect(url, registry=rpc.Registry())
+        request = peer.request
+
+        def call() -> Awaitable[bytes]:
+            return request("echo", PAYLOAD, raw=True)
+
+        return call, peer.close
+    if name == "peerwire-gotalk-mw":
+        url = f"tcp+gotalk://{HOST}:{port}"
+        peer = await rpc.connect(url, registry=rpc.Registry(), middleware=[_pass_through])
         request = peer.request
 
         def call() -> Awaitable[bytes]:
@@ -475,7 +497,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         "CPU: median microseconds of process CPU per request"
     )
     print(
-        f"{'row':<18}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
+        f"{'row':<20}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
         f"  {'client CPU':>10}  {'server CPU':>10}"
     )
     for name, modes in results.items():
@@ -486,7 +508,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
             client = statistics.median(s.client_us for s in samples)
             server = statistics.median(s.server_us for s in samples)
             print(
-                f"{name:<18}{mode:<13}{median:>9,.0f}/s"
+                f"{name:<20}{mode:<13}{median:>9,.0f}/s"
                 f"  ({_ratio(median, rate.get(('bare-echo', mode)))} of bare echo)"
                 f"  {low:>9,.0f}..{high:<9,.0f}  {client:>7.1f} us  {server:>7.1f} us"
             )
@@ -505,6 +527,12 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
             f"  peerwire-gotalk  {mode:<12} vs bare echo: "
             f"{_ratio(gotalk, rate.get(('bare-echo', mode))):>5}"
         )
+    for mode, _ in MODES:
+        with_mw = rate.get(("peerwire-gotalk-mw", mode))
+        print(
+            f"  peerwire-gotalk-mw {mode:<10} vs peerwire-gotalk: "
+            f"{_ratio(with_mw, rate.get(('peerwire-gotalk', mode))):>5}"
+        )
     print()
     print("reference figures (from notes, not measured here; other runs, 2-core machine):")
     for what, figure, source in NOTES:
@@ -514,7 +542,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="timed window per mode")
-    parser.add_argument("--only", choices=ROWS, help="run one row")
+    parser.add_argument("--only", choices=ROWS, action="append", help="run this row (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="repeat every row; report medians")
     parser.add_argument("--pin", action="store_true", help="client on CPU 0, servers on CPU 1")
     parser.add_argument("--profile", metavar="DIR", help="profile both sides, inflight100 only")
@@ -534,7 +562,7 @@ def main() -> None:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, list[Sample]]] = {}
     for round_no in range(1, rounds + 1):
-        for name in [args.only] if args.only else ROWS:
+        for name in args.only or ROWS:
             samples = bench_row(name, args.seconds, cpus, profile)
             for mode, sample in samples.items():
                 results.setdefault(name, {}).setdefault(mode, []).append(sample)

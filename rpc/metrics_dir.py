@@ -1,0 +1,29 @@
+"""Multiprocess metrics: a fresh ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client loads.
+
+prometheus_client chooses between in-process and file-backed values once, when it is first
+imported; so a parent that forks workers calls :func:`prepare` before anything imports it
+(:mod:`rpc.metrics` does), then forks. This module imports nothing of prometheus_client.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def prepare(directory: str | os.PathLike[str] | None = None) -> Path:
+    """Point prometheus_client at ``directory`` (default: a new temporary one), emptied of
+    the ``.db`` files of earlier runs, and return it. RuntimeError if prometheus_client was
+    imported already without it (its values would stay per process)."""
+    if "prometheus_client" in sys.modules and ENV not in os.environ:
+        raise RuntimeError("prometheus_client was imported before prepare(): call it first")
+    path = Path(directory) if directory is not None else Path(tempfile.mkdtemp("-peerwire-metrics"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    os.environ[ENV] = str(path)
+    return path

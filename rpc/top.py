@@ -1,0 +1,253 @@
+"""``peerwire top URL``: a live view of a server's metrics endpoint (the ``top`` extra).
+
+Every ``interval`` seconds (default 1) it scrapes ``URL`` (``HOST:PORT`` means
+``http://HOST:PORT/metrics``), and shows per op the calls/s, the error rate and the latency
+percentiles over the last interval, computed from the differences of two scrapes (the
+percentiles interpolate inside histogram buckets, as Prometheus' ``histogram_quantile``
+does), and the server's open connections, refusals and bytes/s. With ``rich`` and a
+terminal it redraws a table; otherwise (or with ``--plain``) it prints one text block per
+refresh, so it can be piped or logged.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from prometheus_client.parser import text_string_to_metric_families
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass
+class OpCounts:
+    requests: float = 0.0
+    errors: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)
+    """Cumulative count per upper bound (``le``), summed over protocols."""
+
+
+@dataclass
+class Snapshot:
+    """One scrape, reduced to what the view shows (for one ``side``)."""
+
+    at: float
+    ops: dict[str, OpCounts]
+    connections_open: float
+    refused: float
+    received: float
+    sent: float
+
+
+def metrics_url(target: str) -> str:
+    if "://" not in target:
+        target = f"http://{target}"
+    scheme, _, rest = target.partition("://")
+    if "/" not in rest:
+        rest += "/metrics"
+    return f"{scheme}://{rest}"
+
+
+def parse(text: str, side: str = "server", at: float = 0.0) -> Snapshot:
+    ops: dict[str, OpCounts] = defaultdict(OpCounts)
+    totals: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            name = sample.name
+            if name in (
+                "peerwire_connections_open",
+                "peerwire_connections_refused_total",
+                "peerwire_received_bytes_total",
+                "peerwire_sent_bytes_total",
+            ):
+                totals[name] += sample.value
+                continue
+            if labels.get("side") != side or "op" not in labels:
+                continue
+            counts = ops[labels["op"]]
+            if name == "peerwire_requests_total":
+                counts.requests += sample.value
+            elif name == "peerwire_errors_total":
+                counts.errors += sample.value
+            elif name == "peerwire_request_duration_seconds_bucket":
+                le = float(labels["le"])
+                counts.buckets[le] = counts.buckets.get(le, 0.0) + sample.value
+    return Snapshot(
+        at,
+        dict(ops),
+        totals["peerwire_connections_open"],
+        totals["peerwire_connections_refused_total"],
+        totals["peerwire_received_bytes_total"],
+        totals["peerwire_sent_bytes_total"],
+    )
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """The ``q`` quantile of a cumulative histogram (``le`` -> count), interpolated linearly
+    inside its bucket; None without observations. Past the last finite bound: that bound."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower
+
+
+@dataclass
+class Row:
+    op: str
+    rate: float
+    error_rate: float | None
+    latencies: tuple[float | None, ...]
+    total: float
+
+
+def rows(before: Snapshot | None, now: Snapshot) -> list[Row]:
+    """Per op: rates over the interval since ``before`` (or totals since start without it)."""
+    elapsed = now.at - before.at if before is not None else 0.0
+    result = []
+    for op, counts in sorted(now.ops.items()):
+        old = before.ops.get(op, OpCounts()) if before is not None else OpCounts()
+        calls = counts.requests - old.requests
+        errors = counts.errors - old.errors
+        window = {le: n - old.buckets.get(le, 0.0) for le, n in counts.buckets.items()}
+        rate = calls / elapsed if elapsed > 0 else 0.0
+        result.append(
+            Row(
+                op,
+                rate,
+                errors / calls if calls > 0 else None,
+                tuple(quantile(q, window) for q in QUANTILES),
+                counts.requests,
+            )
+        )
+    return result
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.2f} ms"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def summary(before: Snapshot | None, now: Snapshot) -> str:
+    elapsed = now.at - before.at if before is not None else 0.0
+    if before is not None and elapsed > 0:
+        rx = (now.received - before.received) / elapsed
+        tx = (now.sent - before.sent) / elapsed
+        rates = f"  in {rx:,.0f} B/s  out {tx:,.0f} B/s"
+    else:
+        rates = ""
+    return (
+        f"connections open {now.connections_open:.0f}  refused {now.refused:.0f}"
+        f"  (received {now.received:,.0f} B, sent {now.sent:,.0f} B){rates}"
+    )
+
+
+HEADERS = ("op", "calls/s", "errors", *(f"p{round(q * 100)}" for q in QUANTILES), "total")
+
+
+def cells(row: Row) -> tuple[str, ...]:
+    return (
+        row.op,
+        f"{row.rate:,.1f}",
+        _pct(row.error_rate),
+        *(_ms(v) for v in row.latencies),
+        f"{row.total:,.0f}",
+    )
+
+
+def plain_frame(url: str, before: Snapshot | None, now: Snapshot) -> str:
+    table = [HEADERS, *(cells(row) for row in rows(before, now))]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]
+    lines = [f"peerwire top {url}  {time.strftime('%H:%M:%S')}", summary(before, now)]
+    for line in table:
+        lines.append(
+            "  ".join(
+                cell.ljust(width) if i == 0 else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+            )
+        )
+    return "\n".join(lines)
+
+
+def _rich_frame(url: str, before: Snapshot | None, now: Snapshot) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    table = Table(title=f"peerwire top {url}  {time.strftime('%H:%M:%S')}", caption=None)
+    for i, header in enumerate(HEADERS):
+        table.add_column(header, justify="left" if i == 0 else "right")
+    for row in rows(before, now):
+        table.add_row(*cells(row))
+    return Group(table, summary(before, now))
+
+
+def fetch(url: str, timeout: float) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return str(response.read().decode())
+
+
+def run(
+    target: str,
+    *,
+    interval: float = 1.0,
+    count: int | None = None,
+    side: str = "server",
+    plain: bool = False,
+    out: TextIO = sys.stdout,
+) -> None:
+    """Refresh every ``interval`` s, ``count`` times (forever when None). Raises OSError
+    (urllib's URLError is one) when the endpoint cannot be scraped."""
+    url = metrics_url(target)
+    use_rich = not plain and out.isatty() and _have_rich()
+    before: Snapshot | None = None
+    live: Any = None
+    if use_rich:
+        from rich.live import Live
+
+        live = Live(auto_refresh=False)
+        live.start()
+    try:
+        shown = 0
+        next_at = time.monotonic()
+        while count is None or shown < count:
+            now = parse(fetch(url, timeout=max(interval, 1.0)), side, time.monotonic())
+            if live is not None:
+                live.update(_rich_frame(url, before, now), refresh=True)
+            else:
+                print(plain_frame(url, before, now), end="\n\n", file=out, flush=True)
+            before = now
+            shown += 1
+            if count is not None and shown >= count:
+                break
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _have_rich() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True

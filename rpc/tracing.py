@@ -1,0 +1,94 @@
+"""OpenTelemetry spans for peerwire calls (the ``otel`` extra: ``opentelemetry-api``).
+
+    rpc.serve(url, middleware=[Tracing()])     # a SERVER span per call served
+    rpc.connect(url, middleware=[Tracing()])   # a CLIENT span per request sent (per attempt)
+
+Spans are named after the op and carry ``rpc.system`` (``peerwire``), ``rpc.method``,
+``rpc.peerwire.protocol``, ``rpc.peerwire.kind``, ``network.peer.address`` and ``.port``, and
+``rpc.peerwire.result`` (``ok``, ``retry`` or the kind of error, as in :mod:`rpc.metrics`);
+errors also set the span's status. A streamed result's span ends after its last part.
+
+Trace context travels between peerwire peers only, in ``Call.metadata`` inside peerwire's
+request envelope (W3C ``traceparent``/``tracestate`` through OpenTelemetry's configured
+propagator): a client injects it only on connections where ``peer.envelope`` is on (see
+:meth:`Peer.accept_envelope <rpc.peer.Peer.accept_envelope>`), so Go, gotalk.js and Hat
+peers never get it; a server span continues the trace it receives, or starts one.
+Spans go wherever the application's tracer provider sends them (the API alone records none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from rpc.middleware import Call, CallNext, on_finish, outcome
+
+_EMPTY = otel_context.Context()
+
+
+def inject_context(metadata: MutableMapping[str, str]) -> None:
+    """Put the current trace context into a call's metadata (for a peerwire peer)."""
+    propagate.inject(metadata)
+
+
+def extract_context(metadata: Mapping[str, str]) -> otel_context.Context:
+    """The trace context a peerwire peer sent in a call's metadata (an empty context, so a
+    new trace, when it sent none)."""
+    if not metadata:
+        return _EMPTY
+    return propagate.extract(metadata, context=_EMPTY)
+
+
+class Tracing:
+    """Middleware: one span per call, on both sides (see the module doc)."""
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = trace.get_tracer("peerwire", tracer_provider=tracer_provider)
+
+    async def __call__(self, call: Call, call_next: CallNext) -> Any:
+        server = call.side == "server"
+        span = self._tracer.start_span(
+            call.op,
+            context=extract_context(call.metadata) if server else None,
+            kind=SpanKind.SERVER if server else SpanKind.CLIENT,
+            attributes=_attributes(call),
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            if not server and call.peer.envelope:
+                inject_context(call.metadata)
+            result = await call_next(call)
+        except BaseException as exc:
+            _end(span, call.side, exc)
+            raise
+        finally:
+            otel_context.detach(token)
+        return on_finish(result, lambda error: _end(span, call.side, error))
+
+
+def _attributes(call: Call) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "rpc.system": "peerwire",
+        "rpc.method": call.op,
+        "rpc.peerwire.protocol": call.protocol,
+        "rpc.peerwire.kind": call.kind,
+    }
+    address = call.address
+    if isinstance(address, tuple) and len(address) >= 2:
+        attributes["network.peer.address"] = str(address[0])
+        attributes["network.peer.port"] = int(address[1])
+    return attributes
+
+
+def _end(span: Span, side: str, error: BaseException | None) -> None:
+    result = outcome(error, side)
+    span.set_attribute("rpc.peerwire.result", result)
+    if result not in ("ok", "retry"):
+        if isinstance(error, Exception):
+            span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{result}: {error}"))
+    span.end()
