@@ -8,6 +8,8 @@ takes messages and returns bytes. Transports move the bytes; :mod:`rpc` owns tim
 - :mod:`wire.gossip`: the gossip broadcast frame of seed 004.
 """
 
+__peerwire__ = "wire"  # marks this package as peerwire's (see rpc._packages)
+
 from wire.errors import (
     ConversationError,
     LocalProtocolError,

@@ -18,7 +18,6 @@ import enum
 import functools
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import hat.sbs
@@ -233,8 +232,8 @@ def eventer_repository() -> hat.sbs.Repository:
 def peer_repository() -> hat.sbs.Repository:
     """Every peerwire schema except ``HatEventer``: peers given this repository hand
     HatEventer payloads over as bytes, which this package encodes and decodes itself."""
-    files = sorted(p for p in Path(schemas.schema_dir()).glob("*.sbs") if p.stem != MODULE)
-    return hat.sbs.Repository(*files)
+    texts = [text for name, text in schemas.schema_texts().items() if name != MODULE]
+    return hat.sbs.Repository(*texts)
 
 
 @functools.cache
