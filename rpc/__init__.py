@@ -19,6 +19,11 @@ from rpc import _packages
 _packages.require("wire")
 _packages.require("transports")
 
+from wire import schemas
+
+# a broken install fails at import with SchemaNotFound, not later inside a Chatter connection
+schemas.schema_texts()
+
 from rpc import blocking
 from rpc.api import Server, connect, serve
 from rpc.chatter_peer import ChatterPeer, Reply
