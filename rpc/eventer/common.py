@@ -1,4 +1,4 @@
-"""Eventer values (seed 003): event types, ids, timestamps, payloads, queries, subscriptions.
+"""Eventer values: event types, ids, timestamps, payloads, queries, subscriptions.
 
 The values are ``NamedTuple`` records: immutable, hashable, cheap to build on the hot path,
 and ordered field by field, which is exactly the natural order of :class:`EventId` and
