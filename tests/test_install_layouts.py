@@ -2,7 +2,8 @@
 
 One wheel is built from this tree (pip, with build isolation, as users build it). It is then
 installed into a fresh venv, with ``--user``, with ``--target``, and zipped (what Spark's
-``--py-files`` and Spark Connect's ``addArtifacts(..., pyfile=True)`` put on ``sys.path``).
+``--py-files`` put on ``sys.path``); the zip also goes to Spark Connect executors with
+``spark.addArtifacts(..., pyfile=True)``.
 Each layout runs a Chatter request over TCP, which needs the ``.sbs`` schemas, and reports
 where ``wire`` and the schemas came from. peerwire's dependencies come from this venv's
 site-packages through a ``.pth`` line, which does not run this venv's editable-install hook.
@@ -51,9 +52,11 @@ asyncio.run(main())
 """
 
 
-def run(args: list[str | Path], **kwargs: object) -> subprocess.CompletedProcess[str]:
+def run(
+    args: list[str | Path], timeout: float = 120, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=120, **kwargs
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kwargs
     )  # type: ignore[call-overload]
 
 
@@ -93,6 +96,16 @@ def target(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = run([*PIP, "install", "--no-deps", "--no-index", "--target", where, wheel])
     assert done.returncode == 0, done.stderr
     return where
+
+
+def zip_packages(target: Path, archive: Path) -> Path:
+    """The installed rpc, wire and transports folders as one zip (no caches)."""
+    with zipfile.ZipFile(archive, "w") as zf:
+        for top in ("rpc", "wire", "transports"):
+            for file in sorted((target / top).rglob("*")):
+                if file.is_file() and "__pycache__" not in file.parts:
+                    zf.write(file, file.relative_to(target).as_posix())
+    return archive
 
 
 def assert_inside(report: dict, root: Path, schemas_in: str) -> None:
@@ -160,14 +173,31 @@ def test_target_install(target: Path, tmp_path: Path) -> None:
 @pytest.mark.timeout(180)
 def test_zip_on_sys_path(target: Path, tmp_path: Path) -> None:
     """A zip of the installed packages, as shipped with --py-files or as an artifact."""
-    archive = tmp_path / "peerwire.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for top in ("rpc", "wire", "transports"):
-            for file in sorted((target / top).rglob("*")):
-                if file.is_file() and "__pycache__" not in file.parts:
-                    zf.write(file, file.relative_to(target).as_posix())
+    archive = zip_packages(target, tmp_path / "peerwire.zip")
     report = probe(sys.executable, env_with(PYTHONPATH=str(archive)), cwd=tmp_path)
     assert_inside(report, archive, "wire/schemas_sbs/")
+
+
+@pytest.mark.timeout(300)
+def test_zip_as_spark_connect_artifact(target: Path, tmp_path: Path) -> None:
+    """The same zip shipped with spark.addArtifacts(pyfile=True): the executors import
+    wire from it and encode a Chatter message with its schemas."""
+    from tests.spark_session import require_spark, spark_env
+
+    require_spark()
+    archive = zip_packages(target, tmp_path / "peerwire.zip")
+    env = env_with(**{k: v for k, v in spark_env().items() if k != "PYTHONPATH"})
+    env["SPARK_TESTING"] = "1"  # the local Connect server takes a free port
+    job = ROOT / "tests" / "peers" / "spark_zip_job.py"
+    args = [sys.executable, job, "--remote", "local[2]", "--zip", archive]
+    done = run(args, env=env, cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 2
+    for report in reports:
+        assert "/peerwire.zip/wire/__init__.py" in report["wire"], report
+        assert report["schemas"].endswith("/peerwire.zip/wire/schemas_sbs/"), report
+        assert report["bytes"] > 0
 
 
 def test_editable_install_reads_the_source_folder(tmp_path: Path) -> None:
