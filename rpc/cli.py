@@ -399,7 +399,9 @@ async def client(args: argparse.Namespace) -> int:
     log.debug("connecting to %s", url)
     try:
         peer = await rpc.connect(args.url, ssl=ctx, connect_timeout=connect_timeout)
-    except (rpc.ConnectionClosed, OSError) as exc:
+    except rpc.ConnectionClosed as exc:  # its text already names the URL and the cause
+        raise CliError(str(exc), EXIT_CONNECTION) from None
+    except OSError as exc:
         raise CliError(f"cannot connect to {args.url}: {exc}", EXIT_CONNECTION) from None
     try:
         if args.command == "call":

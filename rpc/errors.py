@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
+from rpc import _packages
+
+# every rpc module imports this one: a `rpc/__init__.py` of another distribution fails here
+_packages.check(sys.modules["rpc"])
+
 
 class RpcError(Exception):
     """Base of every error a request can end with."""

@@ -227,6 +227,7 @@ def test_connection_refused_exits_3() -> None:
     done = peerwire("call", f"tcp+gotalk://127.0.0.1:{closed_port()}", "echo", "-v")
     assert done.returncode == 3
     assert "cannot connect" in done.stderr
+    assert done.stderr.count("cannot connect") == 1  # one error text, not the cause twice
     assert "connecting to" in done.stderr  # -v after the subcommand works too
 
 

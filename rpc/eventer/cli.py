@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "eventer",
         help="Hat Eventer server",
-        description="Hat Eventer (seed 003) server with SQLite persistence.",
+        description="Hat Eventer server with SQLite persistence.",
     )
     _add_commands(parser)
     return parser

@@ -1,4 +1,4 @@
-"""Eventer client (seed 003) on peerwire's Chatter core.
+"""Eventer client on peerwire's Chatter core.
 
     async with await connect("tcp+sbs://127.0.0.1:23012", "app/one",
                              subscriptions=[("a", "*")]) as client:

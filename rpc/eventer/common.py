@@ -1,4 +1,4 @@
-"""Eventer values (seed 003): event types, ids, timestamps, payloads, queries, subscriptions.
+"""Eventer values: event types, ids, timestamps, payloads, queries, subscriptions.
 
 The values are ``NamedTuple`` records: immutable, hashable, cheap to build on the hot path,
 and ordered field by field, which is exactly the natural order of :class:`EventId` and
@@ -19,7 +19,6 @@ import functools
 import json
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import hat.sbs
@@ -262,8 +261,8 @@ def eventer_repository() -> hat.sbs.Repository:
 def peer_repository() -> hat.sbs.Repository:
     """Every peerwire schema except ``HatEventer``: peers given this repository hand
     HatEventer payloads over as bytes, which this package encodes and decodes itself."""
-    files = sorted(p for p in Path(schemas.schema_dir()).glob("*.sbs") if p.stem != MODULE)
-    return hat.sbs.Repository(*files)
+    texts = [text for name, text in schemas.schema_texts().items() if name != MODULE]
+    return hat.sbs.Repository(*texts)
 
 
 @functools.cache

@@ -84,7 +84,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
 
 
 def config_from_dict(data: dict[str, object], base: Path | None = None) -> ServerConfig:
-    """Validate a decoded config; ``listen`` may be one URL or a list."""
+    """Validate a decoded config; ``listen`` may be one URL or a list.
+
+    With ``base`` (the file's folder), relative paths are resolved against it and the TLS
+    files must exist (:class:`ConfigError` names a missing one).
+    """
     data = dict(data)
     if isinstance(data.get("listen"), str):
         data["listen"] = [data["listen"]]
@@ -103,7 +107,16 @@ def config_from_dict(data: dict[str, object], base: Path | None = None) -> Serve
     tls = config.tls
     if tls is not None:
         tls = TlsConfig(rel(tls.cert) or tls.cert, rel(tls.key), rel(tls.client_ca))
+        _check_tls_files(tls)
     return msgspec.structs.replace(config, database=rel(config.database) or "", tls=tls)
+
+
+def _check_tls_files(tls: TlsConfig) -> None:
+    """A missing certificate or key is named here, not left to a bare ``[Errno 2]``."""
+    for key in ("cert", "key", "client_ca"):
+        path = getattr(tls, key)
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"tls.{key}: no such file {path}")
 
 
 def load_config(path: str | Path) -> ServerConfig:

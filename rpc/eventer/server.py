@@ -1,4 +1,4 @@
-"""Eventer server (seed 003) on peerwire's Chatter core, persisting to SQLite.
+"""Eventer server on peerwire's Chatter core, persisting to SQLite.
 
 How the messages map onto the core (peers use :func:`~rpc.eventer.common.peer_repository`,
 so HatEventer payloads arrive and leave as SBS bytes this module encodes itself):

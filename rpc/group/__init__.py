@@ -1,4 +1,4 @@
-"""Group broadcast: one ``notify`` reaches every member, over the seed-004 gossip frame.
+"""Group broadcast: one ``notify`` reaches every member, over Chatter's gossip frame.
 
 import rpc, rpc.group
 

@@ -1,4 +1,4 @@
-"""A group node: broadcasts notifications to every member over the seed-004 gossip frame.
+"""A group node: broadcasts notifications to every member over Chatter's gossip frame.
 
 ``node = await GroupNode.start("127.0.0.1", 0, key=b"...", peers=[...])`` listens on TCP;
 ``await node.notify(name, value)`` reaches every member through the distribution tree of

@@ -1,4 +1,4 @@
-"""The distribution tree: who sends a broadcast to whom, as the seed-004 reference plans it.
+"""The distribution tree: who sends a broadcast to whom, as the Chatter library plans it.
 
 A node holding a list of ``m`` nodes still to reach shuffles it and cuts it into chunks of
 ``ceil(m/2)``, then half of what is left, and so on down to one node. It sends the message

@@ -70,11 +70,11 @@ MODES = (("sequential", 1), ("inflight100", 100))
 WARMUP = 0.5
 
 NOTES = (
-    ("Go gotalk server + Go client, 100 in flight (7 B)", "~65,000/s", "notes/gotalk.md"),
-    ("Go gotalk server + Go client, sequential (7 B)", "~20,800/s", "notes/gotalk.md"),
-    ("hat-drivers chatter, 100 conversations in flight", "~20,000/s", "notes/chatter.md"),
-    ("hat-drivers chatter, sequential", "~2,700/s", "notes/chatter.md"),
-    ("bare asyncio length-prefixed echo, sequential", "~12,000/s", "notes/chatter.md"),
+    ("Go gotalk server + Go client, 100 in flight (7 B)", "~65,000/s", "Go reference peers"),
+    ("Go gotalk server + Go client, sequential (7 B)", "~20,800/s", "Go reference peers"),
+    ("hat-drivers chatter, 100 conversations in flight", "~20,000/s", "hat-drivers reference"),
+    ("hat-drivers chatter, sequential", "~2,700/s", "hat-drivers reference"),
+    ("bare asyncio length-prefixed echo, sequential", "~12,000/s", "hat-drivers reference"),
 )
 
 Call = Callable[[], Awaitable[bytes]]
@@ -534,7 +534,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
             f"{_ratio(with_mw, rate.get(('peerwire-gotalk', mode))):>5}"
         )
     print()
-    print("reference figures (from notes, not measured here; other runs, 2-core machine):")
+    print("reference figures (measured apart, not here; other runs, 2-core machine):")
     for what, figure, source in NOTES:
         print(f"  {what:<50}{figure:>11}  ({source})")
 

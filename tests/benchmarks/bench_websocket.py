@@ -220,7 +220,7 @@ def main() -> None:
                 f"{name:<22}{mode:<13}{rate:>9,.0f}/s  {rate / base:>6.2f}x{'':<13}"
                 f"{median(name, mode, 1):>8.1f} us{median(name, mode, 2):>9.1f} us"
             )
-    print("\nreference figures (notes/gotalk.md; Go peers, another run on a 2-core machine):")
+    print("\nreference figures (Go peers, measured apart on a 2-core machine):")
     for what, figure in NOTES:
         print(f"  {what:<45}{figure:>10}")
 
