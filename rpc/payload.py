@@ -38,7 +38,7 @@ def decode_any(data: bytes) -> Any:
         return None
     try:
         return _any_decoder.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise PayloadError(f"invalid JSON payload: {exc}") from None
 
 
@@ -55,7 +55,7 @@ def decoder_for(annotation: Any) -> Callable[[bytes], Any]:
             return typed.decode(data or b"null")
         except msgspec.ValidationError as exc:
             raise PayloadError(f"invalid parameters: {exc}") from None
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise PayloadError(f"invalid JSON payload: {exc}") from None
 
     return decode

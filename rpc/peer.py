@@ -197,6 +197,9 @@ class Peer(asyncio.Protocol):
     # --- transport callbacks -------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        if self.closed.done():  # given up on during its TLS handshake (closed or timed out)
+            transport.abort()
+            return
         self._transport = transport
         self.remote_address = transport.get_extra_info("peername")
         self.outbox.attach(
@@ -370,6 +373,9 @@ class Peer(asyncio.Protocol):
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close."""
+        if self._transport is None and not self.closed.done():
+            self.connection_lost(None)  # never opened (a TLS handshake still running)
+            return
         pending: list[Any] = [
             c.future for c in self._calls.values() if c.future is not None and c.queue is None
         ]

@@ -212,12 +212,18 @@ async def test_undecodable_payload_is_an_error_for_that_request(scheme: str) -> 
     def typed(params: dict[str, str]) -> str:
         return params["name"]
 
+    @reg.handle("text")
+    def text(value: str) -> str:
+        return value
+
     async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as srv:
         query = "?dialect=HatChatter" if scheme == "tcp+sbs" else ""
         async with rpc.connect(f"{srv.url}{query}", registry=rpc.Registry()) as peer:
             for bad in (b'{"name": "\xff\xfe"}', b"{not json", b"\x00\x01"):
                 with pytest.raises(rpc.RemoteError):
                     await peer.request("typed", bad)
+            with pytest.raises(rpc.RemoteError, match="invalid JSON"):
+                await peer.request("text", b'"\xff"')  # msgspec raises UnicodeDecodeError
             assert await peer.request("typed", {"name": "ok"}) == "ok"
 
 
