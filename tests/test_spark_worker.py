@@ -210,8 +210,9 @@ def test_setup_failures_are_named_remembered_and_logged_once(serve_peer, caplog)
     messages = [r.getMessage() for r in caplog.records if r.name == "peerwire.spark"]
     assert len([m for m in messages if m.startswith("cannot connect to")]) == 1
     assert len([m for m in messages if "still unreachable" in m]) == 1
-    # one traceback (the protocol's error, which asyncio caught), not one per attempt or row
-    assert len([r for r in caplog.records if r.exc_info is not None]) == 1
+    # no traceback per attempt or row (the core raises the protocol's error to the caller
+    # itself; older cores left one asyncio traceback)
+    assert len([r for r in caplog.records if r.exc_info is not None]) <= 1
 
 
 def test_a_new_connection_carries_one_call_until_it_answers(serve_peer) -> None:
