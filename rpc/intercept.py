@@ -188,21 +188,11 @@ async def _attempt(call: Call, deadline: float, timeout: float, raw: bool) -> An
     peer = call.peer
     adapter = peer.adapter
     payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
-    if peer.outbox.blocked:
-        await peer.outbox.wait_writable()
-    peer._check_open()
-    future: asyncio.Future[Any] = peer.loop.create_future()
-    key = call.id = adapter.send_request(call.op, payload, False)
-    peer._calls[key] = core._Call(future, None, deadline)
-    if deadline < peer._calls_at:
-        peer._watch_calls(deadline)
-    try:
-        reply = await future
-    except core._Expired:
-        raise RequestTimeout(f"{call.op}: no result within {timeout} s") from None
-    finally:
-        if peer._calls.pop(key, None) is not None:
-            adapter.abandon(key)
+
+    def sent(key: Any) -> None:
+        call.id = key
+
+    reply = await peer.send_and_wait(call.op, payload, deadline, timeout, sent)
     if reply.__class__ is RetryLater:
         raise reply
     return reply if raw else adapter.decode_result(reply)

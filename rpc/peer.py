@@ -436,21 +436,7 @@ class Peer(asyncio.Protocol):
         deadline = loop.time() + timeout
         attempt = 0
         while True:
-            if self.outbox.blocked:
-                await self.outbox.wait_writable()
-            self._check_open()
-            future: asyncio.Future[Any] = loop.create_future()
-            key = adapter.send_request(op, payload, False)
-            self._calls[key] = _Call(future, None, deadline)
-            if deadline < self._calls_at:
-                self._watch_calls(deadline)
-            try:
-                reply = await future
-            except _Expired:
-                raise RequestTimeout(f"{op}: no result within {timeout} s") from None
-            finally:
-                if self._calls.pop(key, None) is not None:
-                    adapter.abandon(key)
+            reply = await self.send_and_wait(op, payload, deadline, timeout)
             if reply.__class__ is RetryLater:
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
@@ -459,6 +445,37 @@ class Peer(asyncio.Protocol):
                 await asyncio.sleep(wait)
                 continue
             return reply if raw else adapter.decode_result(reply)
+
+    async def send_and_wait(
+        self,
+        op: str,
+        payload: Any,
+        deadline: float,
+        timeout: float,
+        sent: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """One attempt of a request: send the encoded ``payload`` and return the raw reply
+        (or a RetryLater) by loop time ``deadline``; ``sent(key)`` learns the request's key.
+        A call given up on (timeout, cancellation) is abandoned, which tells a peer that
+        took the cancellation extension."""
+        if self.outbox.blocked:
+            await self.outbox.wait_writable()
+        self._check_open()
+        adapter = self.adapter
+        future: asyncio.Future[Any] = self._loop.create_future()
+        key = adapter.send_request(op, payload, False)
+        if sent is not None:
+            sent(key)
+        self._calls[key] = _Call(future, None, deadline)
+        if deadline < self._calls_at:
+            self._watch_calls(deadline)
+        try:
+            return await future
+        except _Expired:
+            raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+        finally:
+            if self._calls.pop(key, None) is not None:
+                adapter.abandon(key)
 
     async def stream(
         self,
