@@ -120,7 +120,7 @@ class ChatterAdapter:
     def _send(self, op: str, data: bytes, **kwargs: Any) -> Msg:
         module, type_name = self._split(op)
         msg, pieces = self.codec.encode(type_name, data, module=module, **kwargs)
-        self.peer.outbox.push(b"".join(pieces))
+        self.peer.outbox.push_message(pieces)
         return msg
 
     def _take_codec_output(self) -> None:

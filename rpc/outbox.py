@@ -69,7 +69,21 @@ class Outbox:
     def push(self, data: bytes) -> None:
         """Queue ``data``; it goes out with the next flush."""
         self._pieces.append(data)
-        self._size += len(data)
+        self._queued(len(data))
+
+    def push_message(self, pieces: list[bytes]) -> None:
+        """Queue one message given as pieces (a frame header and its parts): a byte stream
+        takes them as they are (joined once, at the flush); a framed transport gets them
+        joined into one message."""
+        if self._framed:
+            self.push(b"".join(pieces))
+            return
+        self._pieces += pieces
+        self._queued(sum(map(len, pieces)))
+
+    def _queued(self, size: int) -> None:
+        """Count one more message; flush now past the limits, else once this iteration."""
+        self._size += size
         self._count += 1
         if self._count >= FLUSH_EVERY or self._size >= FLUSH_BYTES:
             self.flush()
