@@ -282,9 +282,13 @@ class Peer(asyncio.Protocol):
         )
 
     def _run(self, messages: list[Any]) -> None:
+        # _held() inlined: this check runs once per message
         dispatch = self.adapter.dispatch
+        outbox = self.outbox
+        slots = None if self.adapter.retry_results else self.options.max_concurrent
+        tasks = self._tasks
         for index, message in enumerate(messages):
-            if self._held():
+            if outbox.blocked or (slots is not None and len(tasks) >= slots):
                 self._backlog.extend(messages[index:])
                 self._pause_reading()
                 return
