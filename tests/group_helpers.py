@@ -21,6 +21,7 @@ import uvloop
 import rpc
 from rpc.group import GroupNode, GroupOptions, NetID
 from rpc.group.payloads import encode_envelope
+from tests.rpc_helpers import wait_until
 from wire.gossip import BroadcastID, Gossip, GossipCodec, encode_frame, payload_tag
 
 KEY = b"test group key"
@@ -29,6 +30,9 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
     "uvloop": uvloop.new_event_loop,
 }
+
+wait_for = wait_until
+"""The tests' poll-until helper, under the name the group tests use."""
 
 
 def on_both_loops(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -53,13 +57,6 @@ def on_both_loops(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[...,
     )
     del test.__wrapped__  # type: ignore[attr-defined]  # pytest must see the new signature
     return test
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until it holds; TimeoutError after ``timeout`` s."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import rpc
@@ -39,6 +39,14 @@ async def served(
             **protocol_options,
         ) as peer:
             yield server, peer
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` every 5 ms until it holds; TimeoutError after ``timeout`` s.
+    The one poll-until helper of the tests (for state no event announces)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
 
 
 def gotalk_peer_registry() -> rpc.Registry:

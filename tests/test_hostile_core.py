@@ -13,7 +13,6 @@ import resource
 import socket
 import ssl
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 import rpc
 from rpc.logs import RateLimitedLog, violations
 from tests.certs import Pki
+from tests.rpc_helpers import wait_until as until
 from transports.stream import server_ssl_context
 from wire import gotalk
 from wire.chatter import Dialect, Msg, encode_frame
@@ -49,15 +49,6 @@ def registry() -> rpc.Registry:
         return total
 
     return reg
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll ``condition`` every 10 ms until true; fail the test after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def canary_answers(server: rpc.Server) -> None:
@@ -171,7 +162,7 @@ async def test_pending_tls_handshakes_count_toward_max_connections(pki: Pki) -> 
         assert len(srv.peers) == 10  # the 10 silent handshakes hold the only slots
         for _, writer in silent:
             writer.close()
-        await until(lambda: not srv.peers)  # the handshake limit frees every slot
+        await until(lambda: not srv.peers, timeout=10)  # the handshake limit (5 s) frees them
         client = ssl.create_default_context(cafile=str(pki.ca))
         async with rpc.connect(str(srv.url), ssl=client, registry=rpc.Registry()) as canary:
             assert await canary.request("echo", 1) == 1

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import rpc
 from rpc.metrics import Metrics, start_http_server
+from tests.rpc_helpers import wait_until as wait_for
 from wire import gotalk
 
 
@@ -46,12 +47,6 @@ def exposed() -> Iterator[tuple[Metrics, int]]:
     yield metrics, server.server_port
     server.shutdown()
     thread.join(timeout=5)
-
-
-async def wait_for(condition: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 def scripted_registry(notes: list[Any]) -> rpc.Registry:

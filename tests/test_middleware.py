@@ -3,7 +3,6 @@ retry results, notifications, streams, and middleware on both ends of one connec
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 
 import rpc
 from tests.rpc_helpers import FLAVOURS
+from tests.rpc_helpers import wait_until as wait_for
 
 pytestmark = pytest.mark.parametrize("flavour", list(FLAVOURS))
 
@@ -56,12 +56,6 @@ def base_registry(seen: list[Any]) -> rpc.Registry:
         seen.append(("note", value))
 
     return reg
-
-
-async def wait_for(condition: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 async def test_order_server_then_registry_then_handler(flavour: str) -> None:

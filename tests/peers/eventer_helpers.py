@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from rpc import eventer
 from rpc.eventer import EventerServer, ServerConfig
+from tests.rpc_helpers import wait_until as wait_until  # re-exported
 
 
 def server_config(tmp_path: Path, **overrides: Any) -> ServerConfig:
@@ -42,12 +42,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 def json_event(event_type: tuple[str, ...], value: Any = None, source: Any = None) -> Any:
