@@ -12,17 +12,20 @@ from typing import Any, Protocol
 from websockets.exceptions import InvalidHandshake
 
 from rpc.chatter_peer import ChatterPeer
-from rpc.errors import ConnectionClosed
+from rpc.errors import TLS_ERRORS, ConnectionClosed
 from rpc.gotalk_peer import GotalkPeer
 from rpc.middleware import Middleware
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
 from rpc.url import PeerUrl, parse_url
 from transports.stream import (
+    ClosedBeforeReply,
+    TlsFailure,
     client_ssl_context,
     open_stream,
     server_address,
     start_stream_server,
+    tls_failure,
 )
 from transports.websocket import HttpOptions, open_websocket, start_websocket_server
 from wire.chatter import Dialect
@@ -67,6 +70,42 @@ def _peer_factory(
         return lambda: GotalkPeer(registry, options, **protocol_options)
     dialect = None if server else (url.dialect or Dialect.LEGACY)
     return lambda: ChatterPeer(registry, options, dialect=dialect, **protocol_options)
+
+
+def _draw_reply(peer: Peer) -> None:
+    """Make the server say something at once, so that ``connect`` learns whether it accepted
+    us: Gotalk servers send their version unasked; a Chatter client that did not announce
+    its extensions (a Ping) sends a plain Ping (Hat peers answer every Ping)."""
+    if not isinstance(peer, ChatterPeer):
+        return
+    if not (peer.chatter.extensions and peer.codec.dialect is Dialect.CURRENT):
+        peer.codec.send_ping()
+        peer.outbox.push(peer.codec.data_to_send())
+        peer.outbox.flush()
+
+
+def _connect_error(url: str, parsed: PeerUrl, exc: BaseException) -> ConnectionClosed:
+    """The error ``connect`` raises: a :class:`TlsError` subclass when TLS says why."""
+    failure = exc if isinstance(exc, TlsFailure) else None
+    if failure is None and parsed.tls and parsed.websocket:
+        if isinstance(exc, ssl_module.SSLError | ConnectionResetError):  # during TLS
+            failure = tls_failure(exc, handshake_done=False)
+        else:  # the upgrade failed after the TLS handshake: closed, or an HTTP answer
+            closed = not isinstance(exc, InvalidHandshake) or isinstance(exc.__cause__, EOFError)
+            if closed:
+                failure = tls_failure(ClosedBeforeReply(), handshake_done=True)
+    if failure is not None:
+        return TLS_ERRORS[failure.kind](f"cannot connect to {url}: {failure}")
+    closed = isinstance(exc, ClosedBeforeReply | ConnectionResetError) or (
+        isinstance(exc, InvalidHandshake) and isinstance(exc.__cause__, EOFError)
+    )
+    if closed and not parsed.tls:
+        return ConnectionClosed(
+            f"cannot connect to {url}: the server closed the connection before its first "
+            "byte: it may expect TLS on this port (an ssl+ or wss+ URL), or it refused the "
+            "connection (max_connections)"
+        )
+    return ConnectionClosed(f"cannot connect to {url}: {exc}")
 
 
 class _Connect:
@@ -136,11 +175,13 @@ def connect(
                     ssl_context=ctx,
                     server_hostname=server_hostname or parsed.host,
                     connect_timeout=connect_timeout,
+                    first_reply=_draw_reply if parsed.tls or parsed.codec == "gotalk" else None,
                 )
         except TimeoutError:
             raise ConnectionClosed(f"connecting to {url} timed out") from None
         except (OSError, InvalidHandshake) as exc:  # refused, unreachable, TLS, WS handshake
-            raise ConnectionClosed(f"cannot connect to {url}: {exc}") from exc
+            cause = exc.__cause__ if isinstance(exc, TlsFailure) else exc
+            raise _connect_error(url, parsed, exc) from cause
         if not isinstance(peer, Peer):
             raise TypeError(f"transport returned {peer!r}, not a Peer")
         return peer

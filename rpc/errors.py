@@ -48,3 +48,42 @@ class Rejected(RpcError):
 
 class UnknownOperation(RpcError):
     """No handler is registered for the op (the caller gets an error result saying so)."""
+
+
+class TlsError(ConnectionClosed):
+    """A TLS connection could not be set up; the text says why. Raised by ``connect``."""
+
+
+class TlsRejected(TlsError):
+    """The server did not accept this client: it closed the connection right after the TLS
+    handshake (TLS 1.3 servers check client certificates then; Python servers send no
+    alert), or its alert refused our certificate."""
+
+
+class TlsCertificateRequired(TlsRejected):
+    """The server requires a client certificate (its alert said so) and we sent none."""
+
+
+class TlsUnknownCA(TlsError):
+    """A certificate is signed by a CA the other side does not trust: the server's, by our
+    context, or ours, by the server (its alert said so)."""
+
+
+class TlsHostnameMismatch(TlsError):
+    """The server's certificate is not valid for the host name we connected to."""
+
+
+class TlsNotSpoken(TlsError):
+    """One side speaks TLS and the other does not: the server answered our TLS handshake
+    with plain bytes, or closed the connection during it (a plain port?)."""
+
+
+TLS_ERRORS: dict[str, type[TlsError]] = {
+    "certificate-required": TlsCertificateRequired,
+    "rejected": TlsRejected,
+    "unknown-ca": TlsUnknownCA,
+    "hostname-mismatch": TlsHostnameMismatch,
+    "not-tls": TlsNotSpoken,
+    "tls": TlsError,
+}
+"""The error for each :class:`transports.stream.TlsFailure` kind."""

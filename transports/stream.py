@@ -38,6 +38,118 @@ ProtocolFactory = Callable[[], asyncio.Protocol | None]
 """Makes the protocol of an accepted connection, or returns None to refuse it."""
 
 
+class TlsFailure(ConnectionError):
+    """A TLS connection could not be set up; ``kind`` says why (see :func:`tls_failure`)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+class ClosedBeforeReply(ConnectionError):
+    """The peer closed the connection before its first byte."""
+
+
+_UNKNOWN_CA_CODES = frozenset({2, 18, 19, 20, 21})
+"""OpenSSL verify codes meaning "signed by no CA we trust" (X509_V_ERR_...)."""
+_HOSTNAME_MISMATCH = 62
+_NOT_TLS = frozenset(
+    {"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"}
+)
+_ALERTS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": (
+        "certificate-required",
+        "it requires a client certificate and we sent none",
+    ),
+    "TLSV1_ALERT_UNKNOWN_CA": ("unknown-ca", "it does not trust the CA of our client certificate"),
+    "SSLV3_ALERT_BAD_CERTIFICATE": ("rejected", "it refused our client certificate"),
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": ("rejected", "it refused our client certificate"),
+}
+
+
+def tls_failure(exc: BaseException, *, handshake_done: bool) -> TlsFailure | None:
+    """Why a TLS client connection failed, or None when ``exc`` says nothing of TLS.
+
+    Kinds: ``hostname-mismatch`` and ``unknown-ca`` (our check of the server's certificate,
+    or the server's alert about ours), ``certificate-required`` (the server's alert),
+    ``rejected`` (the server closed without a word right after the handshake: TLS 1.3
+    servers check client certificates then, and Python's servers send no alert),
+    ``not-tls`` (the server answered in plain bytes, or closed during the handshake) and
+    ``tls`` (anything else).
+    """
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        detail = exc.verify_message or str(exc)
+        if exc.verify_code == _HOSTNAME_MISMATCH:
+            return TlsFailure("hostname-mismatch", f"hostname mismatch: {detail}")
+        if exc.verify_code in _UNKNOWN_CA_CODES:
+            return TlsFailure(
+                "unknown-ca", f"the server's certificate is signed by an unknown CA: {detail}"
+            )
+        return TlsFailure("tls", f"the server's certificate failed verification: {detail}")
+    if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError):
+        reason = exc.reason or ""
+        if reason in _ALERTS:
+            kind, why = _ALERTS[reason]
+            return TlsFailure(kind, f"the server refused the TLS connection: {why} ({reason})")
+        if reason in _NOT_TLS:
+            return TlsFailure(
+                "not-tls",
+                f"the server does not speak TLS on this port ({reason}): use a "
+                "plain URL (tcp+, ws+) or the server's TLS port",
+            )
+        return TlsFailure("tls", f"TLS failed: {exc}")
+    if isinstance(exc, ssl.SSLEOFError | ConnectionResetError | ClosedBeforeReply | EOFError):
+        if handshake_done:
+            return TlsFailure(
+                "rejected",
+                "the server closed the connection right after the TLS handshake, "
+                "before a word: it did not accept this client (it requires a client "
+                "certificate, or does not trust ours)",
+            )
+        return TlsFailure(
+            "not-tls",
+            "the server closed the connection during the TLS handshake: it does "
+            "not speak TLS on this port (a plain tcp+/ws+ port?) or refused the connection",
+        )
+    return None
+
+
+class _FirstReply(asyncio.Protocol):
+    """Stands in for ``protocol`` until the peer's first byte, passing every event on; then
+    hands the transport over (``set_protocol``) and costs nothing more. ``heard`` resolves
+    on that byte, or fails with the connection's end."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        self.protocol = protocol
+        self.heard: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.heard.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self._transport = transport
+        self.protocol.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._transport.set_protocol(self.protocol)
+        if not self.heard.done():
+            self.heard.set_result(None)
+        self.protocol.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.protocol.eof_received()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.heard.done():
+            self.heard.set_exception(exc or ClosedBeforeReply("closed before a byte"))
+        self.protocol.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.protocol.resume_writing()
+
+
 class _Refused(asyncio.Protocol):
     """Closes a connection the server did not admit."""
 
@@ -53,18 +165,45 @@ async def open_stream(
     ssl_context: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
     connect_timeout: float = 10.0,
+    first_reply: Callable[[Any], object] | None = None,
 ) -> asyncio.Protocol:
     """Connect over TCP (TLS when ``ssl_context`` is given) and return the protocol;
-    ``connect_timeout`` bounds the TCP connect and the TLS handshake together."""
+    ``connect_timeout`` bounds the TCP connect, the TLS handshake and the first reply.
+
+    With ``first_reply``, it is called with the protocol once connected (to make the peer
+    answer, if the protocol's start does not), and we return only after the peer's first
+    byte: a server that refuses us after the TLS 1.3 handshake (when client certificates
+    are checked) fails here, not on the first request. TLS failures raise
+    :class:`TlsFailure` (its ``kind`` says why); a close before that byte
+    :class:`ClosedBeforeReply`.
+    """
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(connect_timeout):
-        _, protocol = await loop.create_connection(
-            protocol_factory,
-            host,
-            port,
-            ssl=ssl_context,
-            server_hostname=server_hostname if ssl_context else None,
-        )
+    factory: Callable[[], asyncio.Protocol] = protocol_factory
+    if first_reply is not None:
+        factory = lambda: _FirstReply(protocol_factory())  # noqa: E731
+    transport: Any = None
+    try:
+        async with asyncio.timeout(connect_timeout):
+            transport, protocol = await loop.create_connection(
+                factory,
+                host,
+                port,
+                ssl=ssl_context,
+                server_hostname=server_hostname if ssl_context else None,
+            )
+            if isinstance(protocol, _FirstReply):
+                first_reply(protocol.protocol)  # type: ignore[misc]
+                await protocol.heard
+                protocol = protocol.protocol
+    except BaseException as exc:
+        if transport is not None:
+            transport.abort()
+        failure = None
+        if ssl_context and isinstance(exc, OSError | EOFError):
+            failure = tls_failure(exc, handshake_done=transport is not None)
+        if failure is not None:
+            raise failure from exc
+        raise
     return protocol
 
 
@@ -150,10 +289,13 @@ def server_address(server: Any) -> tuple[str, int]:
 
 __all__ = [
     "ByteSink",
+    "ClosedBeforeReply",
     "ProtocolFactory",
+    "TlsFailure",
     "client_ssl_context",
     "open_stream",
     "server_address",
     "server_ssl_context",
     "start_stream_server",
+    "tls_failure",
 ]
