@@ -78,7 +78,7 @@ def tls_failure(exc: BaseException, *, handshake_done: bool) -> TlsFailure | Non
     ``tls`` (anything else).
     """
     if isinstance(exc, ssl.SSLCertVerificationError):
-        detail = exc.verify_message or str(exc)
+        detail = f"{exc.verify_message or exc} ({exc.reason})"
         if exc.verify_code == _HOSTNAME_MISMATCH:
             return TlsFailure("hostname-mismatch", f"hostname mismatch: {detail}")
         if exc.verify_code in _UNKNOWN_CA_CODES:
