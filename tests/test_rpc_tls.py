@@ -14,6 +14,7 @@ import pytest
 
 import rpc
 from tests.certs import Pki
+from tests.rpc_helpers import wait_until
 from transports.stream import client_ssl_context, server_ssl_context
 
 SCHEMES = ["ssl+gotalk", "ssl+sbs"]
@@ -185,3 +186,32 @@ async def test_plain_chatter_spoken_to_a_tls_port_fails_on_first_request(pki: Pk
         async with rpc.connect(f"tcp+sbs://127.0.0.1:{srv.url.port}") as peer:
             with pytest.raises(rpc.ConnectionClosed):
                 await peer.request("whoami", timeout=5)
+
+
+@pytest.mark.both_loops
+async def test_refused_tls_connections_are_closed_before_any_tls(pki: Pki) -> None:
+    """Past max_connections a TLS connection is closed at once, not after a handshake that
+    a silent peer would hold for handshake_timeout (the loop's TLS buffers with it)."""
+    server_ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    options = rpc.Options(handshake_timeout=10)
+    async with rpc.serve(
+        "ssl+gotalk://127.0.0.1:0",
+        registry=registry(),
+        ssl=server_ctx,
+        options=options,
+        max_connections=5,
+    ) as srv:
+        held = [await asyncio.open_connection("127.0.0.1", srv.url.port) for _ in range(5)]
+        await wait_until(lambda: len(srv.peers) == 5)
+        async with asyncio.timeout(3):  # far below the 10 s handshake limit
+            for _ in range(20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
+                with contextlib.suppress(ConnectionResetError):
+                    assert await reader.read(100) == b""  # closed, nothing sent: no TLS
+                writer.close()
+        assert srv.refused == 20
+        for _, writer in held:
+            writer.close()
+        await wait_until(lambda: not srv.peers, timeout=15)  # the handshake limit frees them
+        async with rpc.connect(str(srv.url), ssl=client_ssl_context(cafile=pki.ca)) as peer:
+            assert await peer.request("whoami") == "anonymous"

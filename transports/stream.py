@@ -5,17 +5,18 @@ nothing of any wire format. It listens and connects, bounds TLS handshakes and b
 contexts. TCP_NODELAY is set by asyncio and uvloop on every TCP transport they create.
 
 Servers take a factory, called when a connection is accepted (before any TLS handshake),
-that may refuse it by returning None: the connection is then closed at once (after its
-handshake for TLS, which ``handshake_timeout`` bounds, default 10 s). A server counting its
-connections from the factory therefore counts handshakes in progress too. A protocol whose
-TLS handshake fails never sees ``connection_made`` nor ``connection_lost`` (asyncio and
-uvloop alike): its owner must forget it after the handshake limit.
+that may refuse it by returning None: the connection is then closed at once, before any TLS
+(:class:`TlsServer`). An admitted TLS connection's handshake is bounded by
+``handshake_timeout`` (default 10 s); a server counting its connections from the factory
+therefore counts handshakes in progress too. A protocol whose TLS handshake fails never sees
+``connection_made`` nor ``connection_lost``: its owner must forget it after the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -225,25 +226,103 @@ async def start_stream_server(
     after admission.
     """
     loop = asyncio.get_running_loop()
+    if ssl_context is not None:
+        if sock is None:
+            sock = socket.create_server(
+                (host, port), backlog=backlog, reuse_port=reuse_port, family=_family(host)
+            )
+        else:
+            sock.listen(backlog)
+        server = TlsServer(sock, protocol_factory, ssl_context, handshake_timeout)
+        server.start()
+        return server  # type: ignore[return-value]
 
     def accept() -> asyncio.Protocol:
         protocol = protocol_factory()
         return _Refused() if protocol is None else protocol
 
-    tls: dict[str, Any] = {}
-    if ssl_context is not None:
-        tls = {"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout}
     if sock is not None:
-        return await loop.create_server(accept, sock=sock, backlog=backlog, **tls)
+        return await loop.create_server(accept, sock=sock, backlog=backlog)
     return await loop.create_server(
-        accept,
-        host,
-        port,
-        backlog=backlog,
-        reuse_address=True,
-        reuse_port=reuse_port or None,
-        **tls,
+        accept, host, port, backlog=backlog, reuse_address=True, reuse_port=reuse_port or None
     )
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+class TlsServer:
+    """A TLS listener that admits before any TLS: each accepted socket goes to the factory
+    first, and only an admitted one gets its TLS handshake (``connect_accepted_socket``,
+    at most ``handshake_timeout`` s); a refused one is closed at once and costs no TLS
+    state. (asyncio's and uvloop's TLS servers start the handshake before the protocol
+    hears of the connection, so a refused connection held ~50-300 KB of TLS buffers until
+    the handshake limit.) Offers what callers use of ``asyncio.Server``: ``sockets``,
+    ``close()``, ``wait_closed()``, ``is_serving()``."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: ProtocolFactory,
+        ctx: ssl.SSLContext,
+        handshake_timeout: float,
+    ) -> None:
+        self.sockets = [sock]
+        self._factory = factory
+        self._ctx = ctx
+        self._timeout = handshake_timeout
+        self._handshakes: set[asyncio.Task[None]] = set()  # each ends within the timeout
+        self._accepting: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.sockets[0].setblocking(False)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept_loop())
+
+    def is_serving(self) -> bool:
+        return self._accepting is not None and not self._accepting.done()
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        listener = self.sockets[0]
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # out of descriptors or memory: as asyncio, retry in 1 s
+                if listener.fileno() < 0:
+                    return
+                log.error("accepting a TLS connection failed: %s; retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            protocol = self._factory()
+            if protocol is None:
+                conn.close()
+                continue
+            task = loop.create_task(self._handshake(conn, protocol))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, protocol: asyncio.Protocol) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: protocol, conn, ssl=self._ctx, ssl_handshake_timeout=self._timeout
+            )
+        except (OSError, ssl.SSLError, EOFError) as exc:  # the transport closed the socket
+            log.debug("TLS handshake failed: %s", exc)
+            conn.close()
+
+    def close(self) -> None:
+        """Stop listening and give up the handshakes in progress (admitted connections
+        stay open, as with asyncio.Server)."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for task in self._handshakes:
+            task.cancel()
+        self.sockets[0].close()
+
+    async def wait_closed(self) -> None:
+        pending = [t for t in (self._accepting, *self._handshakes) if t is not None]
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def client_ssl_context(
@@ -292,6 +371,7 @@ __all__ = [
     "ClosedBeforeReply",
     "ProtocolFactory",
     "TlsFailure",
+    "TlsServer",
     "client_ssl_context",
     "open_stream",
     "server_address",

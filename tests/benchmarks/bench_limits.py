@@ -5,7 +5,8 @@ Not collected by pytest. The server is a child process (the soak's, ``soak.py --
 CPU are read from /proc; clients and attackers run in this process. Rows (``--only NAME``):
 
 - ``idle``: ``--idle-connections`` (default 10,000: half ``tcp+gotalk``, half ``tcp+sbs``,
-  real peerwire clients with default heartbeats and pings) stay connected; the server's
+  real peerwire clients with default heartbeats and pings, each after one request) stay
+  connected; the server's
   CPU over a ``--window`` (default 60 s, which spans Gotalk heartbeats every 20 s and
   Chatter pings after 30 s of silence), and its RSS per connection;
 - ``non-reader``: one Gotalk peer asks for 600 results of 1 MiB and never reads (its
@@ -52,21 +53,25 @@ async def idle(count: int, window: float) -> None:
 
             async def one(url: str) -> rpc.Peer:
                 async with gate:
-                    return await rpc.connect(url, registry=rpc.Registry(), connect_timeout=60)
+                    peer = await rpc.connect(url, registry=rpc.Registry(), connect_timeout=60)
+                    # one request: a legacy Chatter client sends nothing before its first,
+                    # and a server closes a connection silent past its handshake limit
+                    await peer.request("echo", b"hi", raw=True, timeout=60)
+                    return peer
 
             urls = [srv.urls["tcp+gotalk"], srv.urls["tcp+sbs"]]
             peers = await asyncio.gather(*(one(urls[i % 2]) for i in range(count)))
             took = time.monotonic() - started
-            stats = await srv.stats()
-            held = stats["tcp+gotalk"]["peers"] + stats["tcp+sbs"]["peers"]
             after = await settle(srv)
             cpu0, t0 = srv.cpu_seconds(), time.monotonic()
             await asyncio.sleep(window)  # the measuring window
             cpu1, t1 = srv.cpu_seconds(), time.monotonic()
             alive = sum(p.is_open for p in peers)
+            stats = await srv.stats()
+            held = stats["tcp+gotalk"]["peers"] + stats["tcp+sbs"]["peers"]
             print(
-                f"idle: {count} connections ({held} on the server, opened in {took:.1f} s, "
-                f"{alive} still open after the window); server RSS {before:.1f} -> "
+                f"idle: {count} connections (opened in {took:.1f} s; after the window {alive} "
+                f"open here, {held} on the server); server RSS {before:.1f} -> "
                 f"{after:.1f} MB ({(after - before) * 1024 / count:.1f} KiB each); server CPU "
                 f"over {t1 - t0:.0f} s: {100 * (cpu1 - cpu0) / (t1 - t0):.2f}% of one core"
             )

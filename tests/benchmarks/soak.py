@@ -1,17 +1,22 @@
 """Soak: hostile and normal load together, ``python tests/benchmarks/soak.py [--minutes N]``.
 
-Not collected by pytest. Three processes on 127.0.0.1:
+Not collected by pytest. Processes on 127.0.0.1:
 
 - the **server** (``--serve``, a child): ``tcp+gotalk``, ``tcp+sbs``, ``ssl+gotalk`` and
   ``ws+gotalk`` servers with their defaults (``handshake_timeout`` 10 s, Gotalk read
-  timeout 30 s); it answers ``stats`` on stdin with its connection counts;
-- the **canary** (``--canary URL``, a child): one ``tcp+gotalk`` client sending one echo
-  request every 10 ms and printing each second's latencies;
+  timeout 30 s); it answers ``stats`` on stdin with its connection counts, its number of
+  gc-tracked objects and its longest garbage collection since the last ``stats``;
+- a **control** server, the same but never attacked;
+- two **canaries** (``--canary URL``, children): one ``tcp+gotalk`` client per server,
+  sending one echo request every 10 ms and printing each second's latencies. The control
+  canary measures what the machine alone does to latency (it is shared, and busy);
 - this process: the attackers and the well-behaved clients.
 
-First the canary runs alone for ``--idle`` s (its idle p50/p99); then, for ``--minutes``
-(default 10), these run together and one line per ``--every`` s shows the server's RSS
-and CPU (from /proc), its connection counts and the canary's p50/p99 over that period:
+First the canaries run alone for ``--idle`` s (the idle p50/p99); then, for ``--minutes``
+(default 10), these run together and one line per ``--every`` s (default 30) shows the
+server's RSS and CPU (user + system, % of one core, from /proc), the canary's p50/p99 over
+that period, the control canary's p99, the load average, the server's connections, its
+gc-tracked objects and longest collection (ms):
 
 - slowloris on each transport: 40 connections each that trickle one byte every 2 s of a
   Gotalk version, a Chatter frame, a TLS ClientHello or a WebSocket HTTP head (the
@@ -22,11 +27,14 @@ and CPU (from /proc), its connection counts and the canary's p50/p99 over that p
 - garbage: 10 connections per second per protocol sending a valid handshake, then 256
   random bytes;
 - floods of refused requests: on each protocol, 100 requests for an unknown operation
-  every 100 ms, on one connection;
+  at once every 100 ms, on one connection;
 - normal load: one client per transport sending an echo request every 5 ms.
 
-``--smoke`` runs the same for a few seconds (idle 2 s, load 6 s, a line per 2 s).
-CPU is the server's (user + system) over each line's period, in % of one core.
+``--attack GROUP`` (repeatable: ``slowloris``, ``silent-tls``, ``non-reader``, ``garbage``,
+``refused``, ``normal``) runs only those groups. ``--smoke`` runs everything for a few
+seconds (idle 2 s, load 6 s, a line per 2 s).
+``--tracemalloc`` traces the server's allocations (slowing it down several times) and
+prints its top growth between the end of the first period and the end.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +103,8 @@ async def serve(pki_dir: str, tls_max_connections: int, chatter_ping: float | No
         "ws+gotalk": rpc.serve(f"ws+gotalk://{HOST}:0/gotalk/", registry=reg),
     }
     started = {name: await srv.start() for name, srv in servers.items()}
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
     urls = {name: str(srv.url) for name, srv in started.items()}
     print("URLS " + json.dumps(urls), flush=True)
     loop = asyncio.get_running_loop()
@@ -112,10 +122,28 @@ async def serve(pki_dir: str, tls_max_connections: int, chatter_ping: float | No
                 name: {"peers": len(srv.peers), "refused": srv.refused}
                 for name, srv in started.items()
             }
-            stats["gc"] = {"objects": len(gc.get_objects()), "collections": gc.get_count()}
+            stats["gc"] = {"objects": len(gc.get_objects()), "worst_ms": pauses.take()}
             print("STATS " + json.dumps(stats), flush=True)
     for srv in started.values():
         await srv.close(drain_timeout=0)
+
+
+class GcPauses:
+    """A ``gc.callbacks`` entry: the longest collection (ms) since the last ``take``."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.worst = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.worst = max(self.worst, (time.perf_counter() - self.started) * 1000)
+
+    def take(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return round(worst, 2)
 
 
 class ServerChild:
@@ -357,32 +385,46 @@ async def normal(url: str, ssl_ctx: ssl.SSLContext | None, count: Counters, name
             await asyncio.sleep(0.005)
 
 
-def attacks(srv: ServerChild, count: Counters) -> list[Callable[[], Awaitable[None]]]:
-    """Every attacker and normal client, as coroutine functions to run as tasks."""
+GROUPS = ("slowloris", "silent-tls", "non-reader", "garbage", "refused", "normal")
+
+
+def attacks(
+    srv: ServerChild, count: Counters, groups: Sequence[str] = GROUPS
+) -> list[Callable[[], Awaitable[None]]]:
+    """The attackers and normal clients of ``groups``, as coroutine functions to run."""
     jobs: list[Callable[[], Awaitable[None]]] = []
 
     def job(name: str, attack: Callable[[], Awaitable[None]], pause: float = 0.0) -> None:
         jobs.append(lambda: forever(count, name, attack, pause))
 
-    for transport in ("tcp+gotalk", "tcp+sbs", "ssl+gotalk", "ws+gotalk"):
-        port = srv.port(transport)
-        for _ in range(40):
-            job(f"slowloris {transport}", lambda t=transport, p=port: slowloris(t, p))
-    for _ in range(200):
-        job("silent TLS", lambda: silent(srv.port("ssl+gotalk")))
-    for _ in range(4):
-        job("non-reader", lambda: non_reader(srv.port("tcp+gotalk"), 40))
-    for transport in ("tcp+gotalk", "tcp+sbs"):
-        for _ in range(10):
-            job(f"garbage {transport}", lambda t=transport: garbage(t, srv.port(t)), 1.0)
-    tls = client_ssl_context(cafile=srv.ca)
-    for transport in ("tcp+gotalk", "tcp+sbs"):
-        name = f"refused {transport}"
-        job(name + " (conn)", lambda u=srv.urls[transport], n=name: refused_flood(u, count, n))
-    for transport in ("tcp+gotalk", "tcp+sbs", "ssl+gotalk", "ws+gotalk"):
-        ctx = tls if transport.startswith("ssl") else None
-        name = f"normal {transport}"
-        job(name + " (conn)", lambda u=srv.urls[transport], c=ctx, n=name: normal(u, c, count, n))
+    if "slowloris" in groups:
+        for transport in ("tcp+gotalk", "tcp+sbs", "ssl+gotalk", "ws+gotalk"):
+            port = srv.port(transport)
+            for _ in range(40):
+                job(f"slowloris {transport}", lambda t=transport, p=port: slowloris(t, p))
+    if "silent-tls" in groups:
+        for _ in range(200):
+            job("silent TLS", lambda: silent(srv.port("ssl+gotalk")))
+    if "non-reader" in groups:
+        for _ in range(4):
+            job("non-reader", lambda: non_reader(srv.port("tcp+gotalk"), 40))
+    if "garbage" in groups:
+        for transport in ("tcp+gotalk", "tcp+sbs"):
+            for _ in range(10):
+                job(f"garbage {transport}", lambda t=transport: garbage(t, srv.port(t)), 1.0)
+    if "refused" in groups:
+        for transport in ("tcp+gotalk", "tcp+sbs"):
+            name = f"refused {transport}"
+            job(name + " (conn)", lambda u=srv.urls[transport], n=name: refused_flood(u, count, n))
+    if "normal" in groups:
+        tls = client_ssl_context(cafile=srv.ca)
+        for transport in ("tcp+gotalk", "tcp+sbs", "ssl+gotalk", "ws+gotalk"):
+            ctx = tls if transport.startswith("ssl") else None
+            name = f"normal {transport}"
+            job(
+                name + " (conn)",
+                lambda u=srv.urls[transport], c=ctx, n=name: normal(u, c, count, n),
+            )
     return jobs
 
 
@@ -422,7 +464,9 @@ def load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-async def soak(minutes: float, idle: float, every: float, trace: bool) -> None:
+async def soak(
+    minutes: float, idle: float, every: float, trace: bool, groups: Sequence[str] = GROUPS
+) -> None:
     """See the module doc; ``trace`` prints the server's top memory growth at the end."""
     raise_nofile(8192)
     print(machine())
@@ -445,10 +489,11 @@ async def soak(minutes: float, idle: float, every: float, trace: bool) -> None:
                 f"(control p99 {c99:.2f} ms); server RSS {srv.rss_mb():.1f} MB; load {load()}"
             )
             count = Counters()
-            tasks = await paced(attacks(srv, count), spread=min(5.0, idle))
+            tasks = await paced(attacks(srv, count, groups), spread=min(5.0, idle))
             print(
                 f"{'t (s)':>6} {'RSS MB':>7} {'CPU %':>6} {'p50 ms':>7} {'p99 ms':>7}"
-                f" {'x idle':>6} {'ctl p99':>7} {'load':>5} {'conns':>6} {'objects':>8}  events"
+                f" {'x idle':>6} {'ctl p99':>7} {'load':>5} {'conns':>6} {'objects':>8}"
+                f" {'gc ms':>6}  events"
             )
             started = last = time.monotonic()
             cpu_last = srv.cpu_seconds()
@@ -462,14 +507,15 @@ async def soak(minutes: float, idle: float, every: float, trace: bool) -> None:
                 _, k99 = percentiles(ctl_bird.take())
                 every_p99.append((q99, k99))
                 stats = await srv.stats()
-                objects = stats.pop("gc")["objects"]
+                collector = stats.pop("gc")
                 conns = sum(s["peers"] for s in stats.values())
                 events = ", ".join(f"{k} {v}" for k, v in sorted(count.items()))
                 count.clear()
                 print(
                     f"{now - started:6.0f} {srv.rss_mb():7.1f} "
                     f"{100 * (cpu - cpu_last) / (now - last):6.1f} {q50:7.2f} {q99:7.2f} "
-                    f"{q99 / p99:6.1f} {k99:7.2f} {load():>5} {conns:6d} {objects:8d}  {events}",
+                    f"{q99 / p99:6.1f} {k99:7.2f} {load():>5} {conns:6d} "
+                    f"{collector['objects']:8d} {collector['worst_ms']:6.1f}  {events}",
                     flush=True,
                 )
                 last, cpu_last = now, cpu
@@ -507,6 +553,9 @@ def main() -> None:
     parser.add_argument("--chatter-ping", type=float, default=30.0, help=argparse.SUPPRESS)
     parser.add_argument("--canary", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument(
+        "--attack", action="append", choices=GROUPS, help="only these groups (repeat it)"
+    )
+    parser.add_argument(
         "--tracemalloc", action="store_true", help="print the server's top memory growth"
     )
     args = parser.parse_args()
@@ -520,7 +569,8 @@ def main() -> None:
     elif args.smoke:
         loops.run(soak(minutes=0.1, idle=2.0, every=2.0, trace=args.tracemalloc))
     else:
-        loops.run(soak(args.minutes, args.idle, args.every, args.tracemalloc))
+        groups = args.attack or GROUPS
+        loops.run(soak(args.minutes, args.idle, args.every, args.tracemalloc, groups))
 
 
 if __name__ == "__main__":
