@@ -173,5 +173,6 @@ async def test_wire_client_drops_a_server_that_sends_retry_results(
             f"ws://127.0.0.1:{port}/gotalk/",
         )
         assert log["faults"] == ["unexpected retry result"]
-        assert log["sent"][-1] == "f" and log["closed"]["code"] == 4002
+        # closed: by the page (4002) or by the server on the fault first (1000), a race
+        assert log["sent"][-1] == "f" and log["closed"]["code"] in (4002, 1000)
         await wait_until(lambda: not server.peers)
