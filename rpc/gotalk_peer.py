@@ -126,19 +126,18 @@ class GotalkAdapter:
 
     # --- receiving -------------------------------------------------------------------------
 
-    def decode(self, data: bytes) -> list[Any]:
+    def decode(self, data: bytes) -> list[gotalk.Message]:
         if self.read_timeout:
             self._last_read = self._loop.time()
         return self.codec.receive_data(data)
 
-    def dispatch(self, msg: Any) -> None:
+    def dispatch(self, msg: gotalk.Message) -> None:
         peer = self.peer
-        cls = msg.__class__
-        if cls is gotalk.Request:
+        if type(msg) is gotalk.Request:
             peer.on_request(msg.id, msg.op, msg.payload, False)
-        elif cls is gotalk.Result:
+        elif type(msg) is gotalk.Result:
             peer.on_result(msg.id, msg.payload)
-        elif cls is gotalk.StreamRequestPart:
+        elif type(msg) is gotalk.StreamRequestPart:
             known = (
                 peer.on_request_part(msg.id, msg.payload)
                 if msg.payload
@@ -148,29 +147,29 @@ class GotalkAdapter:
                 raise ProtocolError(
                     "stream part for an unknown stream", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
-        elif cls is gotalk.StreamResult:
+        elif type(msg) is gotalk.StreamResult:
             if msg.payload:
                 peer.on_result_part(msg.id, msg.payload)
             else:
                 peer.on_result_end(msg.id)
-        elif cls is gotalk.Notification:
+        elif type(msg) is gotalk.Notification:
             if msg.name.startswith(_EXTENSION_PREFIX):
                 self._on_extension(msg.name, msg.payload)
             else:
                 peer.on_notification(msg.name, msg.payload)
-        elif cls is gotalk.ErrorResult:
+        elif type(msg) is gotalk.ErrorResult:
             peer.on_error(msg.id, msg.payload.decode(errors="replace"))
-        elif cls is gotalk.RetryResult:
+        elif type(msg) is gotalk.RetryResult:
             peer.on_retry(msg.id, msg.wait / 1000, msg.payload.decode(errors="replace"))
-        elif cls is gotalk.StreamRequest:
+        elif type(msg) is gotalk.StreamRequest:
             if peer.has_stream(msg.id):
                 raise ProtocolError(
                     "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
             peer.on_request(msg.id, msg.op, msg.payload, True)
-        elif cls is gotalk.Heartbeat:
+        elif type(msg) is gotalk.Heartbeat:
             self.heartbeats_received += 1
-        elif cls is gotalk.Fault:
+        elif type(msg) is gotalk.Fault:
             peer.abort()
 
     def _on_extension(self, name: str, payload: bytes) -> None:
