@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import socket
 import ssl as ssl_module
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import Any, Protocol
 
 from websockets.exceptions import InvalidHandshake
@@ -72,7 +72,7 @@ def _peer_factory(
 class _Connect:
     """Awaitable and async context manager returned by :func:`connect`."""
 
-    def __init__(self, coro_fn: Callable[[], Any]) -> None:
+    def __init__(self, coro_fn: Callable[[], Coroutine[Any, Any, Peer]]) -> None:
         self._coro_fn = coro_fn
         self._peer: Peer | None = None
 
@@ -117,6 +117,7 @@ def connect(
         if ssl is not None and not parsed.tls:
             raise ValueError(f"ssl= given for {url}, which is not a TLS URL")
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
+        peer: object  # the transport's protocol: checked to be a Peer below
         try:
             if parsed.websocket:
                 max_size = (options or Options()).max_size

@@ -421,7 +421,8 @@ async def client(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "eventer":  # runs its own loop, signals and exit codes
-        return args.func(args)
+        status: int = args.func(args)
+        return status
     try:
         if args.command == "top":
             return top(args)

@@ -196,7 +196,7 @@ class Peer(asyncio.Protocol):
 
     # --- transport callbacks -------------------------------------------------------------
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         if self.closed.done():  # given up on during its TLS handshake (closed or timed out)
             transport.abort()
             return

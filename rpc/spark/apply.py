@@ -85,7 +85,8 @@ class _HandlerPickler(cloudpickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
-        reduced = super().reducer_override(obj)
+        # cloudpickle's Pickler is untyped
+        reduced = super().reducer_override(obj)  # type: ignore[no-untyped-call]
         if not isinstance(obj, type) or _MSGSPEC_CACHE not in vars(obj):
             return reduced
         # a class pickled by value: (make skeleton, args, (class dict, slot state), ...)
@@ -99,7 +100,9 @@ class _HandlerPickler(cloudpickle.Pickler):
 
 def _pickled(value: Any) -> bytes:
     buffer = io.BytesIO()
-    _HandlerPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    # cloudpickle's Pickler is untyped: the constructor is its own, called on our subclass
+    pickler: cloudpickle.Pickler = _HandlerPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-untyped-call]
+    pickler.dump(value)
     return buffer.getvalue()
 
 
