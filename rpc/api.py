@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import socket
 import ssl as ssl_module
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
 from websockets.exceptions import InvalidHandshake
@@ -72,7 +72,7 @@ def _peer_factory(
 class _Connect:
     """Awaitable and async context manager returned by :func:`connect`."""
 
-    def __init__(self, coro_fn: Callable[[], Coroutine[Any, Any, Peer]]) -> None:
+    def __init__(self, coro_fn: Callable[[], Any]) -> None:
         self._coro_fn = coro_fn
         self._peer: Peer | None = None
 

@@ -126,18 +126,19 @@ class GotalkAdapter:
 
     # --- receiving -------------------------------------------------------------------------
 
-    def decode(self, data: bytes) -> list[gotalk.Message]:
+    def decode(self, data: bytes) -> list[Any]:
         if self.read_timeout:
             self._last_read = self._loop.time()
         return self.codec.receive_data(data)
 
-    def dispatch(self, msg: gotalk.Message) -> None:
+    def dispatch(self, msg: Any) -> None:
         peer = self.peer
-        if type(msg) is gotalk.Request:
+        cls = msg.__class__
+        if cls is gotalk.Request:
             peer.on_request(msg.id, msg.op, msg.payload, False)
-        elif type(msg) is gotalk.Result:
+        elif cls is gotalk.Result:
             peer.on_result(msg.id, msg.payload)
-        elif type(msg) is gotalk.StreamRequestPart:
+        elif cls is gotalk.StreamRequestPart:
             known = (
                 peer.on_request_part(msg.id, msg.payload)
                 if msg.payload
@@ -147,29 +148,29 @@ class GotalkAdapter:
                 raise ProtocolError(
                     "stream part for an unknown stream", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
-        elif type(msg) is gotalk.StreamResult:
+        elif cls is gotalk.StreamResult:
             if msg.payload:
                 peer.on_result_part(msg.id, msg.payload)
             else:
                 peer.on_result_end(msg.id)
-        elif type(msg) is gotalk.Notification:
+        elif cls is gotalk.Notification:
             if msg.name.startswith(_EXTENSION_PREFIX):
                 self._on_extension(msg.name, msg.payload)
             else:
                 peer.on_notification(msg.name, msg.payload)
-        elif type(msg) is gotalk.ErrorResult:
+        elif cls is gotalk.ErrorResult:
             peer.on_error(msg.id, msg.payload.decode(errors="replace"))
-        elif type(msg) is gotalk.RetryResult:
+        elif cls is gotalk.RetryResult:
             peer.on_retry(msg.id, msg.wait / 1000, msg.payload.decode(errors="replace"))
-        elif type(msg) is gotalk.StreamRequest:
+        elif cls is gotalk.StreamRequest:
             if peer.has_stream(msg.id):
                 raise ProtocolError(
                     "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
             peer.on_request(msg.id, msg.op, msg.payload, True)
-        elif type(msg) is gotalk.Heartbeat:
+        elif cls is gotalk.Heartbeat:
             self.heartbeats_received += 1
-        elif type(msg) is gotalk.Fault:
+        elif cls is gotalk.Fault:
             peer.abort()
 
     def _on_extension(self, name: str, payload: bytes) -> None:

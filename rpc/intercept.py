@@ -15,7 +15,7 @@ import inspect
 import logging
 import random
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
@@ -160,8 +160,7 @@ async def _handle_notification(call: Call, handler: Handler | None) -> None:
 def _encoded(peer: Peer, call: Call, data: bytes) -> bytes:
     if peer.envelope:
         data = envelope.pack(data, call.metadata)
-    checked: bytes = peer._checked_payload(call.op, data)
-    return checked
+    return peer._checked_payload(call.op, data)
 
 
 async def request(peer: Peer, op: str, value: Any, timeout: float | None, raw: bool) -> Any:
@@ -209,7 +208,7 @@ async def stream(
 ) -> AsyncIterator[Any]:
     """:meth:`Peer.stream` through the chain: the innermost step sends the request (and
     its parts) and returns the async iterator of results."""
-    kind: Literal["request", "stream"] = "request" if parts is None else "stream"
+    kind = "request" if parts is None else "stream"
     call = Call(op, kind, "client", peer, value if parts is None else parts)
     try:
         results = await mw.run(
