@@ -409,7 +409,8 @@ async def client(args: argparse.Namespace) -> int:
         elif args.command == "notify":
             peer.notify(args.op, value)
         else:
-            async for item in peer.stream(args.op, parts, value, timeout=args.timeout):
+            results = peer.stream(args.op, parts=parts, value=value, item_timeout=args.timeout)
+            async for item in results:
                 _print_json(item)
     finally:
         await peer.close()

@@ -26,10 +26,11 @@ import contextvars
 import inspect
 import logging
 import random
+import warnings
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rpc import intercept
 from rpc.deadlines import Deadlines
@@ -43,6 +44,7 @@ from rpc.tasks import TaskSet
 from wire.errors import ProtocolError
 
 log = logging.getLogger("peerwire.rpc")
+T = TypeVar("T")
 
 current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_current_peer")
 """The peer whose request is being handled; lets a handler call back into its caller."""
@@ -133,6 +135,65 @@ class _Call:
         self.future = future
         self.queue = queue
         self.deadline = deadline
+
+
+class ResultWait:
+    """How long a stream of ours waits: ``item`` seconds for each next result, and never
+    past ``timeout`` seconds from its start (None: no deadline for the whole stream)."""
+
+    __slots__ = ("deadline", "item", "loop", "op", "timeout")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, op: str, timeout: float | None, item: float
+    ) -> None:
+        self.loop = loop
+        self.op = op
+        self.timeout = timeout
+        self.item = item
+        self.deadline = None if timeout is None else loop.time() + timeout
+
+    def _left(self, deadline: float) -> float:
+        """Seconds left before ``deadline``; raises RequestTimeout once it passed."""
+        left = deadline - self.loop.time()
+        if left <= 0:
+            raise self._overdue()
+        return left
+
+    def _overdue(self) -> RequestTimeout:
+        return RequestTimeout(f"{self.op}: stream not done within {self.timeout} s")
+
+    async def bounded(self, awaitable: Awaitable[T]) -> T:
+        """``await awaitable``, within the stream's deadline."""
+        if self.deadline is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, self._left(self.deadline))
+        except TimeoutError:
+            raise self._overdue() from None
+
+    async def next(self, queue: asyncio.Queue[Any]) -> Any:
+        """The next item of ``queue``, within ``item`` seconds and the deadline."""
+        wait, deadline = self.item, self.deadline
+        if deadline is not None:
+            wait = min(wait, self._left(deadline))
+        try:
+            return await asyncio.wait_for(queue.get(), wait)
+        except TimeoutError:
+            if wait < self.item:  # the deadline came first
+                raise self._overdue() from None
+            raise RequestTimeout(f"{self.op}: no result within {self.item} s") from None
+
+
+def _legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple[Any, Any]:
+    """``stream(op, parts, value)``, the positional form before keyword-only arguments."""
+    if len(legacy) > 2 or (parts is not None) or (len(legacy) == 2 and value is not None):
+        raise TypeError("stream() takes parts and value as keywords (parts=, value=)")
+    warnings.warn(
+        "stream(op, parts, value) is deprecated: pass parts= and value= as keywords",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return legacy[0], legacy[1] if len(legacy) == 2 else value
 
 
 class _Expired(Exception):
@@ -484,56 +545,67 @@ class Peer(asyncio.Protocol):
     async def stream(
         self,
         op: str,
-        parts: Iterable[Any] | AsyncIterable[Any] | None = None,
+        *legacy: Any,
         value: Any = None,
-        *,
+        parts: Iterable[Any] | AsyncIterable[Any] | None = None,
         timeout: float | None = None,
+        item_timeout: float | None = None,
         raw: bool = False,
     ) -> AsyncIterator[Any]:
         """Send a request (a stream request when ``parts`` is given) and yield each result.
 
-        A single result yields once; a streamed result yields every part. ``timeout``
-        bounds the wait for each next result.
+        A single result yields once; a streamed result yields every part. ``timeout`` is a
+        deadline for the whole stream, as in :meth:`request` (None: none); ``item_timeout``
+        bounds the wait for each next result (None: ``options.timeout``, else the
+        protocol's default). Either raises RequestTimeout. The old positional form
+        ``stream(op, parts, value)`` still works and warns (DeprecationWarning).
         """
+        if legacy:
+            parts, value = _legacy_stream_args(legacy, parts, value)
+        wait = ResultWait(self._loop, op, timeout, self._timeout(item_timeout))
         if self._intercepted:
-            async for item in intercept.stream(self, op, parts, value, timeout, raw):
+            async for item in intercept.stream(self, op, parts, value, wait, raw):
                 yield item
             return
-        await self.outbox.wait_writable()
+        await wait.bounded(self.outbox.wait_writable())
         self._check_open()
         adapter = self.adapter
-        timeout = self._timeout(timeout)
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        if parts is None:
-            payload = self._checked_payload(op, adapter.encode_request(op, value))
-            key = adapter.send_request(op, payload, False)
-            self._calls[key] = _Call(None, queue, None)
-        else:
-            iterator = _aiter(parts)
-            first = await anext(iterator, _END)
-            data = b"" if first is _END else encode_value(first)
-            key = adapter.send_request(op, self._checked_payload(op, data), True)
-            self._calls[key] = _Call(None, queue, None)
-            if first is not _END:
-                async for part in iterator:
-                    await self.outbox.wait_writable()
-                    self._check_open()
-                    adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
-            adapter.send_request_end(key)
+        key = None
         try:
+            if parts is None:
+                payload = self._checked_payload(op, adapter.encode_request(op, value))
+                key = adapter.send_request(op, payload, False)
+                self._calls[key] = _Call(None, queue, None)
+            else:
+                iterator = _aiter(parts)
+                first = await wait.bounded(anext(iterator, _END))
+                data = b"" if first is _END else encode_value(first)
+                key = adapter.send_request(op, self._checked_payload(op, data), True)
+                self._calls[key] = _Call(None, queue, None)
+                if first is not _END:
+                    await self.send_parts(op, key, iterator, wait)
+                adapter.send_request_end(key)
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
-                except TimeoutError:
-                    raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+                item = await wait.next(queue)
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item if raw else adapter.decode_result(item)
         finally:
-            if self._calls.pop(key, None) is not None:
+            if key is not None and self._calls.pop(key, None) is not None:
                 adapter.abandon(key)
+
+    async def send_parts(
+        self, op: str, key: Any, iterator: AsyncIterator[Any], wait: ResultWait
+    ) -> None:
+        """Send the remaining parts of our stream request ``key`` (not its end)."""
+        adapter = self.adapter
+        while (part := await wait.bounded(anext(iterator, _END))) is not _END:
+            await wait.bounded(self.outbox.wait_writable())
+            self._check_open()
+            adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
 
     def notify(self, name: str, value: Any = None) -> None:
         """Send a notification (no reply)."""
