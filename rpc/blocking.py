@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect as async_connect
-from rpc.peer import Peer, _legacy_stream_args
+from rpc.calls import legacy_stream_args
+from rpc.peer import Peer
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ class BlockingPeer:
         """Collects the whole result stream, then iterates it. Arguments as in
         :meth:`rpc.peer.Peer.stream` (``stream(op, parts, value)`` is deprecated)."""
         if legacy:
-            parts, value = _legacy_stream_args(legacy, parts, value)
+            parts, value = legacy_stream_args(legacy, parts, value)
 
         async def collect() -> list[Any]:
             results = self.peer.stream(
