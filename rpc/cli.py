@@ -323,7 +323,7 @@ async def _serve_here(
     metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
     try:
         for url in urls:
-            # the core would serve TLS on a tcp+ URL if given a context: only TLS URLs get one
+            # the core refuses a TLS context for a plain URL: only TLS URLs get one
             server = rpc.serve(
                 str(url), registry=registry, ssl=server_ctx if url.tls else None, metrics=metrics
             )

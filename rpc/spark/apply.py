@@ -123,17 +123,17 @@ class LocalHandler:
     """The evaluator of :func:`apply`: the handler itself, or where to import it from."""
 
     op: str
-    code: bytes | None  # the handler function and its parameter type (resolved on the
-    # driver, where its names are), pickled by _HandlerPickler; or None
-    path: str | None  # "module:attribute" to import on the executor instead
+    source: bytes | str
+    """The handler function and its parameter type (resolved on the driver, where its names
+    are), pickled by _HandlerPickler; or a ``"module:attribute"`` path to import on the
+    executor instead."""
     max_concurrency: int
     typed: bool
 
     def handler(self) -> Handler:
-        if self.path is not None:
-            return resolve(self.path, self.op)
-        assert self.code is not None
-        fn, annotation = pickle.loads(self.code)
+        if isinstance(self.source, str):
+            return resolve(self.source, self.op)
+        fn, annotation = pickle.loads(self.source)
         return Handler(
             name=self.op,
             fn=fn,
@@ -232,10 +232,10 @@ def _setup(
     spark_type = parse_type(options.result_type)
     typed = spark_type is not None
     if isinstance(handlers, str):
-        evaluator = LocalHandler(op, None, handlers, options.max_concurrency, typed)
+        source: bytes | str = handlers
     else:
-        code = _pickled((handler.fn, handler.annotation))  # unpicklable handlers fail here
-        evaluator = LocalHandler(op, code, None, options.max_concurrency, typed)
+        source = _pickled((handler.fn, handler.annotation))  # unpicklable handlers fail here
+    evaluator = LocalHandler(op, source, options.max_concurrency, typed)
     shape = ResultShape(spark_type, options.on_error, what=f"handler {op!r}", key=options.key)
     return evaluator, shape
 
