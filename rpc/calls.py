@@ -13,10 +13,11 @@ import asyncio
 import random
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rpc import intercept
 from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater
+from rpc.key import K
 from rpc.payload import encode_value
 
 if TYPE_CHECKING:
@@ -110,16 +111,16 @@ class _Expired(Exception):
     """Set on a call's future when its deadline passes."""
 
 
-class Caller:
+class Caller(Generic[K]):
     """The calls we make on a connection (mixed into :class:`~rpc.peer.Peer`, which sets
     up the attributes below)."""
 
-    adapter: Adapter
+    adapter: Adapter[K]
     options: Options
     outbox: Outbox
     deadlines: Deadlines
     _loop: asyncio.AbstractEventLoop
-    _calls: dict[Any, _Call]
+    _calls: dict[K, _Call]
     _calls_at: float
     _intercepted: bool
 
@@ -127,7 +128,7 @@ class Caller:
 
         def _check_open(self) -> None: ...
 
-    def has_call(self, key: Any) -> bool:
+    def has_call(self, key: K) -> bool:
         """True while a call of ours with this key waits for its result."""
         return key in self._calls
 
@@ -263,7 +264,7 @@ class Caller:
                 adapter.abandon(key)
 
     async def send_parts(
-        self, op: str, key: Any, iterator: AsyncIterator[Any], wait: ResultWait
+        self, op: str, key: K, iterator: AsyncIterator[Any], wait: ResultWait
     ) -> None:
         """Send the remaining parts of our stream request ``key`` (not its end)."""
         adapter = self.adapter
@@ -301,7 +302,7 @@ class Caller:
 
     # --- results of our calls (from the adapter) -------------------------------------------
 
-    def on_result(self, key: Any, payload: Any) -> None:
+    def on_result(self, key: K, payload: Any) -> None:
         call = self._calls.pop(key, None)
         if call is None:
             return  # late or unknown: ignored, as Go peers do
@@ -311,20 +312,20 @@ class Caller:
         elif call.future is not None and not call.future.done():
             call.future.set_result(payload)
 
-    def on_result_part(self, key: Any, payload: Any) -> None:
+    def on_result_part(self, key: K, payload: Any) -> None:
         call = self._calls.get(key)
         if call is not None and call.queue is not None:
             call.queue.put_nowait(payload)
 
-    def on_result_end(self, key: Any) -> None:
+    def on_result_end(self, key: K) -> None:
         call = self._calls.pop(key, None)
         if call is not None and call.queue is not None:
             call.queue.put_nowait(_END)
 
-    def on_error(self, key: Any, message: str) -> None:
+    def on_error(self, key: K, message: str) -> None:
         self._fail_call(key, RemoteError(message))
 
-    def on_retry(self, key: Any, wait: float, message: str) -> None:
+    def on_retry(self, key: K, wait: float, message: str) -> None:
         call = self._calls.get(key)
         if call is None:
             return
@@ -333,7 +334,7 @@ class Caller:
         elif call.future is not None and not call.future.done():
             call.future.set_result(RetryLater(message, wait))
 
-    def _fail_call(self, key: Any, exc: BaseException) -> None:
+    def _fail_call(self, key: K, exc: BaseException) -> None:
         call = self._calls.pop(key, None)
         if call is None:
             return

@@ -98,7 +98,7 @@ class ChatterAdapter:
 
     def __init__(
         self,
-        peer: Peer,
+        peer: Peer[Conversation],
         *,
         dialect: Dialect | None,
         ping_interval: float | None,
@@ -385,7 +385,7 @@ def _undecodable(data: bytes) -> str:
     return f"undecodable PeerwireRpc.Error result ({len(data)} bytes)"
 
 
-class ChatterPeer(Peer):
+class ChatterPeer(Peer[Conversation]):
     """A :class:`~rpc.peer.Peer` speaking Hat Chatter (see the module doc for the mapping).
 
     ``dialect=None`` (servers) detects the dialect from the first frame; ``strict=False``

@@ -40,6 +40,7 @@ from rpc.calls import _aiter as _aiter
 from rpc.calls import _Call as _Call
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
+from rpc.key import K
 from rpc.logs import violations
 from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
@@ -55,13 +56,13 @@ __all__ = ["ENDED_STREAMS", "Adapter", "Options", "Peer", "ResultWait", "current
 log = logging.getLogger("peerwire.rpc")
 
 
-class Peer(Responder, Caller, asyncio.Protocol):
+class Peer(Responder[K], Caller[K], asyncio.Protocol):
     """One connection's RPC state. Built by :class:`~rpc.gotalk_peer.GotalkPeer` or
     :class:`~rpc.chatter_peer.ChatterPeer` with their adapter."""
 
     def __init__(
         self,
-        adapter_factory: Callable[[Peer], Adapter],
+        adapter_factory: Callable[[Peer[K]], Adapter[K]],
         registry: Registry | None = None,
         options: Options | None = None,
     ) -> None:
@@ -73,11 +74,11 @@ class Peer(Responder, Caller, asyncio.Protocol):
         self.outbox = Outbox(loop)
         self.deadlines = Deadlines(loop)
         self._tasks = TaskSet(loop, self._task_done)
-        self._calls: dict[Any, _Call] = {}
+        self._calls: dict[K, _Call] = {}
         self._calls_at = float("inf")
-        self._streams: dict[Any, asyncio.Queue[Any]] = {}
-        self._ended: OrderedDict[Any, None] = OrderedDict()
-        self._running: dict[Any, asyncio.Task[Any]] = {}
+        self._streams: dict[K, asyncio.Queue[Any]] = {}
+        self._ended: OrderedDict[K, None] = OrderedDict()
+        self._running: dict[K, asyncio.Task[Any]] = {}
         """Handler tasks by request key, kept only while the peer may cancel them."""
         self._backlog: deque[Any] = deque()
         self._reading = True

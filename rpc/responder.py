@@ -17,11 +17,12 @@ import inspect
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from rpc import intercept
 from rpc.calls import END
 from rpc.errors import PayloadError, RemoteError
+from rpc.key import K
 from rpc.registry import HandlerKind, Registry
 
 if TYPE_CHECKING:
@@ -44,19 +45,19 @@ _PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list,
 _END = END
 
 
-class Responder:
+class Responder(Generic[K]):
     """The calls the peer makes to us (mixed into :class:`~rpc.peer.Peer`, which sets up
     the attributes below)."""
 
     registry: Registry
-    adapter: Adapter
+    adapter: Adapter[K]
     options: Options
     outbox: Outbox
     remote_address: Any
     _tasks: TaskSet
-    _streams: dict[Any, asyncio.Queue[Any]]
-    _ended: OrderedDict[Any, None]
-    _running: dict[Any, asyncio.Task[Any]]
+    _streams: dict[K, asyncio.Queue[Any]]
+    _ended: OrderedDict[K, None]
+    _running: dict[K, asyncio.Task[Any]]
     _intercepted: bool
 
     if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class Responder:
         finally:
             current_peer.reset(token)
 
-    def on_request(self, key: Any, op: str, payload: Any, stream: bool) -> None:
+    def on_request(self, key: K, op: str, payload: Any, stream: bool) -> None:
         """Run the handler of ``op``; a refused stream request keeps no state (its later
         parts are dropped as parts of an unknown stream)."""
         if self._intercepted:
@@ -145,7 +146,7 @@ class Responder:
         finally:
             current_peer.reset(token)
 
-    def _end_stream(self, key: Any) -> None:
+    def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
         self._streams.pop(key, None)
         ended = self._ended
@@ -153,7 +154,7 @@ class Responder:
         if len(ended) > ENDED_STREAMS:
             ended.popitem(last=False)
 
-    def on_request_part(self, key: Any, payload: Any) -> bool:
+    def on_request_part(self, key: K, payload: Any) -> bool:
         """Queue a part for its stream's handler. False: no such stream, now or lately."""
         queue = self._streams.get(key)
         if queue is None:
@@ -170,7 +171,7 @@ class Responder:
         queue.put_nowait(payload)
         return True
 
-    def on_request_end(self, key: Any) -> bool:
+    def on_request_end(self, key: K) -> bool:
         """End a stream's parts. False: no such stream, now or lately."""
         queue = self._streams.pop(key, None)
         if queue is None:
@@ -181,13 +182,13 @@ class Responder:
         queue.put_nowait(_END)
         return True
 
-    def has_stream(self, key: Any) -> bool:
+    def has_stream(self, key: K) -> bool:
         """True while an incoming stream request ``key`` takes parts."""
         return key in self._streams
 
     # --- handler completion ----------------------------------------------------------------
 
-    def on_cancel(self, key: Any) -> None:
+    def on_cancel(self, key: K) -> None:
         """The caller gave up on request ``key`` (peerwire extension): cancel its handler.
         Its late result, if any, is dropped by the caller."""
         task = self._running.pop(key, None)
@@ -196,7 +197,7 @@ class Responder:
         if key in self._streams:
             self._end_stream(key)
 
-    async def _await_result(self, key: Any, awaitable: Any, stream: bool) -> None:
+    async def _await_result(self, key: K, awaitable: Any, stream: bool) -> None:
         try:
             result = await awaitable
         except asyncio.CancelledError:
@@ -218,7 +219,7 @@ class Responder:
         if self.is_open:
             self._reply(key, result, stream)
 
-    async def _stream_result(self, key: Any, agen: Any) -> None:
+    async def _stream_result(self, key: K, agen: Any) -> None:
         adapter = self.adapter
         try:
             async for item in agen:
@@ -251,7 +252,7 @@ class Responder:
             )
         return payload
 
-    def _reply(self, key: Any, result: Any, stream: bool) -> None:
+    def _reply(self, key: K, result: Any, stream: bool) -> None:
         """Send a handler's single result (to a stream request too: then the handler is
         done with the request's parts, and the stream's state goes)."""
         if stream and key in self._streams:
