@@ -36,6 +36,7 @@ from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed, PayloadError, RemoteError, RequestTimeout, RetryLater
 from rpc.logs import violations
 from rpc.middleware import Middleware
+from rpc.notifications import run_notification
 from rpc.outbox import Outbox
 from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind, Registry, default_registry
@@ -622,11 +623,7 @@ class Peer(asyncio.Protocol):
             return
         token = current_peer.set(self)
         try:
-            result = handler.fn(value)
-            if inspect.isawaitable(result):
-                self._tasks.spawn(_awaited(result))
-        except Exception:
-            log.exception("notification handler %r failed", name)
+            run_notification(handler, value, self._tasks)
         finally:
             current_peer.reset(token)
 
