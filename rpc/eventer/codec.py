@@ -79,7 +79,8 @@ def _ref(type_name: str) -> hat.sbs.Ref:
 
 
 def encode(type_name: str, value: Any) -> bytes:
-    return eventer_repository().encode(_ref(type_name), value)
+    data: bytes = eventer_repository().encode(_ref(type_name), value)
+    return data
 
 
 def decode(type_name: str, data: bytes) -> Any:
@@ -99,7 +100,8 @@ _FALSE = b"\x00"
 
 def encode_event(value: dict[str, Any]) -> bytes:
     """SBS bytes of one ``HatEventer.Event`` in its hat-sbs shape."""
-    return eventer_repository().encode(_ref(_EVENT), value)
+    data: bytes = eventer_repository().encode(_ref(_EVENT), value)
+    return data
 
 
 def encode_events(blobs: Sequence[bytes]) -> bytes:

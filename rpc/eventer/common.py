@@ -51,8 +51,6 @@ from rpc.eventer.subscription import (
 )
 from rpc.eventer.values import (
     ENVELOPE_RESERVE,
-    INT64_MAX,
-    INT64_MIN,
     MAX_EVENT_GROWTH,
     MODULE,
     MSG_EVENTS_ACK,
@@ -88,6 +86,7 @@ from rpc.eventer.values import (
     now,
     timestamp_key,
 )
+from wire.sbs import INT64_MAX, INT64_MIN
 
 __all__ = [
     "ENVELOPE_RESERVE",

@@ -51,7 +51,7 @@ def _matches(node: _Node, event_type: Sequence[str], index: int) -> bool:
     if "*" in children:
         return True
     if index >= len(event_type):
-        return node[1]
+        return node[1] is True
     child = children.get(event_type[index])
     if child is not None and _matches(child, event_type, index + 1):
         return True
