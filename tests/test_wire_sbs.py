@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from rpc.eventer import common
 from wire import MalformedMessage, schemas
 from wire.chatter import Dialect, Msg, decode_msg, encode_msg
-from wire.sbs import INT64_MAX, INT64_MIN, encode_integer, read_bytes, read_integer
+from wire.sbs import INT64_MAX, INT64_MIN, encode_integer, read_bytes, read_integer, read_string
 
-_REPO = schemas.repository("module T\nI = Integer\nB = Bytes\n")
+_REPO = schemas.repository("module T\nI = Integer\nB = Bytes\nS = String\n")
 
 
 @given(st.integers(min_value=INT64_MIN, max_value=INT64_MAX), st.binary(max_size=3))
@@ -27,6 +27,19 @@ def test_read_bytes_reads_what_hat_sbs_writes(value: bytes) -> None:
     assert read_bytes(data, 1, len(data)) == (value, len(data))
     with pytest.raises(MalformedMessage, match="runs past"):
         read_bytes(data, 1, len(data) - 1)
+
+
+@given(st.text(max_size=20))
+def test_read_string_reads_what_hat_sbs_writes(value: str) -> None:
+    data = _REPO.encode("T.S", value)
+    assert read_string(data, 0, len(data)) == (value, len(data))
+
+
+def test_bad_strings() -> None:
+    with pytest.raises(UnicodeDecodeError):
+        read_string(b"\x82\xff\xfe", 0, 3)
+    with pytest.raises(MalformedMessage, match="runs past"):
+        read_string(b"\x83ab", 0, 3)
 
 
 def test_bad_integers() -> None:

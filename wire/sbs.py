@@ -77,3 +77,13 @@ def read_bytes(buf: bytes | bytearray, pos: int, end: int) -> tuple[bytes, int]:
     if size < 0 or stop > end:
         raise MalformedMessage("SBS Bytes/String length runs past the message")
     return bytes(buf[pos:stop]), stop
+
+
+def read_string(buf: bytes | bytearray, pos: int, end: int) -> tuple[str, int]:
+    """Read an SBS String at ``pos`` that must end by ``end``; return (the text, next
+    position). Raises UnicodeDecodeError for bytes that are not UTF-8."""
+    size, pos = read_integer(buf, pos)
+    stop = pos + size
+    if size < 0 or stop > end:
+        raise MalformedMessage("SBS Bytes/String length runs past the message")
+    return buf[pos:stop].decode(), stop

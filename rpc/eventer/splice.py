@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from rpc.eventer.values import EventType, InvalidMessage, timestamp_key
 from wire.errors import MalformedMessage
-from wire.sbs import read_bytes, read_integer
+from wire.sbs import read_bytes, read_integer, read_string
 
 
 class RegisterPart(NamedTuple):
@@ -49,11 +49,6 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _read_str(buf: bytes, pos: int) -> tuple[str, int]:
-    raw, pos = read_bytes(buf, pos, len(buf))
-    return raw.decode(), pos
-
-
 def _split(buf: bytes) -> list[RegisterPart]:
     size = len(buf)
     count, pos = read_integer(buf, 0)
@@ -67,7 +62,7 @@ def _split(buf: bytes) -> list[RegisterPart]:
             raise InvalidMessage(f"MsgRegisterReq: bad segment count {n}")
         segments = []
         for _ in range(n):
-            segment, pos = _read_str(buf, pos)
+            segment, pos = read_string(buf, pos, size)
             segments.append(segment)
         type_end = pos
         choice, pos = read_integer(buf, pos)
@@ -83,10 +78,10 @@ def _split(buf: bytes) -> list[RegisterPart]:
         if choice == 1:
             kind, pos = read_integer(buf, pos)
             if kind == 0:  # binary: type String, data Bytes
-                _, pos = _read_str(buf, pos)
+                _, pos = read_string(buf, pos, size)
                 _, pos = read_bytes(buf, pos, size)
             elif kind == 1:
-                json_text, pos = _read_str(buf, pos)
+                json_text, pos = read_string(buf, pos, size)
             else:
                 raise InvalidMessage("MsgRegisterReq: bad payload choice")
         elif choice != 0:

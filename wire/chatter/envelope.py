@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from wire.errors import LocalProtocolError, MalformedMessage
-from wire.sbs import encode_integer, read_bytes, read_integer
+from wire.sbs import encode_integer, read_bytes, read_integer, read_string
 
 
 class Dialect(enum.Enum):
@@ -115,13 +115,11 @@ def decode_msg(buf: bytes | bytearray, start: int, end: int, dialect: Dialect) -
         if dialect is Dialect.LEGACY:
             index, pos = read_integer(buf, pos)
             if index == 1:
-                raw, pos = read_bytes(buf, pos, end)
-                module = raw.decode()
+                module, pos = read_string(buf, pos, end)
             elif index != 0:
                 raise MalformedMessage(f"bad Optional index {index} in Hat.Data.module")
-        raw_type, pos = read_bytes(buf, pos, end)
+        type_name, pos = read_string(buf, pos, end)
         data, pos = read_bytes(buf, pos, end)
-        type_name = raw_type.decode()
     except IndexError:
         raise MalformedMessage("Chatter Msg truncated") from None
     except UnicodeDecodeError as exc:
