@@ -117,11 +117,13 @@ class Registrar:
                 f"registration of {size} bytes of events exceeds max_message_size "
                 f"{self._max_message_size}"
             )
-        id_of = self._catalog.id_of
+        ids = self._catalog.ids
         blobs, rows, types = session.blobs, session.rows, session.types
         for instance, part in enumerate(parts, 1):
             event_type = part.type
-            type_id = id_of(event_type)
+            type_id = ids.get(event_type)
+            if type_id is None:
+                type_id = self._catalog.id_of(event_type)
             # Event = id, type, timestamp, sourceTimestamp, payload
             blob = (
                 id_prefix + encode_integer(instance) + part.type_bytes + ts_bytes + part.tail_bytes
