@@ -188,6 +188,7 @@ class Service:
         closed by then)."""
         self.tasks.cancel_all()
         await self.tasks.wait()
+        self.writer.stop()  # in case its task was cancelled before it ever ran
         await self.writer.wait_checkpoint()
         threads = self._threads
         # queries of cancelled handlers may still run on reader threads: let them end

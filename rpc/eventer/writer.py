@@ -54,7 +54,10 @@ class Writer:
         """Id of the last session whose commit is over (done or failed)."""
         self.pending_events = 0
         """Events queued or being committed."""
+        self.stopped = False
+        """Set when :meth:`run` has ended (cancelled, or failed unexpectedly)."""
         self._pending: deque[Session] = deque()
+        self._last_pushed = processed
         self._wake = asyncio.Event()
         self._barriers: list[tuple[int, asyncio.Future[None]]] = []
         self._rows_since_checkpoint = 0
@@ -62,21 +65,45 @@ class Writer:
         """The WAL checkpoint running on its thread, if one is."""
 
     def push(self, session: Session) -> None:
-        """Queue a session with events for the next commit."""
+        """Queue a session with events for the next commit (failed at once if the writer
+        has stopped)."""
+        if self.stopped:
+            session.resolve(None)
+            return
+        self._last_pushed = session.id
         self._pending.append(session)
         self.pending_events += len(session.rows)
         self._wake.set()
 
     async def wait_processed(self, session_id: int) -> None:
-        """Return once the commit of every session up to ``session_id`` is over."""
-        if session_id <= self.processed:
+        """Return once the commit of every session up to ``session_id`` is over (at once
+        if the writer has stopped)."""
+        if session_id <= self.processed or self.stopped:
             return
         future = asyncio.get_running_loop().create_future()
         self._barriers.append((session_id, future))
         await future
 
     async def run(self) -> None:
-        """Commit what is queued, batch after batch, until cancelled."""
+        """Commit what is queued, batch after batch, until cancelled. However it ends,
+        registrants still waiting get a failure and waiting queries are released."""
+        try:
+            await self._commit_forever()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop taking sessions: fail those still queued and release every waiter
+        (idempotent; :meth:`run` calls it when it ends, its owner after cancelling it)."""
+        self.stopped = True
+        for session in self._pending:
+            session.resolve(None)
+        self._pending.clear()
+        self.pending_events = 0
+        self.processed = max(self.processed, self._last_pushed)
+        self._release_barriers()
+
+    async def _commit_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
@@ -106,6 +133,10 @@ class Writer:
                 log.exception("commit of %d events failed; their registrations fail", count)
                 for session in batch:
                     session.resolve(None)
+            except BaseException:  # cancelled or an unexpected failure: run() ends
+                for session in batch:
+                    session.resolve(None)
+                raise
             else:
                 self._rows_since_checkpoint += count
                 if self._rows_since_checkpoint >= CHECKPOINT_ROWS and self._checkpoint is None:
