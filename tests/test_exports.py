@@ -89,8 +89,10 @@ EXPORTS = {
     ],
     "wire.gossip": [
         "KEY_FILLER",
+        "PADDING_SIZE",
         "START_BYTE",
         "BroadcastID",
+        "BytesLike",
         "Gossip",
         "GossipCodec",
         "NetID",
