@@ -54,8 +54,6 @@ HELLO = b"peerwire-ext/1"
 """Extension announcement, as the data of a Ping (current dialect only). Hat peers answer
 with an empty Pong and never see anything else of the extension; a peerwire peer echoes it,
 and from then on each side may send ``PeerwireRpc.Cancel``."""
-_SBS_ERRORS = (ValueError, TypeError, KeyError, IndexError, SystemError, OverflowError)
-"""What hat-sbs raises on bad input (its C decoder raises SystemError on some)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -257,7 +255,7 @@ class ChatterAdapter:
     def _sbs_decode(self, op: str, data: bytes, fallback: Any) -> Any:
         try:
             return self.sbs_repo.decode(op, data)
-        except _SBS_ERRORS as exc:
+        except schemas.SBS_ERRORS as exc:
             log.warning("undecodable %s from %s: %s", op, self.peer.remote_address, exc)
             return fallback(data) if callable(fallback) else fallback
 
@@ -267,7 +265,7 @@ class ChatterAdapter:
         if op in self._sbs_names:
             try:
                 return _Sbs(self.sbs_repo.decode(op, data))
-            except _SBS_ERRORS as exc:
+            except schemas.SBS_ERRORS as exc:
                 return _Undecodable(f"invalid {op} SBS payload: {exc}")
         return data
 
@@ -277,7 +275,7 @@ class ChatterAdapter:
         if op in self._sbs_names:
             try:
                 data: bytes = self.sbs_repo.encode(op, value)
-            except _SBS_ERRORS as exc:
+            except schemas.SBS_ERRORS as exc:
                 raise PayloadError(f"cannot encode {op} as SBS: {exc}") from None
             return data
         return encode_value(value)
@@ -338,7 +336,7 @@ class ChatterAdapter:
                     if payload.type in self._sbs_names
                     else encode_value(payload.value)
                 )
-            except _SBS_ERRORS as exc:
+            except schemas.SBS_ERRORS as exc:
                 self.send_error(key, f"cannot encode {payload.type} as SBS: {exc}")
                 return
             self._send_last(key, payload.type, data)
