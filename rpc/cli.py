@@ -183,17 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--key", metavar="F", help="client key, if not in --cert")
 
     call = sub.add_parser("call", parents=[client], help="send a request, print its result")
-    call.add_argument("op", metavar="OP")
-    call.add_argument(
-        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
-    )
-
     notify = sub.add_parser("notify", parents=[client], help="send a notification")
-    notify.add_argument("op", metavar="NAME")
-    notify.add_argument(
-        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
-    )
-
     stream = sub.add_parser(
         "stream",
         parents=[client],
@@ -201,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send OP with PAYLOAD, or a stream request of the --part values, and "
         "print each result as one JSON line.",
     )
-    stream.add_argument("op", metavar="OP")
-    stream.add_argument("payload", metavar="PAYLOAD", nargs="?", help="JSON (default null)")
+    for command, op in ((call, "OP"), (notify, "NAME"), (stream, "OP")):
+        command.add_argument("op", metavar=op)
+        command.add_argument("payload", metavar="PAYLOAD", nargs="?", help="JSON (default null)")
     stream.add_argument(
         "--part",
         metavar="JSON",
@@ -400,7 +391,7 @@ async def client(args: argparse.Namespace) -> int:
         value = None
     else:
         parts = None
-        value = _json_arg(args.payload or "null", "PAYLOAD")
+        value = _json_arg("null" if args.payload is None else args.payload, "PAYLOAD")
     ctx = _client_ssl(args, url)
     log.debug("connecting to %s", url)
     try:
