@@ -141,8 +141,8 @@ class Caller(Generic[K]):
             return self.options.timeout
         return self.adapter.default_timeout
 
-    def _checked_payload(self, op: str, payload: Any) -> Any:
-        if payload.__class__ is bytes and len(payload) > self.options.max_size:
+    def _checked_payload(self, op: str, payload: T) -> T:
+        if isinstance(payload, bytes) and len(payload) > self.options.max_size:
             raise PayloadError(
                 f"{op}: request of {len(payload)} bytes exceeds max_size {self.options.max_size}"
             )
