@@ -11,7 +11,7 @@ The server mounts the endpoint at a path on an HTTP server that also serves the 
 script and, optionally, static files (:mod:`transports.web_http`). Connections count toward
 ``max_connections`` from accept, TLS and WebSocket handshakes included; those past it get 503
 once their request is in (at most :data:`MAX_REFUSING` at a time; beyond that, and on TLS
-listeners, they are reset at once). A connection that has not upgraded within
+listeners, they are closed at once). A connection that has not upgraded within
 ``handshake_timeout`` or whose request head passes ``max_request_head`` bytes is closed.
 """
 
