@@ -27,7 +27,7 @@ import inspect
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +48,7 @@ current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_cu
 """The peer whose request is being handled; lets a handler call back into its caller."""
 
 _END = object()
+_NO_ENTRIES: Mapping[str, str] = {}
 ENDED_STREAMS = 256
 """Incoming streams remembered after we stopped taking their parts (refused, failed or
 answered early), so their late parts are dropped instead of counting as parts of an
@@ -96,6 +97,8 @@ class Adapter(Protocol):
     retry_results: bool
     cancels: bool
     """True once both sides announced the cancellation extension."""
+    metadata: bool
+    """True once both sides take request metadata (extension level 2)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -104,6 +107,9 @@ class Adapter(Protocol):
     def dispatch(self, message: Any) -> None: ...
     def last_word(self, exc: ProtocolError) -> None: ...
     def send_request(self, op: str, payload: Any, stream: bool) -> Any: ...
+    def send_request_meta(
+        self, op: str, payload: Any, stream: bool, entries: Mapping[str, str], timeout: float | None
+    ) -> Any: ...
     def send_request_part(self, key: Any, payload: bytes) -> None: ...
     def send_request_end(self, key: Any) -> None: ...
     def send_result(self, key: Any, payload: Any, stream: bool) -> None: ...
@@ -177,8 +183,6 @@ class Peer(asyncio.Protocol):
         self.middleware = (*self.options.middleware, *self.registry.middleware)
         """The middleware of calls served here, outermost first (fixed at connection time;
         our own calls go through ``options.middleware`` alone)."""
-        self.envelope = False
-        """True once the peer agreed to peerwire's request envelope (:meth:`accept_envelope`)."""
         self._intercepted = bool(self.middleware)
         self.adapter = adapter_factory(self)
 
@@ -391,20 +395,6 @@ class Peer(asyncio.Protocol):
             self._transport.close()
         await asyncio.shield(self.closed)
 
-    def accept_envelope(self) -> None:
-        """Exchange every request payload with this peer in peerwire's request envelope
-        (:mod:`wire.envelope`), which carries ``Call.metadata`` (trace context) both ways.
-
-        Only for a peer that said it takes the envelope (the connect-time announcement of
-        peerwire peers); both ends must call it before either sends a request. Never for
-        Go, gotalk.js or Hat peers. Gotalk connections only (a Chatter adapter decodes
-        typed SBS payloads before the core sees them).
-        """
-        if self.protocol_name != "gotalk":
-            raise ValueError("the request envelope is for Gotalk connections only")
-        self.envelope = True
-        self._intercepted = True
-
     # --- calls of ours ---------------------------------------------------------------------
 
     def _timeout(self, timeout: float | None) -> float:
@@ -435,12 +425,16 @@ class Peer(asyncio.Protocol):
             return await intercept.request(self, op, value, timeout, raw)
         adapter = self.adapter
         payload = self._checked_payload(op, adapter.encode_request(op, value))
+        # a timeout the caller chose travels to peers that take request metadata
+        timed = (timeout is not None or self.options.timeout is not None) and adapter.metadata
         timeout = self._timeout(timeout)
         loop = self._loop
         deadline = loop.time() + timeout
         attempt = 0
         while True:
-            reply = await self.send_and_wait(op, payload, deadline, timeout)
+            reply = await self.send_and_wait(
+                op, payload, deadline, timeout, None, _NO_ENTRIES if timed else None
+            )
             if reply.__class__ is RetryLater:
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
@@ -457,17 +451,23 @@ class Peer(asyncio.Protocol):
         deadline: float,
         timeout: float,
         sent: Callable[[Any], None] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Any:
         """One attempt of a request: send the encoded ``payload`` and return the raw reply
         (or a RetryLater) by loop time ``deadline``; ``sent(key)`` learns the request's key.
-        A call given up on (timeout, cancellation) is abandoned, which tells a peer that
-        took the cancellation extension."""
+        ``metadata`` (only for a peer whose adapter takes it) goes before the request with
+        the time left. A call given up on (timeout, cancellation) is abandoned, which tells
+        a peer that took the cancellation extension."""
         if self.outbox.blocked:
             await self.outbox.wait_writable()
         self._check_open()
         adapter = self.adapter
         future: asyncio.Future[Any] = self._loop.create_future()
-        key = adapter.send_request(op, payload, False)
+        if metadata is None:
+            key = adapter.send_request(op, payload, False)
+        else:
+            left = deadline - self._loop.time()
+            key = adapter.send_request_meta(op, payload, False, metadata, left)
         if sent is not None:
             sent(key)
         self._calls[key] = _Call(future, None, deadline)
