@@ -323,7 +323,8 @@ class GotalkPeer(Peer):
 
     ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions to
     the server; once it answers, a request we give up on (timeout, cancellation) cancels its
-    handler there. ``retry_results`` None decides from the transport (see the module doc).
+    handler there, and requests carry their metadata (trace context, a chosen timeout).
+    ``retry_results`` None decides from the transport (see the module doc).
     """
 
     def __init__(
