@@ -60,9 +60,10 @@ def serve_with_meta(
 
     Past the caller's deadline already (it waited in our input while reading was paused,
     or the caller sent no time at all), it gets an error result at once, before any
-    middleware, and its handler never runs. Otherwise it runs bounded by that deadline
-    (plus :data:`DEADLINE_GRACE`); trace context alone matters only to middleware (a
-    connection without any serves the request on the plain path)."""
+    middleware, and its handler never runs. Otherwise an async handler runs bounded by
+    that deadline (plus :data:`DEADLINE_GRACE`); on a connection without middleware, a
+    plain function (which cannot be interrupted) and a request with trace context alone
+    are served on the plain path."""
     deadline = None
     if meta.timeout_ms is not None:
         deadline = received_at + meta.timeout_ms / 1000
@@ -72,9 +73,11 @@ def serve_with_meta(
                 peer._end_stream(key)
             peer.adapter.send_error(key, f"{op}: the caller's deadline passed before it ran")
             return
-    if deadline is None and not peer.middleware:
-        peer.on_request(key, op, payload, stream)
-        return
+    if not peer.middleware:
+        handler = peer.registry.get(op)
+        if deadline is None or handler is None or not handler.is_async:
+            peer.on_request(key, op, payload, stream)  # nothing to bound: the plain path
+            return
     serve_request(peer, key, op, payload, stream, dict(meta.entries), deadline)
 
 

@@ -29,8 +29,8 @@ class Handlers:
         self.registry = reg = rpc.Registry()
 
         @reg.handle("left")
-        def left(_: Any = None) -> float | None:
-            call = rpc.current_call.get(None)  # set on the path that serves metadata
+        async def left(_: Any = None) -> float | None:
+            call = rpc.current_call.get(None)  # set for async handlers given a deadline
             return None if call is None else call.time_left()
 
         @reg.handle("wait")
@@ -147,6 +147,11 @@ async def test_gotalk_deadline_on_the_wire() -> None:
             assert isinstance(reply, gotalk.ErrorResult) and reply.id == b"0001"
             assert b"deadline passed before it ran" in reply.payload
             assert handlers.ran == []
+            raw.request(b"0005", "echo", b'"late"', 0)  # a plain function: dropped too
+            reply = await raw.next()
+            assert isinstance(reply, gotalk.ErrorResult) and b"before it ran" in reply.payload
+            raw.request(b"0006", "echo", b'"in time"', 300)  # and otherwise served inline
+            assert await raw.next() == gotalk.Result(b"0006", b'"in time"')
 
             loop = asyncio.get_running_loop()
             started = loop.time()
