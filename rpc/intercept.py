@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
 from rpc.errors import PayloadError, Rejected, RequestTimeout, RetryLater, UnknownOperation
-from rpc.middleware import Call
+from rpc.middleware import Call, CallKind
 from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind
 from wire.metadata import RequestMeta
@@ -108,7 +108,7 @@ def serve_request(
                 queue.put_nowait(payload)
         else:
             peer._end_stream(key)  # its parts are dropped; the chain says why
-    kind = "stream" if stream else "request"
+    kind: CallKind = "stream" if stream else "request"
     call = Call(op, kind, "server", peer, payload, key, metadata or {}, deadline=deadline)
     task = peer._tasks.spawn(_serve(peer, call, handler, queue))
     if adapter.cancels:
@@ -238,7 +238,8 @@ async def _handle_notification(call: Call, handler: Handler | None) -> None:
 
 
 def _encoded(peer: Peer, call: Call, data: bytes) -> bytes:
-    return peer._checked_payload(call.op, data)
+    checked: bytes = peer._checked_payload(call.op, data)
+    return checked
 
 
 def _metadata(call: Call, timed: bool) -> Mapping[str, str] | None:
@@ -295,17 +296,16 @@ async def stream(
     op: str,
     parts: Iterable[Any] | AsyncIterable[Any] | None,
     value: Any,
-    timeout: float | None,
+    wait: core.ResultWait,
     raw: bool,
 ) -> AsyncIterator[Any]:
     """:meth:`Peer.stream` through the chain: the innermost step sends the request (and
     its parts) and returns the async iterator of results."""
-    kind = "request" if parts is None else "stream"
-    call = Call(op, kind, "client", peer, value if parts is None else parts)
+    kind: CallKind = "request" if parts is None else "stream"
+    payload = value if parts is None else parts
+    call = Call(op, kind, "client", peer, payload, deadline=wait.deadline)
     try:
-        results = await mw.run(
-            peer.options.middleware, call, lambda c: _open_stream(c, peer._timeout(timeout), raw)
-        )
+        results = await mw.run(peer.options.middleware, call, lambda c: _open_stream(c, wait, raw))
         async for item in results:
             yield item
     finally:
@@ -313,50 +313,45 @@ async def stream(
             peer.adapter.abandon(call.id)
 
 
-async def _open_stream(call: Call, timeout: float, raw: bool) -> AsyncIterator[Any]:
+async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIterator[Any]:
     peer = call.peer
     adapter = peer.adapter
-    await peer.outbox.wait_writable()
+    await wait.bounded(peer.outbox.wait_writable())
     peer._check_open()
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    metadata = _metadata(call, False)
+    metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
         key = call.id = _send_request(call, payload, False, metadata)
         peer._calls[key] = core._Call(None, queue, None)
     else:
         iterator = core._aiter(call.payload)
-        first = await anext(iterator, core._END)
+        first = await wait.bounded(anext(iterator, core._END))
         data = _encoded(peer, call, b"" if first is core._END else encode_value(first))
         key = call.id = _send_request(call, data, True, metadata)
         peer._calls[key] = core._Call(None, queue, None)
         if first is not core._END:
-            async for part in iterator:
-                await peer.outbox.wait_writable()
-                peer._check_open()
-                adapter.send_request_part(key, peer._checked_payload(call.op, encode_value(part)))
+            await peer.send_parts(call.op, key, iterator, wait)
         adapter.send_request_end(key)
-    return _results(call, queue, timeout, raw)
+    return _results(call, queue, wait, raw)
 
 
 def _send_request(
     call: Call, payload: bytes, stream: bool, metadata: Mapping[str, str] | None
 ) -> Any:
-    adapter = call.peer.adapter
+    peer = call.peer
     if metadata is None:
-        return adapter.send_request(call.op, payload, stream)
-    return adapter.send_request_meta(call.op, payload, stream, metadata, None)
+        return peer.adapter.send_request(call.op, payload, stream)
+    left = None if call.deadline is None else call.deadline - peer.loop.time()
+    return peer.adapter.send_request_meta(call.op, payload, stream, metadata, left)
 
 
 async def _results(
-    call: Call, queue: asyncio.Queue[Any], timeout: float, raw: bool
+    call: Call, queue: asyncio.Queue[Any], wait: core.ResultWait, raw: bool
 ) -> AsyncIterator[Any]:
     adapter = call.peer.adapter
     while True:
-        try:
-            item = await asyncio.wait_for(queue.get(), timeout)
-        except TimeoutError:
-            raise RequestTimeout(f"{call.op}: no result within {timeout} s") from None
+        item = await wait.next(queue)
         if item is core._END:
             return
         if isinstance(item, BaseException):

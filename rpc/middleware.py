@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rpc.peer import Peer
 
 CallNext = Callable[["Call"], Awaitable[Any]]
+CallKind = Literal["request", "stream", "notification"]
 Middleware = Callable[["Call", CallNext], Awaitable[Any]]
 
 current_call: contextvars.ContextVar[Call] = contextvars.ContextVar("peerwire_current_call")
@@ -48,7 +49,7 @@ class Call:
     """One call as middleware sees it."""
 
     op: str
-    kind: Literal["request", "stream", "notification"]
+    kind: CallKind
     """``stream``: a stream request (the handler reads parts)."""
     side: Literal["server", "client"]
     """``server``: the peer calls us; ``client``: we call the peer."""

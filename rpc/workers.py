@@ -313,7 +313,7 @@ class _Supervisor:
     def _exited(self, slot: _Slot, process: BaseProcess) -> None:
         process.join()
         slot.process = None
-        if self.config.metrics and not slot.exporter:
+        if self.config.metrics and not slot.exporter and process.pid is not None:
             workers_metrics.worker_exited(process.pid)
         uptime = time.monotonic() - slot.started
         slot.quick_exits = 0 if uptime >= STABLE_AFTER else slot.quick_exits + 1

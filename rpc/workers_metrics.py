@@ -74,8 +74,9 @@ class _Exporter(socketserver.ThreadingMixIn, WSGIServer):
     def server_bind(self) -> None:
         self.socket.close()
         self.socket = self._adopted
-        self.server_address = self.socket.getsockname()
-        self.server_name, self.server_port = self.server_address[:2]
+        host, port = self.socket.getsockname()[:2]
+        self.server_address = (host, port)
+        self.server_name, self.server_port = host, port
         self.setup_environ()
 
     def server_activate(self) -> None:

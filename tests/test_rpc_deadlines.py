@@ -33,6 +33,11 @@ class Handlers:
             call = rpc.current_call.get(None)  # set for async handlers given a deadline
             return None if call is None else call.time_left()
 
+        @reg.handle("left_parts")
+        async def left_parts(_: Any = None) -> Any:
+            call = rpc.current_call.get(None)
+            yield None if call is None else call.time_left()
+
         @reg.handle("wait")
         async def wait(name: str) -> str:
             self.ran.append(name)
@@ -65,6 +70,9 @@ async def test_handler_sees_the_callers_time_left(flavour: str) -> None:
         left = await peer.request("left", timeout=2.0)
         assert 1.0 < left <= 2.0
         assert await peer.request("left") is None  # no timeout chosen: nothing sent
+        [left] = [x async for x in peer.stream("left_parts", timeout=2.0)]
+        assert 1.0 < left <= 2.0  # a stream's whole deadline travels too
+        assert [x async for x in peer.stream("left_parts", item_timeout=2.0)] == [None]
     options = rpc.Options(timeout=3.0)
     async with served(flavour, handlers.registry, client_options=options) as (_server, peer):
         await wait_until(lambda: peer.adapter.metadata)
