@@ -23,6 +23,7 @@ from rpc import intercept
 from rpc.calls import END
 from rpc.errors import PayloadError, RemoteError
 from rpc.key import K
+from rpc.notifications import run_notification
 from rpc.registry import HandlerKind, Registry
 
 if TYPE_CHECKING:
@@ -82,11 +83,7 @@ class Responder(Generic[K]):
             return
         token = current_peer.set(self)  # type: ignore[arg-type]  # always a Peer
         try:
-            result = handler.fn(value)
-            if inspect.isawaitable(result):
-                self._tasks.spawn(_awaited(result))
-        except Exception:
-            log.exception("notification handler %r failed", name)
+            run_notification(handler, value, self._tasks)
         finally:
             current_peer.reset(token)
 
