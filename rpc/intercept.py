@@ -179,11 +179,14 @@ async def _handle(call: Call, handler: Handler | None, queue: asyncio.Queue[Any]
     if inspect.isawaitable(result):
         if deadline is None:
             return await result
+        bound = asyncio.timeout_at(deadline + DEADLINE_GRACE)
         try:
-            async with asyncio.timeout_at(deadline + DEADLINE_GRACE):
+            async with bound:
                 return await result
         except TimeoutError:
-            raise _overdue(call) from None
+            if bound.expired():  # ours, not one the handler raised
+                raise _overdue(call) from None
+            raise
     return result
 
 
@@ -195,13 +198,16 @@ async def _parts_until(call: Call, parts: Any, deadline: float) -> AsyncIterator
     """A handler's streamed result, each next part bounded by the caller's deadline."""
     try:
         while True:
+            bound = asyncio.timeout_at(deadline + DEADLINE_GRACE)
             try:
-                async with asyncio.timeout_at(deadline + DEADLINE_GRACE):
+                async with bound:
                     part = await anext(parts)
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                raise _overdue(call) from None
+                if bound.expired():
+                    raise _overdue(call) from None
+                raise
             yield part
     finally:
         await parts.aclose()

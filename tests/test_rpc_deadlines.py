@@ -61,6 +61,10 @@ class Handlers:
         def echo(value: Any) -> Any:
             return value
 
+        @reg.handle("own_timeout")
+        async def own_timeout(_: Any = None) -> None:
+            raise TimeoutError("the handler's own")
+
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
 async def test_handler_sees_the_callers_time_left(flavour: str) -> None:
@@ -177,6 +181,10 @@ async def test_gotalk_deadline_on_the_wire() -> None:
             assert isinstance(reply, gotalk.ErrorResult) and b"deadline" in reply.payload
             assert await raw.next() == gotalk.StreamResult(b"0003", b"")  # the stream's end
             assert handlers.cancelled.is_set()
+
+            raw.request(b"0007", "own_timeout", b"null", 5000)  # not taken for the deadline
+            reply = await raw.next()
+            assert reply == gotalk.ErrorResult(b"0007", b"the handler's own")
 
             raw.request(b"0004", "echo", b'"ok"', None)  # entries only: served as usual
             assert await raw.next() == gotalk.Result(b"0004", b'"ok"')
