@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 import rpc
-from rpc import loops
+from rpc import loops, metrics_dir
 from rpc.eventer import cli as eventer_cli
 from rpc.workers import serve_workers
 from transports.stream import client_ssl_context, server_ssl_context
@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics",
         metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra; "
+        "with --workers, every worker in one scrape)",
     )
 
     top = sub.add_parser(
@@ -270,6 +271,17 @@ def _start_metrics(address: str) -> tuple[Any, Any]:
 
 def serve(args: argparse.Namespace) -> int:
     """Serve in this process, or with ``--workers N`` in N forked worker processes."""
+    if not (args.metrics and args.workers > 1):
+        return _serve(args)
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
+    # the multiprocess directory must be set before the served module might import
+    # prometheus_client; it is removed when serving ends
+    with metrics_dir.owned():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     urls = [_parse_url(url) for url in args.listen]
     registry = find_registry(load_module(args.module))
     if not registry.names():
@@ -288,8 +300,7 @@ def serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     if args.workers == 1:
         return loops.run(_serve_here(urls, registry, server_ctx, args.metrics), args.loop)
-    if args.metrics:
-        raise CliError("--metrics serves one process: use it without --workers", EXIT_USAGE)
+    metrics = _host_port(args.metrics) if args.metrics else None
     try:
         serve_workers(
             args.listen,
@@ -298,11 +309,12 @@ def serve(args: argparse.Namespace) -> int:
             ssl=server_ctx,
             loop=args.loop,
             on_ready=_print_listening,
+            metrics=metrics,
+            on_metrics=lambda url: print(f"metrics on {url}", flush=True),
         )
     except OSError as exc:
-        raise CliError(
-            f"cannot listen on {' '.join(args.listen)}: {exc}", EXIT_CONNECTION
-        ) from None
+        where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
+        raise CliError(f"cannot listen on {where}: {exc}", EXIT_CONNECTION) from None
     return EXIT_OK
 
 
