@@ -34,6 +34,7 @@ from rpc.errors import (
     RequestTimeout,
     RetryLater,
     RpcError,
+    StreamOverflow,
     UnknownOperation,
 )
 from rpc.gotalk_peer import GotalkPeer
@@ -61,6 +62,7 @@ __all__ = [
     "RetryLater",
     "RpcError",
     "Server",
+    "StreamOverflow",
     "UnknownOperation",
     "UrlError",
     "blocking",

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rpc import intercept
-from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater
+from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater, StreamOverflow
 from rpc.key import K
 from rpc.payload import encode_value
 
@@ -325,9 +325,17 @@ class Caller(Generic[K]):
             call.future.set_result(payload)
 
     def on_result_part(self, key: K, payload: Any) -> None:
+        """Queue a result of our stream ``key``; past ``options.max_stream_queue`` unread
+        results the stream fails alone (StreamOverflow; the peer is told, as on a cancel)."""
         call = self._calls.get(key)
-        if call is not None and call.queue is not None:
+        if call is None or call.queue is None:
+            return
+        if call.queue.qsize() < self.options.max_stream_queue:
             call.queue.put_nowait(payload)
+            return
+        limit = self.options.max_stream_queue
+        self._fail_call(key, StreamOverflow(f"more than {limit} unread stream results"))
+        self.adapter.abandon(key)
 
     def on_result_end(self, key: K) -> None:
         call = self._calls.pop(key, None)

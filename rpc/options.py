@@ -32,7 +32,8 @@ class Options:
     """Largest message accepted or sent, in bytes. A result above it becomes an error result;
     a request above it raises PayloadError before anything is sent."""
     max_stream_queue: int = 256
-    """Parts buffered per incoming stream; past it that stream fails with an error result."""
+    """Parts buffered per stream, either way: an incoming stream past it fails with an error
+    result; our stream with more unread results fails with StreamOverflow."""
     high_water: int = 256 * 1024
     """Unsent output (bytes) above which we stop reading from the peer."""
     low_water: int = 64 * 1024

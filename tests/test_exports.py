@@ -27,6 +27,7 @@ EXPORTS = {
         "RetryLater",
         "RpcError",
         "Server",
+        "StreamOverflow",
         "UnknownOperation",
         "UrlError",
         "blocking",
