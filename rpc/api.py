@@ -156,6 +156,7 @@ def connect(
         if ssl is not None and not parsed.tls:
             raise ValueError(f"ssl= given for {url}, which is not a TLS URL")
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
+        peer: object  # the transport's protocol: checked to be a Peer below
         try:
             if parsed.websocket:
                 max_size = (options or Options()).max_size

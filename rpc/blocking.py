@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect as async_connect
+from rpc.calls import legacy_stream_args
 from rpc.peer import Peer
 
 T = TypeVar("T")
@@ -61,16 +62,23 @@ class BlockingPeer:
     def stream(
         self,
         op: str,
-        parts: Iterable[Any] | None = None,
+        *legacy: Any,
         value: Any = None,
-        *,
+        parts: Iterable[Any] | None = None,
         timeout: float | None = None,
+        item_timeout: float | None = None,
         raw: bool = False,
     ) -> Iterator[Any]:
-        """Collects the whole result stream, then iterates it."""
+        """Collects the whole result stream, then iterates it. Arguments as in
+        :meth:`rpc.peer.Peer.stream` (``stream(op, parts, value)`` is deprecated)."""
+        if legacy:
+            parts, value = legacy_stream_args(legacy, parts, value)
 
         async def collect() -> list[Any]:
-            return [x async for x in self.peer.stream(op, parts, value, timeout=timeout, raw=raw)]
+            results = self.peer.stream(
+                op, value=value, parts=parts, timeout=timeout, item_timeout=item_timeout, raw=raw
+            )
+            return [x async for x in results]
 
         return iter(_run(collect()))
 

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 import rpc
-from rpc import loops
+from rpc import loops, metrics_dir
 from rpc.eventer import cli as eventer_cli
 from rpc.workers import serve_workers
 from transports.stream import client_ssl_context, server_ssl_context
@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics",
         metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra; "
+        "with --workers, every worker in one scrape)",
     )
 
     top = sub.add_parser(
@@ -170,23 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds to wait for the (next) result (default: Chatter 5, Gotalk 30)",
     )
+    client.add_argument(
+        "--connect-timeout",
+        metavar="S",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the connection and its handshakes (default: 10)",
+    )
     client.add_argument("--cafile", metavar="F", help="PEM CAs that sign the server (TLS)")
     client.add_argument("--insecure", action="store_true", help="do not verify the server (TLS)")
     client.add_argument("--cert", metavar="F", help="client certificate (mutual TLS)")
     client.add_argument("--key", metavar="F", help="client key, if not in --cert")
 
     call = sub.add_parser("call", parents=[client], help="send a request, print its result")
-    call.add_argument("op", metavar="OP")
-    call.add_argument(
-        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
-    )
-
     notify = sub.add_parser("notify", parents=[client], help="send a notification")
-    notify.add_argument("op", metavar="NAME")
-    notify.add_argument(
-        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
-    )
-
     stream = sub.add_parser(
         "stream",
         parents=[client],
@@ -194,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send OP with PAYLOAD, or a stream request of the --part values, and "
         "print each result as one JSON line.",
     )
-    stream.add_argument("op", metavar="OP")
-    stream.add_argument("payload", metavar="PAYLOAD", nargs="?", help="JSON (default null)")
+    for command, op in ((call, "OP"), (notify, "NAME"), (stream, "OP")):
+        command.add_argument("op", metavar=op)
+        command.add_argument("payload", metavar="PAYLOAD", nargs="?", help="JSON (default null)")
     stream.add_argument(
         "--part",
         metavar="JSON",
@@ -272,6 +271,17 @@ def _start_metrics(address: str) -> tuple[Any, Any]:
 
 def serve(args: argparse.Namespace) -> int:
     """Serve in this process, or with ``--workers N`` in N forked worker processes."""
+    if not (args.metrics and args.workers > 1):
+        return _serve(args)
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
+    # the multiprocess directory must be set before the served module might import
+    # prometheus_client; it is removed when serving ends
+    with metrics_dir.owned():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     urls = [_parse_url(url) for url in args.listen]
     registry = find_registry(load_module(args.module))
     if not registry.names():
@@ -290,8 +300,7 @@ def serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     if args.workers == 1:
         return loops.run(_serve_here(urls, registry, server_ctx, args.metrics), args.loop)
-    if args.metrics:
-        raise CliError("--metrics serves one process: use it without --workers", EXIT_USAGE)
+    metrics = _host_port(args.metrics) if args.metrics else None
     try:
         serve_workers(
             args.listen,
@@ -300,11 +309,12 @@ def serve(args: argparse.Namespace) -> int:
             ssl=server_ctx,
             loop=args.loop,
             on_ready=_print_listening,
+            metrics=metrics,
+            on_metrics=lambda url: print(f"metrics on {url}", flush=True),
         )
     except OSError as exc:
-        raise CliError(
-            f"cannot listen on {' '.join(args.listen)}: {exc}", EXIT_CONNECTION
-        ) from None
+        where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
+        raise CliError(f"cannot listen on {where}: {exc}", EXIT_CONNECTION) from None
     return EXIT_OK
 
 
@@ -323,7 +333,7 @@ async def _serve_here(
     metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
     try:
         for url in urls:
-            # the core would serve TLS on a tcp+ URL if given a context: only TLS URLs get one
+            # the core refuses a TLS context for a plain URL: only TLS URLs get one
             server = rpc.serve(
                 str(url), registry=registry, ssl=server_ctx if url.tls else None, metrics=metrics
             )
@@ -393,12 +403,11 @@ async def client(args: argparse.Namespace) -> int:
         value = None
     else:
         parts = None
-        value = _json_arg(args.payload or "null", "PAYLOAD")
+        value = _json_arg("null" if args.payload is None else args.payload, "PAYLOAD")
     ctx = _client_ssl(args, url)
-    connect_timeout = args.timeout if args.timeout is not None else 10.0
     log.debug("connecting to %s", url)
     try:
-        peer = await rpc.connect(args.url, ssl=ctx, connect_timeout=connect_timeout)
+        peer = await rpc.connect(args.url, ssl=ctx, connect_timeout=args.connect_timeout)
     except rpc.ConnectionClosed as exc:  # its text already names the URL and the cause
         raise CliError(str(exc), EXIT_CONNECTION) from None
     except OSError as exc:
@@ -409,7 +418,8 @@ async def client(args: argparse.Namespace) -> int:
         elif args.command == "notify":
             peer.notify(args.op, value)
         else:
-            async for item in peer.stream(args.op, parts, value, timeout=args.timeout):
+            results = peer.stream(args.op, parts=parts, value=value, item_timeout=args.timeout)
+            async for item in results:
                 _print_json(item)
     finally:
         await peer.close()
@@ -421,7 +431,8 @@ async def client(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "eventer":  # runs its own loop, signals and exit codes
-        return args.func(args)
+        status: int = args.func(args)
+        return status
     try:
         if args.command == "top":
             return top(args)

@@ -27,7 +27,8 @@ class RetryLater(RpcError):
 
 
 class RequestTimeout(RpcError, TimeoutError):
-    """No result arrived within the request's timeout."""
+    """No result arrived within the request's timeout (for a stream: its ``timeout`` for
+    the whole stream, or its ``item_timeout`` for the next result)."""
 
 
 class ConnectionClosed(RpcError, ConnectionError):
@@ -39,6 +40,13 @@ class PayloadError(RpcError, ValueError):
     its declaration, bytes that are not valid JSON (or UTF-8, or SBS), a value with no JSON
     form, or a message above ``max_size``. On a server it becomes an error result for that
     one request (a notification is dropped with a warning); the connection lives on."""
+
+
+class StreamOverflow(RpcError):
+    """Our stream's results arrived faster than we read them: more than
+    ``Options.max_stream_queue`` (default 256) were waiting unread. That stream alone fails
+    (the peer is told, as on a cancel, when it speaks the peerwire extension); read faster
+    or raise the limit."""
 
 
 class Rejected(RpcError):

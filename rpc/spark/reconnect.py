@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from rpc.backoff import full_jitter
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 
@@ -44,7 +44,7 @@ class Backoff:
     cap: float = 2.0
 
     def delay(self, attempt: int) -> float:
-        return random.uniform(0.0, min(self.cap, self.first * 2 ** min(attempt, 30)))
+        return full_jitter(attempt + 1, self.first, self.cap)
 
 
 RECONNECT = Backoff()

@@ -27,7 +27,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import random
 import ssl
 import threading
 from collections import deque
@@ -37,6 +36,7 @@ from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect
+from rpc.backoff import full_jitter
 from rpc.errors import ConnectionClosed, RetryLater, RpcError
 from rpc.payload import PayloadError
 from rpc.peer import Options, Peer
@@ -310,8 +310,7 @@ def make_caller(
                     link.settled(peer)
             if policy.retries is not None and resends >= policy.retries:
                 return None, error
-            cap = min(policy.max_backoff, policy.backoff * 2 ** min(resends, 30))
-            wait = max(wait, random.uniform(0.0, cap))
+            wait = max(wait, full_jitter(resends + 1, policy.backoff, policy.max_backoff))
             if loop.time() + wait > started + budget:
                 return None, error
             resends += 1
@@ -364,7 +363,7 @@ class Pipeline:
         self._unfinished: set[_Batch] = set()
         self._workers: set[asyncio.Task[None]] = set()
         self._idle = 0
-        self._wakeup: asyncio.Event | None = None
+        self._wakeup = asyncio.Event()  # bound to the runtime's loop by its first wait
         self._closed = False
 
     def submit(self, values: Sequence[Any]) -> concurrent.futures.Future[Results]:
@@ -388,8 +387,6 @@ class Pipeline:
             return
         self._batches.append(batch)
         self._unfinished.add(batch)
-        if self._wakeup is None:
-            self._wakeup = asyncio.Event()
         self._wakeup.set()
         queued = sum(len(b.values) - b.next for b in self._batches)
         wanted = min(self.window, len(self._workers) - self._idle + queued)
@@ -410,7 +407,6 @@ class Pipeline:
         self._unfinished.clear()
 
     async def _work(self) -> None:
-        assert self._wakeup is not None
         batches = self._batches
         while True:
             if not batches:
