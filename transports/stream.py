@@ -139,7 +139,7 @@ class _FirstReply(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return self.protocol.eof_received()
 
-    def connection_lost(self, exc: BaseException | None) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if not self.heard.done():
             self.heard.set_exception(exc or ClosedBeforeReply("closed before a byte"))
         self.protocol.connection_lost(exc)
