@@ -42,7 +42,7 @@ async def test_client_timeout_cancels_the_handler(flavour: str) -> None:
             await peer.request("wait", timeout=0.2)
         await asyncio.wait_for(cancelled.wait(), 5)
         [server_peer] = server.peers
-        assert server_peer._running == {} and len(server_peer._tasks) == 0
+        await wait_until(lambda: not server_peer._running and len(server_peer._tasks) == 0)
         assert await peer.request("echo", 2) == 2
 
 
