@@ -40,19 +40,24 @@ from rpc.gotalk_peer import GotalkPeer
 from rpc.middleware import Call, Middleware, current_call
 from rpc.payload import PayloadError
 from rpc.peer import Options, Peer, current_peer
+from rpc.reconnect import Backoff, ConnectionState, Reconnect, ReconnectingPeer, Transition
 from rpc.registry import Registry, default_registry, handle, handle_notification, handle_stream
 from rpc.url import PeerUrl, UrlError, parse_url
 
 __all__ = [
+    "Backoff",
     "Call",
     "ChatterPeer",
     "ConnectionClosed",
+    "ConnectionState",
     "GotalkPeer",
     "Middleware",
     "Options",
     "PayloadError",
     "Peer",
     "PeerUrl",
+    "Reconnect",
+    "ReconnectingPeer",
     "Registry",
     "Rejected",
     "RemoteError",
@@ -61,6 +66,7 @@ __all__ = [
     "RetryLater",
     "RpcError",
     "Server",
+    "Transition",
     "UnknownOperation",
     "UrlError",
     "blocking",

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect as async_connect
+from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
+from rpc.reconnect import ConnectionState, ReconnectingPeer
 
 T = TypeVar("T")
 
@@ -48,29 +50,43 @@ def _run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
 
 
 class BlockingPeer:
-    """The blocking twin of :class:`rpc.Peer`; every method waits for its answer."""
+    """The blocking twin of :class:`rpc.ReconnectingPeer` (or, with ``reconnect=False``,
+    of :class:`rpc.Peer`); every method waits for its answer."""
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: ReconnectingPeer | Peer) -> None:
         self.peer = peer
 
-    def request(
-        self, op: str, value: Any = None, *, timeout: float | None = None, raw: bool = False
-    ) -> Any:
-        return _run(self.peer.request(op, value, timeout=timeout, raw=raw))
+    @property
+    def connection_state(self) -> ConnectionState:
+        """``connecting``, ``open``, ``reconnecting`` or ``closed`` (a plain peer: open or
+        closed)."""
+        peer = self.peer
+        if isinstance(peer, ReconnectingPeer):
+            return peer.connection_state
+        return ConnectionState.CLOSED if peer.closed.done() else ConnectionState.OPEN
 
-    def stream(
+    def request(
         self,
         op: str,
-        parts: Iterable[Any] | None = None,
         value: Any = None,
         *,
         timeout: float | None = None,
         raw: bool = False,
-    ) -> Iterator[Any]:
-        """Collects the whole result stream, then iterates it."""
+        idempotent: bool = False,
+    ) -> Any:
+        """``idempotent=True``: sent again if the connection drops while it is in flight
+        (reconnecting peers only; a plain peer never sends anything twice)."""
+        peer = self.peer
+        if isinstance(peer, ReconnectingPeer):
+            return _run(peer.request(op, value, timeout=timeout, raw=raw, idempotent=idempotent))
+        return _run(peer.request(op, value, timeout=timeout, raw=raw))
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """Collects the whole result stream, then iterates it (the arguments of
+        :meth:`rpc.Peer.stream`)."""
 
         async def collect() -> list[Any]:
-            return [x async for x in self.peer.stream(op, parts, value, timeout=timeout, raw=raw)]
+            return [x async for x in self.peer.stream(*args, **kwargs)]
 
         return iter(_run(collect()))
 
@@ -79,6 +95,15 @@ class BlockingPeer:
             self.peer.notify(name, value)
 
         _run(send())
+
+    def wait_open(self, timeout: float | None = None) -> None:
+        """Wait for the connection (reconnecting peers); raises TimeoutError or
+        ConnectionClosed."""
+        peer = self.peer
+        if isinstance(peer, ReconnectingPeer):
+            _run(peer.wait_open(timeout))
+        elif not peer.is_open:
+            raise ConnectionClosed("connection is closed")
 
     def close(self) -> None:
         _run(self.peer.close())
@@ -90,10 +115,12 @@ class BlockingPeer:
         self.close()
 
 
-def connect(url: str, **kwargs: Any) -> BlockingPeer:
-    """Blocking :func:`rpc.connect`; takes the same keyword arguments."""
+def connect(url: str | Sequence[str], **kwargs: Any) -> BlockingPeer:
+    """Blocking :func:`rpc.connect`; takes the same arguments (callbacks such as
+    ``on_state`` run on the background loop's thread)."""
 
-    async def open_peer() -> Peer:
-        return await async_connect(url, **kwargs)
+    async def open_peer() -> ReconnectingPeer | Peer:
+        peer: ReconnectingPeer | Peer = await async_connect(url, **kwargs)
+        return peer
 
     return BlockingPeer(_run(open_peer()))

@@ -398,7 +398,9 @@ async def client(args: argparse.Namespace) -> int:
     connect_timeout = args.timeout if args.timeout is not None else 10.0
     log.debug("connecting to %s", url)
     try:
-        peer = await rpc.connect(args.url, ssl=ctx, connect_timeout=connect_timeout)
+        peer = await rpc.connect(
+            args.url, ssl=ctx, connect_timeout=connect_timeout, reconnect=False
+        )
     except rpc.ConnectionClosed as exc:  # its text already names the URL and the cause
         raise CliError(str(exc), EXIT_CONNECTION) from None
     except OSError as exc:
