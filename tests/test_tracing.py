@@ -65,8 +65,9 @@ async def test_spans_nest_across_a_peerwire_call(spans: Any) -> None:
         middleware=[tracing],
         on_connect=accept,
     ) as server:
-        async with rpc.connect(str(server.url), registry=rpc.Registry(), middleware=[tracing]) as p:
-            accept(p)
+        async with rpc.connect(
+            str(server.url), registry=rpc.Registry(), middleware=[tracing], on_connect=accept
+        ) as p:
             with provider.get_tracer("app").start_as_current_span("outer"):
                 assert await p.request("work", 1) == 2
             with pytest.raises(rpc.RemoteError):
@@ -130,8 +131,7 @@ async def test_enveloped_payloads_reach_handlers_unchanged() -> None:
         return data
 
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, on_connect=accept) as server:
-        async with rpc.connect(str(server.url), registry=rpc.Registry()) as peer:
-            accept(peer)
+        async with rpc.connect(str(server.url), registry=rpc.Registry(), on_connect=accept) as peer:
             assert await peer.request("raw", b"\x01\x00abc", raw=True) == b"\x01\x00abc"
         async with rpc.connect(str(server.url), registry=rpc.Registry()) as plain:
             with pytest.raises(rpc.RemoteError, match="envelope"):
@@ -152,6 +152,6 @@ def test_envelope_round_trip_and_malformed() -> None:
 
 async def test_chatter_connections_refuse_the_envelope() -> None:
     async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=rpc.Registry()) as server:
-        async with rpc.connect(f"{server.url}?dialect=HatChatter") as peer:
+        async with rpc.connect(f"{server.url}?dialect=HatChatter", reconnect=False) as peer:
             with pytest.raises(ValueError, match="Gotalk"):
                 peer.accept_envelope()
