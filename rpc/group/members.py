@@ -16,6 +16,7 @@ import random
 from collections.abc import Callable
 
 from rpc.group.options import GroupOptions
+from rpc.reconnect import Backoff
 from wire.gossip import NetID
 
 __all__ = ["Members", "full_jitter"]
@@ -26,8 +27,7 @@ log = logging.getLogger("peerwire.group")
 def full_jitter(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     """Wait before try ``attempt + 1`` (``attempt`` >= 1 failures so far): uniform in
     ``[0, min(cap, base * 2**(attempt-1))]`` (AWS "full jitter")."""
-    ceiling = min(cap, base * 2 ** min(max(attempt - 1, 0), 62))
-    return rng.uniform(0.0, ceiling)
+    return Backoff(base, cap).delay(attempt - 1, rng)
 
 
 class Members:

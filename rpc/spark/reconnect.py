@@ -25,29 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
+from rpc.reconnect import Backoff
 
 log = logging.getLogger("peerwire.spark")
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential back-off with full jitter: attempt ``n`` waits a uniform random time in
-    ``[0, min(cap, first * 2**n)]`` seconds."""
-
-    first: float = 0.05
-    cap: float = 2.0
-
-    def delay(self, attempt: int) -> float:
-        return random.uniform(0.0, min(self.cap, self.first * 2 ** min(attempt, 30)))
-
-
-RECONNECT = Backoff()
+RECONNECT = Backoff(base=0.05, cap=2.0)
 """Between connection attempts: from 50 ms, at most 2 s (a restarted peer is found within
 about 2 s of listening again)."""
 
