@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpc.errors import ConnectionClosed, RequestTimeout
+from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
 
@@ -174,6 +174,13 @@ class ReconnectingPeer:
         self._changed: asyncio.Future[None] = self._loop.create_future()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        self._proven = False
+        """A request on the current connection was answered."""
+        self._opened_at = 0.0
+        self._failures = 0
+        """Failed attempts in a row (a connection that closed before it answered, and
+        lived less than the back-off cap, counts as one)."""
+        self._rounds = 0
         self._subscribers: set[asyncio.Queue[Transition]] = set()
         self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
         """Resolves once the client is closed for good (with the last connection error,
@@ -266,11 +273,19 @@ class ReconnectingPeer:
             if peer is None or not peer.is_open or self._last.state is not ConnectionState.OPEN:
                 peer = await self._ready(deadline, op, timeout)
             try:
-                return await peer.request(op, value, timeout=deadline - loop.time(), raw=raw)
+                reply = await peer.request(op, value, timeout=deadline - loop.time(), raw=raw)
             except ConnectionClosed:
                 if not idempotent or self._closing:
                     raise
                 log.debug("%s: connection to %s lost in flight; sending it again", op, self.url)
+                continue
+            except (RemoteError, RetryLater):
+                self._answered(peer)
+                raise
+            except RequestTimeout:  # named with the caller's timeout, not what was left of it
+                raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+            self._answered(peer)
+            return reply
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         """:meth:`Peer.stream <rpc.peer.Peer.stream>` (same arguments) on the current
@@ -280,6 +295,7 @@ class ReconnectingPeer:
         peer = await self._ready(self._loop.time() + timeout, op, timeout)
         async with contextlib.aclosing(peer.stream(*args, **kwargs)) as items:
             async for item in items:
+                self._answered(peer)
                 yield item
 
     def notify(self, name: str, value: Any = None) -> None:
@@ -380,6 +396,12 @@ class ReconnectingPeer:
                 exc = await asyncio.shield(peer.closed)
                 self._peer = None
                 why = str(peer.violation or exc or "closed by the peer")
+                lived = self._loop.time() - self._opened_at
+                if self._proven or lived >= self.policy.backoff.cap:
+                    self._failures = self._rounds = 0  # it worked: back-off starts again
+                else:  # accepted, then closed before it answered: a failed attempt
+                    self._failures += 1
+                    why = f"{self.url} closed after {lived:.3f} s, before answering: {why}"
                 if not await self._reconnect(why):
                     return
         except Exception as exc:  # a bug of ours: say so, and do not leave callers waiting
@@ -389,36 +411,41 @@ class ReconnectingPeer:
     async def _reconnect(self, why: str) -> bool:
         """Rounds of attempts until one connects (True) or the limit is reached (False)."""
         limit = self.policy.attempts
-        failures = 0
-        rounds = 0
         last = self.urls.index(self.url) if self.url in self.urls else -1
         while True:
-            if limit is not None and failures >= limit:
-                self._finish(why if limit == 0 else f"gave up after {failures} attempts: {why}")
+            if limit is not None and self._failures >= limit:
+                self._finish(why if limit == 0 else f"gave up after {limit} attempts: {why}")
                 return False
             urls = self._round(last)
-            wait = self.policy.backoff.delay(rounds)
-            self._emit(ConnectionState.RECONNECTING, urls[0], wait, why, failures)
+            wait = self.policy.backoff.delay(self._rounds)
+            self._rounds += 1
+            self._emit(ConnectionState.RECONNECTING, urls[0], wait, why, self._failures)
             await asyncio.sleep(wait)
             for url in urls:
-                if limit is not None and failures >= limit:
+                if limit is not None and self._failures >= limit:
                     break
                 try:
                     peer = await self._attempt(url)
                 except Exception as exc:
-                    failures += 1
+                    self._failures += 1
                     why = _failure(url, exc)
                     last = self.urls.index(url)
-                    log.info("%s (%d failed in a row)", why, failures)
+                    log.info("%s (%d failed in a row)", why, self._failures)
                     continue
-                self._opened(peer, url, failures)
+                self._opened(peer, url)
                 return True
-            rounds += 1
 
-    def _opened(self, peer: Peer, url: str, failures: int = 0) -> None:
+    def _opened(self, peer: Peer, url: str) -> None:
         self._peer = peer
+        self._proven = False
+        self._opened_at = self._loop.time()
         self.connects += 1
-        self._emit(ConnectionState.OPEN, url, failures=failures)
+        self._emit(ConnectionState.OPEN, url, failures=self._failures)
+
+    def _answered(self, peer: Peer) -> None:
+        """A request on ``peer`` got an answer: the connection works."""
+        if peer is self._peer:
+            self._proven = True
 
     def _finish(self, error: str | None) -> None:
         """Closed for good."""
@@ -443,7 +470,7 @@ class ReconnectingPeer:
                 log.info("connection to %s lost (%s); reconnecting in %.3f s", url, error, wait)
             else:
                 log.info(
-                    "reconnecting to %s in %.3f s (%d failed attempts; last: %s)",
+                    "reconnecting to %s in %.3f s (%d failed in a row; last: %s)",
                     url,
                     wait,
                     failures,
@@ -451,7 +478,7 @@ class ReconnectingPeer:
                 )
         elif state is ConnectionState.OPEN:
             if failures:
-                log.info("connected to %s after %d failed attempts", url, failures)
+                log.info("connected to %s (after %d failed in a row)", url, failures)
             else:
                 log.info("connected to %s", url)
         elif state is ConnectionState.CLOSED:
