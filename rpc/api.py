@@ -77,7 +77,7 @@ class _Connect(Generic[P]):
     """Awaitable and async context manager returned by :func:`connect`."""
 
     def __init__(self, coro_fn: Callable[[], Awaitable[P]]) -> None:
-        self._coro_fn = coro_fn
+        self._coro_fn: Callable[[], Awaitable[P]] = coro_fn
         self._peer: P | None = None
 
     def __await__(self) -> Generator[Any, None, P]:

@@ -10,6 +10,9 @@ protocol of one connection) and presents the calls of a peer: ``request``, ``str
   :meth:`Backoff.delay` ``(n)``, a uniform random time in ``[0, min(cap, base * 2**n)]``
   (exponential back-off with full jitter). ``Reconnect(attempts=N)`` closes the client
   after ``N`` failed attempts in a row (each URL tried counts one); ``None``: no limit.
+  A connection that closes before anything was answered on it, within ``cap`` seconds,
+  counts as a failed attempt (the back-off keeps growing against a server that accepts
+  and closes).
 - The first connection is one round without waiting: if no URL answers, ``connect``
   raises (a wrong URL fails at once).
 - A request made while disconnected waits for the connection within its own timeout, then
@@ -40,9 +43,9 @@ import enum
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
@@ -293,7 +296,8 @@ class ReconnectingPeer:
         timeout = self._timeout(kwargs.get("timeout"))
         op = str(args[0] if args else kwargs.get("op", "stream"))
         peer = await self._ready(self._loop.time() + timeout, op, timeout)
-        async with contextlib.aclosing(peer.stream(*args, **kwargs)) as items:
+        items = cast(AsyncGenerator[Any, None], peer.stream(*args, **kwargs))
+        async with contextlib.aclosing(items):
             async for item in items:
                 self._answered(peer)
                 yield item
