@@ -12,6 +12,9 @@ Rows (``--only`` takes one of these names; repeat it for several):
 - ``peerwire-gotalk-mw``: the same with one pass-through middleware on each side
   (``serve(middleware=...)`` and ``connect(middleware=...)``): what the middleware path
   costs next to the plain one, which has none.
+- ``peerwire-gotalk-one``: the same as ``peerwire-gotalk`` with ``connect(...,
+  reconnect=False)``: the one connection's Peer, without the reconnecting client around it
+  (what that client costs).
 - ``hat-chatter``: the reference, hat-drivers' chatter on both sides. The server answers
   each message in its conversation; the client sends with ``last=False`` and a receive
   loop resolves futures keyed by ``conv.first_id``.
@@ -65,7 +68,14 @@ import rpc
 
 PAYLOAD = b"0123456789abcdef"
 HOST = "127.0.0.1"
-ROWS = ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-mw", "hat-chatter", "bare-echo")
+ROWS = (
+    "peerwire-chatter",
+    "peerwire-gotalk",
+    "peerwire-gotalk-mw",
+    "peerwire-gotalk-one",
+    "hat-chatter",
+    "bare-echo",
+)
 MODES = (("sequential", 1), ("inflight100", 100))
 WARMUP = 0.5
 
@@ -183,7 +193,7 @@ def _registry() -> rpc.Registry:
 
 async def _start_server(name: str) -> tuple[int, Callable[[], Awaitable[None]]]:
     """Start row ``name``'s server on a free port; return (port, async close)."""
-    if name in ("peerwire-chatter", "peerwire-gotalk"):
+    if name in ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-one"):
         codec = "sbs" if name == "peerwire-chatter" else "gotalk"
         server = await rpc.serve(f"tcp+{codec}://{HOST}:0", registry=_registry())
         return server.url.port, server.close
@@ -300,6 +310,15 @@ async def _connect(name: str, port: int) -> tuple[Call, Callable[[], Awaitable[N
             return request("echo", PAYLOAD, raw=True)
 
         return call, peer.close
+    if name == "peerwire-gotalk-one":
+        url = f"tcp+gotalk://{HOST}:{port}"
+        one = await rpc.connect(url, registry=rpc.Registry(), reconnect=False)
+        one_request = one.request
+
+        def call_one() -> Awaitable[bytes]:
+            return one_request("echo", PAYLOAD, raw=True)
+
+        return call_one, one.close
     if name == "peerwire-gotalk-mw":
         url = f"tcp+gotalk://{HOST}:{port}"
         peer = await rpc.connect(url, registry=rpc.Registry(), middleware=[_pass_through])
@@ -526,6 +545,12 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         print(
             f"  peerwire-gotalk  {mode:<12} vs bare echo: "
             f"{_ratio(gotalk, rate.get(('bare-echo', mode))):>5}"
+        )
+    for mode, _ in MODES:
+        reconnecting = rate.get(("peerwire-gotalk", mode))
+        print(
+            f"  peerwire-gotalk  {mode:<12} vs peerwire-gotalk-one: "
+            f"{_ratio(reconnecting, rate.get(('peerwire-gotalk-one', mode))):>5}"
         )
     for mode, _ in MODES:
         with_mw = rate.get(("peerwire-gotalk-mw", mode))
