@@ -59,7 +59,8 @@ async def test_one_scrape_shows_every_worker(tmp_path: Path) -> None:
     try:
         peers: list[Any] = []
         for port, calls in zip(workers.ports, (3, 4), strict=True):
-            peer = await rpc.connect(f"tcp+gotalk://127.0.0.1:{port}", registry=rpc.Registry())
+            url = f"tcp+gotalk://127.0.0.1:{port}"
+            peer = await rpc.connect(url, registry=rpc.Registry(), reconnect=False)
             peers.append(peer)
             for i in range(calls):
                 assert await peer.request("echo", i) == i
