@@ -92,6 +92,7 @@ docs: $(VENV)/.docs
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(VENV)/.ready
 	for f in tests/benchmarks/bench_*.py; do $(VENV)/bin/python $$f || exit 1; done

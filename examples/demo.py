@@ -98,8 +98,8 @@ async def python_api(urls: dict[str, str]) -> None:
     async with rpc.connect(gotalk) as peer:
         got = [n async for n in peer.stream("count", value={"to": 5})]
         check('[n async for n in peer.stream("count", value={"to": 5})]', got, [1, 2, 3, 4, 5])
-        got = [s async for s in peer.stream("sum", [1, 2, 3, 4])]
-        check('[s async for s in peer.stream("sum", [1, 2, 3, 4])]', got, [10])
+        got = [s async for s in peer.stream("sum", parts=[1, 2, 3, 4])]
+        check('[s async for s in peer.stream("sum", parts=[1, 2, 3, 4])]', got, [10])
         peer.notify("log", "hello over Gotalk")
         print('  sent peer.notify("log", "hello over Gotalk")')
 
@@ -107,8 +107,8 @@ async def python_api(urls: dict[str, str]) -> None:
     async with rpc.connect(current) as peer:
         got = [n async for n in peer.stream("count", value={"to": 3})]
         check('[n async for n in peer.stream("count", value={"to": 3})]', got, [1, 2, 3])
-        got = [s async for s in peer.stream("sum", [0.5, 0.25])]
-        check('[s async for s in peer.stream("sum", [0.5, 0.25])]', got, [0.75])
+        got = [s async for s in peer.stream("sum", parts=[0.5, 0.25])]
+        check('[s async for s in peer.stream("sum", parts=[0.5, 0.25])]', got, [0.75])
         peer.notify("log", "hello over Hat Chatter")
         print('  sent peer.notify("log", "hello over Hat Chatter")')
 

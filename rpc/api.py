@@ -108,6 +108,7 @@ def _dialer(
 
     async def dial() -> Peer:
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
+        peer: object  # the transport's protocol: checked to be a Peer below
         try:
             if parsed.websocket:
                 max_size = (options or Options()).max_size

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect as async_connect
+from rpc.calls import legacy_stream_args
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
@@ -81,12 +82,26 @@ class BlockingPeer:
             return _run(peer.request(op, value, timeout=timeout, raw=raw, idempotent=idempotent))
         return _run(peer.request(op, value, timeout=timeout, raw=raw))
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        """Collects the whole result stream, then iterates it (the arguments of
-        :meth:`rpc.Peer.stream`)."""
+    def stream(
+        self,
+        op: str,
+        *legacy: Any,
+        value: Any = None,
+        parts: Iterable[Any] | None = None,
+        timeout: float | None = None,
+        item_timeout: float | None = None,
+        raw: bool = False,
+    ) -> Iterator[Any]:
+        """Collects the whole result stream, then iterates it. Arguments as in
+        :meth:`rpc.peer.Peer.stream` (``stream(op, parts, value)`` is deprecated)."""
+        if legacy:
+            parts, value = legacy_stream_args(legacy, parts, value)
 
         async def collect() -> list[Any]:
-            return [x async for x in self.peer.stream(*args, **kwargs)]
+            results = self.peer.stream(
+                op, value=value, parts=parts, timeout=timeout, item_timeout=item_timeout, raw=raw
+            )
+            return [x async for x in results]
 
         return iter(_run(collect()))
 

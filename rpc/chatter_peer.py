@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, final
 
 import hat.sbs
 
@@ -69,11 +69,24 @@ class Reply:
     value: Any
 
 
+@final
 @dataclass(slots=True, frozen=True)
 class _Sbs:
     """A payload already decoded from SBS (as opposed to raw bytes)."""
 
     value: Any
+
+
+@final
+@dataclass(slots=True, frozen=True)
+class _Undecodable:
+    """A payload whose SBS did not decode: a PayloadError for whoever reads it."""
+
+    reason: str
+
+
+_Incoming: TypeAlias = bytes | _Sbs | _Undecodable
+"""A received payload as the peer holds it until a handler or caller reads it."""
 
 
 class ChatterAdapter:
@@ -85,7 +98,7 @@ class ChatterAdapter:
 
     def __init__(
         self,
-        peer: Peer,
+        peer: Peer[Conversation],
         *,
         dialect: Dialect | None,
         ping_interval: float | None,
@@ -248,7 +261,7 @@ class ChatterAdapter:
             log.warning("undecodable %s from %s: %s", op, self.peer.remote_address, exc)
             return fallback(data) if callable(fallback) else fallback
 
-    def _incoming_payload(self, op: str, data: bytes) -> Any:
+    def _incoming_payload(self, op: str, data: bytes) -> _Incoming:
         """SBS-typed payloads are decoded here (lazily failing as a PayloadError for that
         message alone); the rest stay bytes for the handler."""
         if op in self._sbs_names:
@@ -263,29 +276,28 @@ class ChatterAdapter:
     def encode_request(self, op: str, value: Any) -> bytes:
         if op in self._sbs_names:
             try:
-                return self.sbs_repo.encode(op, value)
+                data: bytes = self.sbs_repo.encode(op, value)
             except _SBS_ERRORS as exc:
                 raise PayloadError(f"cannot encode {op} as SBS: {exc}") from None
+            return data
         return encode_value(value)
 
-    def encode_result(self, value: Any) -> Any:
+    def encode_result(self, value: Any) -> bytes | Reply:
         if isinstance(value, Reply):
             return value
         return encode_value(value)
 
-    def decode_params(self, handler: Handler, payload: Any) -> Any:
-        cls = payload.__class__
-        if cls is _Sbs:
+    def decode_params(self, handler: Handler, payload: _Incoming) -> Any:
+        if type(payload) is _Sbs:
             return convert(payload.value, handler.annotation)
-        if cls is _Undecodable:
+        if type(payload) is _Undecodable:
             raise PayloadError(payload.reason)
         return handler.decode(payload)
 
-    def decode_result(self, payload: Any) -> Any:
-        cls = payload.__class__
-        if cls is _Sbs:
+    def decode_result(self, payload: _Incoming) -> Any:
+        if type(payload) is _Sbs:
             return payload.value
-        if cls is _Undecodable:
+        if type(payload) is _Undecodable:
             raise PayloadError(payload.reason)
         return decode_any(payload)
 
@@ -315,7 +327,7 @@ class ChatterAdapter:
             return False
         return True
 
-    def send_result(self, key: Conversation, payload: Any, stream: bool) -> None:
+    def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
         if isinstance(payload, Reply):
             if not self.codec.holds_token(key):
                 return
@@ -369,18 +381,11 @@ class ChatterAdapter:
             self._send(_CANCEL, self.sbs_repo.encode(_CANCEL, key.first), last=True)
 
 
-@dataclass(slots=True, frozen=True)
-class _Undecodable:
-    """A payload whose SBS did not decode: a PayloadError for whoever reads it."""
-
-    reason: str
-
-
 def _undecodable(data: bytes) -> str:
     return f"undecodable PeerwireRpc.Error result ({len(data)} bytes)"
 
 
-class ChatterPeer(Peer):
+class ChatterPeer(Peer[Conversation]):
     """A :class:`~rpc.peer.Peer` speaking Hat Chatter (see the module doc for the mapping).
 
     ``dialect=None`` (servers) detects the dialect from the first frame; ``strict=False``

@@ -323,7 +323,7 @@ async def _serve_here(
     metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
     try:
         for url in urls:
-            # the core would serve TLS on a tcp+ URL if given a context: only TLS URLs get one
+            # the core refuses a TLS context for a plain URL: only TLS URLs get one
             server = rpc.serve(
                 str(url), registry=registry, ssl=server_ctx if url.tls else None, metrics=metrics
             )
@@ -411,7 +411,8 @@ async def client(args: argparse.Namespace) -> int:
         elif args.command == "notify":
             peer.notify(args.op, value)
         else:
-            async for item in peer.stream(args.op, parts, value, timeout=args.timeout):
+            results = peer.stream(args.op, parts=parts, value=value, item_timeout=args.timeout)
+            async for item in results:
                 _print_json(item)
     finally:
         await peer.close()
@@ -423,7 +424,8 @@ async def client(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "eventer":  # runs its own loop, signals and exit codes
-        return args.func(args)
+        status: int = args.func(args)
+        return status
     try:
         if args.command == "top":
             return top(args)

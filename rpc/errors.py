@@ -27,7 +27,8 @@ class RetryLater(RpcError):
 
 
 class RequestTimeout(RpcError, TimeoutError):
-    """No result arrived within the request's timeout."""
+    """No result arrived within the request's timeout (for a stream: its ``timeout`` for
+    the whole stream, or its ``item_timeout`` for the next result)."""
 
 
 class ConnectionClosed(RpcError, ConnectionError):

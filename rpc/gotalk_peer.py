@@ -54,7 +54,7 @@ class GotalkAdapter:
 
     def __init__(
         self,
-        peer: Peer,
+        peer: Peer[bytes],
         *,
         heartbeat_interval: float | None,
         read_timeout: float | None,
@@ -261,7 +261,7 @@ class GotalkAdapter:
         return decode_any(payload)
 
 
-class GotalkPeer(Peer):
+class GotalkPeer(Peer[bytes]):
     """A :class:`~rpc.peer.Peer` speaking Gotalk v1 (see the module doc for the defaults).
 
     ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions to

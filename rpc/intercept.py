@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
-from rpc.errors import PayloadError, Rejected, RequestTimeout, RetryLater, UnknownOperation
+from rpc.errors import PayloadError, Rejected, RetryLater, UnknownOperation
 from rpc.middleware import Call
 from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind
@@ -203,7 +203,7 @@ async def stream(
     op: str,
     parts: Iterable[Any] | AsyncIterable[Any] | None,
     value: Any,
-    timeout: float | None,
+    wait: core.ResultWait,
     raw: bool,
 ) -> AsyncIterator[Any]:
     """:meth:`Peer.stream` through the chain: the innermost step sends the request (and
@@ -211,9 +211,7 @@ async def stream(
     kind = "request" if parts is None else "stream"
     call = Call(op, kind, "client", peer, value if parts is None else parts)
     try:
-        results = await mw.run(
-            peer.options.middleware, call, lambda c: _open_stream(c, peer._timeout(timeout), raw)
-        )
+        results = await mw.run(peer.options.middleware, call, lambda c: _open_stream(c, wait, raw))
         async for item in results:
             yield item
     finally:
@@ -221,10 +219,10 @@ async def stream(
             peer.adapter.abandon(call.id)
 
 
-async def _open_stream(call: Call, timeout: float, raw: bool) -> AsyncIterator[Any]:
+async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIterator[Any]:
     peer = call.peer
     adapter = peer.adapter
-    await peer.outbox.wait_writable()
+    await wait.bounded(peer.outbox.wait_writable())
     peer._check_open()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     if call.kind == "request":
@@ -233,28 +231,22 @@ async def _open_stream(call: Call, timeout: float, raw: bool) -> AsyncIterator[A
         peer._calls[key] = core._Call(None, queue, None)
     else:
         iterator = core._aiter(call.payload)
-        first = await anext(iterator, core._END)
+        first = await wait.bounded(anext(iterator, core._END))
         data = _encoded(peer, call, b"" if first is core._END else encode_value(first))
         key = call.id = adapter.send_request(call.op, data, True)
         peer._calls[key] = core._Call(None, queue, None)
         if first is not core._END:
-            async for part in iterator:
-                await peer.outbox.wait_writable()
-                peer._check_open()
-                adapter.send_request_part(key, peer._checked_payload(call.op, encode_value(part)))
+            await peer.send_parts(call.op, key, iterator, wait)
         adapter.send_request_end(key)
-    return _results(call, queue, timeout, raw)
+    return _results(call, queue, wait, raw)
 
 
 async def _results(
-    call: Call, queue: asyncio.Queue[Any], timeout: float, raw: bool
+    call: Call, queue: asyncio.Queue[Any], wait: core.ResultWait, raw: bool
 ) -> AsyncIterator[Any]:
     adapter = call.peer.adapter
     while True:
-        try:
-            item = await asyncio.wait_for(queue.get(), timeout)
-        except TimeoutError:
-            raise RequestTimeout(f"{call.op}: no result within {timeout} s") from None
+        item = await wait.next(queue)
         if item is core._END:
             return
         if isinstance(item, BaseException):

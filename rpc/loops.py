@@ -47,12 +47,14 @@ def resolve(choice: str | None = None) -> LoopName:
         raise LoopUnavailable(f"unknown event loop {name!r}{source}: use one of {choices}")
     if name == "auto":
         return "uvloop" if uvloop_installed() else "asyncio"
-    if name == "uvloop" and not uvloop_installed():
-        raise LoopUnavailable(
-            "the uvloop event loop was asked for but uvloop is not installed: "
-            "pip install 'peerwire[speed]' (or use --loop asyncio)"
-        )
-    return name  # type: ignore[return-value]
+    if name == "uvloop":
+        if not uvloop_installed():
+            raise LoopUnavailable(
+                "the uvloop event loop was asked for but uvloop is not installed: "
+                "pip install 'peerwire[speed]' (or use --loop asyncio)"
+            )
+        return "uvloop"
+    return "asyncio"
 
 
 def loop_factory(choice: str | None = None) -> LoopFactory:

@@ -217,7 +217,7 @@ class _MeteredProtocol(asyncio.Protocol):
         self._received = metrics.received_bytes.labels(protocol)
         self._opened = False
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         self._opened = True
         self._metrics.connections_accepted.labels(self._protocol).inc()
         self._metrics.connections_open.labels(self._protocol).inc()

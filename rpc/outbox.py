@@ -14,12 +14,24 @@ peer stops reading while blocked; :meth:`wait_writable` lets senders wait.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 FLUSH_EVERY = 16
 """Pieces queued before a flush is forced (measured +20-30% with 100 requests in flight)."""
 FLUSH_BYTES = 64 * 1024
 """Bytes queued before a flush is forced."""
+
+
+class WriteTransport(Protocol):
+    """What the outbox writes to: asyncio's and uvloop's stream transports, WebSocket's."""
+
+    def write(self, data: bytes) -> None: ...
+    def writelines(self, list_of_data: Iterable[bytes]) -> None: ...
+    def is_closing(self) -> bool: ...
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+    def get_write_buffer_size(self) -> int: ...
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
 
 
 class Outbox:
@@ -44,7 +56,7 @@ class Outbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._transport: Any = None
+        self._transport: WriteTransport | None = None
         self._framed = False
         self._pieces: list[bytes] = []
         self._count = 0
@@ -55,7 +67,7 @@ class Outbox:
         self.blocked = False
         """True while the transport's buffer is above its high-water mark."""
 
-    def attach(self, transport: Any, *, high_water: int, low_water: int) -> None:
+    def attach(self, transport: WriteTransport, *, high_water: int, low_water: int) -> None:
         """Start writing to ``transport`` with the given water marks (bytes)."""
         self._transport = transport
         self._framed = bool(transport.get_extra_info("message_framed", False))

@@ -38,7 +38,8 @@ class Handler:
 def _first_param_annotation(fn: Callable[..., Any]) -> Any:
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:  # unresolvable forward references: fall back to raw annotations
+    except (NameError, AttributeError, TypeError, SyntaxError):
+        # unresolvable or malformed forward references: fall back to the raw annotations
         hints = getattr(fn, "__annotations__", {})
     params = list(inspect.signature(fn).parameters.values())
     if not params:

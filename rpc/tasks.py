@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 log = logging.getLogger("peerwire.rpc")
@@ -44,7 +44,7 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
         return iter(tuple(self._tasks))
 
     def cancel_all(self) -> None:

@@ -96,6 +96,33 @@ def test_config_and_database_errors(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--config" in result.stderr
 
 
+@pytest.mark.parametrize("cli_module", ["rpc.eventer", "rpc.cli"])
+def test_a_database_it_cannot_open_is_one_line_and_exit_3(tmp_path: Path, cli_module: str) -> None:
+    """``python -m rpc.eventer serve`` and ``peerwire eventer serve`` name the path and why."""
+    prefix = ["eventer"] if cli_module == "rpc.cli" else []
+    cases = {
+        "missing/events.db": f"no such directory {tmp_path / 'missing'}",
+        "a-directory": "it is a directory",
+    }
+    (tmp_path / "a-directory").mkdir()
+    for database, reason in cases.items():
+        config = tmp_path / "c.json"
+        config.write_text(json.dumps({"listen": "tcp+sbs://127.0.0.1:0", "database": database}))
+        result = subprocess.run(
+            [sys.executable, "-m", cli_module, *prefix, "serve", "--config", str(config)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        path = tmp_path / database
+        assert result.returncode == cli.EXIT_FAILED == 3, result.stderr
+        assert result.stderr.splitlines() == [
+            f"peerwire eventer: cannot open database {path}: {reason}"
+        ]
+        assert result.stdout == ""
+
+
 def test_add_parser_hooks_into_a_parent_cli() -> None:
     parser = argparse.ArgumentParser(prog="peerwire")
     sub = parser.add_subparsers(dest="command")

@@ -197,7 +197,7 @@ async def test_notifications_and_streams_pass_through(flavour: str) -> None:
             peer.notify("note", "secret")
             peer.notify("note", "public")
             assert [x async for x in peer.stream("count", value=3)] == [0, 1, 2]
-            assert [x async for x in peer.stream("sum", [1, 2, 3])] == [6]
+            assert [x async for x in peer.stream("sum", parts=[1, 2, 3])] == [6]
             await wait_for(lambda: ("s", "done", "note") in log and len(seen) == 1)
     assert seen == [("note", "public")]
     assert ("s", "server", "notification", "note") in log

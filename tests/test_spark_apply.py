@@ -5,6 +5,7 @@ handler code reaches executors (imported by path, pickled by value)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import sys
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -157,3 +159,38 @@ def test_handlers_by_path_and_by_value(spark: SparkSession, tmp_path: Path) -> N
         cloudpickle.unregister_pickle_by_value(module)
         sys.path.remove(str(tmp_path))
         sys.modules.pop("pw_spark_by_value", None)
+
+
+def test_options_object_and_keywords_are_the_same(spark: SparkSession) -> None:
+    """``options=pws.ApplyOptions(...)``, its fields as keywords, or both (keywords win):
+    the same column; ``apply_frame`` adds ``rpc`` by default, as ``call_frame`` does."""
+    registry = shop()
+    df = spark.createDataFrame([("a", 1), ("b", -1)], "name string, qty int")
+    typed = pws.ApplyOptions(result_type="total double, label string", max_concurrency=2)
+    rows = df.select(
+        "name",
+        pws.apply(registry, "price", "name", "qty", options=typed).alias("o"),
+        pws.apply(registry, "price", "name", "qty", result_type="total double, label string").alias(
+            "k"
+        ),
+        pws.apply(registry, "price", "name", "qty", options=typed, result_type=None).alias("j"),
+    ).collect()
+    for row in rows:
+        assert row.o == row.k
+    assert json.loads(rows[0].j.result) == {"total": 1.5, "label": "A"}
+    assert rows[0].o.result.asDict() == {"total": 1.5, "label": "A"}
+
+    out = pws.apply_frame(df, registry, "price", "name", "qty", options=typed)
+    assert out.columns == ["name", "qty", "rpc"]
+    assert [r.rpc for r in out.collect()] == [r.o for r in rows]
+
+    with pytest.raises(TypeError, match="timeout"):
+        pws.apply(registry, "price", "name", timeout=1.0)  # a call option, not an apply one
+    with pytest.raises(TypeError, match="into= is for apply_frame"):
+        pws.apply(registry, "price", "name", into="x")
+    with pytest.raises(TypeError, match="must be a ApplyOptions"):
+        pws.apply(registry, "price", "name", options=pws.CallOptions())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_concurrency"):
+        pws.ApplyOptions(max_concurrency=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        typed.into = "x"  # type: ignore[misc]

@@ -139,6 +139,40 @@ def test_typed_results_in_a_frame(spark: SparkSession, serve_peer) -> None:
         assert rows[i].info.result.asDict() == {"name": f"N{i}", "length": len(f"n{i}")}
 
 
+def test_options_object_and_keywords_are_the_same(spark: SparkSession, serve_peer) -> None:
+    """``options=pws.CallOptions(...)``, its fields as keywords, or both (keywords win)."""
+    registry = rpc.Registry()
+
+    @registry.handle("twice")
+    def twice(n: int) -> int:
+        return 2 * n
+
+    url = serve_peer("gotalk", registry).url
+    df = spark.range(0, 6, numPartitions=2)
+    typed = pws.CallOptions(result_type="long", timeout=5.0, max_in_flight=2)
+    rows = df.select(
+        "id",
+        pws.call(url, "twice", "id", options=typed).alias("o"),
+        pws.call(url, "twice", "id", result_type="long", timeout=5.0, max_in_flight=2).alias("k"),
+        pws.call(url, "twice", "id", options=typed, result_type=None).alias("j"),
+    ).collect()
+    assert sorted((r.id, r.o.result, r.k.result, r.j.result) for r in rows) == [
+        (i, 2 * i, 2 * i, str(2 * i)) for i in range(6)
+    ]
+    out = pws.call_frame(df, url, "twice", "id", options=typed)
+    assert out.columns == ["id", "rpc"]
+    assert sorted(r.rpc.result for r in out.collect()) == [2 * i for i in range(6)]
+
+    with pytest.raises(TypeError, match="max_concurrency"):
+        pws.call(url, "twice", "id", max_concurrency=2)  # an apply option, not a call one
+    with pytest.raises(TypeError, match="into= is for call_frame"):
+        pws.call(url, "twice", "id", into="x")
+    with pytest.raises(ValueError, match="max_in_flight"):
+        pws.call(url, "twice", "id", options=typed, max_in_flight=0)
+    with pytest.raises(ValueError, match="must not be negative"):
+        pws.CallOptions(retries=-1)
+
+
 def test_per_call_timeout_and_raise_mode(spark: SparkSession, serve_peer) -> None:
     registry = rpc.Registry()
 

@@ -19,7 +19,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 log = logging.getLogger("peerwire.transports")
 
@@ -42,7 +42,8 @@ class _Refused(asyncio.Protocol):
     """Closes a connection the server did not admit."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.abort()
+        # a stream connection's transport: uvloop's are not asyncio.Transport subclasses
+        cast(asyncio.Transport, transport).abort()
 
 
 async def open_stream(

@@ -284,10 +284,10 @@ class Responder:
         if path in (self.mount, self.mount[:-1]):
             if request.headers.get("Upgrade", "").lower() != "websocket":
                 return refuse(ws, 426, "this is a WebSocket endpoint\n")
-            reason = self._origin_refusal(request, host)
-            if reason is not None:
-                log.info("refused WebSocket handshake: %s", reason)
-                return refuse(ws, 403, f"Forbidden: {reason}\n")
+            refusal = self._origin_refusal(request, host)
+            if refusal is not None:
+                log.info("refused WebSocket handshake: %s", refusal)
+                return refuse(ws, 403, f"Forbidden: {refusal}\n")
             response = ws.accept(request)
             response.headers["Server"] = SERVER_HEADER
             return response

@@ -24,7 +24,7 @@ import socket
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from websockets.client import ClientProtocol
 from websockets.frames import CloseCode, Frame, Opcode
@@ -117,7 +117,7 @@ class WebSocketTransport(asyncio.Transport):
             return self._conn.handshake_events.get(name, default)
         if name == "peerwire_retry":  # the peer said it takes Gotalk "e" results
             request = self._conn.handshake_events.get("request")
-            query = request.path.partition("?")[2] if request is not None else ""
+            query = request.path.partition("?")[2] if isinstance(request, Request) else ""
             return RETRY_FLAG in urllib.parse.parse_qs(query)
         return self._raw.get_extra_info(name, default)
 
@@ -143,6 +143,7 @@ class WebSocketTransport(asyncio.Transport):
         raise NotImplementedError("a WebSocket transport feeds the sink it was opened with")
 
     def get_protocol(self) -> asyncio.BaseProtocol:
+        # the sink is any ByteSink (the RPC core's Peer is one), not always a BaseProtocol
         return self._conn.sink  # type: ignore[return-value]
 
 
@@ -164,7 +165,7 @@ class Connection(asyncio.Protocol):
         self.raw: asyncio.Transport | None = None
         self.sink: ByteSink | None = None
         self.transport: WebSocketTransport | None = None
-        self.handshake_events: dict[str, Event] = {}
+        self.handshake_events: dict[str, Request | Response] = {}
         self.reading = True
         self.lost = False
         self._head_room = max_head
@@ -179,7 +180,8 @@ class Connection(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.attach(transport)  # type: ignore[arg-type]
+        # a stream connection's transport: uvloop's are not asyncio.Transport subclasses
+        self.attach(cast(asyncio.Transport, transport))
         self.opening.started(self)
 
     def attach(self, raw: asyncio.Transport) -> None:
@@ -275,10 +277,12 @@ class Connection(asyncio.Protocol):
                     if not self.reading:
                         self._held = events[index:]
                         return
-                    sink.data_received(event.data)  # type: ignore[arg-type]
-            else:
+                    # asyncio sinks take bytes: a server's (masked) frames are bytes already
+                    # (no copy), a client's are bytearrays the codecs would copy anyway
+                    sink.data_received(bytes(event.data))
+            elif isinstance(event, Request | Response):
                 self.handshake_events["request" if type(event) is Request else "response"] = event
-                self.opening.handshake(self, event)  # type: ignore[arg-type]
+                self.opening.handshake(self, event)
                 sink = self.sink
                 if self.raw is None or self.raw.is_closing():
                     return

@@ -6,6 +6,7 @@ takes messages and returns bytes. Transports move the bytes; :mod:`rpc` owns tim
 - :mod:`wire.chatter`: Hat Chatter, both dialects (legacy ``Hat`` and current ``HatChatter``).
 - :mod:`wire.gotalk`: Gotalk protocol version 1.
 - :mod:`wire.gossip`: the gossip broadcast frame of the Elixir Chatter library.
+- :mod:`wire.sbs`: the SBS Integer and Bytes primitives (Chatter envelope, Eventer).
 """
 
 __peerwire__ = "wire"  # marks this package as peerwire's (see rpc._packages)

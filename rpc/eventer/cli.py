@@ -26,7 +26,7 @@ EXIT_FAILED = 3
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Add ``eventer`` (with ``serve``) to a parent CLI; ``args.func(args)`` runs it."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "eventer",
         help="Hat Eventer server",
         description="Hat Eventer server with SQLite persistence.",
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_commands(parser)
     args = parser.parse_args(argv)
-    return args.func(args)
+    code: int = args.func(args)
+    return code
 
 
 if __name__ == "__main__":

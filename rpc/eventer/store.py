@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -107,7 +108,8 @@ _type_decoder = msgspec.json.Decoder(list[str])
 
 
 class StoreError(Exception):
-    """The database cannot be used (wrong schema version, not an eventer database)."""
+    """The database cannot be used (cannot be opened, wrong schema version, not an eventer
+    database); the message names the path."""
 
 
 class ResultTooLarge(Exception):
@@ -164,7 +166,13 @@ class Store:
     # --- writer thread -----------------------------------------------------------------
 
     def open(self, server_id: int) -> StoreState:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        """Open (or create) the database. Raises :class:`StoreError` naming the path and
+        the reason when it cannot be opened or is not an eventer database."""
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            reason = _open_failure(self.path, exc)
+            raise StoreError(f"cannot open database {self.path}: {reason}") from exc
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
@@ -390,7 +398,7 @@ class Store:
             f"session {direction}, instance {direction} LIMIT :limit"
         )
         if q.type_ids is not None and len(q.type_ids) <= MERGE_MAX_TYPES:
-            return self._merge_types(conn, q, col, where, params, order)
+            return self._merge_types(conn, q, q.type_ids, col, where, params, order)
         if q.type_ids is not None:
             # "+type_id": filter only, so the planner walks the time index in order
             where.append("+type_id IN (SELECT value FROM json_each(:types))")
@@ -408,6 +416,7 @@ class Store:
     def _merge_types(
         conn: sqlite3.Connection,
         q: TimeseriesQuery,
+        type_ids: list[int],
         col: str,
         where: list[str],
         params: dict[str, Any],
@@ -415,13 +424,12 @@ class Store:
     ) -> tuple[list[bytes], bool]:
         """One ordered index range per type, merged lazily: reads at most limit + 1 rows
         past the sentinel from each type, whatever the table size."""
-        assert q.type_ids is not None
         sql = (
             f"SELECT {col}, server, session, instance, data FROM events "
             f"WHERE {' AND '.join([*where, 'type_id = :type_id'])} {order}"
         )
         cursors: list[Iterator[Any]] = [
-            conn.execute(sql, {**params, "type_id": type_id}) for type_id in q.type_ids
+            conn.execute(sql, {**params, "type_id": type_id}) for type_id in type_ids
         ]
         merged = heapq.merge(*cursors, key=lambda r: r[:4], reverse=q.descending)
         try:
@@ -444,6 +452,20 @@ def _take(blobs: Iterator[bytes], limit: int, max_bytes: int) -> tuple[list[byte
             return taken, True
         taken.append(blob)
     return taken, False
+
+
+def _open_failure(path: str, exc: sqlite3.Error) -> str:
+    """Why SQLite could not open ``path`` (its own text says only "unable to open")."""
+    target = Path(path)
+    if target.is_dir():
+        return "it is a directory"
+    if not target.parent.is_dir():
+        return f"no such directory {target.parent}"
+    if target.exists() and not os.access(target, os.R_OK | os.W_OK):
+        return "permission denied"
+    if not target.exists() and not os.access(target.parent, os.W_OK | os.X_OK):
+        return f"permission denied to create it in {target.parent}"
+    return str(exc)
 
 
 def _migrate_source_keys(conn: sqlite3.Connection) -> None:

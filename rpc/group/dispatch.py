@@ -10,14 +10,12 @@ rate-limited warning (:data:`rpc.logs.violations`). Coroutine handlers run as ta
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections.abc import Awaitable
-from typing import Any
 
 from rpc.group.options import GroupStats
 from rpc.group.payloads import PayloadTypes
 from rpc.logs import violations
+from rpc.notifications import run_notification
 from rpc.payload import PayloadError
 from rpc.registry import Registry
 from rpc.tasks import TaskSet
@@ -79,13 +77,7 @@ class Dispatcher:
             self._stats.malformed += 1
             return
         self._stats.dispatched += 1
-        try:
-            result = handler.fn(value)
-        except Exception:
-            log.exception("notification handler %r failed", handler.name)
-            return
-        if inspect.isawaitable(result):
-            self._spawn(handler.name, result)
+        run_notification(handler, value, self._tasks, max_tasks=self._max_tasks)
 
     async def close(self) -> None:
         """Cancel running handlers and wait for them."""
@@ -98,18 +90,3 @@ class Dispatcher:
                 self._types.register(name)
             except ValueError as exc:
                 log.warning("notification %r cannot be received: %s", name, exc)
-
-    def _spawn(self, name: str, awaitable: Awaitable[Any]) -> None:
-        if len(self._tasks) >= self._max_tasks:
-            log.warning("handler %r not run: %d handlers already running", name, len(self._tasks))
-            if inspect.iscoroutine(awaitable):
-                awaitable.close()
-            return
-        self._tasks.spawn(_run_handler(name, awaitable))
-
-
-async def _run_handler(name: str, awaitable: Awaitable[Any]) -> None:
-    try:
-        await awaitable
-    except Exception:
-        log.exception("notification handler %r failed", name)

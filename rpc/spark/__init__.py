@@ -8,6 +8,8 @@ Needs the ``spark`` extra (``pip install 'peerwire[spark]'``: PySpark >= 4.1 wit
   executors, no network involved.
 - :class:`SparkBatcher` / :func:`serve_op`: a peerwire op whose requests are batched into
   Spark jobs.
+- :class:`CallOptions` / :class:`ApplyOptions`: their options as one frozen object (the
+  functions take the same names as keywords too).
 - :class:`CallStats`: rows called, failed and resent per UDF (an accumulator).
 """
 
@@ -21,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from rpc.spark.apply import apply, apply_frame, ship_by_value
 from rpc.spark.frames import SparkCallError
+from rpc.spark.options import ApplyOptions, CallOptions
 from rpc.spark.serving import ROW_ID, SparkBatcher, serve_op
 from rpc.spark.stats import CallStats
 from rpc.spark.udf import call, call_frame
@@ -28,6 +31,8 @@ from rpc.spark.worker import Tls
 
 __all__ = [
     "ROW_ID",
+    "ApplyOptions",
+    "CallOptions",
     "CallStats",
     "SparkBatcher",
     "SparkCallError",

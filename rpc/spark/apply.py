@@ -34,7 +34,6 @@ from typing import Any
 import msgspec
 from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame
-from pyspark.sql.types import DataType
 
 from rpc.chatter_peer import Reply
 from rpc.payload import PayloadError, convert, decoder_for
@@ -47,7 +46,7 @@ from rpc.spark.frames import (
     parse_type,
     udf_name,
 )
-from rpc.spark.stats import CallStats
+from rpc.spark.options import ApplyOptions
 from rpc.spark.worker import Outcome, Pipeline, Results, Tally, describe, runtime
 
 # types Arrow converts itself: kept as they are when a typed result is made builtin
@@ -85,7 +84,8 @@ class _HandlerPickler(cloudpickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
-        reduced = super().reducer_override(obj)
+        # cloudpickle's Pickler is untyped
+        reduced = super().reducer_override(obj)  # type: ignore[no-untyped-call]
         if not isinstance(obj, type) or _MSGSPEC_CACHE not in vars(obj):
             return reduced
         # a class pickled by value: (make skeleton, args, (class dict, slot state), ...)
@@ -99,7 +99,9 @@ class _HandlerPickler(cloudpickle.Pickler):
 
 def _pickled(value: Any) -> bytes:
     buffer = io.BytesIO()
-    _HandlerPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    # cloudpickle's Pickler is untyped: the constructor is its own, called on our subclass
+    pickler: cloudpickle.Pickler = _HandlerPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-untyped-call]
+    pickler.dump(value)
     return buffer.getvalue()
 
 
@@ -124,17 +126,17 @@ class LocalHandler:
     """The evaluator of :func:`apply`: the handler itself, or where to import it from."""
 
     op: str
-    code: bytes | None  # the handler function and its parameter type (resolved on the
-    # driver, where its names are), pickled by _HandlerPickler; or None
-    path: str | None  # "module:attribute" to import on the executor instead
+    source: bytes | str
+    """The handler function and its parameter type (resolved on the driver, where its names
+    are), pickled by _HandlerPickler; or a ``"module:attribute"`` path to import on the
+    executor instead."""
     max_concurrency: int
     typed: bool
 
     def handler(self) -> Handler:
-        if self.path is not None:
-            return resolve(self.path, self.op)
-        assert self.code is not None
-        fn, annotation = pickle.loads(self.code)
+        if isinstance(self.source, str):
+            return resolve(self.source, self.op)
+        fn, annotation = pickle.loads(self.source)
         return Handler(
             name=self.op,
             fn=fn,
@@ -227,48 +229,42 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def _setup(
-    handlers: Registry | str,
-    op: str,
-    result_type: DataType | str | None,
-    max_concurrency: int,
-    on_error: str,
-    key: str | None,
+    handlers: Registry | str, op: str, options: ApplyOptions
 ) -> tuple[LocalHandler, ResultShape]:
-    if max_concurrency < 1:
-        raise ValueError("max_concurrency must be at least 1")
     handler = resolve(handlers, op)
-    spark_type = parse_type(result_type)
+    spark_type = parse_type(options.result_type)
     typed = spark_type is not None
     if isinstance(handlers, str):
-        evaluator = LocalHandler(op, None, handlers, max_concurrency, typed)
+        source: bytes | str = handlers
     else:
-        code = _pickled((handler.fn, handler.annotation))  # unpicklable handlers fail here
-        evaluator = LocalHandler(op, code, None, max_concurrency, typed)
-    return evaluator, ResultShape(spark_type, on_error, what=f"handler {op!r}", key=key)
+        source = _pickled((handler.fn, handler.annotation))  # unpicklable handlers fail here
+    evaluator = LocalHandler(op, source, options.max_concurrency, typed)
+    shape = ResultShape(spark_type, options.on_error, what=f"handler {op!r}", key=options.key)
+    return evaluator, shape
 
 
 def apply(
     handlers: Registry | str,
     op: str,
     *cols: Column | str,
-    result_type: DataType | str | None = None,
-    request: str | None = None,
-    max_concurrency: int = 64,
-    on_error: str = "null",
-    key: str | None = None,
-    stats: CallStats | None = None,
+    options: ApplyOptions | None = None,
+    **keywords: Any,
 ) -> Column:
     """A ``struct<result, error>`` column: ``op``'s handler run on each row's value.
 
+    Options are an :class:`~rpc.spark.options.ApplyOptions` or its fields as keywords.
     Values, ``result_type``, ``request``, ``on_error``, ``key`` and ``stats`` as in
     :func:`rpc.spark.call`; ``handlers`` is a :class:`rpc.Registry` or a
     ``"module:attribute"`` path to one. Coroutine handlers run on the worker loop, at most
-    ``max_concurrency`` at once per Python worker.
+    ``max_concurrency`` (default 64) at once per Python worker. ``into`` is for
+    :func:`apply_frame` only.
     """
-    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error, key)
-    source = input_column(cols, request, key)
-    name = udf_name("apply", op)
-    return column_function(evaluator, shape, source, name, stats).alias(op)
+    if "into" in keywords:
+        raise TypeError("apply() names its column after the op: into= is for apply_frame()")
+    o = ApplyOptions.of(options, keywords)
+    evaluator, shape = _setup(handlers, op, o)
+    source = input_column(cols, o.request, o.key)
+    return column_function(evaluator, shape, source, udf_name("apply", op), o.stats).alias(op)
 
 
 def apply_frame(
@@ -276,16 +272,13 @@ def apply_frame(
     handlers: Registry | str,
     op: str,
     *cols: Column | str,
-    into: str = "result",
-    result_type: DataType | str | None = None,
-    request: str | None = None,
-    max_concurrency: int = 64,
-    on_error: str = "null",
-    key: str | None = None,
-    stats: CallStats | None = None,
+    options: ApplyOptions | None = None,
+    **keywords: Any,
 ) -> DataFrame:
-    """``df`` with a ``struct<result, error>`` column ``into`` from running ``op``'s handler
-    over every row (``mapInArrow``; every other column kept). Options as in :func:`apply`."""
-    evaluator, shape = _setup(handlers, op, result_type, max_concurrency, on_error, key)
-    source = input_column(cols, request, key)
-    return map_frame(df, source, into, evaluator, shape, udf_name("apply", op), stats)
+    """``df`` with a ``struct<result, error>`` column ``into`` (default ``"rpc"``, as
+    :func:`~rpc.spark.call_frame`'s) from running ``op``'s handler over every row
+    (``mapInArrow``; every other column kept). Options as in :func:`apply`."""
+    o = ApplyOptions.of(options, keywords)
+    evaluator, shape = _setup(handlers, op, o)
+    source = input_column(cols, o.request, o.key)
+    return map_frame(df, source, o.into, evaluator, shape, udf_name("apply", op), o.stats)

@@ -202,7 +202,8 @@ def stream(
 
 def to_values(array: pa.Array | pa.ChunkedArray) -> list[Any]:
     """Arrow values as JSON-able Python values (maps as dicts; structs as dicts)."""
-    return array.to_pylist(maps_as_pydicts="lossy")
+    values: list[Any] = array.to_pylist(maps_as_pydicts="lossy")
+    return values
 
 
 REQUEST_SHAPES = ("value", "object")
@@ -273,7 +274,8 @@ def column_function(
         return stream(evaluator, shape, arrays, reader.values, _result_only, name, stats)
 
     evaluate.__name__ = evaluate.__qualname__ = name
-    udf = F.arrow_udf(evaluate, shape.struct_type)  # the type hints make it an iterator UDF
+    # the type hints make it an iterator UDF: a form pyspark's overloads do not describe
+    udf = F.arrow_udf(evaluate, shape.struct_type)  # type: ignore[call-overload]
     return udf.asNondeterministic()(source.column)  # type: ignore[no-any-return]
 
 

@@ -38,7 +38,7 @@ class CallStats:
     def __init__(self, spark: Any) -> None:
         try:
             context = spark.sparkContext
-        except Exception as exc:  # Spark Connect: no SparkContext, no accumulators
+        except AttributeError as exc:  # Spark Connect: no SparkContext, no accumulators
             raise TypeError(
                 "CallStats needs a classic Spark session (accumulators do not exist on "
                 "Spark Connect); count the error column instead"

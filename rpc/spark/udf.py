@@ -11,13 +11,11 @@ Every Python worker keeps one connection per URL and pipelines each Arrow batch 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame
-from pyspark.sql.types import DataType
 
 from rpc.spark.frames import (
     ResultShape,
@@ -28,8 +26,8 @@ from rpc.spark.frames import (
     parse_type,
     udf_name,
 )
-from rpc.spark.stats import CallStats
-from rpc.spark.worker import CallPolicy, Endpoint, Pipeline, Tally, Tls, make_caller, runtime
+from rpc.spark.options import CallOptions
+from rpc.spark.worker import CallPolicy, Endpoint, Pipeline, Tally, make_caller, runtime
 from rpc.url import parse_url
 
 
@@ -60,54 +58,27 @@ class RemoteCalls:
         return Pipeline(rt, caller, self.window, tally)
 
 
-def _setup(
-    url: str,
-    op: str,
-    *,
-    result_type: DataType | str | None,
-    timeout: float | None,
-    idempotent: bool,
-    retry_for: float,
-    retries: int | None,
-    backoff: float,
-    max_in_flight: int,
-    on_error: str,
-    key: str | None,
-    tls: Tls | None,
-    connect_timeout: float,
-    protocol_options: Mapping[str, Any] | None,
-) -> tuple[RemoteCalls, ResultShape]:
+def _setup(url: str, op: str, options: CallOptions) -> tuple[RemoteCalls, ResultShape]:
     parse_url(url)  # a bad URL fails here, on the driver, not in every task
-    if max_in_flight < 1:
-        raise ValueError("max_in_flight must be at least 1")
-    if retry_for < 0 or backoff < 0 or (retries is not None and retries < 0):
-        raise ValueError("retry_for, retries and backoff must not be negative")
-    endpoint = Endpoint(url, tls, connect_timeout, tuple(sorted((protocol_options or {}).items())))
-    policy = CallPolicy(op, timeout, idempotent, retry_for, retries, backoff)
-    shape = ResultShape(parse_type(result_type), on_error, what=f"call {op!r}", key=key)
-    return RemoteCalls(endpoint, policy, max_in_flight, on_error == "raise"), shape
+    o = options
+    endpoint = Endpoint(
+        url, o.tls, o.connect_timeout, tuple(sorted((o.protocol_options or {}).items()))
+    )
+    policy = CallPolicy(op, o.timeout, o.idempotent, o.retry_for, o.retries, o.backoff)
+    shape = ResultShape(parse_type(o.result_type), o.on_error, what=f"call {op!r}", key=o.key)
+    return RemoteCalls(endpoint, policy, o.max_in_flight, o.on_error == "raise"), shape
 
 
 def call(
     url: str,
     op: str,
     *cols: Column | str,
-    result_type: DataType | str | None = None,
-    request: str | None = None,
-    timeout: float | None = None,
-    idempotent: bool = False,
-    retry_for: float = 30.0,
-    retries: int | None = None,
-    backoff: float = 0.2,
-    max_in_flight: int = 128,
-    on_error: str = "null",
-    key: str | None = None,
-    stats: CallStats | None = None,
-    tls: Tls | None = None,
-    connect_timeout: float = 10.0,
-    protocol_options: Mapping[str, Any] | None = None,
+    options: CallOptions | None = None,
+    **keywords: Any,
 ) -> Column:
     """A column with the result of calling ``op`` on the peer at ``url`` once per row.
+
+    Options are a :class:`~rpc.spark.options.CallOptions` or its fields as keywords.
 
     The request is the value of the one column given, or an object keyed by the column
     names when several are given (``request="value"`` / ``"object"`` fixes the shape;
@@ -132,27 +103,14 @@ def call(
     30 s). ``max_in_flight`` bounds each Python worker's outstanding calls. ``stats``
     counts calls, errors and resends (a :class:`CallStats`, classic sessions). ``tls``
     gives files for ``ssl+`` URLs (read on the executors); ``protocol_options`` go to the
-    protocol peer (``ping_interval``, ...).
+    protocol peer (``ping_interval``, ...). ``into`` is for :func:`call_frame` only.
     """
-    evaluator, shape = _setup(
-        url,
-        op,
-        result_type=result_type,
-        timeout=timeout,
-        idempotent=idempotent,
-        retry_for=retry_for,
-        retries=retries,
-        backoff=backoff,
-        max_in_flight=max_in_flight,
-        on_error=on_error,
-        key=key,
-        tls=tls,
-        connect_timeout=connect_timeout,
-        protocol_options=protocol_options,
-    )
-    source = input_column(cols, request, key)
-    name = udf_name("call", op)
-    return column_function(evaluator, shape, source, name, stats).alias(op)
+    if "into" in keywords:
+        raise TypeError("call() names its column after the op: into= is for call_frame()")
+    o = CallOptions.of(options, keywords)
+    evaluator, shape = _setup(url, op, o)
+    source = input_column(cols, o.request, o.key)
+    return column_function(evaluator, shape, source, udf_name("call", op), o.stats).alias(op)
 
 
 def call_frame(
@@ -160,40 +118,13 @@ def call_frame(
     url: str,
     op: str,
     *cols: Column | str,
-    into: str = "rpc",
-    result_type: DataType | str | None = None,
-    request: str | None = None,
-    timeout: float | None = None,
-    idempotent: bool = False,
-    retry_for: float = 30.0,
-    retries: int | None = None,
-    backoff: float = 0.2,
-    max_in_flight: int = 128,
-    on_error: str = "null",
-    key: str | None = None,
-    stats: CallStats | None = None,
-    tls: Tls | None = None,
-    connect_timeout: float = 10.0,
-    protocol_options: Mapping[str, Any] | None = None,
+    options: CallOptions | None = None,
+    **keywords: Any,
 ) -> DataFrame:
-    """``df`` with a ``struct<result, error>`` column ``into`` holding ``op``'s result for
-    each row, computed with ``mapInArrow`` (all other columns kept). Options as in
-    :func:`call`."""
-    evaluator, shape = _setup(
-        url,
-        op,
-        result_type=result_type,
-        timeout=timeout,
-        idempotent=idempotent,
-        retry_for=retry_for,
-        retries=retries,
-        backoff=backoff,
-        max_in_flight=max_in_flight,
-        on_error=on_error,
-        key=key,
-        tls=tls,
-        connect_timeout=connect_timeout,
-        protocol_options=protocol_options,
-    )
-    source = input_column(cols, request, key)
-    return map_frame(df, source, into, evaluator, shape, udf_name("call", op), stats)
+    """``df`` with a ``struct<result, error>`` column ``into`` (default ``"rpc"``) holding
+    ``op``'s result for each row, computed with ``mapInArrow`` (all other columns kept).
+    Options as in :func:`call`."""
+    o = CallOptions.of(options, keywords)
+    evaluator, shape = _setup(url, op, o)
+    source = input_column(cols, o.request, o.key)
+    return map_frame(df, source, o.into, evaluator, shape, udf_name("call", op), o.stats)

@@ -365,7 +365,7 @@ class Pipeline:
         self._unfinished: set[_Batch] = set()
         self._workers: set[asyncio.Task[None]] = set()
         self._idle = 0
-        self._wakeup: asyncio.Event | None = None
+        self._wakeup = asyncio.Event()  # bound to the runtime's loop by its first wait
         self._closed = False
 
     def submit(self, values: Sequence[Any]) -> concurrent.futures.Future[Results]:
@@ -389,8 +389,6 @@ class Pipeline:
             return
         self._batches.append(batch)
         self._unfinished.add(batch)
-        if self._wakeup is None:
-            self._wakeup = asyncio.Event()
         self._wakeup.set()
         queued = sum(len(b.values) - b.next for b in self._batches)
         wanted = min(self.window, len(self._workers) - self._idle + queued)
@@ -411,7 +409,6 @@ class Pipeline:
         self._unfinished.clear()
 
     async def _work(self) -> None:
-        assert self._wakeup is not None
         batches = self._batches
         while True:
             if not batches:

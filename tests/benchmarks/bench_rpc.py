@@ -20,7 +20,8 @@ Rows (``--only`` takes one of these names; repeat it for several):
   loop resolves futures keyed by ``conv.first_id``.
 - ``bare-echo``: asyncio.Protocol on both sides, 4-byte big-endian length prefix, the
   server echoes every whole frame of one read with one write and the client coalesces the
-  writes of one loop iteration (the same habit as the peerwire core): the ceiling.
+  writes of one loop iteration (the peerwire core does too, but cuts them into writes of
+  16 messages): the ceiling.
 
 Each row is measured in two modes, each on a fresh connection, with a 16-byte payload:
 ``sequential`` (one request at a time) and ``inflight100`` (100 workers each awaiting one
@@ -35,9 +36,9 @@ CPU time per request of each side (client: this process; server: asked over its 
 the start and end of the window). Absolute rates drift by 2x on small VMs (where the
 scheduler puts the two processes matters), so compare the ratios against ``bare-echo``
 measured in the same run, and the CPU figures, which are steadier. At 100 in flight the
-peerwire sides take turns (one write of ~100 messages each way), so the rate is close to
-1 / (client CPU + server CPU) per request. ``--pin`` puts the client on CPU 0 and the
-servers on CPU 1.
+peerwire sides write bursts of 16 messages, so client and server work at the same time and
+the rate can pass 1 / (client CPU + server CPU) per request when each has a core of its
+own. ``--pin`` puts the client on CPU 0 and the servers on CPU 1.
 
 ``--profile DIR`` runs one round of the ``inflight100`` measurement only and profiles the
 timed window on both sides: cProfile data to ``DIR/<row>-{client,server}.prof``, or with

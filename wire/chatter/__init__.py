@@ -14,10 +14,10 @@ from wire.chatter.envelope import (
     Msg,
     decode_msg,
     detect_dialect,
-    encode_integer,
     encode_msg,
 )
 from wire.chatter.framing import FrameReader, frame_header
+from wire.sbs import encode_integer
 
 
 def encode_frame(msg: Msg, dialect: Dialect) -> bytes:

@@ -5,9 +5,7 @@ and decoded here directly rather than through hat-sbs' generic serializer: that 
 small message well under hat-sbs' own cost, and lets the decoder validate what hat-sbs
 does not (truncation, trailing bytes, integers past 64 bits, bad UTF-8, bad Choice
 indexes). The tests check every byte against hat-sbs with ``schemas_sbs/Hat*.sbs``.
-
-SBS Integer: big-endian 7-bit groups, bit 7 set on the LAST byte, bit 6 of the first byte
-is the two's-complement sign, minimal length.
+The SBS Integer and Bytes primitives are :mod:`wire.sbs`'s.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from wire.errors import LocalProtocolError, MalformedMessage
-
-MAX_INTEGER_BYTES = 10
-"""Longest SBS Integer accepted (70 bits covers int64; hat-sbs' C decoder wraps past it)."""
+from wire.sbs import encode_integer, read_bytes, read_integer, read_string
 
 
 class Dialect(enum.Enum):
@@ -54,63 +50,6 @@ class Msg:
     def starts_conversation(self) -> bool:
         """True when this message opens its conversation."""
         return self.owner and self.first == self.id
-
-
-# --- Integer ---------------------------------------------------------------------------
-
-_ONE_BYTE = [bytes(((n & 0x7F) | 0x80,)) for n in range(-64, 64)]
-
-
-def encode_integer(n: int) -> bytes:
-    """SBS Integer bytes of ``n`` (minimal length)."""
-    if -64 <= n < 64:
-        return _ONE_BYTE[n + 64]
-    if 0 < n < 0x2000:  # ids: 2, 3 and 4 groups without the loop
-        return bytes((n >> 7, (n & 0x7F) | 0x80))
-    if 0 < n < 0x100000:
-        return bytes((n >> 14, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
-    if 0 < n < 0x8000000:
-        return bytes((n >> 21, (n >> 14) & 0x7F, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
-    groups = bytearray()
-    while True:
-        groups.append(n & 0x7F)
-        n >>= 7
-        if (n == 0 and not groups[-1] & 0x40) or (n == -1 and groups[-1] & 0x40):
-            break
-    groups[0] |= 0x80
-    groups.reverse()
-    return bytes(groups)
-
-
-def _read_integer(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
-    """Read an SBS Integer at ``pos``; return (value, next position).
-
-    Raises IndexError on truncation (the caller turns it into MalformedMessage).
-    """
-    b = buf[pos]
-    value = b & 0x7F
-    if value & 0x40:
-        value -= 0x80
-    if b & 0x80:
-        return value, pos + 1
-    end = pos + MAX_INTEGER_BYTES
-    pos += 1
-    while True:
-        if pos >= end:
-            raise MalformedMessage("SBS Integer longer than 10 bytes")
-        b = buf[pos]
-        pos += 1
-        value = (value << 7) | (b & 0x7F)
-        if b & 0x80:
-            return value, pos
-
-
-def _read_blob(buf: bytes | bytearray, pos: int, end: int) -> tuple[bytes, int]:
-    size, pos = _read_integer(buf, pos)
-    stop = pos + size
-    if size < 0 or stop > end:
-        raise MalformedMessage("SBS Bytes/String length runs past the message")
-    return bytes(buf[pos:stop]), stop
 
 
 # --- Msg -------------------------------------------------------------------------------
@@ -164,8 +103,8 @@ def _encode_text(text: str) -> bytes:
 def decode_msg(buf: bytes | bytearray, start: int, end: int, dialect: Dialect) -> Msg:
     """Decode exactly ``buf[start:end]`` as one envelope; trailing bytes are an error."""
     try:
-        msg_id, pos = _read_integer(buf, start)
-        first, pos = _read_integer(buf, pos)
+        msg_id, pos = read_integer(buf, start)
+        first, pos = read_integer(buf, pos)
         if pos + 3 > end:
             raise MalformedMessage("Chatter Msg truncated")
         owner = buf[pos] != 0
@@ -174,15 +113,13 @@ def decode_msg(buf: bytes | bytearray, start: int, end: int, dialect: Dialect) -
         pos += 3
         module = None
         if dialect is Dialect.LEGACY:
-            index, pos = _read_integer(buf, pos)
+            index, pos = read_integer(buf, pos)
             if index == 1:
-                raw, pos = _read_blob(buf, pos, end)
-                module = raw.decode()
+                module, pos = read_string(buf, pos, end)
             elif index != 0:
                 raise MalformedMessage(f"bad Optional index {index} in Hat.Data.module")
-        raw_type, pos = _read_blob(buf, pos, end)
-        data, pos = _read_blob(buf, pos, end)
-        type_name = raw_type.decode()
+        type_name, pos = read_string(buf, pos, end)
+        data, pos = read_bytes(buf, pos, end)
     except IndexError:
         raise MalformedMessage("Chatter Msg truncated") from None
     except UnicodeDecodeError as exc:

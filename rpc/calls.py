@@ -1,0 +1,353 @@
+"""The calls a connection makes: requests, streams and notifications of ours, and their
+results as the protocol adapter reports them.
+
+:class:`Caller` is the half of :class:`~rpc.peer.Peer` that does this; it shares the peer's
+state and keeps its own in ``_calls`` (one :class:`_Call` per outstanding request or stream
+of ours, freed when its result, error, deadline or the connection's end comes) and
+``_calls_at`` (the deadline the peer's ``calls`` timer is armed for: the nearest one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import warnings
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from rpc import intercept
+from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater
+from rpc.key import K
+from rpc.payload import encode_value
+
+if TYPE_CHECKING:
+    from rpc.deadlines import Deadlines
+    from rpc.options import Adapter, Options
+    from rpc.outbox import Outbox
+
+T = TypeVar("T")
+
+END = object()
+"""Ends the queue of a stream's results (ours) or of a stream request's parts (served)."""
+_END = END
+
+
+class _Call:
+    """One outstanding request of ours: a future (single result) or a queue (stream)."""
+
+    __slots__ = ("deadline", "future", "queue")
+
+    def __init__(
+        self,
+        future: asyncio.Future[Any] | None,
+        queue: asyncio.Queue[Any] | None,
+        deadline: float | None,
+    ) -> None:
+        self.future = future
+        self.queue = queue
+        self.deadline = deadline
+
+
+class ResultWait:
+    """How long a stream of ours waits: ``item`` seconds for each next result, and never
+    past ``timeout`` seconds from its start (None: no deadline for the whole stream)."""
+
+    __slots__ = ("deadline", "item", "loop", "op", "timeout")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, op: str, timeout: float | None, item: float
+    ) -> None:
+        self.loop = loop
+        self.op = op
+        self.timeout = timeout
+        self.item = item
+        self.deadline = None if timeout is None else loop.time() + timeout
+
+    def _left(self, deadline: float) -> float:
+        """Seconds left before ``deadline``; raises RequestTimeout once it passed."""
+        left = deadline - self.loop.time()
+        if left <= 0:
+            raise self._overdue()
+        return left
+
+    def _overdue(self) -> RequestTimeout:
+        return RequestTimeout(f"{self.op}: stream not done within {self.timeout} s")
+
+    async def bounded(self, awaitable: Awaitable[T]) -> T:
+        """``await awaitable``, within the stream's deadline."""
+        if self.deadline is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, self._left(self.deadline))
+        except TimeoutError:
+            raise self._overdue() from None
+
+    async def next(self, queue: asyncio.Queue[Any]) -> Any:
+        """The next item of ``queue``, within ``item`` seconds and the deadline."""
+        wait, deadline = self.item, self.deadline
+        if deadline is not None:
+            wait = min(wait, self._left(deadline))
+        try:
+            return await asyncio.wait_for(queue.get(), wait)
+        except TimeoutError:
+            if wait < self.item:  # the deadline came first
+                raise self._overdue() from None
+            raise RequestTimeout(f"{self.op}: no result within {self.item} s") from None
+
+
+def legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple[Any, Any]:
+    """``stream(op, parts, value)``, the positional form before keyword-only arguments."""
+    if len(legacy) > 2 or (parts is not None) or (len(legacy) == 2 and value is not None):
+        raise TypeError("stream() takes parts and value as keywords (parts=, value=)")
+    warnings.warn(
+        "stream(op, parts, value) is deprecated: pass parts= and value= as keywords",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return legacy[0], legacy[1] if len(legacy) == 2 else value
+
+
+class _Expired(Exception):
+    """Set on a call's future when its deadline passes."""
+
+
+class Caller(Generic[K]):
+    """The calls we make on a connection (mixed into :class:`~rpc.peer.Peer`, which sets
+    up the attributes below)."""
+
+    adapter: Adapter[K]
+    options: Options
+    outbox: Outbox
+    deadlines: Deadlines
+    _loop: asyncio.AbstractEventLoop
+    _calls: dict[K, _Call]
+    _calls_at: float
+    _intercepted: bool
+
+    if TYPE_CHECKING:
+
+        def _check_open(self) -> None: ...
+
+    def has_call(self, key: K) -> bool:
+        """True while a call of ours with this key waits for its result."""
+        return key in self._calls
+
+    # --- calls of ours ---------------------------------------------------------------------
+
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is not None:
+            return timeout
+        if self.options.timeout is not None:
+            return self.options.timeout
+        return self.adapter.default_timeout
+
+    def _checked_payload(self, op: str, payload: Any) -> Any:
+        if payload.__class__ is bytes and len(payload) > self.options.max_size:
+            raise PayloadError(
+                f"{op}: request of {len(payload)} bytes exceeds max_size {self.options.max_size}"
+            )
+        return payload
+
+    async def request(
+        self, op: str, value: Any = None, *, timeout: float | None = None, raw: bool = False
+    ) -> Any:
+        """Send a request and wait for its result.
+
+        Retry results are honoured (the peer's wait plus up to 50% jitter, then the request
+        is sent again), at most ``options.retries`` times and only while the retry still
+        fits ``timeout``. Raises RemoteError, RetryLater, RequestTimeout, ConnectionClosed,
+        or PayloadError (a value that cannot be encoded or a result that cannot be decoded).
+        """
+        if self._intercepted:
+            return await intercept.request(self, op, value, timeout, raw)  # type: ignore[arg-type]
+        adapter = self.adapter
+        payload = self._checked_payload(op, adapter.encode_request(op, value))
+        timeout = self._timeout(timeout)
+        loop = self._loop
+        deadline = loop.time() + timeout
+        attempt = 0
+        while True:
+            reply = await self.send_and_wait(op, payload, deadline, timeout)
+            if reply.__class__ is RetryLater:
+                attempt += 1
+                wait = reply.wait * (1 + 0.5 * random.random())
+                if attempt > self.options.retries or loop.time() + wait > deadline:
+                    raise reply
+                await asyncio.sleep(wait)
+                continue
+            return reply if raw else adapter.decode_result(reply)
+
+    async def send_and_wait(
+        self,
+        op: str,
+        payload: Any,
+        deadline: float,
+        timeout: float,
+        sent: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """One attempt of a request: send the encoded ``payload`` and return the raw reply
+        (or a RetryLater) by loop time ``deadline``; ``sent(key)`` learns the request's key.
+        A call given up on (timeout, cancellation) is abandoned, which tells a peer that
+        took the cancellation extension."""
+        if self.outbox.blocked:
+            await self.outbox.wait_writable()
+        self._check_open()
+        adapter = self.adapter
+        future: asyncio.Future[Any] = self._loop.create_future()
+        key = adapter.send_request(op, payload, False)
+        if sent is not None:
+            sent(key)
+        self._calls[key] = _Call(future, None, deadline)
+        if deadline < self._calls_at:
+            self._watch_calls(deadline)
+        try:
+            return await future
+        except _Expired:
+            raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+        finally:
+            if self._calls.pop(key, None) is not None:
+                adapter.abandon(key)
+
+    async def stream(
+        self,
+        op: str,
+        *legacy: Any,
+        value: Any = None,
+        parts: Iterable[Any] | AsyncIterable[Any] | None = None,
+        timeout: float | None = None,
+        item_timeout: float | None = None,
+        raw: bool = False,
+    ) -> AsyncIterator[Any]:
+        """Send a request (a stream request when ``parts`` is given) and yield each result.
+
+        A single result yields once; a streamed result yields every part. ``timeout`` is a
+        deadline for the whole stream, as in :meth:`request` (None: none); ``item_timeout``
+        bounds the wait for each next result (None: ``options.timeout``, else the
+        protocol's default). Either raises RequestTimeout. The old positional form
+        ``stream(op, parts, value)`` still works and warns (DeprecationWarning).
+        """
+        if legacy:
+            parts, value = legacy_stream_args(legacy, parts, value)
+        wait = ResultWait(self._loop, op, timeout, self._timeout(item_timeout))
+        if self._intercepted:
+            async for item in intercept.stream(self, op, parts, value, wait, raw):  # type: ignore[arg-type]
+                yield item
+            return
+        await wait.bounded(self.outbox.wait_writable())
+        self._check_open()
+        adapter = self.adapter
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        key = None
+        try:
+            if parts is None:
+                payload = self._checked_payload(op, adapter.encode_request(op, value))
+                key = adapter.send_request(op, payload, False)
+                self._calls[key] = _Call(None, queue, None)
+            else:
+                iterator = _aiter(parts)
+                first = await wait.bounded(anext(iterator, _END))
+                data = b"" if first is _END else encode_value(first)
+                key = adapter.send_request(op, self._checked_payload(op, data), True)
+                self._calls[key] = _Call(None, queue, None)
+                if first is not _END:
+                    await self.send_parts(op, key, iterator, wait)
+                adapter.send_request_end(key)
+            while True:
+                item = await wait.next(queue)
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item if raw else adapter.decode_result(item)
+        finally:
+            if key is not None and self._calls.pop(key, None) is not None:
+                adapter.abandon(key)
+
+    async def send_parts(
+        self, op: str, key: K, iterator: AsyncIterator[Any], wait: ResultWait
+    ) -> None:
+        """Send the remaining parts of our stream request ``key`` (not its end)."""
+        adapter = self.adapter
+        while (part := await wait.bounded(anext(iterator, _END))) is not _END:
+            await wait.bounded(self.outbox.wait_writable())
+            self._check_open()
+            adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
+
+    def notify(self, name: str, value: Any = None) -> None:
+        """Send a notification (no reply)."""
+        self._check_open()
+        payload = self._checked_payload(name, self.adapter.encode_request(name, value))
+        self.adapter.send_notification(name, payload)
+
+    def _watch_calls(self, when: float) -> None:
+        self._calls_at = when
+        self.deadlines.set("calls", when, self._expire_calls)
+
+    def _expire_calls(self) -> None:
+        """Fail every call past its deadline; watch the nearest remaining one."""
+        self._calls_at = float("inf")
+        now = self._loop.time()
+        nearest = None
+        for call in self._calls.values():
+            deadline = call.deadline
+            if deadline is None or call.future is None:
+                continue
+            if deadline <= now:
+                if not call.future.done():
+                    call.future.set_exception(_Expired())
+            elif nearest is None or deadline < nearest:
+                nearest = deadline
+        if nearest is not None:
+            self._watch_calls(nearest)
+
+    # --- results of our calls (from the adapter) -------------------------------------------
+
+    def on_result(self, key: K, payload: Any) -> None:
+        call = self._calls.pop(key, None)
+        if call is None:
+            return  # late or unknown: ignored, as Go peers do
+        if call.queue is not None:
+            call.queue.put_nowait(payload)
+            call.queue.put_nowait(_END)
+        elif call.future is not None and not call.future.done():
+            call.future.set_result(payload)
+
+    def on_result_part(self, key: K, payload: Any) -> None:
+        call = self._calls.get(key)
+        if call is not None and call.queue is not None:
+            call.queue.put_nowait(payload)
+
+    def on_result_end(self, key: K) -> None:
+        call = self._calls.pop(key, None)
+        if call is not None and call.queue is not None:
+            call.queue.put_nowait(_END)
+
+    def on_error(self, key: K, message: str) -> None:
+        self._fail_call(key, RemoteError(message))
+
+    def on_retry(self, key: K, wait: float, message: str) -> None:
+        call = self._calls.get(key)
+        if call is None:
+            return
+        if call.queue is not None:
+            self._fail_call(key, RetryLater(message, wait))
+        elif call.future is not None and not call.future.done():
+            call.future.set_result(RetryLater(message, wait))
+
+    def _fail_call(self, key: K, exc: BaseException) -> None:
+        call = self._calls.pop(key, None)
+        if call is None:
+            return
+        if call.queue is not None:
+            call.queue.put_nowait(exc)
+        elif call.future is not None and not call.future.done():
+            call.future.set_exception(exc)
+
+
+async def _aiter(items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item

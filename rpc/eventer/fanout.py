@@ -1,0 +1,194 @@
+"""Fan-out: committed sessions and status changes to every client that selects them.
+
+Each client gets one session's events in one MsgEventsNotify (never split), filtered by its
+subscription and server id; clients with the same selection share one encoding. Without
+``events_ack`` a notification is written at once (a client past ``max_client_backlog``
+unread bytes is closed); with it, each client has an :class:`AckSender`: one events
+notification in flight, the next after the client's MsgEventsAck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import rpc
+from rpc.eventer.codec import encode, encode_events, status_to_sbs
+from rpc.eventer.sessions import Session
+from rpc.eventer.subscription import Subscription
+from rpc.eventer.values import MSG_EVENTS_NOTIFY, MSG_STATUS_NOTIFY, EventType, Status
+from rpc.tasks import TaskSet
+
+log = logging.getLogger("peerwire.eventer.server")
+
+MAX_QUEUED_NOTIFICATIONS = 10_000
+"""Notifications waiting for a slow client's acks at most; past it it is disconnected."""
+MATCH_CACHE_SIZE = 65_536
+"""Event types whose subscription match is remembered per client."""
+
+
+@dataclass(slots=True, eq=False)
+class ClientInfo:
+    """One initialised Eventer connection."""
+
+    id: int
+    name: str
+    token: str | None
+    subscription: Subscription
+    server_id: int | None
+    persisted: bool
+    peer: rpc.Peer = field(repr=False)
+    since_session: int = 0
+    """Sessions up to this one were registered before the client's init: not notified."""
+    matches: dict[EventType, bool] = field(default_factory=dict, repr=False)
+    sender: AckSender | None = field(default=None, repr=False)
+    """The client's ordered sender with ``events_ack``; None without."""
+
+
+class Fanout:
+    """The initialised clients, and what each of them is sent."""
+
+    def __init__(self, server_id: int, max_client_backlog: int) -> None:
+        self.server_id = server_id
+        self.clients: dict[rpc.Peer, ClientInfo] = {}
+        self._max_backlog = max_client_backlog
+
+    def add(self, client: ClientInfo) -> None:
+        self.clients[client.peer] = client
+
+    def remove(self, peer: rpc.Peer) -> ClientInfo | None:
+        """Forget a closed connection's client (and stop its sender); None if it had none."""
+        client = self.clients.pop(peer, None)
+        if client is not None and client.sender is not None:
+            client.sender.stop()
+        return client
+
+    def status(self, status: Status) -> None:
+        """Tell every client the new status."""
+        data = encode(MSG_STATUS_NOTIFY, status_to_sbs(status))
+        for client in list(self.clients.values()):
+            self._send(client, MSG_STATUS_NOTIFY, data)
+
+    def notify(self, session: Session) -> None:
+        """Send one committed session to every client whose filters select some of it."""
+        full: bytes | None = None
+        subsets: dict[tuple[int, ...], bytes] = {}
+        types = session.types
+        for client in list(self.clients.values()):
+            if session.id <= client.since_session:
+                continue
+            if client.server_id is not None and client.server_id != self.server_id:
+                continue
+            sub = client.subscription
+            if sub.matches_all:
+                selected = None
+            else:
+                if not sub.query_types:
+                    continue
+                cache = client.matches
+                chosen = []
+                for i, event_type in enumerate(types):
+                    hit = cache.get(event_type)
+                    if hit is None:
+                        if len(cache) >= MATCH_CACHE_SIZE:
+                            cache.clear()
+                        hit = cache[event_type] = sub.matches(event_type)
+                    if hit:
+                        chosen.append(i)
+                if not chosen:
+                    continue
+                selected = None if len(chosen) == len(types) else tuple(chosen)
+            if selected is None:
+                if full is None:
+                    full = encode_events(session.blobs)
+                data = full
+            else:
+                subset = subsets.get(selected)
+                if subset is None:
+                    subset = subsets[selected] = encode_events([session.blobs[i] for i in selected])
+                data = subset
+            self._send(client, MSG_EVENTS_NOTIFY, data)
+
+    async def flush(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for ack-paced clients to take what is queued for them."""
+        flushed = [
+            asyncio.ensure_future(c.sender.idle.wait())
+            for c in self.clients.values()
+            if c.sender is not None
+        ]
+        if flushed:
+            await asyncio.wait(flushed, timeout=timeout)
+            for waiter in flushed:
+                waiter.cancel()
+
+    def _send(self, client: ClientInfo, msg_type: str, data: bytes) -> None:
+        if client.sender is not None:
+            client.sender.push(msg_type, data)
+            return
+        with contextlib.suppress(rpc.ConnectionClosed):
+            client.peer.notify(msg_type, data)
+            if client.peer.write_buffer_size > self._max_backlog:
+                log.warning("client %s reads too slowly: closing it", client.name)
+                client.peer.abort()
+
+
+class AckSender:
+    """Per-client ordered sender for ``events_ack``: one events notification in flight,
+    the next one only after the client's MsgEventsAck (status notifications keep their
+    place in the queue and need no ack). Its task belongs to ``tasks``."""
+
+    def __init__(self, client: ClientInfo, timeout: float, tasks: TaskSet) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._queue: deque[tuple[str, bytes]] = deque()
+        self._ready = asyncio.Event()
+        self.idle = asyncio.Event()
+        """Set while nothing is queued or waiting for an ack."""
+        self.idle.set()
+        self._task = tasks.spawn(self._run())
+
+    def push(self, msg_type: str, data: bytes) -> None:
+        if len(self._queue) >= MAX_QUEUED_NOTIFICATIONS:
+            log.warning(
+                "eventer client %d %r does not keep up with acks; closing",
+                self._client.id,
+                self._client.name,
+            )
+            self._client.peer.abort()
+            return
+        self._queue.append((msg_type, data))
+        self.idle.clear()
+        self._ready.set()
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        peer = self._client.peer
+        while True:
+            if not self._queue:
+                self.idle.set()
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            msg_type, data = self._queue.popleft()
+            try:
+                if msg_type == MSG_EVENTS_NOTIFY:
+                    await peer.request(msg_type, data, timeout=self._timeout, raw=True)
+                else:
+                    peer.notify(msg_type, data)
+            except rpc.RequestTimeout:
+                log.warning(
+                    "eventer client %d sent no ack in %s s; closing", self._client.id, self._timeout
+                )
+                peer.abort()
+                return
+            except rpc.ConnectionClosed:
+                return
+            except rpc.RpcError as exc:  # answered something else than MsgEventsAck
+                log.warning("eventer client %d: bad ack (%s); closing", self._client.id, exc)
+                peer.abort()
+                return

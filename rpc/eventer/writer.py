@@ -1,0 +1,180 @@
+"""The single writer: queued sessions committed in group commits, then released.
+
+Sessions queue in arrival order; the writer commits everything queued (up to
+:data:`MAX_BATCH_EVENTS` events) in one SQLite transaction on its own thread, then hands
+each session to ``on_commit`` (notification, the registrant's answer) and releases the
+queries waiting for it. WAL checkpoints run on another thread every
+:data:`CHECKPOINT_ROWS` committed rows, off the commit path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from rpc.eventer.sessions import Session, TypeCatalog
+from rpc.eventer.store import LatestRow, Store, StoreError
+
+log = logging.getLogger("peerwire.eventer.server")
+
+MAX_BATCH_EVENTS = 50_000
+"""Events written in one transaction at most (bounds commit latency)."""
+INLINE_COMMIT_ROWS = 8
+"""With ``sync = "normal"`` (no fsync), batches up to this size commit on the event loop
+thread: about 60 us, less than the round trip to the writer thread."""
+CHECKPOINT_ROWS = 5_000
+"""Rows committed between two background WAL checkpoints."""
+
+
+class Writer:
+    """Commits queued sessions; :meth:`run` is its loop (one task, owned by the caller)."""
+
+    def __init__(
+        self,
+        store: Store,
+        catalog: TypeCatalog,
+        *,
+        inline_commits: bool,
+        writer_exec: ThreadPoolExecutor,
+        checkpoint_exec: ThreadPoolExecutor,
+        on_commit: Callable[[Session], None],
+        processed: int,
+    ) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._inline = inline_commits
+        self._writer_exec = writer_exec
+        self._checkpoint_exec = checkpoint_exec
+        self._on_commit = on_commit
+        self.processed = processed
+        """Id of the last session whose commit is over (done or failed)."""
+        self.pending_events = 0
+        """Events queued or being committed."""
+        self.stopped = False
+        """Set when :meth:`run` has ended (cancelled, or failed unexpectedly)."""
+        self._pending: deque[Session] = deque()
+        self._last_pushed = processed
+        self._wake = asyncio.Event()
+        self._barriers: list[tuple[int, asyncio.Future[None]]] = []
+        self._rows_since_checkpoint = 0
+        self._checkpoint: asyncio.Future[None] | None = None
+        """The WAL checkpoint running on its thread, if one is."""
+
+    def push(self, session: Session) -> None:
+        """Queue a session with events for the next commit (failed at once if the writer
+        has stopped)."""
+        if self.stopped:
+            session.resolve(None)
+            return
+        self._last_pushed = session.id
+        self._pending.append(session)
+        self.pending_events += len(session.rows)
+        self._wake.set()
+
+    async def wait_processed(self, session_id: int) -> None:
+        """Return once the commit of every session up to ``session_id`` is over (at once
+        if the writer has stopped)."""
+        if session_id <= self.processed or self.stopped:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._barriers.append((session_id, future))
+        await future
+
+    async def run(self) -> None:
+        """Commit what is queued, batch after batch, until cancelled. However it ends,
+        registrants still waiting get a failure and waiting queries are released."""
+        try:
+            await self._commit_forever()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop taking sessions: fail those still queued and release every waiter
+        (idempotent; :meth:`run` calls it when it ends, its owner after cancelling it)."""
+        self.stopped = True
+        for session in self._pending:
+            session.resolve(None)
+        self._pending.clear()
+        self.pending_events = 0
+        self.processed = max(self.processed, self._last_pushed)
+        self._release_barriers()
+
+    async def _commit_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch: list[Session] = []
+            count = 0
+            while self._pending and count < MAX_BATCH_EVENTS:
+                session = self._pending.popleft()
+                batch.append(session)
+                count += len(session.rows)
+            rows = [row for session in batch for row in session.rows]
+            latest: dict[int, LatestRow] = {}
+            for server, session_id, instance, type_id, ts, _, _ in rows:
+                latest[type_id] = (type_id, server, session_id, instance, ts)
+            types = self._catalog.unsaved()
+            try:
+                if count <= INLINE_COMMIT_ROWS and self._inline:
+                    # no fsync: a tiny commit costs less than two thread hops
+                    self._store.write(types, rows, list(latest.values()))
+                else:
+                    await loop.run_in_executor(
+                        self._writer_exec, self._store.write, types, rows, list(latest.values())
+                    )
+            except (sqlite3.Error, StoreError):
+                log.exception("commit of %d events failed; their registrations fail", count)
+                for session in batch:
+                    session.resolve(None)
+            except BaseException:  # cancelled or an unexpected failure: run() ends
+                for session in batch:
+                    session.resolve(None)
+                raise
+            else:
+                self._rows_since_checkpoint += count
+                if self._rows_since_checkpoint >= CHECKPOINT_ROWS and self._checkpoint is None:
+                    self._start_checkpoint()
+                self._catalog.saved(types)
+                for session in batch:
+                    self._on_commit(session)
+                    session.resolve(session.blobs)
+            finally:
+                self.pending_events -= count
+            self.processed = batch[-1].id
+            if self._barriers:
+                self._release_barriers()
+
+    async def wait_checkpoint(self) -> None:
+        """Wait for a running checkpoint (its failure is logged, not raised)."""
+        if self._checkpoint is not None:
+            await asyncio.wait([self._checkpoint])
+
+    def _start_checkpoint(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._rows_since_checkpoint = 0
+        future = loop.run_in_executor(self._checkpoint_exec, self._store.checkpoint)
+        self._checkpoint = future
+
+        def done(f: asyncio.Future[None]) -> None:
+            self._checkpoint = None
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("WAL checkpoint failed: %s", f.exception())
+
+        future.add_done_callback(done)
+
+    def _release_barriers(self) -> None:
+        waiting = []
+        for target, future in self._barriers:
+            if target <= self.processed:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((target, future))
+        self._barriers = waiting

@@ -1,0 +1,50 @@
+"""Running a notification handler on its decoded value: the one dispatch shared by a peer
+connection (:meth:`rpc.peer.Peer.on_notification`) and a group node
+(:class:`rpc.group.dispatch.Dispatcher`).
+
+Nothing is answered, so nothing is raised: a handler's failure is logged. A coroutine
+handler runs as a task of the caller's :class:`~rpc.tasks.TaskSet`; with ``max_tasks``, a
+notification that arrives while that many run is not dispatched (one warning).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from rpc.registry import Handler
+from rpc.tasks import TaskSet
+
+__all__ = ["run_notification"]
+
+log = logging.getLogger("peerwire.rpc")
+
+
+def run_notification(
+    handler: Handler, value: Any, tasks: TaskSet, *, max_tasks: int | None = None
+) -> bool:
+    """Call ``handler.fn(value)`` (in the caller's context, e.g. with ``current_peer``
+    set); False if it failed or its coroutine was not run for ``max_tasks``."""
+    try:
+        result = handler.fn(value)
+    except Exception:
+        log.exception("notification handler %r failed", handler.name)
+        return False
+    if not inspect.isawaitable(result):
+        return True
+    if max_tasks is not None and len(tasks) >= max_tasks:
+        log.warning("handler %r not run: %d handlers already running", handler.name, len(tasks))
+        if inspect.iscoroutine(result):
+            result.close()
+        return False
+    tasks.spawn(_run(handler.name, result))
+    return True
+
+
+async def _run(name: str, awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("notification handler %r failed", name)

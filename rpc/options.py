@@ -1,0 +1,75 @@
+"""What a connection is set up with: its :class:`Options` and its wire format's
+:class:`Adapter` (:mod:`rpc.gotalk_peer`, :mod:`rpc.chatter_peer`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rpc.key import K
+from rpc.middleware import Middleware
+from rpc.registry import Handler
+from wire.errors import ProtocolError
+
+
+@dataclass(slots=True)
+class Options:
+    """Per-connection settings; every limit is per connection."""
+
+    timeout: float | None = None
+    """Seconds a request waits for its result; None = the protocol's default (Chatter 5 s,
+    the Chatter conversation timeout; Gotalk 30 s)."""
+    max_concurrent: int = 1024
+    """Handlers running at once. Past it, peers that understand retry results get one
+    (waiting ``retry_wait``); others (browsers' gotalk.js) are not read from until a handler
+    finishes."""
+    retry_wait: float = 0.5
+    """Wait we ask for in our retry results, in seconds."""
+    retries: int = 5
+    """At most this many retry results are honoured per request, all within its timeout."""
+    max_size: int = 16 * 1024 * 1024
+    """Largest message accepted or sent, in bytes. A result above it becomes an error result;
+    a request above it raises PayloadError before anything is sent."""
+    max_stream_queue: int = 256
+    """Parts buffered per incoming stream; past it that stream fails with an error result."""
+    high_water: int = 256 * 1024
+    """Unsent output (bytes) above which we stop reading from the peer."""
+    low_water: int = 64 * 1024
+    """Unsent output (bytes) below which reading resumes."""
+    handshake_timeout: float | None = 10.0
+    """Seconds a new connection may take to send its version (Gotalk) or first frame
+    (Chatter) before it is closed."""
+    middleware: tuple[Middleware, ...] = ()
+    """Wrapped around every call of the connection, both ways, first outermost (see
+    :mod:`rpc.middleware`); the registry's own middleware run inside these."""
+
+
+class Adapter(Protocol[K]):
+    """What the peer needs from a wire format (see :mod:`rpc.gotalk_peer`)."""
+
+    name: str
+    default_timeout: float
+    retry_results: bool
+    cancels: bool
+    """True once both sides announced the cancellation extension."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def handshake_done(self) -> bool: ...
+    def decode(self, data: bytes) -> list[Any]: ...
+    def dispatch(self, message: Any) -> None: ...
+    def last_word(self, exc: ProtocolError) -> None: ...
+    def send_request(self, op: str, payload: Any, stream: bool) -> K: ...
+    def send_request_part(self, key: K, payload: bytes) -> None: ...
+    def send_request_end(self, key: K) -> None: ...
+    def send_result(self, key: K, payload: Any, stream: bool) -> None: ...
+    def send_result_part(self, key: K, payload: Any) -> None: ...
+    def send_result_end(self, key: K, failed: bool) -> None: ...
+    def send_error(self, key: K, message: str) -> None: ...
+    def send_retry(self, key: K, wait: float, message: str) -> None: ...
+    def send_notification(self, name: str, payload: Any) -> None: ...
+    def abandon(self, key: K) -> None: ...
+    def encode_request(self, op: str, value: Any) -> Any: ...
+    def encode_result(self, value: Any) -> Any: ...
+    def decode_params(self, handler: Handler, payload: Any) -> Any: ...
+    def decode_result(self, payload: Any) -> Any: ...

@@ -1,0 +1,87 @@
+"""rpc.notifications.run_notification: the one notification dispatch of peers and group
+nodes (failures logged, coroutine handlers as tasks, the group's task bound)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+
+import pytest
+
+import rpc
+from rpc.notifications import run_notification
+from rpc.tasks import TaskSet
+from tests.rpc_helpers import served
+
+
+async def test_bounded_tasks_and_failures_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    reg = rpc.Registry()
+    release = asyncio.Event()
+    started = asyncio.Event()
+    seen: list[object] = []
+
+    @reg.handle_notification("slow")
+    async def slow(value: int) -> None:
+        seen.append(value)
+        started.set()
+        await release.wait()
+
+    @reg.handle_notification("bad")
+    def bad(value: int) -> None:
+        raise ValueError(f"bad {value}")
+
+    @reg.handle_notification("bad_async")
+    async def bad_async(value: int) -> None:
+        raise ValueError(f"bad async {value}")
+
+    tasks = TaskSet(asyncio.get_running_loop())
+    slow_handler = reg.get_notification("slow")
+    assert slow_handler is not None
+    with caplog.at_level(logging.WARNING, logger="peerwire.rpc"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a refused coroutine is closed, never "not awaited"
+        assert run_notification(slow_handler, 1, tasks, max_tasks=1)
+        assert not run_notification(slow_handler, 2, tasks, max_tasks=1)
+        await asyncio.wait_for(started.wait(), 5)
+        assert seen == [1] and len(tasks) == 1
+        assert "handler 'slow' not run: 1 handlers already running" in caplog.text
+
+        bad_handler = reg.get_notification("bad")
+        bad_async_handler = reg.get_notification("bad_async")
+        assert bad_handler is not None and bad_async_handler is not None
+        assert not run_notification(bad_handler, 3, tasks)
+        assert run_notification(bad_async_handler, 4, tasks)
+        release.set()
+        assert await tasks.wait(5)
+    failures = [r.getMessage() for r in caplog.records if r.exc_info]
+    assert failures == [
+        "notification handler 'bad' failed",
+        "notification handler 'bad_async' failed",
+    ]
+
+
+async def test_a_peer_runs_its_handlers_with_current_peer_and_survives_failures(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reg = rpc.Registry()
+    got: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
+
+    @reg.handle_notification("fail")
+    async def fail(value: int) -> None:
+        raise RuntimeError("handler broke")
+
+    @reg.handle_notification("who")
+    async def who(value: int) -> None:
+        await got.put((rpc.current_peer.get().remote_address[0], value))
+
+    @reg.handle("echo")
+    def echo(value: object) -> object:
+        return value
+
+    with caplog.at_level(logging.ERROR, logger="peerwire.rpc"):
+        async with served("gotalk", reg) as (_, peer):
+            peer.notify("fail", 1)
+            peer.notify("who", 2)
+            assert await asyncio.wait_for(got.get(), 5) == ("127.0.0.1", 2)
+            assert await peer.request("echo", "still open") == "still open"
+    assert "notification handler 'fail' failed" in caplog.text

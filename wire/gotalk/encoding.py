@@ -1,0 +1,208 @@
+"""Gotalk v1 encoding: messages to ``(header, payload)`` or to one ``bytes``.
+
+Every encoder validates what the peer could not parse back (raising
+:class:`~wire.errors.LocalProtocolError`), then formats the header with one bytes %-format
+(lowercase hex, like Go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+from wire.errors import LocalProtocolError
+from wire.gotalk.messages import (
+    MAX_NAME_SIZE,
+    MAX_PAYLOAD_SIZE,
+    U16_MAX,
+    U32_MAX,
+    ErrorResult,
+    Fault,
+    Heartbeat,
+    Message,
+    MessageType,
+    Notification,
+    Request,
+    Result,
+    RetryResult,
+    StreamRequest,
+    StreamRequestPart,
+    StreamResult,
+)
+
+_IdMessage: TypeAlias = StreamRequestPart | Result | StreamResult | ErrorResult
+
+
+def _check_id(message_id: bytes) -> None:
+    if len(message_id) != 4:
+        raise LocalProtocolError(f"request id must be 4 bytes, got {len(message_id)}")
+
+
+def _check_size(payload: bytes) -> int:
+    size = len(payload)
+    if size > MAX_PAYLOAD_SIZE:
+        raise LocalProtocolError(f"payload of {size} bytes does not fit 8 hex digits")
+    return size
+
+
+def _encode_name(name: str) -> bytes:
+    try:
+        raw = name.encode()
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"name {name!r} is not encodable as UTF-8") from exc
+    if len(raw) > MAX_NAME_SIZE:
+        raise LocalProtocolError(f"name of {len(raw)} UTF-8 bytes exceeds {MAX_NAME_SIZE}")
+    return raw
+
+
+def _check_u32(what: str, value: int) -> None:
+    if not 0 <= value <= U32_MAX:
+        raise LocalProtocolError(f"{what} {value} does not fit an unsigned 32-bit field")
+
+
+def _named_encoder(kind: MessageType) -> Callable[[Request | StreamRequest], tuple[bytes, bytes]]:
+    fmt = kind.encode() + b"%b%03x%b%08x"
+
+    def encode_named(m: Request | StreamRequest) -> tuple[bytes, bytes]:
+        message_id = m.id
+        if len(message_id) != 4:
+            _check_id(message_id)
+        try:
+            op = m.op.encode()
+        except UnicodeEncodeError:
+            op = _encode_name(m.op)  # raises LocalProtocolError
+        name_size = len(op)
+        if name_size > MAX_NAME_SIZE:
+            _encode_name(m.op)  # raises LocalProtocolError
+        payload = m.payload
+        size = len(payload)
+        if size > MAX_PAYLOAD_SIZE:
+            _check_size(payload)
+        return fmt % (message_id, name_size, op, size), payload
+
+    return encode_named
+
+
+def _id_encoder(kind: MessageType) -> Callable[[_IdMessage], tuple[bytes, bytes]]:
+    fmt = kind.encode() + b"%b%08x"
+
+    def encode_with_id(m: _IdMessage) -> tuple[bytes, bytes]:
+        message_id = m.id
+        if len(message_id) != 4:
+            _check_id(message_id)
+        payload = m.payload
+        size = len(payload)
+        if size > MAX_PAYLOAD_SIZE:
+            _check_size(payload)
+        return fmt % (message_id, size), payload
+
+    return encode_with_id
+
+
+def _encode_retry(m: RetryResult) -> tuple[bytes, bytes]:
+    _check_id(m.id)
+    _check_u32("wait", m.wait)
+    payload = m.payload
+    return b"e%b%08x%08x" % (m.id, m.wait, _check_size(payload)), payload
+
+
+def _encode_notification(m: Notification) -> tuple[bytes, bytes]:
+    name = _encode_name(m.name)
+    payload = m.payload
+    return b"n%03x%b%08x" % (len(name), name, _check_size(payload)), payload
+
+
+def _encode_heartbeat(m: Heartbeat) -> tuple[bytes, bytes]:
+    if not 0 <= m.load <= U16_MAX:
+        raise LocalProtocolError(f"heartbeat load {m.load} is outside 0..65535")
+    _check_u32("heartbeat time", m.time)
+    return b"h%04x%08x" % (m.load, m.time), b""
+
+
+def _encode_fault(m: Fault) -> tuple[bytes, bytes]:
+    _check_u32("fault code", m.code)
+    return b"f%08x" % m.code, b""
+
+
+# Each class maps to its own encoder (a dict keyed by type cannot say so: hence Any).
+_ENCODERS: dict[type, Callable[[Any], tuple[bytes, bytes]]] = {
+    Request: _named_encoder(MessageType.REQUEST),
+    StreamRequest: _named_encoder(MessageType.STREAM_REQUEST),
+    StreamRequestPart: _id_encoder(MessageType.STREAM_REQUEST_PART),
+    Result: _id_encoder(MessageType.RESULT),
+    StreamResult: _id_encoder(MessageType.STREAM_RESULT),
+    ErrorResult: _id_encoder(MessageType.ERROR_RESULT),
+    RetryResult: _encode_retry,
+    Notification: _encode_notification,
+    Heartbeat: _encode_heartbeat,
+    Fault: _encode_fault,
+}
+
+
+def encode_parts(message: Message) -> tuple[bytes, bytes]:
+    """Return ``(header, payload)`` of ``message``; payload is ``b""`` when there is none.
+
+    For WebSocket: gotalk.js requires each header in its own frame and the payload (when
+    non-empty) in the next one. Raises :class:`LocalProtocolError` for a field that does not
+    fit the wire (id not 4 bytes, name over 4095 UTF-8 bytes, payload of 16**8 bytes or
+    more, wait/time/code outside 0..2**32-1, load outside 0..65535).
+    """
+    try:
+        encoder = _ENCODERS[message.__class__]
+    except KeyError:
+        raise TypeError(f"not a Gotalk message: {message!r}") from None
+    header, payload = encoder(message)
+    if payload.__class__ is not bytes:
+        payload = bytes(payload)
+    return header, payload
+
+
+_ID_HEADERS = {
+    kind: kind.encode() + b"%b%08x"
+    for kind in (
+        MessageType.STREAM_REQUEST_PART,
+        MessageType.RESULT,
+        MessageType.STREAM_RESULT,
+        MessageType.ERROR_RESULT,
+    )
+}
+_NAMED_HEADERS = {
+    kind: kind.encode() + b"%b%03x%b%08x"
+    for kind in (MessageType.REQUEST, MessageType.STREAM_REQUEST)
+}
+
+
+def id_header(kind: MessageType, message_id: bytes, size: int) -> bytes:
+    """Header of a ``p``, ``R``, ``S`` or ``E`` message with a payload of ``size`` bytes.
+
+    The hot-path form of :func:`encode_parts` for peers that answer thousands of requests:
+    no message object is built. Raises :class:`LocalProtocolError` like it does.
+    """
+    if len(message_id) != 4:
+        _check_id(message_id)
+    if size > MAX_PAYLOAD_SIZE:
+        raise LocalProtocolError(f"payload of {size} bytes does not fit 8 hex digits")
+    return _ID_HEADERS[kind] % (message_id, size)
+
+
+def request_header(kind: MessageType, message_id: bytes, op: str, size: int) -> bytes:
+    """Header of an ``r`` or ``s`` message (see :func:`id_header`)."""
+    if len(message_id) != 4:
+        _check_id(message_id)
+    name = _encode_name(op)
+    if size > MAX_PAYLOAD_SIZE:
+        raise LocalProtocolError(f"payload of {size} bytes does not fit 8 hex digits")
+    return _NAMED_HEADERS[kind] % (message_id, len(name), name, size)
+
+
+def encode(message: Message) -> bytes:
+    """Return the bytes of ``message`` (header and payload together, for byte streams).
+
+    Raises :class:`LocalProtocolError` like :func:`encode_parts`.
+    """
+    try:
+        encoder = _ENCODERS[message.__class__]
+    except KeyError:
+        raise TypeError(f"not a Gotalk message: {message!r}") from None
+    header, payload = encoder(message)
+    return header + payload if payload else header

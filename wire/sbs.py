@@ -1,0 +1,89 @@
+"""SBS primitives read and written directly: Integer, and Bytes/String bodies.
+
+Used by the Chatter envelope (:mod:`wire.chatter.envelope`) and by the Eventer's
+registration splicer (``rpc.eventer``), which both parse fixed SBS records faster than
+hat-sbs' generic serializer and validate what it does not.
+
+SBS Integer: big-endian 7-bit groups, bit 7 set on the LAST byte, bit 6 of the first byte
+is the two's-complement sign, minimal length. Readers accept at most
+:data:`MAX_INTEGER_BYTES` bytes and values within int64 (hat-sbs' C decoder silently wraps
+past int64); they raise :class:`IndexError` on truncated input, which the caller turns into
+its own error, and :class:`~wire.errors.MalformedMessage` for the rest.
+"""
+
+from __future__ import annotations
+
+from wire.errors import MalformedMessage
+
+MAX_INTEGER_BYTES = 10
+"""Longest SBS Integer accepted (70 bits covers int64)."""
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+_ONE_BYTE = [bytes(((n & 0x7F) | 0x80,)) for n in range(-64, 64)]
+
+
+def encode_integer(n: int) -> bytes:
+    """SBS Integer bytes of ``n`` (minimal length)."""
+    if -64 <= n < 64:
+        return _ONE_BYTE[n + 64]
+    if 0 < n < 0x2000:  # ids: 2, 3 and 4 groups without the loop
+        return bytes((n >> 7, (n & 0x7F) | 0x80))
+    if 0 < n < 0x100000:
+        return bytes((n >> 14, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
+    if 0 < n < 0x8000000:
+        return bytes((n >> 21, (n >> 14) & 0x7F, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
+    groups = bytearray()
+    while True:
+        groups.append(n & 0x7F)
+        n >>= 7
+        if (n == 0 and not groups[-1] & 0x40) or (n == -1 and groups[-1] & 0x40):
+            break
+    groups[0] |= 0x80
+    groups.reverse()
+    return bytes(groups)
+
+
+def read_integer(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
+    """Read an SBS Integer at ``pos``; return (value, next position).
+
+    Raises IndexError on truncation, MalformedMessage past 10 bytes or beyond int64.
+    """
+    b = buf[pos]
+    value = b & 0x7F
+    if value & 0x40:
+        value -= 0x80
+    if b & 0x80:
+        return value, pos + 1
+    end = pos + MAX_INTEGER_BYTES
+    pos += 1
+    while True:
+        if pos >= end:
+            raise MalformedMessage("SBS Integer longer than 10 bytes")
+        b = buf[pos]
+        pos += 1
+        value = (value << 7) | (b & 0x7F)
+        if b & 0x80:
+            if INT64_MIN <= value <= INT64_MAX:
+                return value, pos
+            raise MalformedMessage("SBS Integer beyond int64")
+
+
+def read_bytes(buf: bytes | bytearray, pos: int, end: int) -> tuple[bytes, int]:
+    """Read SBS Bytes (or a String's UTF-8) at ``pos`` that must end by ``end``; return
+    (the bytes, next position)."""
+    size, pos = read_integer(buf, pos)
+    stop = pos + size
+    if size < 0 or stop > end:
+        raise MalformedMessage("SBS Bytes/String length runs past the message")
+    return bytes(buf[pos:stop]), stop
+
+
+def read_string(buf: bytes | bytearray, pos: int, end: int) -> tuple[str, int]:
+    """Read an SBS String at ``pos`` that must end by ``end``; return (the text, next
+    position). Raises UnicodeDecodeError for bytes that are not UTF-8."""
+    size, pos = read_integer(buf, pos)
+    stop = pos + size
+    if size < 0 or stop > end:
+        raise MalformedMessage("SBS Bytes/String length runs past the message")
+    return buf[pos:stop].decode(), stop
