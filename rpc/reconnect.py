@@ -84,7 +84,7 @@ class Backoff:
 
     def ceiling(self, attempt: int) -> float:
         """The longest wait before attempt ``attempt``."""
-        return min(self.cap, self.base * 2 ** min(max(attempt, 0), 62))
+        return min(self.cap, self.base * 2.0 ** min(max(attempt, 0), 62))
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """A random wait before attempt ``attempt`` (``rng``: a seeded generator, for tests)."""
@@ -292,10 +292,17 @@ class ReconnectingPeer:
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         """:meth:`Peer.stream <rpc.peer.Peer.stream>` (same arguments) on the current
-        connection, waiting for one within the stream's ``timeout``; never sent again."""
-        timeout = self._timeout(kwargs.get("timeout"))
+        connection, waiting for one within the stream's ``timeout`` (a deadline for the
+        whole stream, the wait included; without one, ``item_timeout`` or the request
+        timeout); never sent again."""
+        loop = self._loop
+        timeout = kwargs.get("timeout")
+        wait = timeout if timeout is not None else self._timeout(kwargs.get("item_timeout"))
+        deadline = loop.time() + wait
         op = str(args[0] if args else kwargs.get("op", "stream"))
-        peer = await self._ready(self._loop.time() + timeout, op, timeout)
+        peer = await self._ready(deadline, op, wait)
+        if timeout is not None:
+            kwargs = {**kwargs, "timeout": max(deadline - loop.time(), 0.0)}
         items = cast(AsyncGenerator[Any, None], peer.stream(*args, **kwargs))
         async with contextlib.aclosing(items):
             async for item in items:
