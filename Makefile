@@ -5,7 +5,7 @@ VENV := .venv
 LEGACY := .venv-legacy
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 
-.PHONY: demo test test-uvloop docs lint bench clean system-deps node
+.PHONY: demo test test-uvloop docs lint bench bench-smoke clean system-deps node
 
 # The core alone (what the demo needs): peerwire and its few dependencies.
 $(VENV)/.core: pyproject.toml
@@ -96,6 +96,15 @@ lint: $(VENV)/.ready
 
 bench: $(VENV)/.ready
 	for f in tests/benchmarks/bench_*.py; do $(VENV)/bin/python $$f || exit 1; done
+
+# Every benchmark with --smoke (CI): each row runs briefly, next to its baseline, so the
+# benchmarks cannot rot; the figures are rough and nothing about speed is asserted.
+bench-smoke: system-deps $(VENV)/.ready
+	@for f in tests/benchmarks/bench_*.py; do \
+	    echo "== $$f --smoke"; start=$$(date +%s); \
+	    $(VENV)/bin/python $$f --smoke || exit 1; \
+	    echo "== $$f: $$(( $$(date +%s) - start )) s"; \
+	done
 
 clean:
 	rm -rf $(VENV) $(LEGACY) build .pytest_cache .hypothesis .ruff_cache *.egg-info

@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds to wait for the (next) result (default: Chatter 5, Gotalk 30)",
     )
+    client.add_argument(
+        "--connect-timeout",
+        metavar="S",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the connection and its handshakes (default: 10)",
+    )
     client.add_argument("--cafile", metavar="F", help="PEM CAs that sign the server (TLS)")
     client.add_argument("--insecure", action="store_true", help="do not verify the server (TLS)")
     client.add_argument("--cert", metavar="F", help="client certificate (mutual TLS)")
@@ -395,11 +402,10 @@ async def client(args: argparse.Namespace) -> int:
         parts = None
         value = _json_arg(args.payload or "null", "PAYLOAD")
     ctx = _client_ssl(args, url)
-    connect_timeout = args.timeout if args.timeout is not None else 10.0
     log.debug("connecting to %s", url)
     try:
         peer = await rpc.connect(
-            args.url, ssl=ctx, connect_timeout=connect_timeout, reconnect=False
+            args.url, ssl=ctx, connect_timeout=args.connect_timeout, reconnect=False
         )
     except rpc.ConnectionClosed as exc:  # its text already names the URL and the cause
         raise CliError(str(exc), EXIT_CONNECTION) from None

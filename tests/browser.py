@@ -6,7 +6,6 @@ system Chromium. A missing browser or library makes the tests FAIL with what to 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import os
@@ -14,6 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+
+from tests.rpc_helpers import wait_until
 
 try:
     from playwright.async_api import Browser, Page, async_playwright
@@ -75,10 +76,9 @@ def assert_not_blank(png: bytes) -> None:
 
 
 async def eventually(check: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-    """Wait until ``check()`` is true (state that changes through the server's loop)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.02)
+    """Wait until ``check()`` is true (state that changes through the server's loop); an
+    AssertionError naming ``what`` after ``timeout`` s (polled by the tests' one helper)."""
+    try:
+        await wait_until(check, timeout)
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout} s: {what}") from None

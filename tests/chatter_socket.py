@@ -6,6 +6,7 @@ The RPC core has its own transport; this keeps the codec tests independent of it
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from wire.chatter import ChatterConnection, Dialect, Msg
 
@@ -37,19 +38,16 @@ class ChatterSocket:
             self.flush()
         return self._pending.pop(0)
 
-    async def pump(self, seconds: float) -> None:
-        """Keep reading (and answering pings) for a while."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while (left := deadline - loop.time()) > 0:
-            try:
-                data = await asyncio.wait_for(self.reader.read(65536), left)
-            except TimeoutError:
-                return
-            if not data:
-                raise ConnectionError("peer closed")
-            self._pending += self.conn.receive_data(data)
-            self.flush()
+    async def pump_until(self, predicate: Callable[[], object], timeout: float = 5) -> None:
+        """Keep reading (and answering pings) until ``predicate()`` holds after a read;
+        TimeoutError after ``timeout`` s, ConnectionError if the peer closes."""
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                data = await self.reader.read(65536)
+                if not data:
+                    raise ConnectionError("peer closed")
+                self._pending += self.conn.receive_data(data)
+                self.flush()
 
     async def close(self) -> None:
         self.writer.close()

@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from hat.drivers import chatter as hat_chatter
 from hat.drivers import net
 
 from tests.chatter_socket import ChatterSocket
+from tests.rpc_helpers import wait_until
 from wire.chatter import ChatterConnection, Conversation, Dialect
 
 pytestmark = pytest.mark.interop
@@ -57,12 +58,12 @@ async def test_our_client_against_hat_drivers_server() -> None:
             assert Conversation.of_received(reply) == Conversation(True, sent.id)
         sock.conn.send("Note", b"n")  # one-message conversation
         sock.flush()
-        await sock.pump(0.7)  # the server pings us after 0.2 s of silence; we answer
-        assert sock.conn.pings_received >= 2
+        # the server pings us after 0.2 s of silence; we answer, so it pings again
+        await sock.pump_until(lambda: sock.conn.pings_received >= 2)
         sock.conn.send_ping()
         sock.flush()
-        await sock.pump(0.1)
-        assert sock.conn.pongs_received == 1
+        await sock.pump_until(lambda: sock.conn.pongs_received == 1)
+        await wait_until(lambda: len(received) == 4)
         assert [m.data.type for m in received] == ["Req", "Req", "Req", "Note"]
         assert received[0].first and received[-1].last
         assert not srv.is_closing
@@ -74,9 +75,11 @@ async def test_our_client_against_hat_drivers_server() -> None:
 async def test_hat_drivers_client_against_our_server() -> None:
     results: list[bytes] = []
     done = asyncio.Event()
+    socks: list[ChatterSocket] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = ChatterSocket(reader, writer, ChatterConnection())  # dialect detected
+        socks.append(sock)
         try:
             while True:
                 msg = await sock.receive(timeout=10)
@@ -100,7 +103,9 @@ async def test_hat_drivers_client_against_our_server() -> None:
             reply = await asyncio.wait_for(conn.receive(), 5)
             assert reply.conv == conv and reply.last
             assert (reply.data.type, reply.data.data) == ("Res", word.upper())
-        await asyncio.sleep(0.6)  # their pings get our pongs: still open
+        # their pings get our pongs (read while we wait for the next message): a second
+        # ping comes only after the first was answered
+        await wait_until(lambda: socks[0].conn.pings_received >= 2)
         assert not conn.is_closing
     finally:
         await conn.async_close()
@@ -132,8 +137,8 @@ async def test_our_client_against_legacy_server() -> None:
                 True,
             )
             assert reply.first == sent.id
-        await sock.pump(0.8)  # legacy pings every 0.3 s unconditionally
-        assert sock.conn.pings_received >= 2
+        # legacy pings every 0.3 s unconditionally
+        await sock.pump_until(lambda: sock.conn.pings_received >= 2)
         await sock.close()
     finally:
         proc.stdin.close()
@@ -141,8 +146,11 @@ async def test_our_client_against_legacy_server() -> None:
 
 
 async def test_legacy_client_against_our_server() -> None:
+    socks: list[ChatterSocket] = []
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = ChatterSocket(reader, writer, ChatterConnection())
+        socks.append(sock)
         try:
             while True:
                 msg = await sock.receive(timeout=10)
@@ -159,20 +167,39 @@ async def test_legacy_client_against_our_server() -> None:
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    proc = await asyncio.create_subprocess_exec(
-        legacy_python(),
-        str(LEGACY_PEER),
-        "client",
-        f"tcp+sbs://127.0.0.1:{port}",
-        "3",
-        stdout=subprocess.PIPE,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    # the legacy client pings every 0.3 s and closes 0.3 s after a ping without a pong: a
+    # third ping means the first was answered
+    lines = await run_legacy_client(port, 3, lambda: socks[0].conn.pings_received >= 3)
     server.close()
-    lines = [json.loads(line) for line in out.decode().splitlines()]
     assert lines[:3] == [
         {"module": "PwTest", "type": "MsgRes", "data": f"req{i}", "same_conv": True, "last": True}
         for i in range(3)
     ]
     assert lines[3] == {"open": True}
-    assert proc.returncode == 0, sys.stderr
+
+
+async def run_legacy_client(port: int, count: int, pinged: Callable[[], object]) -> list[dict]:
+    """Run the legacy client peer against ``port``: its ``count`` reply lines, then (once
+    ``pinged()`` holds) its report of whether the connection is still open."""
+    proc = await asyncio.create_subprocess_exec(
+        legacy_python(),
+        str(LEGACY_PEER),
+        "client",
+        f"tcp+sbs://127.0.0.1:{port}",
+        str(count),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdin and proc.stdout
+    try:
+        lines = [await asyncio.wait_for(proc.stdout.readline(), 30) for _ in range(count)]
+        await wait_until(pinged)
+        proc.stdin.write(b"report\n")
+        lines.append(await asyncio.wait_for(proc.stdout.readline(), 10))
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return [json.loads(line) for line in lines]

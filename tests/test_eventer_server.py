@@ -132,12 +132,19 @@ async def test_notifications_follow_subscriptions_and_server_id(tmp_path: Path) 
         types = [("a",), ("a", "b"), ("a", "b", "c"), ("b",), ("c",)]
         sent = await register_client.register([RegisterEvent(t) for t in types], with_response=True)
         assert sent is not None
-        await wait_until(lambda: all(received[n] for n in ("all", "a-any", "a-one", "b", "mine")))
-        await asyncio.sleep(0.1)  # nothing else may arrive
+        # a later session that each subscriber above sees: its notification must come next
+        marker = [RegisterEvent(("a", "m")), RegisterEvent(("b",))]
+        marked = await register_client.register(marker, with_response=True)
+        assert marked is not None
+        marked_ids = {e.id for e in marked}
+        subscribers = ("all", "a-any", "a-one", "b", "mine")
+        await wait_until(
+            lambda: all(received[n] and received[n][-1][0].id in marked_ids for n in subscribers)
+        )
 
         def got(name: str) -> list[tuple[str, ...]]:
-            # one session is never split: exactly one notification per client
-            assert len(received[name]) == 1, received[name]
+            # one session is never split: exactly one notification per client, then the marker
+            assert len(received[name]) == 2, received[name]
             return [e.type for e in received[name][0]]
 
         assert got("a-any") == [("a",), ("a", "b"), ("a", "b", "c")]
@@ -145,8 +152,9 @@ async def test_notifications_follow_subscriptions_and_server_id(tmp_path: Path) 
         assert got("a-one") == [("a", "b")]
         assert got("b") == [("b",)]
         # "all" also saw the CONNECTED events of the clients that came after it
-        assert received["all"][-1] == sent
-        assert len(received["all"]) == 1 + len(specs) - 1
+        assert received["all"][-2:] == [sent, marked]
+        assert len(received["all"]) == 1 + len(specs) - 1 + 1
+        # these see neither session (fanned out with the others' notifications)
         assert received["other"] == [] and received["none"] == []
         for client in clients:
             await client.close()
@@ -233,7 +241,8 @@ async def test_events_with_ack(tmp_path: Path) -> None:
         await client.register([json_event(("n",), 5)])
         await client.register([json_event(("n",), 6)])
         await wait_until(lambda: len(got) == 1)
-        await asyncio.sleep(0.1)
+        # the acking client has been notified of both (6 too): the server sent what it could
+        await wait_until(lambda: len(order) == 7)
         assert len(got) == 1  # the second waits for the first ack
         gate.set()
         await wait_until(lambda: len(got) == 2)

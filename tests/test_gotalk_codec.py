@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from wire import DEFAULT_MAX_SIZE
@@ -75,7 +77,9 @@ def test_each_type_encodes_and_decodes(message: Message, wire: bytes) -> None:
 
 def test_message_types_are_the_type_bytes() -> None:
     assert [t.value for t in MessageType] == list("rspRSEenhf")
-    assert Request.TYPE is MessageType.REQUEST and Fault.TYPE is MessageType.FAULT
+    # every type byte has its message class (each example's first byte is its TYPE: above)
+    assert {type(m).TYPE for m, _ in EXAMPLES} == set(MessageType)
+    assert len({type(m) for m, _ in EXAMPLES}) == len(MessageType)
 
 
 def test_decoded_messages_are_frozen() -> None:
@@ -255,10 +259,20 @@ def test_max_size_enforced_from_header_before_payload(header: bytes) -> None:
 
 
 def test_too_large_never_allocates_the_announced_size() -> None:
-    conn = connected()  # default 16 MiB
+    """A header announcing a large payload costs what has arrived, not what it announces;
+    one announcing more than max_size fails before any of it is read."""
+    assert GotalkConnection().max_size == DEFAULT_MAX_SIZE == 16 * 1024 * 1024
+    conn = connected()
+    tracemalloc.start()
+    try:
+        assert conn.receive_data(b"Rabcd00ffffff" + b"x" * 1000) == []  # 16 MiB - 1 announced
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert conn.buffered <= 13 + 1000
+    assert peak < 256 * 1024, peak
     with pytest.raises(MessageTooLarge):
-        conn.receive_data(b"Rabcdffffffff")
-    assert GotalkConnection().max_size == DEFAULT_MAX_SIZE
+        connected().receive_data(b"Rabcd01000001")  # max_size + 1
 
 
 def test_buffer_holds_at_most_one_partial_message() -> None:

@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 import rpc  # noqa: E402
 from rpc.group import GroupNode, GroupOptions, MulticastConfig  # noqa: E402
+from tests.rpc_helpers import wait_until  # noqa: E402
 
 KEY = b"multicast test key"
 
@@ -118,20 +119,14 @@ async def _node(got: list[Any], mcast: MulticastConfig | None, **kw: Any) -> Gro
     return await GroupNode.start("127.0.0.1", 0, key=KEY, registry=registry, options=options)
 
 
-async def _until(predicate: Any, timeout: float = 3.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 async def _multicast_only() -> dict[str, Any]:
     got: list[list[Any]] = [[] for _ in range(4)]
     nodes = [await _node(g, _mcast(30001)) for g in got]
     try:
         await nodes[0].notify("chat", "hello")
-        await _until(lambda: all(got[1:]))
+        await wait_until(lambda: all(got[1:]))
         # loopback hands the sender its own datagram: once it is ignored, the test can tell
-        await _until(lambda: nodes[0].stats.own_multicast_ignored >= 1)
+        await wait_until(lambda: nodes[0].stats.own_multicast_ignored >= 1)
         return {
             "got": got,
             "sender": nodes[0].stats.as_dict(),
@@ -152,13 +147,13 @@ async def _pruned() -> dict[str, Any]:
                 n.add_peer(other.netid)
         expected = sorted(str(n.netid) for n in nodes[1:5])
         # the announcements tell each node who sees its multicast
-        await _until(lambda: sorted(map(str, nodes[0].multicast_peers)) == expected)
+        await wait_until(lambda: sorted(map(str, nodes[0].multicast_peers)) == expected)
         before = nodes[0].stats.frames_sent
         await nodes[0].notify("chat", "tree")
-        await _until(lambda: all(got[1:]))
+        await wait_until(lambda: all(got[1:]))
         # every TCP frame sent has arrived (the put-back node's re-multicast went out, if it
         # did, when its frame arrived; datagrams on loopback are delivered as they are sent)
-        await _until(
+        await wait_until(
             lambda: (
                 sum(n.stats.frames_sent for n in nodes)
                 == sum(n.stats.frames_received for n in nodes)
@@ -184,7 +179,7 @@ async def _default_off() -> dict[str, Any]:
     plain = await _node(plain_got, None)  # default options: no multicast socket at all
     try:
         await sender.notify("chat", "ping")
-        await _until(lambda: listener_got)
+        await wait_until(lambda: listener_got)
         # the plain node has no multicast socket at all: nothing can arrive there later
         return {
             "multicast_listener_got": listener_got,

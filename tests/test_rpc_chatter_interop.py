@@ -12,7 +12,8 @@ from hat.drivers import chatter as hat_chatter
 from hat.drivers import net
 
 import rpc
-from tests.test_chatter_interop import LEGACY_PEER, legacy_python
+from tests.rpc_helpers import wait_until
+from tests.test_chatter_interop import LEGACY_PEER, legacy_python, run_legacy_client
 from wire import schemas
 
 pytestmark = pytest.mark.interop
@@ -97,22 +98,18 @@ async def test_our_client_calls_hat_drivers_service() -> None:
 async def test_legacy_client_calls_our_handlers() -> None:
     repo = hat.sbs.Repository(schemas.repository(), PW_TEST)
     async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry(), sbs_repo=repo) as server:
-        proc = await asyncio.create_subprocess_exec(
-            legacy_python(),
-            str(LEGACY_PEER),
-            "client",
-            f"tcp+sbs://127.0.0.1:{server.url.port}",
-            "3",
-            stdout=subprocess.PIPE,
+        # the legacy client pings every 0.3 s and closes 0.3 s after a ping without a pong:
+        # a third ping means the first was answered
+        lines = await run_legacy_client(
+            server.url.port,
+            3,
+            lambda: any(p.adapter.codec.pings_received >= 3 for p in server.peers),
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), 30)
-    lines = [json.loads(line) for line in out.decode().splitlines()]
     assert lines[:3] == [
         {"module": "PwTest", "type": "MsgRes", "data": f"req{i}!", "same_conv": True, "last": True}
         for i in range(3)
     ]
-    assert lines[3] == {"open": True}  # pings answered both ways while idle
-    assert proc.returncode == 0
+    assert lines[3] == {"open": True}  # our pongs kept it open while idle
 
 
 async def test_our_client_calls_legacy_service() -> None:
@@ -130,7 +127,11 @@ async def test_our_client_calls_legacy_service() -> None:
                 *(peer.request("PwTest.MsgReq", b"%d" % i) for i in range(20))
             )
             assert got == [b"%d" % i for i in range(20)]
-            await asyncio.sleep(0.8)  # both sides ping; the connection stays up
+            # both sides ping: the legacy server every 0.3 s (closing 0.3 s after a ping
+            # without a pong), we after 0.2 s of silence; a third ping from it and a pong
+            # for ours show both answered
+            codec = peer.adapter.codec
+            await wait_until(lambda: codec.pings_received >= 3 and codec.pongs_received >= 1)
             assert peer.is_open
             assert await peer.request("PwTest.MsgReq", b"again") == b"again"
     finally:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import pytest
 
 import rpc
-from tests.rpc_helpers import FLAVOURS, served
+from tests.rpc_helpers import FLAVOURS, served, wait_until
 from wire.chatter import ChatterConnection, Dialect
 
 pytestmark = pytest.mark.parametrize("flavour", list(FLAVOURS))
@@ -19,7 +20,8 @@ class GreetIn:
     name: str
 
 
-def make_registry() -> rpc.Registry:
+def make_registry(started: asyncio.Queue[int] | None = None) -> rpc.Registry:
+    """The test ops; ``sleep`` puts its argument on ``started`` when it begins."""
     reg = rpc.Registry()
 
     @reg.handle("echo")
@@ -36,7 +38,9 @@ def make_registry() -> rpc.Registry:
 
     @reg.handle("sleep")
     async def sleep(ms: int) -> int:
-        await asyncio.sleep(ms / 1000)
+        if started is not None:
+            started.put_nowait(ms)
+        await asyncio.sleep(ms / 1000)  # the work itself
         return ms
 
     @reg.handle("fail")
@@ -150,49 +154,59 @@ async def test_timeout_frees_state_and_late_result_is_dropped(flavour: str) -> N
         with pytest.raises(rpc.RequestTimeout):
             await peer.request("sleep", 300, timeout=0.05)
         assert peer._calls == {}
-        await asyncio.sleep(0.4)  # the late result arrives and is dropped
-        assert await peer.request("echo", 1) == 1
+        # the server answers in order of its timers: this reply comes after the late one,
+        # which the client has then received and dropped
+        assert await peer.request("sleep", 301) == 301
+        assert peer._calls == {}
 
 
 async def test_cancellation_frees_state(flavour: str) -> None:
-    async with served(flavour, make_registry()) as (_, peer):
+    started: asyncio.Queue[int] = asyncio.Queue()
+    async with served(flavour, make_registry(started)) as (_, peer):
         task = asyncio.create_task(peer.request("sleep", 300))
-        await asyncio.sleep(0.05)
+        assert await asyncio.wait_for(started.get(), 5) == 300  # the server is running it
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert peer._calls == {}
-        await asyncio.sleep(0.4)
-        assert await peer.request("echo", 2) == 2
+        # a later, longer sleep answers after any late result of the cancelled one
+        assert await peer.request("sleep", 301) == 301
+        assert peer._calls == {}
 
 
 async def test_concurrency_limit_answers_retry_and_client_honours_it(flavour: str) -> None:
     options = rpc.Options(max_concurrent=2, retry_wait=0.05)
-    async with served(flavour, make_registry(), options=options) as (_, peer):
+    started: asyncio.Queue[int] = asyncio.Queue()
+    async with served(flavour, make_registry(started), options=options) as (_, peer):
         results = await asyncio.gather(*(peer.request("sleep", 100) for _ in range(6)))
         assert results == [100] * 6
+        while not started.empty():
+            started.get_nowait()
         impatient = rpc.Options(retries=0)
         peer.options = impatient
         busy = [asyncio.create_task(peer.request("sleep", 200)) for _ in range(2)]
-        await asyncio.sleep(0.05)
+        for _ in busy:  # both slots are taken
+            assert await asyncio.wait_for(started.get(), 5) == 200
         with pytest.raises(rpc.RetryLater, match="request rate limit"):
             await peer.request("sleep", 1)
         await asyncio.gather(*busy)
 
 
 async def test_graceful_close_drains_in_flight_work(flavour: str) -> None:
-    async with served(flavour, make_registry()) as (server, peer):
+    started: asyncio.Queue[int] = asyncio.Queue()
+    async with served(flavour, make_registry(started)) as (server, peer):
         pending = asyncio.create_task(peer.request("sleep", 200))
-        await asyncio.sleep(0.05)
+        assert await asyncio.wait_for(started.get(), 5) == 200
         [server_side] = server.peers
         await server_side.close()
         assert await pending == 200
 
 
 async def test_connection_loss_fails_pending_requests(flavour: str) -> None:
-    async with served(flavour, make_registry()) as (server, peer):
+    started: asyncio.Queue[int] = asyncio.Queue()
+    async with served(flavour, make_registry(started)) as (server, peer):
         pending = asyncio.create_task(peer.request("sleep", 2000))
-        await asyncio.sleep(0.05)
+        assert await asyncio.wait_for(started.get(), 5) == 2000
         [server_side] = server.peers
         server_side.abort()
         with pytest.raises(rpc.ConnectionClosed):
@@ -241,20 +255,22 @@ async def test_drain_bounds_what_a_slow_reader_costs(flavour: str) -> None:
             hello.send("echo", b"1", last=True)  # a notification: fixes the dialect
             writer.write(hello.data_to_send())
         await writer.drain()
-        while not server.peers:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: server.peers)
         [slow] = server.peers
-        await asyncio.sleep(0.1)
+        await wait_until(slow.adapter.handshake_done)  # the server read what we sent
         chunk = b"x" * 65536
         sent = 0
         blocked = False
         for _ in range(2000):  # up to 128 MiB if nothing pushed back
             slow.notify("blob", chunk)
             sent += 1
-            try:
-                await asyncio.wait_for(slow.drain(), 0.2)
-            except TimeoutError:
+            drained = asyncio.ensure_future(slow.drain())
+            await asyncio.sleep(0)  # one step: drain() returns, or waits for the reader
+            if not drained.done():
                 blocked = True
+                drained.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await drained
                 break
         assert blocked, "drain() never waited for the slow reader"
         assert slow.write_buffer_size < 16 * 1024 * 1024

@@ -11,7 +11,7 @@ import rpc
 from tests.rpc_helpers import gotalk_peer_registry
 
 
-async def exchange(port: int, steps: list[tuple[bytes, bytes]], settle: float = 0.05) -> None:
+async def exchange(port: int, steps: list[tuple[bytes, bytes]]) -> None:
     """Send each client chunk and expect exactly the server bytes that follow it."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -25,8 +25,9 @@ async def exchange(port: int, steps: list[tuple[bytes, bytes]], settle: float = 
                     assert chunk, f"closed after {got!r}"
                     got += chunk
             assert got == expected
-        await asyncio.sleep(settle)
-        writer.write(b"r\xff\xff\xff\xff004echo00000001!")  # still alive, nothing extra came
+        # still alive, and nothing extra came: the server answers in order, so anything more
+        # it had to say about the steps would come before this reply
+        writer.write(b"r\xff\xff\xff\xff004echo00000001!")
         assert await asyncio.wait_for(reader.read(65536), 5) == b"R\xff\xff\xff\xff00000001!"
     finally:
         writer.close()
@@ -167,6 +168,8 @@ async def test_our_client_against_go_server_script() -> None:
     def on_note(value):
         notes.put_nowait(value)
 
+    first_read = asyncio.Event()
+
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         rid, op, payload = await read_request(reader)
         assert (op, payload) == (b"echo", b'"hello"')
@@ -184,6 +187,7 @@ async def test_our_client_against_go_server_script() -> None:
         assert op == b"count"
         writer.write(b"S" + rid + b"000000011S" + rid + b"000000012S" + rid + b"00000000")
         rid, op, _ = await read_request(reader)
+        first_read.set()
         # two results out of order, split across writes mid-header
         rid_b, _, _ = await read_request(reader)
         writer.write(b"R" + rid_b + b"0000")
@@ -203,7 +207,7 @@ async def test_our_client_against_go_server_script() -> None:
         assert await asyncio.wait_for(notes.get(), 5) == {"x": 1}
         assert [x async for x in peer.stream("count", value=2)] == [1, 2]
         first = asyncio.create_task(peer.request("a"))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(first_read.wait(), 5)  # the script reads "a" first
         second = asyncio.create_task(peer.request("b"))
         assert await asyncio.gather(first, second) == ["a", "b"]
         # like a Go server, the script ignored our extension announcement: nothing more of

@@ -11,13 +11,13 @@ import gc
 import logging
 import socket
 import threading
-import time
 from collections import Counter
 
 import pytest
 
 import rpc
 from rpc.spark.worker import CallPolicy, Endpoint, Pipeline, make_caller, runtime
+from tests.rpc_helpers import wait_until
 from tests.spark_session import loop_thread_fixture, serve_peer_fixture  # noqa: F401
 
 
@@ -89,9 +89,11 @@ def test_failures_leave_no_unretrieved_futures(serve_peer, caplog) -> None:
         for pipe in pipes:
             pipe.close()
 
-    runtime().run(asyncio.sleep(0.05))  # let the cancellations run
+    # the cancelled workers finish on the loop; then their futures are garbage, and the
+    # loop reports any unretrieved exception as they are collected
+    runtime().run(wait_until(lambda: not any(pipe._workers for pipe in pipes)))
     gc.collect()
-    runtime().run(asyncio.sleep(0.05))  # the loop reports unretrieved exceptions from here
+    runtime().run(asyncio.sleep(0))  # one more pass of the loop for anything it scheduled
     noise = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert noise == []
 
@@ -126,10 +128,8 @@ def test_calls_wait_for_a_peer_that_comes_back(loop_thread, caplog) -> None:
     try:
         pending = pipe.submit(list(range(200)))
         link = runtime().pool.link(Endpoint(url))
-        deadline = time.monotonic() + 10
-        while link.attempts < 3:  # it has failed to connect a few times
-            assert time.monotonic() < deadline, "no reconnect attempts"
-            time.sleep(0.01)
+        # it has failed to connect a few times (state of the runtime's loop: polled there)
+        runtime().run(wait_until(lambda: link.attempts >= 3, timeout=10))
         assert not pending.done()
         server = loop_thread.serve(url.split("://")[0], counting_registry(processed), port=port)
         results, errors = pending.result(20)

@@ -1,24 +1,27 @@
 """Chatter codec micro-benchmark: encode and decode rates, small and 1 MiB messages.
 
-Run: ``.venv/bin/python tests/benchmarks/bench_chatter.py``. Not part of the test suite:
-figures depend on the machine and are reported, never asserted. hat-sbs' C serializer on
-the same envelope is printed alongside as the reference point.
+Run: ``.venv/bin/python tests/benchmarks/bench_chatter.py [--smoke]``. Not part of the test
+suite: figures depend on the machine and are reported, never asserted. hat-sbs' C serializer
+on the same envelope is printed alongside as the reference point. ``--smoke`` (CI) runs
+every row on a hundredth of the calls, once: it shows the code runs; its figures are rough.
 """
 
 from __future__ import annotations
 
+import argparse
 import timeit
 
 from wire import schemas
 from wire.chatter import ChatterConnection, Dialect
 
 
-def rate(label: str, fn, number: int) -> None:
-    best = min(timeit.repeat(fn, number=number, repeat=5)) / number
+def rate(label: str, fn, number: int, smoke: bool) -> None:
+    number, repeat = (max(1, number // 100), 1) if smoke else (number, 5)
+    best = min(timeit.repeat(fn, number=number, repeat=repeat)) / number
     print(f"chatter  {label:<28} {best * 1e6:9.2f} us/op  {1 / best:12,.0f} ops/s")
 
 
-def bench(dialect: Dialect, size_label: str, payload: bytes, number: int) -> None:
+def bench(dialect: Dialect, size_label: str, payload: bytes, number: int, smoke: bool) -> None:
     sender = ChatterConnection(dialect)
     receiver = ChatterConnection(dialect, max_size=32 << 20)
 
@@ -36,19 +39,22 @@ def bench(dialect: Dialect, size_label: str, payload: bytes, number: int) -> Non
         receiver.receive_data(encode())
 
     tag = f"{dialect.value:<10} {size_label}"
-    rate(f"{tag} encode", encode, number)
-    rate(f"{tag} encode+decode", decode_renumbered, number)
+    rate(f"{tag} encode", encode, number, smoke)
+    rate(f"{tag} encode+decode", decode_renumbered, number, smoke)
     lenient = ChatterConnection(dialect, max_size=32 << 20, strict=False)
-    rate(f"{tag} decode", lambda: lenient.receive_data(frame), number)
+    rate(f"{tag} decode", lambda: lenient.receive_data(frame), number, smoke)
     del decode
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="every row briefly (CI)")
+    smoke = parser.parse_args().smoke
     small = b"0123456789abcdef"
     big = bytes(range(256)) * 4096
     for dialect in (Dialect.CURRENT, Dialect.LEGACY):
-        bench(dialect, "small", small, 50_000)
-        bench(dialect, "1MiB", big, 200)
+        bench(dialect, "small", small, 50_000, smoke)
+        bench(dialect, "1MiB", big, 200, smoke)
     repo = schemas.repository()
     value = {
         "id": 1000,
@@ -59,8 +65,8 @@ def main() -> None:
         "data": {"type": "echo", "data": small},
     }
     raw = repo.encode("HatChatter.Msg", value)
-    rate("hat-sbs    small encode", lambda: repo.encode("HatChatter.Msg", value), 50_000)
-    rate("hat-sbs    small decode", lambda: repo.decode("HatChatter.Msg", raw), 50_000)
+    rate("hat-sbs    small encode", lambda: repo.encode("HatChatter.Msg", value), 50_000, smoke)
+    rate("hat-sbs    small decode", lambda: repo.decode("HatChatter.Msg", raw), 50_000, smoke)
 
 
 if __name__ == "__main__":

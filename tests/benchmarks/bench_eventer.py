@@ -1,6 +1,6 @@
 """Eventer throughput: peerwire's server (SQLite) vs hat-event 0.9.44's full server (lmdb).
 
-    .venv/bin/python tests/benchmarks/bench_eventer.py [--quick]
+    .venv/bin/python tests/benchmarks/bench_eventer.py [--quick | --smoke]
 
 Each server runs in its own process on 127.0.0.1; this process is the load. The load uses
 raw Chatter peers sending PRE-ENCODED HatEventer messages, identical bytes to both
@@ -16,6 +16,9 @@ servers, so the figures measure the servers, not a client library:
 Durability differs in the servers' favour of the reference: ours answers and notifies only
 after an SQLite commit with synchronous=FULL (fsync); the reference answers before its lmdb
 flush (flush_period 1 s here).
+
+``--smoke`` (CI) does a hundredth of the work and queries 10,000 stored events: every row
+runs and is compared with hat-event as usual, but the figures are rough.
 """
 
 from __future__ import annotations
@@ -187,8 +190,8 @@ async def fan_out(port: int, message: bytes, count: int, batch: int, subscribers
     return elapsed
 
 
-async def measure(port: int, quick: bool) -> dict[str, float]:
-    scale = 0.2 if quick else 1.0
+async def measure(port: int, scale: float) -> dict[str, float]:
+    """Every row's rate, on ``scale`` times the full work (at least one request each)."""
     results: dict[str, float] = {}
     peer = await open_peer(port, "bench/load", [], rpc.Registry())
     one, hundred = register_message(1), register_message(100)
@@ -287,10 +290,14 @@ async def million(tmp: Path, total: int) -> list[tuple[str, float, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a fifth of the work")
+    parser.add_argument("--smoke", action="store_true", help="a hundredth of the work (CI)")
     parser.add_argument(
         "--events", type=int, default=1_000_000, help="events for the query timings (0: skip)"
     )
     args = parser.parse_args()
+    scale = 0.01 if args.smoke else 0.2 if args.quick else 1.0
+    if args.smoke:
+        args.events = min(args.events, 10_000)
     servers: list[tuple[str, Callable[[Path], tuple[subprocess.Popen[str], int]]]] = [
         ("peerwire full", lambda tmp: start_ours(tmp, "full")),
         ("peerwire normal", lambda tmp: start_ours(tmp, "normal")),
@@ -301,7 +308,7 @@ def main() -> None:
         for name, start in servers:
             proc, port = start(Path(tmp_name))
             try:
-                table[name] = asyncio.run(measure(port, args.quick))
+                table[name] = asyncio.run(measure(port, scale))
             finally:
                 stop(proc)
     ref = table["hat-event"]

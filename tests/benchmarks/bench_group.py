@@ -1,5 +1,7 @@
 """Group broadcast over 16 node processes on 127.0.0.1: ``python tests/benchmarks/bench_group.py
-[--loop asyncio|uvloop] [--quick]`` (``--quick``: a fifth of the rounds and broadcasts).
+[--loop asyncio|uvloop] [--quick | --smoke]`` (``--quick``: a fifth of the rounds and
+broadcasts; ``--smoke``, for CI: 3 nodes and a hundredth, so every row runs but the figures
+are rough).
 
 Not collected by pytest. Every node is its own process (tests/peers/group_node.py) knowing
 all the others; one origin broadcasts through the distribution tree (at most 4 direct sends
@@ -32,8 +34,8 @@ LATENCY_ROUNDS = 200
 THROUGHPUT = {64: 10_000, 4096: 4_000, 65536: 500}  # payload bytes -> broadcasts
 
 
-async def latency(rounds: int, args: list[str]) -> None:
-    cluster = await Cluster.start(NODES, seed=1, args=args)
+async def latency(rounds: int, args: list[str], nodes: int) -> None:
+    cluster = await Cluster.start(nodes, seed=1, args=args)
     try:
         origin = cluster.nodes[0]
         receivers = cluster.nodes[1:]
@@ -51,7 +53,7 @@ async def latency(rounds: int, args: list[str]) -> None:
             samples.append(max(n.times[-1] for n in receivers) - sent["t0"])
         samples.sort()
         print(
-            f"latency, all {NODES} nodes have a message ({rounds} broadcasts, one "
+            f"latency, all {nodes} nodes have a message ({rounds} broadcasts, one "
             f"at a time): median {statistics.median(samples) * 1e3:.2f} ms, "
             f"p90 {samples[int(0.9 * len(samples))] * 1e3:.2f} ms, max {samples[-1] * 1e3:.2f} ms"
         )
@@ -59,8 +61,8 @@ async def latency(rounds: int, args: list[str]) -> None:
         await cluster.stop()
 
 
-async def throughput(size: int, count: int, args: list[str]) -> None:
-    cluster = await Cluster.start(NODES, seed=1, quiet=True, args=args)
+async def throughput(size: int, count: int, args: list[str], nodes: int) -> None:
+    cluster = await Cluster.start(nodes, seed=1, quiet=True, args=args)
     try:
         origin = cluster.nodes[0]
         value = {"pad": os.urandom(size // 2).hex()}  # incompressible, about `size` bytes
@@ -96,17 +98,19 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="3 nodes, 1/100 of the work (CI)")
     opts = parser.parse_args()
-    scale = 5 if opts.quick else 1
+    scale = 100 if opts.smoke else 5 if opts.quick else 1
+    nodes = 3 if opts.smoke else NODES
     args = ["--loop", opts.loop]
     python = sys.version.split()[0]
     print(
-        f"{NODES} node processes on 127.0.0.1 ({opts.loop}), {os.cpu_count()} CPUs, "
+        f"{nodes} node processes on 127.0.0.1 ({opts.loop}), {os.cpu_count()} CPUs, "
         f"Python {python}, load average {os.getloadavg()[0]:.1f}"
     )
-    await latency(LATENCY_ROUNDS // scale, args)
+    await latency(max(1, LATENCY_ROUNDS // scale), args, nodes)
     for size, count in THROUGHPUT.items():
-        await throughput(size, count // scale, args)
+        await throughput(size, max(1, count // scale), args, nodes)
 
 
 if __name__ == "__main__":

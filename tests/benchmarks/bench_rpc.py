@@ -40,6 +40,9 @@ peerwire sides write bursts of 16 messages, so client and server work at the sam
 the rate can pass 1 / (client CPU + server CPU) per request when each has a core of its
 own. ``--pin`` puts the client on CPU 0 and the servers on CPU 1.
 
+``--smoke`` (CI) is ``--seconds 0.2 --rounds 1`` with a 0.05 s warm-up: every row runs and
+is compared with ``bare-echo`` as usual, but the figures are rough.
+
 ``--profile DIR`` runs one round of the ``inflight100`` measurement only and profiles the
 timed window on both sides: cProfile data to ``DIR/<row>-{client,server}.prof``, or with
 ``--profiler pyinstrument`` (``pip install pyinstrument``) text reports to ``.txt`` files.
@@ -441,7 +444,8 @@ async def measure(
     server: ServerProcess,
     profile: Profile | None = None,
 ) -> Sample:
-    """Completed requests per second with ``inflight`` workers, after a warm-up."""
+    """Completed requests per second with ``inflight`` workers, after a warm-up (WARMUP, or a
+    quarter of ``seconds`` when that is shorter: smoke runs)."""
     count = 0
     running = True
 
@@ -454,7 +458,7 @@ async def measure(
             count += 1
 
     tasks = [asyncio.create_task(worker()) for _ in range(inflight)]
-    await asyncio.sleep(WARMUP)
+    await asyncio.sleep(min(WARMUP, seconds / 4))
     server_start = server.cpu_time()
     if profile is not None:
         profile.start()
@@ -571,6 +575,7 @@ def main() -> None:
     parser.add_argument("--only", choices=ROWS, action="append", help="run this row (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="repeat every row; report medians")
     parser.add_argument("--pin", action="store_true", help="client on CPU 0, servers on CPU 1")
+    parser.add_argument("--smoke", action="store_true", help="--seconds 0.2 --rounds 1 (CI)")
     parser.add_argument("--profile", metavar="DIR", help="profile both sides, inflight100 only")
     parser.add_argument("--profiler", choices=("cprofile", "pyinstrument"), default="cprofile")
     parser.add_argument("--serve", choices=ROWS, help=argparse.SUPPRESS)
@@ -583,6 +588,8 @@ def main() -> None:
     cpus = (0, 1) if args.pin else None
     if cpus:
         os.sched_setaffinity(0, {cpus[0]})
+    if args.smoke:
+        args.seconds, args.rounds = 0.2, 1
     rounds = 1 if args.profile else max(1, args.rounds)
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,9 @@ Every row's result is checked (a Spark job counts the rows without an error). Wo
 warmed up first; the ceiling and the pipelined UDF are measured ``--repeat`` times,
 interleaved, and the best of each is shown (the per-row UDF, being latency-bound and slow,
 once). The first line gives Spark's own rate for the same job with an identity Arrow UDF.
-Absolute figures drift with the machine; the ratios are the point.
+Absolute figures drift with the machine; the ratios are the point. ``--smoke`` (CI): 2,000
+rows (200 for the per-row UDF), once, without the warm-up jobs: every row runs and the
+ratios are printed, but the figures are rough (Spark's start-up dominates such a run).
 """
 
 from __future__ import annotations
@@ -145,7 +147,9 @@ def per_row_udf(spark: Any, url: str, op: str, rows: int) -> float:
     return rows / elapsed
 
 
-def session() -> Any:
+def session(smoke: bool = False) -> Any:
+    """A local[2] session; for smoke runs the JVM compiles with C1 only (starts sooner,
+    runs slower: no figure of such a run is worth keeping)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -159,7 +163,8 @@ def session() -> Any:
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.memory": "1g",
-        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"
+        + (" -XX:TieredStopAtLevel=1" if smoke else ""),
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -195,20 +200,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="best of N (not the per-row UDF)")
     parser.add_argument("--scheme", default="tcp+gotalk", choices=["tcp+gotalk", "tcp+sbs"])
     parser.add_argument("--only", choices=[op for op, _ in OPS], help="one op only")
+    parser.add_argument("--smoke", action="store_true", help="2,000 rows, once (CI)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.scheme)
         return
+    if args.smoke:
+        args.rows, args.per_row_rows, args.repeat = 2_000, 200, 1
 
     per_row_rows = args.per_row_rows or args.rows
     proc, url = start_server(args.scheme)
-    spark = session()
+    spark = session(args.smoke)
     try:
-        identity_udf(spark, 20_000)
-        for op, _ in OPS:  # warm-up: start the Python workers, open their connections
-            pipelined_udf(spark, url, op, 20_000, args.window)
-            per_row_udf(spark, url, op, 2_000)
+        if not args.smoke:  # warm-up: start the Python workers, open their connections
+            identity_udf(spark, 20_000)
+            for op, _ in OPS:
+                pipelined_udf(spark, url, op, 20_000, args.window)
+                per_row_udf(spark, url, op, 2_000)
         floor = max(identity_udf(spark, args.rows) for _ in range(args.repeat))
         print(
             f"{args.rows:,} rows ({per_row_rows:,} for the per-row UDF), {url.split(':')[0]}, "

@@ -6,8 +6,9 @@ Not collected by pytest. Each row starts ``peerwire serve`` on this file's regis
 (``tcp+gotalk://127.0.0.1:0``) with ``--workers`` 1 or 2, then ``--clients`` client
 processes (default 2), each with ``--connections`` connections (default 8) keeping
 ``--inflight`` requests (default 16) outstanding per connection. All clients count the
-requests completed in one shared window of ``--seconds`` (after a 0.5 s warm-up; the window
-is a ``time.monotonic()`` instant, one clock for every process of the machine). Ops:
+requests completed in one shared window of ``--seconds``, which starts 0.5 s after every
+client has connected (the driver sends it as ``time.monotonic()`` instants, one clock for
+every process of the machine). Ops:
 
 - ``echo``: returns its 16-byte payload: server work per call is the core's alone.
 - ``work``: a pure-Python loop of about 0.2 ms per call (measured and printed), so the
@@ -17,7 +18,8 @@ Every row runs ``--rounds`` times (default 3, interleaved, new processes each ti
 prints the median rate, the slowest..fastest round and how many connections each worker
 got (from each connection's first call, ``pid``). On a 2-core machine the clients and the
 workers share the two cores, so 2 workers cannot reach 2x: read the ratio as what a second
-core buys when the clients also need CPU.
+core buys when the clients also need CPU. ``--smoke`` (CI) is ``--seconds 0.2 --rounds 1``
+with a 0.05 s warm-up: every row runs, the figures are rough.
 """
 
 from __future__ import annotations
@@ -74,11 +76,13 @@ def work(data: bytes) -> bytes:
 # --- a client process ----------------------------------------------------------------------
 
 
-async def client(
-    url: str, op: str, start: float, end: float, connections: int, inflight: int
-) -> tuple[int, list[int]]:
+async def client(url: str, op: str, connections: int, inflight: int) -> tuple[int, list[int]]:
+    """Connect, say READY, read the window ("<start> <end>", monotonic) from stdin, load."""
     peers = [await rpc.connect(url) for _ in range(connections)]
     pids = [await peer.request("pid") for peer in peers]
+    print("READY", flush=True)
+    window = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    start, end = map(float, window.split())
     counted = 0
 
     async def worker(peer: rpc.Peer) -> None:
@@ -97,8 +101,7 @@ async def client(
 
 def run_client(args: argparse.Namespace) -> None:
     counted, pids = loops.run(
-        client(args.client, args.op, args.start, args.end, args.connections, args.inflight),
-        args.loop,
+        client(args.client, args.op, args.connections, args.inflight), args.loop
     )
     print(json.dumps({"counted": counted, "pids": pids}), flush=True)
 
@@ -125,24 +128,32 @@ def one_round(args: argparse.Namespace, workers: int, op: str) -> tuple[float, l
     try:
         assert server.stdout is not None
         url = server.stdout.readline().split()[-1]  # printed once every worker serves
-        start = time.monotonic() + 1.5 + WARMUP  # time for the clients to start and connect
-        end = start + args.seconds
         client_cmd = [
             sys.executable,
             __file__,
             f"--client={url}",
             f"--op={op}",
-            f"--start={start}",
-            f"--end={end}",
             f"--connections={args.connections}",
             f"--inflight={args.inflight}",
         ]
         if args.loop:
             client_cmd.append(f"--loop={args.loop}")
         clients = [
-            subprocess.Popen(client_cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                client_cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
             for _ in range(args.clients)
         ]
+        for c in clients:  # every client has connected: the window starts after a warm-up
+            assert c.stdout is not None
+            if c.stdout.readline().strip() != "READY":
+                raise RuntimeError("a client failed to connect")
+        start = time.monotonic() + min(WARMUP, args.seconds / 4)  # shorter in smoke runs
+        window = f"{start} {start + args.seconds}\n"
+        for c in clients:  # all of them before waiting for any
+            assert c.stdin is not None
+            c.stdin.write(window)
+            c.stdin.flush()
         results = [json.loads(c.communicate(timeout=args.seconds + 60)[0]) for c in clients]
         if any(c.returncode for c in clients):
             raise RuntimeError("a client failed")
@@ -162,14 +173,15 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=16)
     parser.add_argument("--loop", choices=loops.CHOICES)
     parser.add_argument("--only", choices=("echo", "work"))
+    parser.add_argument("--smoke", action="store_true", help="--seconds 0.2 --rounds 1 (CI)")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--op", help=argparse.SUPPRESS)
-    parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
-    parser.add_argument("--end", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         run_client(args)
         return
+    if args.smoke:
+        args.seconds, args.rounds = 0.2, 1
 
     work_us = 1e6 * min(timed(busy) for _ in range(20))
     print(

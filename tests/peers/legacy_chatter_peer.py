@@ -1,7 +1,9 @@
 """A legacy hat-chatter 0.5.11 peer, run in its own venv (it pins hat-sbs 0.6).
 
 usage: legacy_chatter_peer.py server          -> prints "PORT <n>", echoes MsgReq as MsgRes
-       legacy_chatter_peer.py client URL N    -> sends N MsgReq, prints one JSON line per reply
+       legacy_chatter_peer.py client URL N    -> sends N MsgReq, prints one JSON line per reply,
+                                                 then idles (pinging) until a line on stdin and
+                                                 prints {"open": ...}
 Messages use the module PwTest: MsgReq = Bytes, MsgRes = Bytes.
 """
 
@@ -50,7 +52,8 @@ async def client(url: str, count: int) -> None:
             ),
             flush=True,
         )
-    await asyncio.sleep(1)  # long enough for pings both ways (ping_timeout 0.3 s)
+    # idle, pinging and answering pings, until the test has seen enough pings go by
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     print(json.dumps({"open": not conn.is_closing}), flush=True)
     await conn.async_close()
 
