@@ -10,15 +10,19 @@ import pytest
 
 EXPORTS = {
     "rpc": [
+        "Backoff",
         "Call",
         "ChatterPeer",
         "ConnectionClosed",
+        "ConnectionState",
         "GotalkPeer",
         "Middleware",
         "Options",
         "PayloadError",
         "Peer",
         "PeerUrl",
+        "Reconnect",
+        "ReconnectingPeer",
         "Registry",
         "Rejected",
         "RemoteError",
@@ -27,6 +31,7 @@ EXPORTS = {
         "RetryLater",
         "RpcError",
         "Server",
+        "Transition",
         "UnknownOperation",
         "UrlError",
         "blocking",
