@@ -12,12 +12,13 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 from websockets.exceptions import InvalidHandshake
 
+from rpc.backoff import Reconnect
 from rpc.chatter_peer import ChatterAdapter, ChatterPeer
 from rpc.errors import ConnectionClosed
 from rpc.gotalk_peer import GotalkAdapter, GotalkPeer
 from rpc.middleware import Middleware
 from rpc.peer import Options, Peer
-from rpc.reconnect import Reconnect, ReconnectingPeer, Transition
+from rpc.reconnect import ReconnectingPeer, Transition
 from rpc.registry import Registry, default_registry
 from rpc.url import PeerUrl, parse_url
 from transports.stream import (

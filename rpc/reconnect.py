@@ -44,9 +44,10 @@ import inspect
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
+from rpc.backoff import Reconnect
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
@@ -68,46 +69,6 @@ class ConnectionState(enum.Enum):
     """The connection dropped; waiting for the next round of attempts or making it."""
     CLOSED = "closed"
     """Closed for good (``close()``, the attempt limit, or no reconnecting)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential back-off with full jitter: attempt (or round) ``n``, from 0, waits a
-    uniform random time in ``[0, min(cap, base * 2**n)]`` seconds."""
-
-    base: float = 0.1
-    cap: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.base < 0 or self.cap < 0:
-            raise ValueError(f"back-off base and cap must not be negative: {self}")
-
-    def ceiling(self, attempt: int) -> float:
-        """The longest wait before attempt ``attempt``."""
-        return min(self.cap, self.base * 2.0 ** min(max(attempt, 0), 62))
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """A random wait before attempt ``attempt`` (``rng``: a seeded generator, for tests)."""
-        ceiling = self.ceiling(attempt)
-        return rng.uniform(0.0, ceiling) if rng is not None else random.uniform(0.0, ceiling)
-
-
-@dataclass(frozen=True, slots=True)
-class Reconnect:
-    """How :func:`rpc.connect` reconnects (``connect(url, reconnect=Reconnect(...))``)."""
-
-    backoff: Backoff = field(default_factory=Backoff)
-    """Wait before each round of attempts (default: from 0.1 s, at most 10 s)."""
-    attempts: int | None = None
-    """Failed attempts in a row after which the client closes; None: no limit; 0: the
-    client closes when its connection drops."""
-    shuffle: bool = False
-    """Try the URLs of each round in a random order (else round-robin, starting after the
-    URL that dropped)."""
-
-    def __post_init__(self) -> None:
-        if self.attempts is not None and self.attempts < 0:
-            raise ValueError(f"attempts must not be negative: {self.attempts}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,11 +511,4 @@ def _failure(url: str, exc: BaseException) -> str:
     return text if url in text else f"{url}: {text}"
 
 
-__all__ = [
-    "TRANSITIONS_QUEUE",
-    "Backoff",
-    "ConnectionState",
-    "Reconnect",
-    "ReconnectingPeer",
-    "Transition",
-]
+__all__ = ["TRANSITIONS_QUEUE", "ConnectionState", "ReconnectingPeer", "Transition"]

@@ -15,8 +15,8 @@ import logging
 import random
 from collections.abc import Callable
 
+from rpc.backoff import Backoff
 from rpc.group.options import GroupOptions
-from rpc.reconnect import Backoff
 from wire.gossip import NetID
 
 __all__ = ["Members", "full_jitter"]

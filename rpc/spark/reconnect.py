@@ -27,9 +27,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from rpc.backoff import Backoff
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
-from rpc.reconnect import Backoff
 
 log = logging.getLogger("peerwire.spark")
 

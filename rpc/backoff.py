@@ -1,0 +1,54 @@
+"""Waiting between connection attempts: :class:`Backoff` (exponential, full jitter) and the
+reconnect policy of :func:`rpc.connect`, :class:`Reconnect`.
+
+The one back-off of peerwire: the reconnecting client (:mod:`rpc.reconnect`), Spark's
+pooled links (:mod:`rpc.spark.reconnect`) and group links (:mod:`rpc.group.members`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential back-off with full jitter: attempt (or round) ``n``, from 0, waits a
+    uniform random time in ``[0, min(cap, base * 2**n)]`` seconds."""
+
+    base: float = 0.1
+    cap: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.cap < 0:
+            raise ValueError(f"back-off base and cap must not be negative: {self}")
+
+    def ceiling(self, attempt: int) -> float:
+        """The longest wait before attempt ``attempt``."""
+        return min(self.cap, self.base * 2.0 ** min(max(attempt, 0), 62))
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """A random wait before attempt ``attempt`` (``rng``: a seeded generator, for tests)."""
+        ceiling = self.ceiling(attempt)
+        return rng.uniform(0.0, ceiling) if rng is not None else random.uniform(0.0, ceiling)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """How :func:`rpc.connect` reconnects (``connect(url, reconnect=Reconnect(...))``)."""
+
+    backoff: Backoff = field(default_factory=Backoff)
+    """Wait before each round of attempts (default: from 0.1 s, at most 10 s)."""
+    attempts: int | None = None
+    """Failed attempts in a row after which the client closes; None: no limit; 0: the
+    client closes when its connection drops."""
+    shuffle: bool = False
+    """Try the URLs of each round in a random order (else round-robin, starting after the
+    URL that dropped)."""
+
+    def __post_init__(self) -> None:
+        if self.attempts is not None and self.attempts < 0:
+            raise ValueError(f"attempts must not be negative: {self.attempts}")
+
+
+__all__ = ["Backoff", "Reconnect"]
