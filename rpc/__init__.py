@@ -35,6 +35,7 @@ from rpc.errors import (
     RequestTimeout,
     RetryLater,
     RpcError,
+    StreamOverflow,
     UnknownOperation,
 )
 from rpc.gotalk_peer import GotalkPeer
@@ -67,6 +68,7 @@ __all__ = [
     "RetryLater",
     "RpcError",
     "Server",
+    "StreamOverflow",
     "Transition",
     "UnknownOperation",
     "UrlError",

@@ -1,14 +1,15 @@
-"""Waiting between connection attempts: :class:`Backoff` (exponential, full jitter) and the
-reconnect policy of :func:`rpc.connect`, :class:`Reconnect`.
-
-The one back-off of peerwire: the reconnecting client (:mod:`rpc.reconnect`), Spark's
-pooled links (:mod:`rpc.spark.reconnect`) and group links (:mod:`rpc.group.members`).
+"""Waiting between attempts: :class:`Backoff` (exponential, full jitter), the policy of
+:func:`rpc.connect`'s reconnecting client (:class:`Reconnect`), and :func:`full_jitter`,
+the same formula for retry loops that keep their own count (group links and members,
+Spark's reconnect and resend loops). One formula: :meth:`Backoff.ceiling`.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+
+__all__ = ["Backoff", "Reconnect", "full_jitter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +25,22 @@ class Backoff:
             raise ValueError(f"back-off base and cap must not be negative: {self}")
 
     def ceiling(self, attempt: int) -> float:
-        """The longest wait before attempt ``attempt``."""
+        """The longest wait before attempt ``attempt`` (no overflow however long the
+        outage)."""
         return min(self.cap, self.base * 2.0 ** min(max(attempt, 0), 62))
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """A random wait before attempt ``attempt`` (``rng``: a seeded generator, for tests)."""
+        """A random wait before attempt ``attempt`` (``rng``: a seeded generator, for tests;
+        default the :mod:`random` module's)."""
         ceiling = self.ceiling(attempt)
         return rng.uniform(0.0, ceiling) if rng is not None else random.uniform(0.0, ceiling)
+
+
+def full_jitter(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Wait before try ``attempt + 1`` (``attempt`` >= 1 failures so far): uniform in
+    ``[0, min(cap, base * 2**(attempt-1))]`` (AWS "full jitter"); :meth:`Backoff.delay`
+    counted from 1."""
+    return Backoff(base, cap).delay(attempt - 1, rng)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +59,3 @@ class Reconnect:
     def __post_init__(self) -> None:
         if self.attempts is not None and self.attempts < 0:
             raise ValueError(f"attempts must not be negative: {self.attempts}")
-
-
-__all__ = ["Backoff", "Reconnect"]

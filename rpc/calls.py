@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import random
 import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rpc import intercept
-from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater
+from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater, StreamOverflow
 from rpc.key import K
 from rpc.payload import encode_value
 
@@ -30,6 +30,7 @@ T = TypeVar("T")
 END = object()
 """Ends the queue of a stream's results (ours) or of a stream request's parts (served)."""
 _END = END
+_NO_ENTRIES: Mapping[str, str] = {}
 
 
 class _Call:
@@ -141,8 +142,8 @@ class Caller(Generic[K]):
             return self.options.timeout
         return self.adapter.default_timeout
 
-    def _checked_payload(self, op: str, payload: Any) -> Any:
-        if payload.__class__ is bytes and len(payload) > self.options.max_size:
+    def _checked_payload(self, op: str, payload: T) -> T:
+        if isinstance(payload, bytes) and len(payload) > self.options.max_size:
             raise PayloadError(
                 f"{op}: request of {len(payload)} bytes exceeds max_size {self.options.max_size}"
             )
@@ -162,12 +163,16 @@ class Caller(Generic[K]):
             return await intercept.request(self, op, value, timeout, raw)  # type: ignore[arg-type]
         adapter = self.adapter
         payload = self._checked_payload(op, adapter.encode_request(op, value))
+        # a timeout the caller chose travels to peers that take request metadata
+        timed = (timeout is not None or self.options.timeout is not None) and adapter.metadata
         timeout = self._timeout(timeout)
         loop = self._loop
         deadline = loop.time() + timeout
         attempt = 0
         while True:
-            reply = await self.send_and_wait(op, payload, deadline, timeout)
+            reply = await self.send_and_wait(
+                op, payload, deadline, timeout, None, _NO_ENTRIES if timed else None
+            )
             if reply.__class__ is RetryLater:
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
@@ -184,17 +189,23 @@ class Caller(Generic[K]):
         deadline: float,
         timeout: float,
         sent: Callable[[Any], None] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Any:
         """One attempt of a request: send the encoded ``payload`` and return the raw reply
         (or a RetryLater) by loop time ``deadline``; ``sent(key)`` learns the request's key.
-        A call given up on (timeout, cancellation) is abandoned, which tells a peer that
-        took the cancellation extension."""
+        ``metadata`` (only for a peer whose adapter takes it) goes before the request with
+        the time left. A call given up on (timeout, cancellation) is abandoned, which tells
+        a peer that took the cancellation extension."""
         if self.outbox.blocked:
             await self.outbox.wait_writable()
         self._check_open()
         adapter = self.adapter
         future: asyncio.Future[Any] = self._loop.create_future()
-        key = adapter.send_request(op, payload, False)
+        if metadata is None:
+            key = adapter.send_request(op, payload, False)
+        else:
+            left = deadline - self._loop.time()
+            key = adapter.send_request_meta(op, payload, False, metadata, left)
         if sent is not None:
             sent(key)
         self._calls[key] = _Call(future, None, deadline)
@@ -229,7 +240,8 @@ class Caller(Generic[K]):
         if legacy:
             parts, value = legacy_stream_args(legacy, parts, value)
         wait = ResultWait(self._loop, op, timeout, self._timeout(item_timeout))
-        if self._intercepted:
+        # a deadline for the whole stream travels to peers that take request metadata
+        if self._intercepted or (timeout is not None and self.adapter.metadata):
             async for item in intercept.stream(self, op, parts, value, wait, raw):  # type: ignore[arg-type]
                 yield item
             return
@@ -313,9 +325,17 @@ class Caller(Generic[K]):
             call.future.set_result(payload)
 
     def on_result_part(self, key: K, payload: Any) -> None:
+        """Queue a result of our stream ``key``; past ``options.max_stream_queue`` unread
+        results the stream fails alone (StreamOverflow; the peer is told, as on a cancel)."""
         call = self._calls.get(key)
-        if call is not None and call.queue is not None:
+        if call is None or call.queue is None:
+            return
+        if call.queue.qsize() < self.options.max_stream_queue:
             call.queue.put_nowait(payload)
+            return
+        limit = self.options.max_stream_queue
+        self._fail_call(key, StreamOverflow(f"more than {limit} unread stream results"))
+        self.adapter.abandon(key)
 
     def on_result_end(self, key: K) -> None:
         call = self._calls.pop(key, None)

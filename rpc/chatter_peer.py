@@ -31,15 +31,18 @@ is closed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias, final
 
 import hat.sbs
 
+from rpc import intercept
+from rpc.logs import violations
 from rpc.payload import PayloadError, convert, decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
-from wire import schemas
+from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
 from wire.errors import MessageTooLarge, ProtocolError
 
@@ -50,12 +53,15 @@ _PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
     f"{RPC_MODULE}.{t}" for t in ("Part", "End", "Error", "Retry", "Result")
 )
 _CANCEL = f"{RPC_MODULE}.Cancel"
-HELLO = b"peerwire-ext/1"
+_META = f"{RPC_MODULE}.Meta"
+LEVEL = 2
+"""The extension level we speak: 1 cancellation, 2 also request metadata."""
+HELLO = b"peerwire-ext/%d" % LEVEL
 """Extension announcement, as the data of a Ping (current dialect only). Hat peers answer
 with an empty Pong and never see anything else of the extension; a peerwire peer echoes it,
-and from then on each side may send ``PeerwireRpc.Cancel``."""
-_SBS_ERRORS = (ValueError, TypeError, KeyError, IndexError, SystemError, OverflowError)
-"""What hat-sbs raises on bad input (its C decoder raises SystemError on some)."""
+and from then on each side may send ``PeerwireRpc.Cancel`` and (level 2)
+``PeerwireRpc.Meta`` before a request. A peer announcing ``peerwire-ext/1`` gets level 1."""
+_LEVELS = {b"peerwire-ext/1": 1, HELLO: LEVEL}
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,6 +116,11 @@ class ChatterAdapter:
         self.peer = peer
         self.extensions = extensions
         self.cancels = False
+        self.metadata = False
+        """True once both sides speak extension level 2 (request metadata)."""
+        self._meta: tuple[int, metadata.RequestMeta, float] | None = None
+        """The last metadata received, until the next request takes it (first id, meta,
+        read at)."""
         self.codec = ChatterConnection(dialect, max_size=peer.options.max_size, strict=strict)
         self.ping_interval = ping_interval
         self.ping_timeout = ping_timeout
@@ -201,8 +212,11 @@ class ChatterAdapter:
         codec = self.codec
         messages = codec.receive_data(data)
         self._take_codec_output()
-        if not self.cancels and HELLO in (codec.last_ping_data, codec.last_pong_data):
-            self.cancels = True  # Pongs for the Pings among them
+        if not self.cancels:
+            level = _LEVELS.get(codec.last_ping_data) or _LEVELS.get(codec.last_pong_data)
+            if level:  # Pongs for the Pings among them are queued already
+                self.cancels = True
+                self.metadata = level >= 2
         return messages
 
     def dispatch(self, msg: Msg) -> None:
@@ -216,14 +230,18 @@ class ChatterAdapter:
                     if isinstance(first, int):
                         peer.on_cancel(Conversation(False, first))
                     return
+                if op == _META and self.metadata:
+                    self._on_meta(msg.data)
+                    return
                 peer.on_notification(op, self._incoming_payload(op, msg.data))
                 return
             if msg.module is not None and msg.module != RPC_MODULE:
                 self._foreign.add(conv)
-            if msg.token:
-                peer.on_request(conv, op, self._incoming_payload(op, msg.data), False)
+            payload = self._incoming_payload(op, msg.data) if msg.token else msg.data
+            if self._meta is None:
+                peer.on_request(conv, op, payload, not msg.token)
             else:
-                peer.on_request(conv, op, msg.data, True)
+                self._with_meta(conv, op, payload, not msg.token)
             return
         conv = Conversation.of_received(msg)
         if conv.owner:  # a reply in a conversation we started
@@ -232,6 +250,24 @@ class ChatterAdapter:
             peer.on_request_part(conv, msg.data)
         elif op == _END_TYPE:
             peer.on_request_end(conv)
+
+    def _on_meta(self, data: bytes) -> None:
+        value = self._sbs_decode(_META, data, None)
+        try:
+            first, meta = metadata.from_sbs(value)
+        except ProtocolError as exc:
+            violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
+            return
+        self._meta = (first, meta, self._last_read)
+
+    def _with_meta(self, conv: Conversation, op: str, payload: Any, stream: bool) -> None:
+        """A request arrives while metadata waits: it is this request's if the ids match."""
+        first, meta, received_at = self._meta or (0, None, 0.0)
+        self._meta = None
+        if first == conv.first and meta is not None:
+            intercept.serve_with_meta(self.peer, conv, op, payload, stream, meta, received_at)
+        else:
+            self.peer.on_request(conv, op, payload, stream)
 
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
         peer = self.peer
@@ -257,7 +293,7 @@ class ChatterAdapter:
     def _sbs_decode(self, op: str, data: bytes, fallback: Any) -> Any:
         try:
             return self.sbs_repo.decode(op, data)
-        except _SBS_ERRORS as exc:
+        except schemas.SBS_ERRORS as exc:
             log.warning("undecodable %s from %s: %s", op, self.peer.remote_address, exc)
             return fallback(data) if callable(fallback) else fallback
 
@@ -267,7 +303,7 @@ class ChatterAdapter:
         if op in self._sbs_names:
             try:
                 return _Sbs(self.sbs_repo.decode(op, data))
-            except _SBS_ERRORS as exc:
+            except schemas.SBS_ERRORS as exc:
                 return _Undecodable(f"invalid {op} SBS payload: {exc}")
         return data
 
@@ -277,7 +313,7 @@ class ChatterAdapter:
         if op in self._sbs_names:
             try:
                 data: bytes = self.sbs_repo.encode(op, value)
-            except _SBS_ERRORS as exc:
+            except schemas.SBS_ERRORS as exc:
                 raise PayloadError(f"cannot encode {op} as SBS: {exc}") from None
             return data
         return encode_value(value)
@@ -306,6 +342,23 @@ class ChatterAdapter:
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
         msg = self._send(op, payload, token=not stream, last=False)
         return Conversation(True, msg.id)
+
+    def send_request_meta(
+        self,
+        op: str,
+        payload: bytes,
+        stream: bool,
+        entries: Mapping[str, str],
+        timeout: float | None,
+    ) -> Conversation:
+        """:meth:`send_request` preceded by its ``PeerwireRpc.Meta`` (``entries``, and
+        ``timeout``, the seconds the caller has left); ValueError for entries past
+        :mod:`wire.metadata`'s limits. Only once :attr:`metadata` is on."""
+        ms = None if timeout is None else metadata.timeout_ms(timeout)
+        # the Meta message takes the next id, the request the one after it
+        value = metadata.to_sbs(self.codec.next_id + 1, metadata.RequestMeta(ms, entries))
+        self._send(_META, self.sbs_repo.encode(_META, value), last=True)
+        return self.send_request(op, payload, stream)
 
     def send_request_part(self, key: Conversation, payload: bytes) -> None:
         self._send(_PART, payload, conversation=key, token=False, last=False)
@@ -338,7 +391,7 @@ class ChatterAdapter:
                     if payload.type in self._sbs_names
                     else encode_value(payload.value)
                 )
-            except _SBS_ERRORS as exc:
+            except schemas.SBS_ERRORS as exc:
                 self.send_error(key, f"cannot encode {payload.type} as SBS: {exc}")
                 return
             self._send_last(key, payload.type, data)

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 import rpc
-from rpc import loops
+from rpc import loops, metrics_dir
 from rpc.eventer import cli as eventer_cli
 from rpc.workers import serve_workers
 from transports.stream import client_ssl_context, server_ssl_context
@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics",
         metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (the metrics extra; "
+        "with --workers, every worker in one scrape)",
     )
 
     top = sub.add_parser(
@@ -183,17 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--key", metavar="F", help="client key, if not in --cert")
 
     call = sub.add_parser("call", parents=[client], help="send a request, print its result")
-    call.add_argument("op", metavar="OP")
-    call.add_argument(
-        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
-    )
-
     notify = sub.add_parser("notify", parents=[client], help="send a notification")
-    notify.add_argument("op", metavar="NAME")
-    notify.add_argument(
-        "payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON (default null)"
-    )
-
     stream = sub.add_parser(
         "stream",
         parents=[client],
@@ -201,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send OP with PAYLOAD, or a stream request of the --part values, and "
         "print each result as one JSON line.",
     )
-    stream.add_argument("op", metavar="OP")
-    stream.add_argument("payload", metavar="PAYLOAD", nargs="?", help="JSON (default null)")
+    for command, op in ((call, "OP"), (notify, "NAME"), (stream, "OP")):
+        command.add_argument("op", metavar=op)
+        command.add_argument("payload", metavar="PAYLOAD", nargs="?", help="JSON (default null)")
     stream.add_argument(
         "--part",
         metavar="JSON",
@@ -279,6 +271,17 @@ def _start_metrics(address: str) -> tuple[Any, Any]:
 
 def serve(args: argparse.Namespace) -> int:
     """Serve in this process, or with ``--workers N`` in N forked worker processes."""
+    if not (args.metrics and args.workers > 1):
+        return _serve(args)
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
+    # the multiprocess directory must be set before the served module might import
+    # prometheus_client; it is removed when serving ends
+    with metrics_dir.owned():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     urls = [_parse_url(url) for url in args.listen]
     registry = find_registry(load_module(args.module))
     if not registry.names():
@@ -297,8 +300,7 @@ def serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     if args.workers == 1:
         return loops.run(_serve_here(urls, registry, server_ctx, args.metrics), args.loop)
-    if args.metrics:
-        raise CliError("--metrics serves one process: use it without --workers", EXIT_USAGE)
+    metrics = _host_port(args.metrics) if args.metrics else None
     try:
         serve_workers(
             args.listen,
@@ -307,11 +309,12 @@ def serve(args: argparse.Namespace) -> int:
             ssl=server_ctx,
             loop=args.loop,
             on_ready=_print_listening,
+            metrics=metrics,
+            on_metrics=lambda url: print(f"metrics on {url}", flush=True),
         )
     except OSError as exc:
-        raise CliError(
-            f"cannot listen on {' '.join(args.listen)}: {exc}", EXIT_CONNECTION
-        ) from None
+        where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
+        raise CliError(f"cannot listen on {where}: {exc}", EXIT_CONNECTION) from None
     return EXIT_OK
 
 
@@ -400,7 +403,7 @@ async def client(args: argparse.Namespace) -> int:
         value = None
     else:
         parts = None
-        value = _json_arg(args.payload or "null", "PAYLOAD")
+        value = _json_arg("null" if args.payload is None else args.payload, "PAYLOAD")
     ctx = _client_ssl(args, url)
     log.debug("connecting to %s", url)
     try:

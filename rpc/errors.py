@@ -42,6 +42,13 @@ class PayloadError(RpcError, ValueError):
     one request (a notification is dropped with a warning); the connection lives on."""
 
 
+class StreamOverflow(RpcError):
+    """Our stream's results arrived faster than we read them: more than
+    ``Options.max_stream_queue`` (default 256) were waiting unread. That stream alone fails
+    (the peer is told, as on a cancel, when it speaks the peerwire extension); read faster
+    or raise the limit."""
+
+
 class Rejected(RpcError):
     """Raised by middleware (or a handler) to refuse a call: the caller gets an error result
     with this message; metrics count it as ``rejected``."""

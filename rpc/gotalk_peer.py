@@ -20,12 +20,15 @@ Compatibility with real peers:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from rpc import intercept
+from rpc.logs import violations
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
-from wire import gotalk
+from wire import gotalk, metadata
 from wire.errors import ProtocolError
 
 _R, _S, _E, _P = (
@@ -38,12 +41,19 @@ _REQ, _SREQ = gotalk.MessageType.REQUEST, gotalk.MessageType.STREAM_REQUEST
 _id_header = gotalk.id_header
 
 HELLO = "peerwire/hello"
-"""Extension announcement: a client sends it after the version; a peerwire server answers
-with the same. Go and gotalk.js peers ignore notifications they have no handler for, and
-a server never sends it first, so they never see anything else of the extension."""
+"""Extension announcement: a client sends it after the version, its payload the level it
+speaks (ASCII digits: 1 cancellation, 2 also request metadata); a peerwire server answers
+with the level both speak, and from then on both sides use that level. Go and gotalk.js
+peers ignore notifications they have no handler for, and a server never sends it first,
+so they never see anything else of the extension."""
 CANCEL = "peerwire/cancel"
 """The caller gave up on the request whose 4-byte id is the payload."""
+META = "peerwire/meta"
+"""Level 2: the metadata of the request sent right after it (:mod:`wire.metadata`)."""
 _EXTENSION_PREFIX = "peerwire/"
+LEVEL = 2
+"""The extension level we speak."""
+_LEVEL = str(LEVEL).encode()
 
 
 class GotalkAdapter:
@@ -64,6 +74,10 @@ class GotalkAdapter:
         self.peer = peer
         self.extensions = extensions
         self.cancels = False
+        self.metadata = False
+        """True once both sides speak extension level 2 (request metadata)."""
+        self._meta: tuple[bytes, metadata.RequestMeta, float] | None = None
+        """The last metadata received, until the next request takes it (id, meta, read at)."""
         self.codec = gotalk.GotalkConnection(max_size=peer.options.max_size)
         self.heartbeat_interval = heartbeat_interval
         self.read_timeout = read_timeout
@@ -87,7 +101,7 @@ class GotalkAdapter:
                 self.retry_results = bool(transport.get_extra_info("peerwire_retry", False))
         peer.outbox.push(self.codec.handshake())
         if self.extensions:
-            self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, b"1")))
+            self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, _LEVEL)))
         now = self._loop.time()
         self._last_read = now
         if self.heartbeat_interval:
@@ -127,15 +141,17 @@ class GotalkAdapter:
     # --- receiving -------------------------------------------------------------------------
 
     def decode(self, data: bytes) -> list[Any]:
-        if self.read_timeout:
-            self._last_read = self._loop.time()
+        self._last_read = self._loop.time()  # also when request metadata arrived
         return self.codec.receive_data(data)
 
     def dispatch(self, msg: Any) -> None:
         peer = self.peer
         cls = msg.__class__
         if cls is gotalk.Request:
-            peer.on_request(msg.id, msg.op, msg.payload, False)
+            if self._meta is None:
+                peer.on_request(msg.id, msg.op, msg.payload, False)
+            else:
+                self._with_meta(msg.id, msg.op, msg.payload, False)
         elif cls is gotalk.Result:
             peer.on_result(msg.id, msg.payload)
         elif cls is gotalk.StreamRequestPart:
@@ -167,7 +183,10 @@ class GotalkAdapter:
                 raise ProtocolError(
                     "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
-            peer.on_request(msg.id, msg.op, msg.payload, True)
+            if self._meta is None:
+                peer.on_request(msg.id, msg.op, msg.payload, True)
+            else:
+                self._with_meta(msg.id, msg.op, msg.payload, True)
         elif cls is gotalk.Heartbeat:
             self.heartbeats_received += 1
         elif cls is gotalk.Fault:
@@ -175,11 +194,30 @@ class GotalkAdapter:
 
     def _on_extension(self, name: str, payload: bytes) -> None:
         if name == HELLO:
+            level = min(int(payload) if payload.isdigit() else 1, LEVEL)
             if not self.cancels and not self.extensions:  # a server: answer once
-                self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, b"1")))
+                answer = str(level).encode()
+                self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, answer)))
             self.cancels = True
+            self.metadata = level >= 2
         elif name == CANCEL and self.cancels and len(payload) == 4:
             self.peer.on_cancel(payload)
+        elif name == META and self.metadata:
+            try:
+                request_id, meta = metadata.decode_gotalk(payload)
+            except ProtocolError as exc:
+                violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
+                return
+            self._meta = (request_id, meta, self._last_read)
+
+    def _with_meta(self, key: bytes, op: str, payload: bytes, stream: bool) -> None:
+        """A request arrives while metadata waits: it is this request's if the ids match."""
+        request_id, meta, received_at = self._meta or (b"", None, 0.0)
+        self._meta = None
+        if request_id == key and meta is not None:
+            intercept.serve_with_meta(self.peer, key, op, payload, stream, meta, received_at)
+        else:
+            self.peer.on_request(key, op, payload, stream)
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -203,6 +241,25 @@ class GotalkAdapter:
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
         rid = self._new_id()
+        kind = _SREQ if stream else _REQ
+        self._emit_header(gotalk.request_header(kind, rid, op, len(payload)), payload)
+        return rid
+
+    def send_request_meta(
+        self,
+        op: str,
+        payload: bytes,
+        stream: bool,
+        entries: Mapping[str, str],
+        timeout: float | None,
+    ) -> bytes:
+        """:meth:`send_request` preceded by its metadata (``entries``, and ``timeout``, the
+        seconds the caller has left); ValueError for entries past :mod:`wire.metadata`'s
+        limits. Only once :attr:`metadata` is on."""
+        rid = self._new_id()
+        ms = None if timeout is None else metadata.timeout_ms(timeout)
+        data = metadata.encode_gotalk(rid, metadata.RequestMeta(ms, entries))
+        self._emit_header(*gotalk.encode_parts(gotalk.Notification(META, data)))
         kind = _SREQ if stream else _REQ
         self._emit_header(gotalk.request_header(kind, rid, op, len(payload)), payload)
         return rid
@@ -266,7 +323,8 @@ class GotalkPeer(Peer[bytes]):
 
     ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions to
     the server; once it answers, a request we give up on (timeout, cancellation) cancels its
-    handler there. ``retry_results`` None decides from the transport (see the module doc).
+    handler there, and requests carry their metadata (trace context, a chosen timeout).
+    ``retry_results`` None decides from the transport (see the module doc).
     """
 
     def __init__(

@@ -1,11 +1,13 @@
-"""The core's paths for connections with middleware or the request envelope.
+"""The core's paths for calls with middleware or request metadata.
 
 :class:`~rpc.peer.Peer` hands its calls here, in both directions, once it has middleware
-(:mod:`rpc.middleware`) or takes peerwire's request envelope (:mod:`wire.envelope`); a
-connection with neither never comes here. Apart from running the middleware chain (each
-incoming call as a task, so it may await) and wrapping payloads in the envelope, every step
-is the one of the plain path in :mod:`rpc.peer`, whose per-connection state it shares: the
-same handler slots, incoming streams, outstanding calls and deadlines.
+(:mod:`rpc.middleware`); its protocol adapter hands over incoming requests that came with
+metadata (:mod:`wire.metadata`: trace context, the caller's time left). A connection with
+neither never comes here. Apart from running the middleware chain (each incoming call as a
+task, so it may await), bounding handlers by the caller's deadline and sending metadata
+before requests, every step is the one of the plain path in :mod:`rpc.peer`, whose
+per-connection state it shares: the same handler slots, incoming streams, running handlers
+(which the cancellation extension cancels), outstanding calls and deadlines.
 """
 
 from __future__ import annotations
@@ -14,22 +16,26 @@ import asyncio
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
-from rpc.errors import PayloadError, Rejected, RetryLater, UnknownOperation
-from rpc.middleware import Call
+from rpc.errors import PayloadError, Rejected, RequestTimeout, RetryLater, UnknownOperation
+from rpc.middleware import Call, CallKind
 from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind
-from wire import envelope
-from wire.errors import ProtocolError
+from wire.metadata import RequestMeta
 
 if TYPE_CHECKING:
     from rpc.peer import Peer
 
 log = logging.getLogger("peerwire.rpc")
+
+DEADLINE_GRACE = 0.1
+"""Seconds a handler may run past its caller's deadline before we cancel it: the caller
+gives up first (its RequestTimeout, and its cancel if it took the extension), so our
+error result for an overdue handler reaches only callers that could not say so."""
 
 
 def _enter(peer: Peer, call: Call) -> None:
@@ -41,23 +47,57 @@ def _enter(peer: Peer, call: Call) -> None:
 # --- calls the peer makes to us ---------------------------------------------------------------
 
 
-def serve_request(peer: Peer, key: Any, op: str, payload: Any, stream: bool) -> None:
-    """An incoming request or stream request: the chain runs as one of the peer's tasks."""
+def serve_with_meta(
+    peer: Peer,
+    key: Any,
+    op: str,
+    payload: Any,
+    stream: bool,
+    meta: RequestMeta,
+    received_at: float,
+) -> None:
+    """An incoming request that came with metadata, read at loop time ``received_at``.
+
+    Past the caller's deadline already (it waited in our input while reading was paused,
+    or the caller sent no time at all), it gets an error result at once, before any
+    middleware, and its handler never runs. Otherwise an async handler runs bounded by
+    that deadline (plus :data:`DEADLINE_GRACE`); on a connection without middleware, a
+    plain function (which cannot be interrupted) and a request with trace context alone
+    are served on the plain path."""
+    deadline = None
+    if meta.timeout_ms is not None:
+        deadline = received_at + meta.timeout_ms / 1000
+        if deadline <= peer.loop.time():
+            log.debug("%s from %s: deadline passed on arrival", op, peer.remote_address)
+            if stream:
+                peer._end_stream(key)
+            peer.adapter.send_error(key, f"{op}: the caller's deadline passed before it ran")
+            return
+    if not peer.middleware:
+        handler = peer.registry.get(op)
+        if deadline is None or handler is None or not handler.is_async:
+            peer.on_request(key, op, payload, stream)  # nothing to bound: the plain path
+            return
+    serve_request(peer, key, op, payload, stream, dict(meta.entries), deadline)
+
+
+def serve_request(
+    peer: Peer,
+    key: Any,
+    op: str,
+    payload: Any,
+    stream: bool,
+    metadata: dict[str, str] | None = None,
+    deadline: float | None = None,
+) -> None:
+    """An incoming request or stream request: the chain runs as one of the peer's tasks
+    (which a cancel from the caller cancels), its handler bounded by ``deadline``."""
     adapter = peer.adapter
     if len(peer._tasks) >= peer.options.max_concurrent:
         adapter.send_retry(key, peer.options.retry_wait, "request rate limit")
         if stream:
             peer._end_stream(key)
         return
-    metadata: dict[str, str] = {}
-    if peer.envelope and payload.__class__ is bytes:
-        try:
-            metadata, payload = envelope.unpack(payload)
-        except ProtocolError as exc:
-            adapter.send_error(key, f"bad peerwire envelope: {exc}")
-            if stream:
-                peer._end_stream(key)
-            return
     handler = peer.registry.get(op)
     queue: asyncio.Queue[Any] | None = None
     if stream:
@@ -68,8 +108,11 @@ def serve_request(peer: Peer, key: Any, op: str, payload: Any, stream: bool) -> 
                 queue.put_nowait(payload)
         else:
             peer._end_stream(key)  # its parts are dropped; the chain says why
-    call = Call(op, "stream" if stream else "request", "server", peer, payload, key, metadata)
-    peer._tasks.spawn(_serve(peer, call, handler, queue))
+    kind: CallKind = "stream" if stream else "request"
+    call = Call(op, kind, "server", peer, payload, key, metadata or {}, deadline=deadline)
+    task = peer._tasks.spawn(_serve(peer, call, handler, queue))
+    if adapter.cancels:
+        peer._running[key] = task
 
 
 async def _serve(
@@ -79,7 +122,13 @@ async def _serve(
     _enter(peer, call)
     try:
         result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
+    except asyncio.CancelledError:
+        _end(peer, key, stream)
+        if peer._running.pop(key, None) is None and peer.is_open:  # the caller cancelled
+            adapter.send_error(key, "cancelled by the caller")  # ends the conversation
+        raise
     except RetryLater as exc:
+        peer._running.pop(key, None)
         _end(peer, key, stream)
         if peer.is_open:
             if adapter.retry_results:
@@ -88,6 +137,7 @@ async def _serve(
                 adapter.send_error(key, str(exc) or "retry later")
         return
     except Exception as exc:
+        peer._running.pop(key, None)
         _end(peer, key, stream)
         if not isinstance(exc, Rejected | UnknownOperation | PayloadError):
             log.debug("handler %r failed", call.op, exc_info=True)
@@ -95,8 +145,9 @@ async def _serve(
             adapter.send_error(key, str(exc) or type(exc).__name__)
         return
     if inspect.isasyncgen(result):
-        await peer._stream_result(key, result)
+        await peer._stream_result(key, result)  # a cancel from now on ends it there
         return
+    peer._running.pop(key, None)
     if peer.outbox.blocked:
         await peer.outbox.wait_writable()
     if peer.is_open:
@@ -122,9 +173,44 @@ async def _handle(call: Call, handler: Handler | None, queue: asyncio.Queue[Any]
         result = handler.fn(core._parts(queue, handler.decode))
     else:
         result = handler.fn(peer.adapter.decode_params(handler, call.payload))
-    if not inspect.isasyncgen(result) and inspect.isawaitable(result):
-        result = await result
+    deadline = call.deadline
+    if inspect.isasyncgen(result):
+        return result if deadline is None else _parts_until(call, result, deadline)
+    if inspect.isawaitable(result):
+        if deadline is None:
+            return await result
+        bound = asyncio.timeout_at(deadline + DEADLINE_GRACE)
+        try:
+            async with bound:
+                return await result
+        except TimeoutError:
+            if bound.expired():  # ours, not one the handler raised
+                raise _overdue(call) from None
+            raise
     return result
+
+
+def _overdue(call: Call) -> RequestTimeout:
+    return RequestTimeout(f"{call.op}: the caller's deadline passed")
+
+
+async def _parts_until(call: Call, parts: Any, deadline: float) -> AsyncIterator[Any]:
+    """A handler's streamed result, each next part bounded by the caller's deadline."""
+    try:
+        while True:
+            bound = asyncio.timeout_at(deadline + DEADLINE_GRACE)
+            try:
+                async with bound:
+                    part = await anext(parts)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if bound.expired():
+                    raise _overdue(call) from None
+                raise
+            yield part
+    finally:
+        await parts.aclose()
 
 
 def serve_notification(peer: Peer, name: str, payload: Any) -> None:
@@ -158,23 +244,35 @@ async def _handle_notification(call: Call, handler: Handler | None) -> None:
 
 
 def _encoded(peer: Peer, call: Call, data: bytes) -> bytes:
-    if peer.envelope:
-        data = envelope.pack(data, call.metadata)
-    return peer._checked_payload(call.op, data)
+    checked: bytes = peer._checked_payload(call.op, data)
+    return checked
+
+
+def _metadata(call: Call, timed: bool) -> Mapping[str, str] | None:
+    """What goes before the request: None (nothing) unless the peer takes request metadata
+    and there is some (entries, or a deadline the caller chose)."""
+    if (timed or call.metadata) and call.peer.adapter.metadata:
+        return call.metadata
+    return None
 
 
 async def request(peer: Peer, op: str, value: Any, timeout: float | None, raw: bool) -> Any:
     """:meth:`Peer.request` through the chain: one run of it per attempt, so middleware
-    see every retry result (as :class:`RetryLater`) and may replace it."""
+    see every retry result (as :class:`RetryLater`) and may replace it. A timeout the
+    caller chose (``timeout`` or ``options.timeout``) travels to peers that take request
+    metadata, as does what middleware put in ``call.metadata``."""
+    timed = timeout is not None or peer.options.timeout is not None
     timeout = peer._timeout(timeout)
     loop = peer.loop
     deadline = loop.time() + timeout
-    call = Call(op, "request", "client", peer, value)
+    call = Call(op, "request", "client", peer, value, deadline=deadline)
     attempt = 0
     while True:
         try:
             return await mw.run(
-                peer.options.middleware, call, lambda c: _attempt(c, deadline, timeout, raw)
+                peer.options.middleware,
+                call,
+                lambda c: _attempt(c, deadline, timeout, raw, timed),
             )
         except RetryLater as reply:
             attempt += 1
@@ -184,7 +282,7 @@ async def request(peer: Peer, op: str, value: Any, timeout: float | None, raw: b
             await asyncio.sleep(wait)
 
 
-async def _attempt(call: Call, deadline: float, timeout: float, raw: bool) -> Any:
+async def _attempt(call: Call, deadline: float, timeout: float, raw: bool, timed: bool) -> Any:
     peer = call.peer
     adapter = peer.adapter
     payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
@@ -192,7 +290,8 @@ async def _attempt(call: Call, deadline: float, timeout: float, raw: bool) -> An
     def sent(key: Any) -> None:
         call.id = key
 
-    reply = await peer.send_and_wait(call.op, payload, deadline, timeout, sent)
+    metadata = _metadata(call, timed)
+    reply = await peer.send_and_wait(call.op, payload, deadline, timeout, sent, metadata)
     if reply.__class__ is RetryLater:
         raise reply
     return reply if raw else adapter.decode_result(reply)
@@ -208,8 +307,9 @@ async def stream(
 ) -> AsyncIterator[Any]:
     """:meth:`Peer.stream` through the chain: the innermost step sends the request (and
     its parts) and returns the async iterator of results."""
-    kind = "request" if parts is None else "stream"
-    call = Call(op, kind, "client", peer, value if parts is None else parts)
+    kind: CallKind = "request" if parts is None else "stream"
+    payload = value if parts is None else parts
+    call = Call(op, kind, "client", peer, payload, deadline=wait.deadline)
     try:
         results = await mw.run(peer.options.middleware, call, lambda c: _open_stream(c, wait, raw))
         async for item in results:
@@ -225,20 +325,31 @@ async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIte
     await wait.bounded(peer.outbox.wait_writable())
     peer._check_open()
     queue: asyncio.Queue[Any] = asyncio.Queue()
+    metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
-        key = call.id = adapter.send_request(call.op, payload, False)
+        key = call.id = _send_request(call, payload, False, metadata)
         peer._calls[key] = core._Call(None, queue, None)
     else:
         iterator = core._aiter(call.payload)
         first = await wait.bounded(anext(iterator, core._END))
         data = _encoded(peer, call, b"" if first is core._END else encode_value(first))
-        key = call.id = adapter.send_request(call.op, data, True)
+        key = call.id = _send_request(call, data, True, metadata)
         peer._calls[key] = core._Call(None, queue, None)
         if first is not core._END:
             await peer.send_parts(call.op, key, iterator, wait)
         adapter.send_request_end(key)
     return _results(call, queue, wait, raw)
+
+
+def _send_request(
+    call: Call, payload: bytes, stream: bool, metadata: Mapping[str, str] | None
+) -> Any:
+    peer = call.peer
+    if metadata is None:
+        return peer.adapter.send_request(call.op, payload, stream)
+    left = None if call.deadline is None else call.deadline - peer.loop.time()
+    return peer.adapter.send_request_meta(call.op, payload, stream, metadata, left)
 
 
 async def _results(

@@ -18,12 +18,14 @@ Per server (label ``protocol``): ``peerwire_connections_open``,
 bytes: over TLS the plaintext, over WebSocket the message payloads) and
 ``peerwire_protocol_violations_total`` (and ``kind``).
 
-Requests refused by ``Options.max_concurrent`` are answered before any middleware: the
-caller's ``peerwire_retries_total`` counts them. Several processes (``--workers``): set
+Requests refused by ``Options.max_concurrent``, and requests already past their caller's
+deadline, are answered before any middleware: the caller's metrics count them. Several
+processes: ``serve_workers(..., metrics=(host, port))`` (``peerwire serve --workers N
+--metrics``) does it all (:mod:`rpc.workers_metrics`); by hand, set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is first imported
-(:func:`rpc.metrics_dir.prepare`); every worker then writes its own files and one
+(:func:`rpc.metrics_dir.prepare`); every process then writes its own files and one
 :func:`start_http_server` shows them all (gauges summed over live processes; call
-:func:`worker_exited` when a worker ends).
+:func:`worker_exited` when a process ends).
 """
 
 from __future__ import annotations

@@ -7,9 +7,12 @@ imported; so a parent that forks workers calls :func:`prepare` before anything i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -27,3 +30,20 @@ def prepare(directory: str | os.PathLike[str] | None = None) -> Path:
         stale.unlink()
     os.environ[ENV] = str(path)
     return path
+
+
+@contextlib.contextmanager
+def owned() -> Iterator[Path]:
+    """A multiprocess directory for the life of the block: a new temporary one, set in the
+    environment (so forked children inherit it) and removed with the variable at the end.
+    When ``PROMETHEUS_MULTIPROC_DIR`` is set already, that directory is used and left as
+    it is (whoever set it owns it). RuntimeError as :func:`prepare`."""
+    if os.environ.get(ENV):
+        yield Path(os.environ[ENV])
+        return
+    path = prepare()
+    try:
+        yield path
+    finally:
+        os.environ.pop(ENV, None)
+        shutil.rmtree(path, ignore_errors=True)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rpc.peer import Peer
 
 CallNext = Callable[["Call"], Awaitable[Any]]
+CallKind = Literal["request", "stream", "notification"]
 Middleware = Callable[["Call", CallNext], Awaitable[Any]]
 
 current_call: contextvars.ContextVar[Call] = contextvars.ContextVar("peerwire_current_call")
@@ -48,7 +49,7 @@ class Call:
     """One call as middleware sees it."""
 
     op: str
-    kind: Literal["request", "stream", "notification"]
+    kind: CallKind
     """``stream``: a stream request (the handler reads parts)."""
     side: Literal["server", "client"]
     """``server``: the peer calls us; ``client``: we call the peer."""
@@ -61,9 +62,22 @@ class Call:
     once sent; notifications have none."""
     metadata: dict[str, str] = field(default_factory=dict)
     """peerwire-only per-call metadata (trace context): received from, or sent to, peers
-    that agreed to peerwire's request envelope; never sent to any other peer."""
+    that took request metadata at connect (extension level 2); never sent to any other
+    peer. Client middleware add entries before calling ``call_next``."""
     context: dict[str, Any] = field(default_factory=dict)
     """Free room for middleware to pass things on (to each other and to the handler)."""
+    deadline: float | None = None
+    """Loop time (``peer.loop.time()``) by which the caller wants the result: a client's
+    own deadline, or on a server the caller's that came with the request (the handler is
+    cancelled past it). None: none known (notifications, streams, peers without request
+    metadata, callers that chose no timeout)."""
+
+    def time_left(self) -> float | None:
+        """Seconds until :attr:`deadline` (negative once past; None without one): e.g. the
+        ``timeout`` of the calls a handler makes on the caller's behalf."""
+        if self.deadline is None:
+            return None
+        return self.deadline - self.peer.loop.time()
 
     @property
     def protocol(self) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,7 +32,8 @@ class Options:
     """Largest message accepted or sent, in bytes. A result above it becomes an error result;
     a request above it raises PayloadError before anything is sent."""
     max_stream_queue: int = 256
-    """Parts buffered per incoming stream; past it that stream fails with an error result."""
+    """Parts buffered per stream, either way: an incoming stream past it fails with an error
+    result; our stream with more unread results fails with StreamOverflow."""
     high_water: int = 256 * 1024
     """Unsent output (bytes) above which we stop reading from the peer."""
     low_water: int = 64 * 1024
@@ -52,6 +54,8 @@ class Adapter(Protocol[K]):
     retry_results: bool
     cancels: bool
     """True once both sides announced the cancellation extension."""
+    metadata: bool
+    """True once both sides take request metadata (extension level 2)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -60,6 +64,9 @@ class Adapter(Protocol[K]):
     def dispatch(self, message: Any) -> None: ...
     def last_word(self, exc: ProtocolError) -> None: ...
     def send_request(self, op: str, payload: Any, stream: bool) -> K: ...
+    def send_request_meta(
+        self, op: str, payload: Any, stream: bool, entries: Mapping[str, str], timeout: float | None
+    ) -> K: ...
     def send_request_part(self, key: K, payload: bytes) -> None: ...
     def send_request_end(self, key: K) -> None: ...
     def send_result(self, key: K, payload: Any, stream: bool) -> None: ...

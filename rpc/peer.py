@@ -94,8 +94,6 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self.middleware = (*self.options.middleware, *self.registry.middleware)
         """The middleware of calls served here, outermost first (fixed at connection time;
         our own calls go through ``options.middleware`` alone)."""
-        self.envelope = False
-        """True once the peer agreed to peerwire's request envelope (:meth:`accept_envelope`)."""
         self._intercepted = bool(self.middleware)
         self.adapter = adapter_factory(self)
 
@@ -307,17 +305,3 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
         await asyncio.shield(self.closed)
-
-    def accept_envelope(self) -> None:
-        """Exchange every request payload with this peer in peerwire's request envelope
-        (:mod:`wire.envelope`), which carries ``Call.metadata`` (trace context) both ways.
-
-        Only for a peer that said it takes the envelope (the connect-time announcement of
-        peerwire peers); both ends must call it before either sends a request. Never for
-        Go, gotalk.js or Hat peers. Gotalk connections only (a Chatter adapter decodes
-        typed SBS payloads before the core sees them).
-        """
-        if self.protocol_name != "gotalk":
-            raise ValueError("the request envelope is for Gotalk connections only")
-        self.envelope = True
-        self._intercepted = True

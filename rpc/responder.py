@@ -2,7 +2,7 @@
 run by the registry's handlers, and their results sent back.
 
 :class:`Responder` is the half of :class:`~rpc.peer.Peer` that does this (calls with
-middleware or the request envelope go through :mod:`rpc.intercept` instead). Its state,
+middleware or request metadata go through :mod:`rpc.intercept` instead). Its state,
 set up by the peer: incoming streams in ``_streams`` (at most ``max_concurrent``; each
 queue at most ``max_stream_queue`` parts, past which that stream alone fails), streams
 ended early in ``_ended`` (the last :data:`ENDED_STREAMS`), and the handler tasks the peer

@@ -8,11 +8,13 @@ Spans are named after the op and carry ``rpc.system`` (``peerwire``), ``rpc.meth
 ``rpc.peerwire.result`` (``ok``, ``retry`` or the kind of error, as in :mod:`rpc.metrics`);
 errors also set the span's status. A streamed result's span ends after its last part.
 
-Trace context travels between peerwire peers only, in ``Call.metadata`` inside peerwire's
-request envelope (W3C ``traceparent``/``tracestate`` through OpenTelemetry's configured
-propagator): a client injects it only on connections where ``peer.envelope`` is on (see
-:meth:`Peer.accept_envelope <rpc.peer.Peer.accept_envelope>`), so Go, gotalk.js and Hat
-peers never get it; a server span continues the trace it receives, or starts one.
+Trace context travels between peerwire peers only, in ``Call.metadata`` (W3C
+``traceparent``/``tracestate`` through OpenTelemetry's configured propagator), which goes
+out as peerwire's request metadata (:mod:`wire.metadata`): a client injects it only on
+connections whose peer took request metadata at connect (extension level 2), so Go,
+gotalk.js and Hat peers never get it; a server span continues the trace it receives, or
+starts one. Requests sent before the peer's answer to the announcement arrived (about one
+round trip after connecting) carry none.
 Spans go wherever the application's tracer provider sends them (the API alone records none).
 """
 
@@ -59,7 +61,7 @@ class Tracing:
         )
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            if not server and call.peer.envelope:
+            if not server and call.peer.adapter.metadata:
                 inject_context(call.metadata)
             result = await call_next(call)
         except BaseException as exc:

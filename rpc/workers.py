@@ -18,6 +18,10 @@ port), forks the workers and supervises them; it serves nothing itself.
   at once if it had been up for 10 s, else after a back-off that doubles per quick exit
   (0.1 s, 0.2 s, ... up to 30 s), so a worker that fails at start does not spin.
 
+- ``metrics=(host, port)``: one ``/metrics`` there shows every worker (prometheus-client's
+  multiprocess mode, in a temporary directory the parent owns and removes at exit; an
+  exporter process serves it; see :mod:`rpc.workers_metrics`).
+
 Workers are forked (POSIX only), so the registry, handlers and TLS context need not be
 picklable; call :func:`serve_workers` from the main thread of a process that runs no event
 loop (and, ideally, no other threads).
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from rpc import loops
+from rpc import loops, metrics_dir, workers_metrics
 from rpc.api import Server, serve
 from rpc.registry import Registry
 from rpc.url import PeerUrl, parse_url
@@ -162,6 +166,7 @@ class WorkerConfig:
     drain_timeout: float = 5.0
     reuse_port: bool = REUSE_PORT
     serve_options: dict[str, Any] = field(default_factory=dict)  # more rpc.serve keywords
+    metrics: bool = False  # each worker counts into the multiprocess directory
 
 
 # --- in a worker ----------------------------------------------------------------------------
@@ -209,6 +214,9 @@ async def _serve_worker(listeners: list[Listener], config: WorkerConfig, pipes: 
 
     loop.add_reader(pipes.lifeline_r, parent_gone)
     servers: list[Server] = []
+    options = dict(config.serve_options)
+    if config.metrics:
+        options["metrics"] = workers_metrics.worker_metrics()
     try:
         for listener in listeners:
             for sock in _worker_sockets(listener, config.reuse_port):
@@ -217,7 +225,7 @@ async def _serve_worker(listeners: list[Listener], config: WorkerConfig, pipes: 
                     registry=config.registry,
                     ssl=config.ssl if listener.url.tls else None,
                     sock=sock,
-                    **config.serve_options,
+                    **options,
                 )
                 await server.start()
                 servers.append(server)
@@ -239,11 +247,17 @@ class _Slot:
     """One worker position: its current process and its restart state."""
 
     index: int
+    exporter: bool = False
+    """The metrics exporter's slot (not a worker)."""
     process: BaseProcess | None = None
     started: float = 0.0
     quick_exits: int = 0
     restart_at: float | None = None
     ready: bool = False
+
+    @property
+    def name(self) -> str:
+        return "metrics exporter" if self.exporter else f"worker {self.index}"
 
 
 def _describe_exit(code: int | None) -> str:
@@ -260,6 +274,7 @@ class _Supervisor:
         workers: int,
         config: WorkerConfig,
         on_ready: Callable[[list[str]], object] | None,
+        metrics_socket: socket.socket | None = None,
     ) -> None:
         try:
             self._mp = multiprocessing.get_context("fork")
@@ -269,32 +284,45 @@ class _Supervisor:
         self.config = config
         self.on_ready = on_ready
         self.slots = [_Slot(i) for i in range(workers)]
+        self.metrics_socket = metrics_socket
+        if metrics_socket is not None:
+            self.slots.append(_Slot(workers, exporter=True))
         self.stopping = False
         self.announced = False
 
     def _start(self, slot: _Slot, pipes: _Pipes) -> None:
-        slot.process = self._mp.Process(
-            target=_worker_main,
-            args=(self.listeners, self.config, pipes),
-            name=f"peerwire-worker-{slot.index}",
-        )
+        if slot.exporter:
+            others = [sock for listener in self.listeners for sock in listener.sockets]
+            slot.process = self._mp.Process(
+                target=workers_metrics.exporter_main,
+                args=(self.metrics_socket, pipes.lifeline_r, pipes.parent_only, others),
+                name="peerwire-metrics",
+            )
+        else:
+            slot.process = self._mp.Process(
+                target=_worker_main,
+                args=(self.listeners, self.config, pipes),
+                name=f"peerwire-worker-{slot.index}",
+            )
         slot.process.start()
         slot.started = time.monotonic()
         slot.restart_at = None
-        slot.ready = False
-        log.info("worker %d started: pid %d", slot.index, slot.process.pid)
+        slot.ready = slot.exporter  # it serves at once: the parent listens for it
+        log.info("%s started: pid %d", slot.name, slot.process.pid)
 
     def _exited(self, slot: _Slot, process: BaseProcess) -> None:
         process.join()
         slot.process = None
+        if self.config.metrics and not slot.exporter and process.pid is not None:
+            workers_metrics.worker_exited(process.pid)
         uptime = time.monotonic() - slot.started
         slot.quick_exits = 0 if uptime >= STABLE_AFTER else slot.quick_exits + 1
         delay = 0.0 if not slot.quick_exits else BACKOFF_FIRST * 2 ** (slot.quick_exits - 1)
         delay = min(delay, BACKOFF_MAX)
         slot.restart_at = time.monotonic() + delay
         log.warning(
-            "worker %d (pid %d) exited with %s after %.1f s; restarting in %.1f s",
-            slot.index,
+            "%s (pid %d) exited with %s after %.1f s; restarting in %.1f s",
+            slot.name,
             process.pid,
             _describe_exit(process.exitcode),
             uptime,
@@ -389,6 +417,8 @@ def serve_workers(
     drain_timeout: float = 5.0,
     reuse_port: bool = REUSE_PORT,
     on_ready: Callable[[list[str]], object] | None = None,
+    metrics: tuple[str, int] | None = None,
+    on_metrics: Callable[[str], object] | None = None,
     **serve_options: Any,
 ) -> None:
     """Serve ``registry`` on ``urls`` in ``workers`` processes until SIGTERM or SIGINT.
@@ -398,8 +428,12 @@ def serve_workers(
     :func:`rpc.serve` in each worker (``options``, ``max_connections``, ``web``, ...).
     ``on_ready(bound_urls)`` runs once in the parent when every worker serves (port 0
     replaced by the bound port). ``reuse_port=False`` shares the parent's listening socket
-    even where ``SO_REUSEPORT`` would be used. Raises ``OSError`` if a URL cannot be bound,
-    ``ValueError`` for bad arguments.
+    even where ``SO_REUSEPORT`` would be used. ``metrics=(host, port)`` (the ``metrics``
+    extra) serves every worker's metrics at ``http://host:port/metrics``;
+    ``on_metrics(url)`` learns that URL (port 0 resolved) before the workers start.
+    Raises ``OSError`` if a URL or the metrics address cannot be bound, ``ValueError``
+    for bad arguments, ``RuntimeError`` if prometheus-client was imported before without
+    ``PROMETHEUS_MULTIPROC_DIR`` set (import it after, or set it).
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
@@ -408,12 +442,21 @@ def serve_workers(
     for url in map(parse_url, urls):
         if url.tls and ssl is None:
             raise ValueError(f"{url} needs an ssl= server context (certificate and key)")
-    listeners = bind_listeners(urls, reuse_port=reuse_port)
-    config = WorkerConfig(registry, ssl, loop, drain_timeout, reuse_port, serve_options)
-    try:
-        _Supervisor(listeners, workers, config, on_ready).run()
-    finally:
-        close_listeners(listeners)
+    if metrics is not None and "metrics" in serve_options:
+        raise ValueError("metrics=(host, port) counts every worker: give no rpc.serve metrics")
+    with contextlib.ExitStack() as stack:
+        metrics_socket = None
+        if metrics is not None:
+            stack.enter_context(metrics_dir.owned())  # before prometheus_client is imported
+            metrics_socket = stack.enter_context(workers_metrics.bind(*metrics))
+            if on_metrics is not None:
+                on_metrics(workers_metrics.url_of(metrics_socket))
+        listeners = bind_listeners(urls, reuse_port=reuse_port)
+        stack.callback(close_listeners, listeners)
+        config = WorkerConfig(
+            registry, ssl, loop, drain_timeout, reuse_port, serve_options, metrics is not None
+        )
+        _Supervisor(listeners, workers, config, on_ready, metrics_socket).run()
 
 
 __all__ = [

@@ -31,6 +31,7 @@ EXPORTS = {
         "RetryLater",
         "RpcError",
         "Server",
+        "StreamOverflow",
         "Transition",
         "UnknownOperation",
         "UrlError",

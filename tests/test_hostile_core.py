@@ -107,6 +107,47 @@ async def test_stream_outrunning_its_handler_fails_alone() -> None:
         writer.close()
 
 
+@pytest.mark.parametrize(
+    ("scheme", "query", "told"),
+    [("tcp+gotalk", "", True), ("tcp+sbs", "?dialect=HatChatter", True), ("tcp+sbs", "", False)],
+)
+async def test_our_stream_with_unread_results_fails_alone(
+    scheme: str, query: str, told: bool
+) -> None:
+    """A peer streaming results faster than we read them: past max_stream_queue unread
+    results that stream fails with StreamOverflow (its results no longer pile up), the
+    connection goes on, and a peer that speaks the extension (not legacy Hat Chatter, which
+    has no room for it) is told and cancels its handler."""
+    reg = registry()
+    produced: list[int] = []
+    stopped = asyncio.Event()
+
+    @reg.handle("flood")
+    async def flood(count: int) -> Any:
+        try:
+            for i in range(count):
+                produced.append(i)
+                yield i
+                await asyncio.sleep(0)
+        finally:
+            stopped.set()
+
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as srv:
+        options = rpc.Options(max_stream_queue=16)
+        url = str(srv.url) + query
+        async with rpc.connect(url, options=options, registry=rpc.Registry()) as peer:
+            results = peer.stream("flood", value=100_000)
+            assert await anext(results) == 0
+            await until(lambda: len(produced) > 16)  # the rest arrive while we do not read
+            with pytest.raises(rpc.StreamOverflow):
+                async for _ in results:
+                    await stopped.wait()  # read nothing more until the handler has ended
+            assert (len(produced) < 100_000) is told  # cancelled, or run to its end
+            assert await peer.request("echo", "still here", timeout=5) == "still here"
+            caller = peer._calls  # our side keeps no state for the failed stream
+            assert not caller
+
+
 async def test_refused_stream_requests_leave_bounded_state() -> None:
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as srv:
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)

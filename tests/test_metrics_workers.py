@@ -1,82 +1,117 @@
-"""Metrics of several worker processes in one scrape (prometheus-client's multiprocess
-mode), as ``peerwire serve --workers N --metrics`` gives them: counters add up over the
-workers, open connections are summed over live ones, a killed worker's calls still count."""
+"""``peerwire serve --workers N --metrics HOST:PORT`` (:func:`rpc.workers.serve_workers` with
+``metrics=``): one scrape shows every worker (prometheus-client's multiprocess mode).
+Counters add up over the workers, open connections are summed over live ones, a killed
+worker's calls still count, and the temporary directory is gone after the server stops."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
+import os
+import signal
+import socket
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import rpc
-from tests.test_metrics import scrape
+from tests.test_metrics import Scrape, scrape
+from tests.test_workers import SERVE, Running, ask
 
-SCRIPT = Path(__file__).with_name("metrics_workers.py")
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(sys.platform == "win32", reason="worker processes need fork (POSIX)"),
+]
 
 
-class Workers:
-    def __init__(self, directory: Path, count: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(directory), str(count)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.ports: list[int] = []
-        for _ in range(count):
-            _, _, _, port = self._line("WORKER")
-            self.ports.append(int(port))
-        self.metrics_port = int(self._line("METRICS")[1])
+async def scraped(port: int, done: Any, timeout: float = 10) -> Scrape:
+    """Scrape until ``done(scrape)`` holds (connections close asynchronously)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            result = await asyncio.to_thread(scrape, port)
+            if done(result):
+                return result
+            await asyncio.sleep(0.05)
 
-    def _line(self, word: str) -> list[str]:
-        assert self.proc.stdout is not None
-        fields = self.proc.stdout.readline().split()
-        if not fields or fields[0] != word:
-            self.close()
-            raise AssertionError(f"expected {word}, got {fields}")
-        return fields
 
-    def kill(self, index: int) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"kill {index}\n")
-        self.proc.stdin.flush()
-        self._line("KILLED")
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+async def one_connection_per_worker(url: str, count: int) -> tuple[dict[int, Any], int]:
+    """Open connections (one ``pid`` call each) until ``count`` workers answered; keep one
+    open per worker, close the others. (peers by pid, calls made)"""
+    held: dict[int, Any] = {}
+    calls = 0
+    async with asyncio.timeout(30):
+        while len(held) < count:
+            peer = await rpc.connect(url, connect_timeout=5, reconnect=False)
+            pid = await peer.request("pid", timeout=10)
+            calls += 1
+            if pid in held:
+                await peer.close()
+            else:
+                held[pid] = peer
+    return held, calls
 
 
 async def test_one_scrape_shows_every_worker(tmp_path: Path) -> None:
-    workers = Workers(tmp_path / "metrics", 2)
+    env = ["env", f"TMPDIR={tmp_path}"]
+    server = Running([*env, *SERVE, "--workers=2", "--listen=tcp+gotalk://127.0.0.1:0",
+                      "--metrics=127.0.0.1:0"])  # fmt: skip
+    held: dict[int, Any] = {}
     try:
-        peers: list[Any] = []
-        for port, calls in zip(workers.ports, (3, 4), strict=True):
-            url = f"tcp+gotalk://127.0.0.1:{port}"
-            peer = await rpc.connect(url, registry=rpc.Registry(), reconnect=False)
-            peers.append(peer)
-            for i in range(calls):
-                assert await peer.request("echo", i) == i
-        both = scrape(workers.metrics_port)
-        assert both.value("peerwire_requests_total", side="server", op="echo") == 7
-        assert both.value("peerwire_connections_open", protocol="gotalk") == 2
-        assert both.value("peerwire_connections_accepted_total") == 2
-        assert both.value("peerwire_request_duration_seconds_count", op="echo") == 7
+        [line] = await asyncio.to_thread(server.wait_lines, "stdout", "metrics on ")
+        port = urllib.parse.urlsplit(line.split()[-1]).port
+        assert port
+        [url] = await asyncio.to_thread(server.urls, 1)
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith("-peerwire-metrics")]
 
-        workers.kill(0)
-        one = scrape(workers.metrics_port)
-        assert one.value("peerwire_connections_open", protocol="gotalk") == 1
-        assert one.value("peerwire_requests_total", side="server", op="echo") == 7
-        await asyncio.wait_for(peers[0].closed, 10)
-        assert await peers[1].request("echo", "more") == "more"
-        assert scrape(workers.metrics_port).value("peerwire_requests_total", op="echo") == 8
-        await peers[1].close()
+        held, connected = await one_connection_per_worker(url, 2)
+        calls = connected
+        for peer, more in zip(held.values(), (3, 4), strict=True):
+            for _ in range(more):
+                await peer.request("pid", timeout=10)
+            calls += more
+        both = await scraped(port, lambda s: s.value("peerwire_connections_open") == 2)
+        assert both.value("peerwire_requests_total", side="server", op="pid") == calls
+        assert both.value("peerwire_request_duration_seconds_count", op="pid") == calls
+        assert both.value("peerwire_connections_accepted_total", protocol="gotalk") == connected
+
+        # a worker killed: the parent drops its live gauges, its counts stay in the totals
+        victim = min(held)
+        os.kill(victim, signal.SIGKILL)
+        await asyncio.to_thread(
+            server.wait_lines, "stderr", f"(pid {victim}) exited with signal SIGKILL"
+        )
+        one = await asyncio.to_thread(scrape, port)
+        assert one.value("peerwire_connections_open") == 1
+        assert one.value("peerwire_requests_total", side="server", op="pid") == calls
+        survivor = held[max(held)]
+        assert await survivor.request("pid", timeout=10) == max(held)
+        assert await ask(url, "pid") != victim  # a new connection: survivor or replacement
+        calls += 2
+        after = await scraped(
+            port, lambda s: s.value("peerwire_requests_total", side="server", op="pid") == calls
+        )
+        assert after.value("peerwire_connections_accepted_total") == connected + 1
     finally:
-        workers.close()
+        for peer in held.values():
+            await peer.close()
+        code = await asyncio.to_thread(server.stop)
+        server.kill()
+    assert code == 0, server.output("stderr")
+    exits = [line for line in server.output("stderr").splitlines() if "exited" in line]
+    assert len(exits) == 1 and f"(pid {victim})" in exits[0], exits  # the exporter never did
+    assert list(tmp_path.iterdir()) == []  # the parent removed its multiprocess directory
+
+
+def test_metrics_address_taken_exits_3() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        server = Running([*SERVE, "--workers=2", "--listen=tcp+gotalk://127.0.0.1:0",
+                          f"--metrics=127.0.0.1:{port}"])  # fmt: skip
+        try:
+            assert server.process.wait(timeout=30) == 3
+            server.stop()  # exited already: collects its output
+        finally:
+            server.kill()
+    assert f"(metrics: 127.0.0.1:{port})" in server.output("stderr")

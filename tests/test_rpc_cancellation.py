@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import rpc
-from tests.rpc_helpers import served
+from tests.rpc_helpers import served, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -80,3 +80,48 @@ async def test_extension_off_when_the_client_opts_out() -> None:
                 await peer.request("wait", timeout=0.2)
             [server_peer] = server.peers
             assert len(server_peer._tasks) == 1  # nobody told the server: the handler runs on
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_cancel_reaches_a_handler_behind_middleware(flavour: str) -> None:
+    """Calls served through middleware are cancelled like the others, and a streamed
+    result behind middleware stops when its caller leaves."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    reg = waiting_registry(started, cancelled)
+    seen: list[str] = []
+
+    @reg.use
+    async def observe(call: rpc.Call, call_next):
+        try:
+            return await call_next(call)
+        except asyncio.CancelledError:
+            seen.append(call.op)
+            raise
+
+    parts_stopped = asyncio.Event()
+
+    @reg.handle("parts")
+    async def parts(_: object = None):
+        try:
+            for i in range(1_000_000):
+                yield i
+                await asyncio.sleep(0)  # a producer that keeps going until stopped
+        finally:
+            parts_stopped.set()
+
+    async with served(flavour, reg) as (server, peer):
+        assert await peer.request("echo", 1) == 1  # the announcement has been answered
+        call = asyncio.create_task(peer.request("wait"))
+        await asyncio.wait_for(started.wait(), 5)
+        call.cancel()
+        await asyncio.wait_for(cancelled.wait(), 5)
+        assert seen == ["wait"]
+        [server_peer] = server.peers
+        await wait_until(lambda: not server_peer._running and len(server_peer._tasks) == 0)
+
+        stream = peer.stream("parts", value=None)
+        assert await anext(stream) == 0
+        await stream.aclose()  # we leave: the peer is told, the producer stops
+        await asyncio.wait_for(parts_stopped.wait(), 5)
+        await wait_until(lambda: not server_peer._running and len(server_peer._tasks) == 0)
+        assert await peer.request("echo", 2) == 2

@@ -1,13 +1,16 @@
 """OpenTelemetry spans through the Tracing middleware, read back from the SDK's in-memory
 exporter: nesting across a peerwire-to-peerwire call, results, and no trace context on the
-wire to peers that did not take peerwire's envelope."""
+wire to peers that did not take peerwire's request metadata."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hat.drivers import chatter as hat_chatter
+from hat.drivers import net
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -15,7 +18,12 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import rpc
 from rpc.tracing import Tracing
-from wire import envelope
+from tests.rpc_helpers import FLAVOURS, wait_until
+from tests.test_rpc_gotalk_transcripts import (
+    SKIPPED_NOTIFICATIONS,
+    read_request,
+    scripted_go_server,
+)
 
 
 @pytest.fixture
@@ -52,22 +60,21 @@ def traced_registry(provider: TracerProvider) -> rpc.Registry:
     return reg
 
 
-def accept(peer: rpc.Peer) -> None:
-    peer.accept_envelope()  # what the connect-time announcement of peerwire peers will do
-
-
-async def test_spans_nest_across_a_peerwire_call(spans: Any) -> None:
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_spans_nest_across_a_peerwire_call(spans: Any, flavour: str) -> None:
+    """Over a real connection, trace context crosses as request metadata, switched on by
+    the connect-time announcement: the server span's parent is the client span."""
     provider, exporter = spans
     tracing = Tracing(provider)
+    scheme, query = FLAVOURS[flavour]
     async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0",
-        registry=traced_registry(provider),
-        middleware=[tracing],
-        on_connect=accept,
+        f"{scheme}://127.0.0.1:0", registry=traced_registry(provider), middleware=[tracing]
     ) as server:
-        async with rpc.connect(
-            str(server.url), registry=rpc.Registry(), middleware=[tracing], on_connect=accept
-        ) as p:
+        url = f"{server.url}{query}"
+        async with rpc.connect(url, registry=rpc.Registry(), middleware=[tracing]) as p:
+            await wait_until(lambda: p.adapter.metadata)  # the server answered the announcement
+            [server_peer] = server.peers
+            assert server_peer.adapter.metadata
             with provider.get_tracer("app").start_as_current_span("outer"):
                 assert await p.request("work", 1) == 2
             with pytest.raises(rpc.RemoteError):
@@ -90,7 +97,7 @@ async def test_spans_nest_across_a_peerwire_call(spans: Any) -> None:
     assert inside.parent.span_id == server_span.context.span_id
     assert server_span.attributes["rpc.system"] == "peerwire"
     assert server_span.attributes["rpc.method"] == "work"
-    assert server_span.attributes["rpc.peerwire.protocol"] == "gotalk"
+    assert server_span.attributes["rpc.peerwire.protocol"] == flavour.split("-")[0]
     assert server_span.attributes["rpc.peerwire.result"] == "ok"
     assert server_span.attributes["network.peer.address"] == "127.0.0.1"
     failed = {s.kind: s for s in by_name["fail"]}
@@ -103,55 +110,110 @@ async def test_spans_nest_across_a_peerwire_call(spans: Any) -> None:
     assert streamed[SpanKind.SERVER].attributes["rpc.peerwire.result"] == "ok"
 
 
-@pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
-async def test_no_trace_context_without_the_envelope(spans: Any, scheme: str) -> None:
-    """A peer that did not take the envelope gets the payload as it is, and the server's
-    span starts a trace of its own."""
+async def test_server_calls_carry_trace_context_to_the_client(spans: Any) -> None:
+    """The extension is symmetric: a handler calling back into its caller continues the
+    trace on the client's side."""
     provider, exporter = spans
     tracing = Tracing(provider)
+    reg = rpc.Registry()
+
+    @reg.handle("call-back")
+    async def call_back(_: Any) -> Any:
+        return await rpc.current_peer.get().request("on-client", 5)
+
+    client_reg = rpc.Registry()
+
+    @client_reg.handle("on-client")
+    def on_client(value: int) -> int:
+        return value * 2
+
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, middleware=[tracing]) as s:
+        async with rpc.connect(str(s.url), registry=client_reg, middleware=[tracing]) as p:
+            await wait_until(lambda: p.adapter.metadata)
+            assert await p.request("call-back") == 10
+    spans_by = {(s.name, s.kind): s for s in exporter.get_finished_spans()}
+    outer_client = spans_by[("call-back", SpanKind.CLIENT)]
+    back_client = spans_by[("on-client", SpanKind.CLIENT)]
+    back_server = spans_by[("on-client", SpanKind.SERVER)]
+    assert back_server.context.trace_id == outer_client.context.trace_id
+    assert back_server.parent.span_id == back_client.context.span_id
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current", "chatter-legacy"])
+async def test_no_trace_context_without_the_extension(spans: Any, flavour: str) -> None:
+    """A client that does not announce the extension (or the legacy dialect, which cannot)
+    sends the payload as it is, and the server's span starts a trace of its own."""
+    provider, exporter = spans
+    tracing = Tracing(provider)
+    scheme, query = FLAVOURS[flavour]
     async with rpc.serve(
         f"{scheme}://127.0.0.1:0", registry=traced_registry(provider), middleware=[tracing]
     ) as server:
-        async with rpc.connect(str(server.url), registry=rpc.Registry(), middleware=[tracing]) as p:
+        url = f"{server.url}{query}"
+        async with rpc.connect(
+            url, registry=rpc.Registry(), middleware=[tracing], extensions=False
+        ) as p:
             with provider.get_tracer("app").start_as_current_span("outer"):
                 assert await p.request("raw", b"exact bytes", raw=True) == b"exact bytes"
+            assert not p.adapter.metadata
+            [server_peer] = server.peers
+            assert not server_peer.adapter.metadata
     raw_spans = {s.kind: s for s in exporter.get_finished_spans() if s.name == "raw"}
     assert raw_spans[SpanKind.SERVER].parent is None
     client_trace = raw_spans[SpanKind.CLIENT].context.trace_id
     assert raw_spans[SpanKind.SERVER].context.trace_id != client_trace
 
 
-async def test_enveloped_payloads_reach_handlers_unchanged() -> None:
-    """With the envelope on both ends (and no middleware), handlers see the bare payload;
-    a payload that is not an envelope is an error result, not a dead connection."""
-    reg = rpc.Registry()
+async def test_nothing_new_reaches_a_go_server(spans: Any) -> None:
+    """A traced request with a timeout to a server that ignores the announcement (the
+    replayed behaviour of Go gotalk) carries neither trace context nor a deadline: the
+    server sees the announcement, then the request exactly as without the extension."""
+    provider, _ = spans
 
-    @reg.handle("raw")
-    def raw(data: bytes) -> bytes:
-        return data
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        rid, op, payload = await read_request(reader)
+        assert (op, payload) == (b"echo", b'"hello"')
+        writer.write(b"R" + rid + b'00000007"hello"')
+        await reader.read()  # until the client closes
 
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, on_connect=accept) as server:
-        async with rpc.connect(str(server.url), registry=rpc.Registry(), on_connect=accept) as peer:
-            assert await peer.request("raw", b"\x01\x00abc", raw=True) == b"\x01\x00abc"
-        async with rpc.connect(str(server.url), registry=rpc.Registry()) as plain:
-            with pytest.raises(rpc.RemoteError, match="envelope"):
-                await plain.request("raw", b"\x07", raw=True)
-            assert await plain.request("raw", envelope.pack(b"ok", {"k": "v"}), raw=True) == b"ok"
-
-
-def test_envelope_round_trip_and_malformed() -> None:
-    data = envelope.pack(b"payload", {"traceparent": "00-abc-def-01", "k": ""})
-    assert envelope.unpack(data) == ({"traceparent": "00-abc-def-01", "k": ""}, b"payload")
-    assert envelope.unpack(envelope.pack(b"", None)) == ({}, b"")
-    for bad in (b"", b"\x02\x00", b"\x01\x01\x05ab", b"\x01\x01\x01k\x00\x09v", b"\x01\x40"):
-        with pytest.raises(envelope.MalformedMessage):
-            envelope.unpack(bad)
-    with pytest.raises(ValueError):
-        envelope.pack(b"", {"": "empty key"})
+    SKIPPED_NOTIFICATIONS.clear()
+    server, port = await scripted_go_server(script)
+    tracing = Tracing(provider)
+    url = f"tcp+gotalk://127.0.0.1:{port}"
+    async with server, rpc.connect(url, registry=rpc.Registry(), middleware=[tracing]) as peer:
+        with provider.get_tracer("app").start_as_current_span("outer"):
+            assert await peer.request("echo", "hello", timeout=5) == "hello"
+        assert not peer.adapter.metadata
+    assert SKIPPED_NOTIFICATIONS == [b"peerwire/hello"]
 
 
-async def test_chatter_connections_refuse_the_envelope() -> None:
-    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=rpc.Registry()) as server:
-        async with rpc.connect(f"{server.url}?dialect=HatChatter", reconnect=False) as peer:
-            with pytest.raises(ValueError, match="Gotalk"):
-                peer.accept_envelope()
+@pytest.mark.interop
+async def test_nothing_new_reaches_a_hat_drivers_server(spans: Any) -> None:
+    """The same against a real hat-drivers Chatter server (current dialect): every message
+    it receives is one of our requests (its Pong to our announcement is empty)."""
+    provider, _ = spans
+    received: list[str] = []
+
+    async def on_conn(conn: hat_chatter.Connection) -> None:
+        while True:
+            msg = await conn.receive()
+            received.append(msg.data.type)
+            await conn.send(hat_chatter.Data("Reply", msg.data.data), conv=msg.conv)
+
+    srv = await hat_chatter.listen(on_conn, net.TcpAddress("127.0.0.1", 0))
+    port = srv.info.addresses[0].port
+    tracing = Tracing(provider)
+    try:
+        url = f"tcp+sbs://127.0.0.1:{port}?dialect=HatChatter"
+        async with rpc.connect(url, registry=rpc.Registry(), middleware=[tracing]) as peer:
+            for i in range(3):
+                with provider.get_tracer("app").start_as_current_span("outer"):
+                    assert await peer.request("Anything", b"%d" % i, raw=True, timeout=5) == (
+                        b"%d" % i
+                    )
+            await wait_until(lambda: peer.codec.pongs_received >= 1)
+            assert peer.codec.last_pong_data == b""  # Hat peers echo nothing
+            assert not peer.adapter.metadata and not peer.adapter.cancels
+    finally:
+        await srv.async_close()
+    assert received == ["Anything"] * 3

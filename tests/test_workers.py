@@ -237,25 +237,21 @@ async def test_a_worker_failing_at_start_is_restarted_with_back_off() -> None:
 # --- arguments -----------------------------------------------------------------------------
 
 
-def test_bad_worker_counts_exit_2(tmp_path: Path) -> None:
-    zero = subprocess.run(
-        [*SERVE, "--workers=0", "--listen=tcp+gotalk://127.0.0.1:0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert zero.returncode == 2
-    assert "at least 1" in zero.stderr
-    eventer = subprocess.run(
-        [sys.executable, "-m", "rpc.cli", "eventer", "serve", "--config", "x.toml", "--workers=2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert eventer.returncode == 2
-    assert "runs in one process" in eventer.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([*SERVE, "--workers=0", "--listen=tcp+gotalk://127.0.0.1:0"], "at least 1"),
+        (
+            [sys.executable, "-m", "rpc.cli", "eventer", "serve", "--config=x.toml", "--workers=2"],
+            "runs in one process",
+        ),
+    ],
+    ids=["zero", "eventer"],
+)
+def test_bad_worker_counts_exit_2(args: list[str], message: str) -> None:
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert message in done.stderr
 
 
 def test_bind_listeners_resolves_port_zero_once_and_holds_it() -> None:

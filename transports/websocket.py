@@ -10,8 +10,9 @@ merged or split frames from non-browser peers work too.
 The server mounts the endpoint at a path on an HTTP server that also serves the browser
 script and, optionally, static files (:mod:`transports.web_http`). Connections count toward
 ``max_connections`` from accept, TLS and WebSocket handshakes included; those past it get 503
-(TLS: closed) at once. A connection that has not upgraded within ``handshake_timeout`` or
-whose request head passes ``max_request_head`` bytes is closed.
+once their request is in (at most :data:`MAX_REFUSING` at a time; beyond that, and on TLS
+listeners, they are closed at once). A connection that has not upgraded within
+``handshake_timeout`` or whose request head passes ``max_request_head`` bytes is closed.
 """
 
 from __future__ import annotations

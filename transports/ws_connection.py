@@ -47,7 +47,10 @@ RETRY_FLAG = "peerwire-retry"
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Per-connection limits (defaults as websockets' own, high water 256 KiB)."""
+    """Per-connection limits. Timers default as websockets' own (a ping after 20 s without
+    input, 20 s for its pong, 10 s to close, 10 s for the opening handshake); ``max_size``
+    (16 MiB) and ``high_water`` (256 KiB) as peerwire's RPC connections use, not websockets'
+    1 MiB and 32 KiB."""
 
     max_size: int | None = 16 * 1024 * 1024
     ping_interval: float | None = 20.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import struct
 from pathlib import Path
 
 import hat.sbs
@@ -19,6 +20,19 @@ PACKAGE = "wire.schemas_sbs"
 
 MODULES = ("Hat", "HatChatter", "HatEventer", "HatPing", "PeerwireRpc")
 """The SBS modules peerwire needs: every one must be installed."""
+
+SBS_ERRORS: tuple[type[Exception], ...] = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    SystemError,
+    struct.error,
+)
+"""What hat-sbs raises on bytes or values that do not fit the type it is asked to decode or
+encode (its C decoder raises SystemError on some truncated input, its Python one
+struct.error): catch these, not ``Exception``, around ``Repository.decode``/``encode``."""
 
 
 class SchemaNotFound(LookupError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -45,17 +44,8 @@ from rpc.eventer.values import (
 from wire import schemas
 from wire.sbs import encode_integer
 
-HAT_SBS_ERRORS = (
-    ValueError,
-    TypeError,
-    KeyError,
-    IndexError,
-    OverflowError,
-    SystemError,
-    struct.error,
-)
-"""What hat-sbs raises on input that is not the type it is asked to decode (its C decoder
-raises SystemError on some truncated input, its Python one struct.error)."""
+HAT_SBS_ERRORS = schemas.SBS_ERRORS
+"""What hat-sbs raises on undecodable input (:data:`wire.schemas.SBS_ERRORS`)."""
 
 
 @functools.cache

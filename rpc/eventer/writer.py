@@ -1,10 +1,11 @@
 """The single writer: queued sessions committed in group commits, then released.
 
 Sessions queue in arrival order; the writer commits everything queued (up to
-:data:`MAX_BATCH_EVENTS` events) in one SQLite transaction on its own thread, then hands
-each session to ``on_commit`` (notification, the registrant's answer) and releases the
-queries waiting for it. WAL checkpoints run on another thread every
-:data:`CHECKPOINT_ROWS` committed rows, off the commit path.
+:data:`MAX_BATCH_EVENTS` events) in one SQLite transaction on its own thread (a batch of
+at most :data:`INLINE_COMMIT_ROWS` events on the event loop itself when ``sync = "normal"``,
+which does not wait for the disk), then hands each session to ``on_commit`` (notification,
+the registrant's answer) and releases the queries waiting for it. WAL checkpoints run on
+another thread every :data:`CHECKPOINT_ROWS` committed rows, off the commit path.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from rpc.group.members import full_jitter
+from rpc.backoff import full_jitter
 from rpc.group.options import GroupOptions, GroupStats
 from rpc.tasks import TaskSet
 from transports.stream import open_stream

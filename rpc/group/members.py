@@ -15,19 +15,13 @@ import logging
 import random
 from collections.abc import Callable
 
-from rpc.backoff import Backoff
+from rpc.backoff import full_jitter
 from rpc.group.options import GroupOptions
 from wire.gossip import NetID
 
 __all__ = ["Members", "full_jitter"]
 
 log = logging.getLogger("peerwire.group")
-
-
-def full_jitter(attempt: int, base: float, cap: float, rng: random.Random) -> float:
-    """Wait before try ``attempt + 1`` (``attempt`` >= 1 failures so far): uniform in
-    ``[0, min(cap, base * 2**(attempt-1))]`` (AWS "full jitter")."""
-    return Backoff(base, cap).delay(attempt - 1, rng)
 
 
 class Members:

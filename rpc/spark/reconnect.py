@@ -26,15 +26,28 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from rpc.backoff import Backoff
+from rpc.backoff import full_jitter
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 
 log = logging.getLogger("peerwire.spark")
 
 
-RECONNECT = Backoff(base=0.05, cap=2.0)
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential back-off with full jitter: attempt ``n`` waits a uniform random time in
+    ``[0, min(cap, first * 2**n)]`` seconds."""
+
+    first: float = 0.05
+    cap: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return full_jitter(attempt + 1, self.first, self.cap)
+
+
+RECONNECT = Backoff()
 """Between connection attempts: from 50 ms, at most 2 s (a restarted peer is found within
 about 2 s of listening again)."""
 

@@ -27,7 +27,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import random
 import ssl
 import threading
 from collections import deque
@@ -37,6 +36,7 @@ from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect
+from rpc.backoff import full_jitter
 from rpc.errors import ConnectionClosed, RetryLater, RpcError
 from rpc.payload import PayloadError
 from rpc.peer import Options, Peer
@@ -311,8 +311,7 @@ def make_caller(
                     link.settled(peer)
             if policy.retries is not None and resends >= policy.retries:
                 return None, error
-            cap = min(policy.max_backoff, policy.backoff * 2 ** min(resends, 30))
-            wait = max(wait, random.uniform(0.0, cap))
+            wait = max(wait, full_jitter(resends + 1, policy.backoff, policy.max_backoff))
             if loop.time() + wait > started + budget:
                 return None, error
             resends += 1

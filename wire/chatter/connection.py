@@ -218,6 +218,11 @@ class ChatterConnection:
         return self._tracker.is_open(conversation)
 
     @property
+    def next_id(self) -> int:
+        """The message id the next message we send will carry."""
+        return self._tracker.next_id
+
+    @property
     def open_conversations(self) -> int:
         return self._tracker.open_count
 

@@ -80,17 +80,25 @@ def _bad_utf8(raw: bytes) -> MalformedMessage:
     return MalformedMessage(f"name {raw!r} is not valid UTF-8", code=_INVALID)
 
 
-def _named_parser(cls: type[Request] | type[StreamRequest]) -> _Parser:
-    new, set_id, set_op, set_payload = _fast_init(cls, "id", "op", "payload")
+def _named_parser(cls: type[Request] | type[StreamRequest] | type[Notification]) -> _Parser:
+    """Parser of ``r`` / ``s`` (type, 4-byte id, 3-hex name size, name, 8-hex payload size,
+    payload) and of ``n`` (the same without the id)."""
+    with_id = cls is not Notification
+    new, set_name, set_payload = _fast_init(cls, "op" if with_id else "name", "payload")
+    set_id = _fast_init(cls, "id")[1] if with_id else None
+    digits_at = 5 if with_id else 1
 
     def parse_named(data: bytes, pos: int, end: int, max_size: int) -> _ParseResult:
-        name_at = pos + 8
+        digits = pos + digits_at
+        name_at = digits + 3
         if end < name_at:
             return None, name_at
         hexval = _HEXVAL
-        name_size = hexval[data[pos + 5]] << 8 | hexval[data[pos + 6]] << 4 | hexval[data[pos + 7]]
+        name_size = (
+            hexval[data[digits]] << 8 | hexval[data[digits + 1]] << 4 | hexval[data[digits + 2]]
+        )
         if name_size > MAX_NAME_SIZE:
-            raise _bad_hex("name size", data[pos + 5 : name_at])
+            raise _bad_hex("name size", data[digits:name_at])
         size_at = name_at + name_size
         head_end = size_at + 8
         if end < head_end:
@@ -105,12 +113,13 @@ def _named_parser(cls: type[Request] | type[StreamRequest]) -> _Parser:
         if end < stop:
             return None, stop
         try:
-            op = data[name_at:size_at].decode()
+            name = data[name_at:size_at].decode()
         except UnicodeDecodeError:
             raise _bad_utf8(data[name_at:size_at]) from None
         message = new(cls)
-        set_id(message, data[pos + 1 : pos + 5])
-        set_op(message, op)
+        if set_id is not None:
+            set_id(message, data[pos + 1 : pos + 5])
+        set_name(message, name)
         set_payload(message, data[head_end:stop])
         return message, stop
 
@@ -160,34 +169,6 @@ def _parse_retry(data: bytes, pos: int, end: int, max_size: int) -> _ParseResult
     return RetryResult(data[pos + 1 : pos + 5], fields >> 32, data[head_end:stop]), stop
 
 
-def _parse_notification(data: bytes, pos: int, end: int, max_size: int) -> _ParseResult:
-    name_at = pos + 4
-    if end < name_at:
-        return None, name_at
-    hexval = _HEXVAL
-    name_size = hexval[data[pos + 1]] << 8 | hexval[data[pos + 2]] << 4 | hexval[data[pos + 3]]
-    if name_size > MAX_NAME_SIZE:
-        raise _bad_hex("name size", data[pos + 1 : name_at])
-    size_at = name_at + name_size
-    head_end = size_at + 8
-    if end < head_end:
-        return None, head_end
-    try:
-        size = _from_bytes(_unhexlify(data[size_at:head_end]))
-    except _HexError:
-        raise _bad_hex("payload size", data[size_at:head_end]) from None
-    if size > max_size:
-        raise _too_large(size, max_size)
-    stop = head_end + size
-    if end < stop:
-        return None, stop
-    try:
-        name = data[name_at:size_at].decode()
-    except UnicodeDecodeError:
-        raise _bad_utf8(data[name_at:size_at]) from None
-    return Notification(name, data[head_end:stop]), stop
-
-
 def _parse_heartbeat(data: bytes, pos: int, end: int, max_size: int) -> _ParseResult:
     stop = pos + 13
     if end < stop:
@@ -218,7 +199,7 @@ PARSERS[ord(MessageType.RESULT)] = _id_parser(Result)
 PARSERS[ord(MessageType.STREAM_RESULT)] = _id_parser(StreamResult)
 PARSERS[ord(MessageType.ERROR_RESULT)] = _id_parser(ErrorResult)
 PARSERS[ord(MessageType.RETRY_RESULT)] = _parse_retry
-PARSERS[ord(MessageType.NOTIFICATION)] = _parse_notification
+PARSERS[ord(MessageType.NOTIFICATION)] = _named_parser(Notification)
 PARSERS[ord(MessageType.HEARTBEAT)] = _parse_heartbeat
 PARSERS[ord(MessageType.FAULT)] = _parse_fault
 

@@ -1,0 +1,295 @@
+"""Request metadata between peerwire peers: the caller's time left reaches the server, which
+drops a request already past it and bounds the handler by it; the metadata codecs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import rpc
+from rpc import chatter_peer, gotalk_peer
+from tests.chatter_socket import ChatterSocket
+from tests.rpc_helpers import served, wait_until
+from wire import gotalk, metadata, schemas
+from wire.chatter import Dialect
+from wire.errors import MalformedMessage
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Handlers:
+    """A registry whose handlers record what they saw."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.cancelled = asyncio.Event()
+        self.release = asyncio.Event()
+        self.registry = reg = rpc.Registry()
+
+        @reg.handle("left")
+        async def left(_: Any = None) -> float | None:
+            call = rpc.current_call.get(None)  # set for async handlers given a deadline
+            return None if call is None else call.time_left()
+
+        @reg.handle("left_parts")
+        async def left_parts(_: Any = None) -> Any:
+            call = rpc.current_call.get(None)
+            yield None if call is None else call.time_left()
+
+        @reg.handle("wait")
+        async def wait(name: str) -> str:
+            self.ran.append(name)
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+            return name
+
+        @reg.handle("ticks")
+        async def ticks(_: Any = None) -> Any:
+            yield 1
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+
+        @reg.handle("echo")
+        def echo(value: Any) -> Any:
+            return value
+
+        @reg.handle("own_timeout")
+        async def own_timeout(_: Any = None) -> None:
+            raise TimeoutError("the handler's own")
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_handler_sees_the_callers_time_left(flavour: str) -> None:
+    handlers = Handlers()
+    async with served(flavour, handlers.registry) as (_server, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        left = await peer.request("left", timeout=2.0)
+        assert 1.0 < left <= 2.0
+        assert await peer.request("left") is None  # no timeout chosen: nothing sent
+        [left] = [x async for x in peer.stream("left_parts", timeout=2.0)]
+        assert 1.0 < left <= 2.0  # a stream's whole deadline travels too
+        assert [x async for x in peer.stream("left_parts", item_timeout=2.0)] == [None]
+    options = rpc.Options(timeout=3.0)
+    async with served(flavour, handlers.registry, client_options=options) as (_server, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        assert 2.0 < await peer.request("left") <= 3.0
+
+
+async def test_request_waiting_past_its_deadline_is_dropped() -> None:
+    """A request that waited in the server's input (reading paused: every handler slot
+    taken, a peer without retry results) past its caller's deadline is answered without
+    running its handler."""
+    handlers = Handlers()
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0",
+        registry=handlers.registry,
+        options=rpc.Options(max_concurrent=1),
+        retry_results=False,
+    ) as server:
+        async with rpc.connect(str(server.url), registry=rpc.Registry()) as peer:
+            await wait_until(lambda: peer.adapter.metadata)
+            first = asyncio.create_task(peer.request("wait", "first"))
+            await wait_until(lambda: handlers.ran == ["first"])
+            with pytest.raises(rpc.RequestTimeout):
+                await peer.request("wait", "late", timeout=0.3)
+            handlers.release.set()
+            assert await first == "first"
+            assert await peer.request("echo", "after") == "after"  # sent after "late"
+            assert handlers.ran == ["first"]
+
+
+# --- raw peers speaking the extension --------------------------------------------------------
+
+
+class RawGotalk:
+    """A Gotalk client written by hand: the announcement, metadata and requests as bytes."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.codec = gotalk.GotalkConnection()
+        self.pending: list[Any] = []
+
+    @classmethod
+    async def connect(cls, port: int, level: bytes = b"2") -> RawGotalk:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        raw = cls(reader, writer)
+        writer.write(raw.codec.handshake() + raw.notification(gotalk_peer.HELLO, level))
+        return raw
+
+    @staticmethod
+    def notification(name: str, payload: bytes) -> bytes:
+        return b"".join(gotalk.encode_parts(gotalk.Notification(name, payload)))
+
+    def request(self, rid: bytes, op: str, payload: bytes, timeout_ms: int | None) -> None:
+        meta = metadata.encode_gotalk(rid, metadata.RequestMeta(timeout_ms, {"k": "v"}))
+        header = gotalk.request_header(gotalk.MessageType.REQUEST, rid, op, len(payload))
+        self.writer.write(self.notification(gotalk_peer.META, meta) + header + payload)
+
+    async def next(self) -> Any:
+        while not self.pending:
+            data = await asyncio.wait_for(self.reader.read(65536), 10)
+            assert data, "server closed"
+            self.pending += [
+                m for m in self.codec.receive_data(data) if not isinstance(m, gotalk.Heartbeat)
+            ]
+        return self.pending.pop(0)
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+async def test_gotalk_deadline_on_the_wire() -> None:
+    handlers = Handlers()
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=handlers.registry) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        try:
+            answer = await raw.next()
+            assert answer == gotalk.Notification(gotalk_peer.HELLO, b"2")
+            raw.request(b"0001", "wait", b'"past"', 0)  # no time left when it arrives
+            reply = await raw.next()
+            assert isinstance(reply, gotalk.ErrorResult) and reply.id == b"0001"
+            assert b"deadline passed before it ran" in reply.payload
+            assert handlers.ran == []
+            raw.request(b"0005", "echo", b'"late"', 0)  # a plain function: dropped too
+            reply = await raw.next()
+            assert isinstance(reply, gotalk.ErrorResult) and b"before it ran" in reply.payload
+            raw.request(b"0006", "echo", b'"in time"', 300)  # and otherwise served inline
+            assert await raw.next() == gotalk.Result(b"0006", b'"in time"')
+
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            raw.request(b"0002", "wait", b'"bounded"', 300)
+            reply = await raw.next()
+            assert isinstance(reply, gotalk.ErrorResult) and reply.id == b"0002"
+            assert b"deadline passed" in reply.payload
+            assert 0.25 < loop.time() - started < 5
+            assert handlers.ran == ["bounded"] and handlers.cancelled.is_set()
+
+            handlers.cancelled.clear()
+            raw.request(b"0003", "ticks", b"null", 300)  # a streamed result: bounded too
+            assert await raw.next() == gotalk.StreamResult(b"0003", b"1")
+            reply = await raw.next()
+            assert isinstance(reply, gotalk.ErrorResult) and b"deadline" in reply.payload
+            assert await raw.next() == gotalk.StreamResult(b"0003", b"")  # the stream's end
+            assert handlers.cancelled.is_set()
+
+            raw.request(b"0007", "own_timeout", b"null", 5000)  # not taken for the deadline
+            reply = await raw.next()
+            assert reply == gotalk.ErrorResult(b"0007", b"the handler's own")
+
+            raw.request(b"0004", "echo", b'"ok"', None)  # entries only: served as usual
+            assert await raw.next() == gotalk.Result(b"0004", b'"ok"')
+        finally:
+            await raw.close()
+
+
+async def test_gotalk_level_1_peers_get_no_metadata() -> None:
+    """A peer announcing level 1 (cancellation only) is answered with level 1, and its
+    ``peerwire/meta`` notifications are not taken as metadata."""
+    handlers = Handlers()
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=handlers.registry) as server:
+        raw = await RawGotalk.connect(server.url.port, level=b"1")
+        try:
+            assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, b"1")
+            raw.request(b"0001", "left", b"null", 0)
+            assert await raw.next() == gotalk.Result(b"0001", b"null")
+            [server_peer] = server.peers
+            assert server_peer.adapter.cancels and not server_peer.adapter.metadata
+        finally:
+            await raw.close()
+
+
+async def test_chatter_deadline_on_the_wire() -> None:
+    handlers = Handlers()
+    repo = schemas.repository()
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=handlers.registry) as server:
+        sock = await ChatterSocket.connect("127.0.0.1", server.url.port, Dialect.CURRENT)
+        conn = sock.conn
+
+        def request(op: str, payload: bytes, timeout_ms: int | None) -> int:
+            meta = metadata.RequestMeta(timeout_ms, {"k": "v"})
+            value = metadata.to_sbs(conn.next_id + 1, meta)
+            conn.send("PeerwireRpc.Meta", repo.encode("PeerwireRpc.Meta", value))
+            msg = conn.send(op, payload, last=False)
+            sock.flush()
+            return msg.id
+
+        try:
+            conn.send_ping(chatter_peer.HELLO)
+            first = request("wait", b'"past"', 0)
+            reply = await sock.receive()
+            assert (reply.first, reply.type, reply.last) == (first, "PeerwireRpc.Error", True)
+            assert "deadline passed before it ran" in repo.decode("PeerwireRpc.Error", reply.data)
+            assert conn.last_pong_data == chatter_peer.HELLO
+            assert handlers.ran == []
+
+            first = request("wait", b'"bounded"', 300)
+            reply = await sock.receive()
+            assert (reply.first, reply.type) == (first, "PeerwireRpc.Error")
+            assert "deadline passed" in repo.decode("PeerwireRpc.Error", reply.data)
+            assert handlers.ran == ["bounded"] and handlers.cancelled.is_set()
+
+            first = request("echo", b'"ok"', None)
+            reply = await sock.receive()
+            assert (reply.first, reply.type, reply.data) == (first, "PeerwireRpc.Result", b'"ok"')
+        finally:
+            await sock.close()
+
+
+# --- codecs ------------------------------------------------------------------------------------
+
+
+def test_gotalk_metadata_round_trip_and_malformed() -> None:
+    meta = metadata.RequestMeta(1500, {"traceparent": "00-abc-def-01", "k": ""})
+    data = metadata.encode_gotalk(b"\x01\x02\x03\x04", meta)
+    assert metadata.decode_gotalk(data) == (b"\x01\x02\x03\x04", meta)
+    none = metadata.decode_gotalk(metadata.encode_gotalk(b"abcd", metadata.RequestMeta()))
+    assert none == (b"abcd", metadata.RequestMeta(None, {}))
+    for bad in (
+        b"",
+        b"abcd\x00\x00\x00\x01",  # no count
+        b"abcd\x00\x00\x00\x01\x01\x05ab",  # truncated key
+        b"abcd\x00\x00\x00\x01\x01\x01k\x00\x09v",  # truncated value
+        b"abcd\x00\x00\x00\x01\x40",  # too many entries
+        b"abcd\x00\x00\x00\x01\x00x",  # trailing bytes
+        b"abcd\x00\x00\x00\x01\x01\x00\x00\x00",  # empty key
+    ):
+        with pytest.raises(MalformedMessage):
+            metadata.decode_gotalk(bad)
+    with pytest.raises(ValueError):
+        metadata.encode_gotalk(b"abcd", metadata.RequestMeta(None, {"": "empty key"}))
+    with pytest.raises(ValueError):
+        entries = {str(i): "" for i in range(metadata.MAX_ENTRIES + 1)}
+        metadata.encode_gotalk(b"abcd", metadata.RequestMeta(None, entries))
+    assert metadata.timeout_ms(-1.0) == 0 and metadata.timeout_ms(0.0019) == 1
+
+
+def test_chatter_metadata_round_trip_and_malformed() -> None:
+    repo = schemas.repository()
+    meta = metadata.RequestMeta(250, {"traceparent": "00-abc-def-01"})
+    encoded = repo.encode("PeerwireRpc.Meta", metadata.to_sbs(7, meta))
+    assert metadata.from_sbs(repo.decode("PeerwireRpc.Meta", encoded)) == (7, meta)
+    empty = metadata.to_sbs(8, metadata.RequestMeta())
+    assert metadata.from_sbs(empty) == (8, metadata.RequestMeta(None, {}))
+    for bad in (
+        None,
+        {"first": 1},
+        {"first": 1, "timeoutMs": ("none", None), "entries": [{"key": "", "value": ""}]},
+        {"first": 1, "timeoutMs": ("value", -5), "entries": []},
+        {
+            "first": 1,
+            "timeoutMs": ("none", None),
+            "entries": [{"key": "a", "value": "1"}, {"key": "a", "value": "2"}],
+        },
+    ):
+        with pytest.raises(MalformedMessage):
+            metadata.from_sbs(bad)
