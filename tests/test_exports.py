@@ -10,15 +10,19 @@ import pytest
 
 EXPORTS = {
     "rpc": [
+        "Backoff",
         "Call",
         "ChatterPeer",
         "ConnectionClosed",
+        "ConnectionState",
         "GotalkPeer",
         "Middleware",
         "Options",
         "PayloadError",
         "Peer",
         "PeerUrl",
+        "Reconnect",
+        "ReconnectingPeer",
         "Registry",
         "Rejected",
         "RemoteError",
@@ -28,6 +32,7 @@ EXPORTS = {
         "RpcError",
         "Server",
         "StreamOverflow",
+        "Transition",
         "UnknownOperation",
         "UrlError",
         "blocking",

@@ -71,7 +71,9 @@ async def test_extension_off_when_the_client_opts_out() -> None:
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=waiting_registry(started, cancelled)
     ) as server:
-        async with rpc.connect(str(server.url), registry=rpc.Registry(), extensions=False) as peer:
+        async with rpc.connect(
+            str(server.url), registry=rpc.Registry(), extensions=False, reconnect=False
+        ) as peer:
             assert await peer.request("echo", 1) == 1
             assert not peer.adapter.cancels
             with pytest.raises(rpc.RequestTimeout):

@@ -235,7 +235,7 @@ async def test_on_connect_and_connection_limit(flavour: str) -> None:
         url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
         async with rpc.connect(url) as peer:
             assert await peer.request("my_name") == "conn0"
-            extra = await rpc.connect(url)
+            extra = await rpc.connect(url, reconnect=False)
             await asyncio.wait_for(extra.closed, 5)  # refused: over the limit
             with pytest.raises(rpc.ConnectionClosed):
                 await extra.request("echo", 1)

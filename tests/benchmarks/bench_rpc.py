@@ -15,6 +15,9 @@ Rows (``--only`` takes one of these names; repeat it for several):
 - ``peerwire-gotalk-mw``: the same with one pass-through middleware on each side
   (``serve(middleware=...)`` and ``connect(middleware=...)``): what the middleware path
   costs next to the plain one, which has none.
+- ``peerwire-gotalk-one``: the same as ``peerwire-gotalk`` with ``connect(...,
+  reconnect=False)``: the one connection's Peer, without the reconnecting client around it
+  (what that client costs).
 - ``hat-chatter``: the reference, hat-drivers' chatter on both sides. The server answers
   each message in its conversation; the client sends with ``last=False`` and a receive
   loop resolves futures keyed by ``conv.first_id``.
@@ -77,6 +80,7 @@ ROWS = (
     "peerwire-gotalk",
     "peerwire-gotalk-async",
     "peerwire-gotalk-mw",
+    "peerwire-gotalk-one",
     "hat-chatter",
     "bare-echo",
 )
@@ -204,7 +208,7 @@ def _registry(coroutine: bool = False) -> rpc.Registry:
 
 async def _start_server(name: str) -> tuple[int, Callable[[], Awaitable[None]]]:
     """Start row ``name``'s server on a free port; return (port, async close)."""
-    if name in ("peerwire-chatter", "peerwire-gotalk"):
+    if name in ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-one"):
         codec = "sbs" if name == "peerwire-chatter" else "gotalk"
         server = await rpc.serve(f"tcp+{codec}://{HOST}:0", registry=_registry())
         return server.url.port, server.close
@@ -324,6 +328,15 @@ async def _connect(name: str, port: int) -> tuple[Call, Callable[[], Awaitable[N
             return request("echo", PAYLOAD, raw=True)
 
         return call, peer.close
+    if name == "peerwire-gotalk-one":
+        url = f"tcp+gotalk://{HOST}:{port}"
+        one = await rpc.connect(url, registry=rpc.Registry(), reconnect=False)
+        one_request = one.request
+
+        def call_one() -> Awaitable[bytes]:
+            return one_request("echo", PAYLOAD, raw=True)
+
+        return call_one, one.close
     if name == "peerwire-gotalk-mw":
         url = f"tcp+gotalk://{HOST}:{port}"
         peer = await rpc.connect(url, registry=rpc.Registry(), middleware=[_pass_through])
@@ -557,6 +570,12 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         print(
             f"  peerwire-gotalk-async {mode:<7} vs peerwire-gotalk: "
             f"{_ratio(coro, rate.get(('peerwire-gotalk', mode))):>5}"
+        )
+    for mode, _ in MODES:
+        reconnecting = rate.get(("peerwire-gotalk", mode))
+        print(
+            f"  peerwire-gotalk  {mode:<12} vs peerwire-gotalk-one: "
+            f"{_ratio(reconnecting, rate.get(('peerwire-gotalk-one', mode))):>5}"
         )
     for mode, _ in MODES:
         with_mw = rate.get(("peerwire-gotalk-mw", mode))
