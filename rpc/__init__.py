@@ -26,6 +26,7 @@ schemas.schema_texts()
 
 from rpc import blocking
 from rpc.api import Server, connect, serve
+from rpc.backoff import Backoff, Reconnect
 from rpc.chatter_peer import ChatterPeer, Reply
 from rpc.errors import (
     ConnectionClosed,
@@ -47,19 +48,24 @@ from rpc.gotalk_peer import GotalkPeer
 from rpc.middleware import Call, Middleware, current_call
 from rpc.payload import PayloadError
 from rpc.peer import Options, Peer, current_peer
+from rpc.reconnect import ConnectionState, ReconnectingPeer, Transition
 from rpc.registry import Registry, default_registry, handle, handle_notification, handle_stream
 from rpc.url import PeerUrl, UrlError, parse_url
 
 __all__ = [
+    "Backoff",
     "Call",
     "ChatterPeer",
     "ConnectionClosed",
+    "ConnectionState",
     "GotalkPeer",
     "Middleware",
     "Options",
     "PayloadError",
     "Peer",
     "PeerUrl",
+    "Reconnect",
+    "ReconnectingPeer",
     "Registry",
     "Rejected",
     "RemoteError",
@@ -75,6 +81,7 @@ __all__ = [
     "TlsNotSpoken",
     "TlsRejected",
     "TlsUnknownCA",
+    "Transition",
     "UnknownOperation",
     "UrlError",
     "blocking",

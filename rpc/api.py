@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import socket
 import ssl as ssl_module
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 from websockets.exceptions import InvalidHandshake
 
-from rpc.chatter_peer import ChatterPeer
+from rpc.backoff import Reconnect
+from rpc.chatter_peer import ChatterAdapter, ChatterPeer
 from rpc.errors import TLS_ERRORS, ConnectionClosed
-from rpc.gotalk_peer import GotalkPeer
+from rpc.gotalk_peer import GotalkAdapter, GotalkPeer
 from rpc.middleware import Middleware
 from rpc.peer import Options, Peer
-from rpc.registry import Registry
+from rpc.reconnect import ReconnectingPeer, Transition
+from rpc.registry import Registry, default_registry
 from rpc.url import PeerUrl, parse_url
 from transports.stream import (
     ClosedBeforeReply,
@@ -29,6 +32,8 @@ from transports.stream import (
 )
 from transports.websocket import HttpOptions, open_websocket, start_websocket_server
 from wire.chatter import Dialect
+
+P = TypeVar("P", Peer, ReconnectingPeer)
 
 
 class Meter(Protocol):
@@ -108,17 +113,17 @@ def _connect_error(url: str, parsed: PeerUrl, exc: BaseException) -> ConnectionC
     return ConnectionClosed(f"cannot connect to {url}: {exc}")
 
 
-class _Connect:
+class _Connect(Generic[P]):
     """Awaitable and async context manager returned by :func:`connect`."""
 
-    def __init__(self, coro_fn: Callable[[], Any]) -> None:
-        self._coro_fn = coro_fn
-        self._peer: Peer | None = None
+    def __init__(self, coro_fn: Callable[[], Awaitable[P]]) -> None:
+        self._coro_fn: Callable[[], Awaitable[P]] = coro_fn
+        self._peer: P | None = None
 
-    def __await__(self) -> Generator[Any, None, Peer]:
+    def __await__(self) -> Generator[Any, None, P]:
         return self._coro_fn().__await__()
 
-    async def __aenter__(self) -> Peer:
+    async def __aenter__(self) -> P:
         self._peer = await self._coro_fn()
         return self._peer
 
@@ -127,34 +132,21 @@ class _Connect:
             await self._peer.close()
 
 
-def connect(
+def _dialer(
     url: str,
-    *,
-    registry: Registry | None = None,
-    options: Options | None = None,
-    ssl: ssl_module.SSLContext | None = None,
-    server_hostname: str | None = None,
-    connect_timeout: float = 10.0,
-    origin: str | None = None,
-    middleware: Sequence[Middleware] = (),
-    metrics: Meter | None = None,
-    **protocol_options: Any,
-) -> _Connect:
-    """Connect to a peer: ``peer = await connect(url)`` or ``async with connect(url) as peer``.
+    parsed: PeerUrl,
+    factory: Callable[[], Peer],
+    options: Options | None,
+    ssl: ssl_module.SSLContext | None,
+    server_hostname: str | None,
+    connect_timeout: float,
+    origin: str | None,
+) -> Callable[[], Awaitable[Peer]]:
+    """Opens one connection to ``url`` (ConnectionClosed when it cannot)."""
+    if ssl is not None and not parsed.tls:
+        raise ValueError(f"ssl= given for {url}, which is not a TLS URL")
 
-    ``registry`` holds the handlers the remote side may call on us (default: the module
-    registry). ``ssl`` overrides the default TLS client context (system CAs, hostname
-    checked). ``middleware`` wrap every call on the connection (:mod:`rpc.middleware`);
-    ``metrics`` (:class:`rpc.metrics.Metrics`) counts our calls. ``protocol_options`` go to
-    the protocol peer (``ping_interval``, ``heartbeat_interval``, ...).
-    """
-    parsed = parse_url(url)
-    options = _with_middleware(options, middleware, metrics)
-
-    async def run() -> Peer:
-        factory = _peer_factory(parsed, registry, options, False, protocol_options)
-        if ssl is not None and not parsed.tls:
-            raise ValueError(f"ssl= given for {url}, which is not a TLS URL")
+    async def dial() -> Peer:
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
         peer: object  # the transport's protocol: checked to be a Peer below
         try:
@@ -187,7 +179,147 @@ def connect(
             raise TypeError(f"transport returned {peer!r}, not a Peer")
         return peer
 
-    return _Connect(run)
+    return dial
+
+
+@overload
+def connect(
+    url: str | Sequence[str],
+    *,
+    registry: Registry | None = None,
+    options: Options | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    server_hostname: str | None = None,
+    connect_timeout: float = 10.0,
+    origin: str | None = None,
+    middleware: Sequence[Middleware] = (),
+    metrics: Meter | None = None,
+    reconnect: Literal[False],
+    on_connect: Callable[[Peer], Any] | None = None,
+    on_state: Callable[[Transition], Any] | None = None,
+    **protocol_options: Any,
+) -> _Connect[Peer]: ...
+
+
+@overload
+def connect(
+    url: str | Sequence[str],
+    *,
+    registry: Registry | None = None,
+    options: Options | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    server_hostname: str | None = None,
+    connect_timeout: float = 10.0,
+    origin: str | None = None,
+    middleware: Sequence[Middleware] = (),
+    metrics: Meter | None = None,
+    reconnect: Literal[True] | Reconnect = True,
+    on_connect: Callable[[Peer], Any] | None = None,
+    on_state: Callable[[Transition], Any] | None = None,
+    **protocol_options: Any,
+) -> _Connect[ReconnectingPeer]: ...
+
+
+def connect(
+    url: str | Sequence[str],
+    *,
+    registry: Registry | None = None,
+    options: Options | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    server_hostname: str | None = None,
+    connect_timeout: float = 10.0,
+    origin: str | None = None,
+    middleware: Sequence[Middleware] = (),
+    metrics: Meter | None = None,
+    reconnect: bool | Reconnect = True,
+    on_connect: Callable[[Peer], Any] | None = None,
+    on_state: Callable[[Transition], Any] | None = None,
+    **protocol_options: Any,
+) -> _Connect[Any]:
+    """Connect to a peer: ``peer = await connect(url)`` or ``async with connect(url) as peer``.
+
+    Returns a :class:`~rpc.reconnect.ReconnectingPeer`, which reconnects by itself after
+    its connection drops (``reconnect``: a :class:`~rpc.reconnect.Reconnect` policy, or
+    True for the default one) and fails over between several URLs given as a list (all of
+    one protocol); ``on_connect(peer)`` runs on each new connection before our requests go
+    out, ``on_state(transition)`` sees every state change (see :mod:`rpc.reconnect`).
+    ``reconnect=False`` returns the :class:`Peer` of one connection (the first URL that
+    answers), which stays closed once it drops.
+
+    ``registry`` holds the handlers the remote side may call on us (default: the module
+    registry). ``ssl`` overrides the default TLS client context (system CAs, hostname
+    checked). ``middleware`` wrap every call on the connection (:mod:`rpc.middleware`);
+    ``metrics`` (:class:`rpc.metrics.Metrics`) counts our calls. ``protocol_options`` go to
+    the protocol peer (``ping_interval``, ``heartbeat_interval``, ...).
+    """
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ValueError("connect needs at least one URL")
+    parsed = [parse_url(u) for u in urls]
+    codecs = {p.codec for p in parsed}
+    if len(codecs) > 1:
+        raise ValueError(f"the URLs of one client speak one protocol, not {sorted(codecs)}")
+    options = _with_middleware(options, middleware, metrics)
+    if reconnect is False and on_state is not None:
+        raise ValueError("on_state needs reconnect (a connection without it has no states)")
+
+    def dialers() -> dict[str, Callable[[], Awaitable[Peer]]]:
+        return {
+            u: _dialer(
+                u,
+                p,
+                _peer_factory(p, registry, options, False, protocol_options),
+                options,
+                ssl,
+                server_hostname,
+                connect_timeout,
+                origin,
+            )
+            for u, p in zip(urls, parsed, strict=True)
+        }
+
+    async def one_connection() -> Peer:
+        error: BaseException = ConnectionClosed("no URL")
+        for dial in dialers().values():
+            try:
+                peer = await dial()
+            except ConnectionClosed as exc:
+                error = exc
+                continue
+            if on_connect is not None:
+                try:
+                    result = on_connect(peer)
+                    if inspect.isawaitable(result):
+                        await result
+                except BaseException:
+                    peer.abort()
+                    raise
+            return peer
+        raise error
+
+    async def reconnecting() -> ReconnectingPeer:
+        dial = dialers()
+        client = ReconnectingPeer(
+            urls,
+            lambda u: dial[u](),
+            registry=registry if registry is not None else default_registry,
+            options=options or Options(),
+            protocol_name="gotalk" if parsed[0].codec == "gotalk" else "chatter",
+            default_timeout=(
+                GotalkAdapter.default_timeout
+                if parsed[0].codec == "gotalk"
+                else ChatterAdapter.default_timeout
+            ),
+            policy=reconnect if isinstance(reconnect, Reconnect) else Reconnect(),
+            on_connect=on_connect,
+            on_state=on_state,
+        )
+        await client.start()
+        return client
+
+    if reconnect is False:
+        return _Connect(one_connection)
+    return _Connect(reconnecting)
 
 
 class Server:

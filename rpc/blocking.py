@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect as async_connect
 from rpc.calls import legacy_stream_args
+from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
+from rpc.reconnect import ConnectionState, ReconnectingPeer
 
 T = TypeVar("T")
 
@@ -49,15 +51,36 @@ def _run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
 
 
 class BlockingPeer:
-    """The blocking twin of :class:`rpc.Peer`; every method waits for its answer."""
+    """The blocking twin of :class:`rpc.ReconnectingPeer` (or, with ``reconnect=False``,
+    of :class:`rpc.Peer`); every method waits for its answer."""
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: ReconnectingPeer | Peer) -> None:
         self.peer = peer
 
+    @property
+    def connection_state(self) -> ConnectionState:
+        """``connecting``, ``open``, ``reconnecting`` or ``closed`` (a plain peer: open or
+        closed)."""
+        peer = self.peer
+        if isinstance(peer, ReconnectingPeer):
+            return peer.connection_state
+        return ConnectionState.CLOSED if peer.closed.done() else ConnectionState.OPEN
+
     def request(
-        self, op: str, value: Any = None, *, timeout: float | None = None, raw: bool = False
+        self,
+        op: str,
+        value: Any = None,
+        *,
+        timeout: float | None = None,
+        raw: bool = False,
+        idempotent: bool = False,
     ) -> Any:
-        return _run(self.peer.request(op, value, timeout=timeout, raw=raw))
+        """``idempotent=True``: sent again if the connection drops while it is in flight
+        (reconnecting peers only; a plain peer never sends anything twice)."""
+        peer = self.peer
+        if isinstance(peer, ReconnectingPeer):
+            return _run(peer.request(op, value, timeout=timeout, raw=raw, idempotent=idempotent))
+        return _run(peer.request(op, value, timeout=timeout, raw=raw))
 
     def stream(
         self,
@@ -88,6 +111,15 @@ class BlockingPeer:
 
         _run(send())
 
+    def wait_open(self, timeout: float | None = None) -> None:
+        """Wait for the connection (reconnecting peers); raises TimeoutError or
+        ConnectionClosed."""
+        peer = self.peer
+        if isinstance(peer, ReconnectingPeer):
+            _run(peer.wait_open(timeout))
+        elif not peer.is_open:
+            raise ConnectionClosed("connection is closed")
+
     def close(self) -> None:
         _run(self.peer.close())
 
@@ -98,10 +130,12 @@ class BlockingPeer:
         self.close()
 
 
-def connect(url: str, **kwargs: Any) -> BlockingPeer:
-    """Blocking :func:`rpc.connect`; takes the same keyword arguments."""
+def connect(url: str | Sequence[str], **kwargs: Any) -> BlockingPeer:
+    """Blocking :func:`rpc.connect`; takes the same arguments (callbacks such as
+    ``on_state`` run on the background loop's thread)."""
 
-    async def open_peer() -> Peer:
-        return await async_connect(url, **kwargs)
+    async def open_peer() -> ReconnectingPeer | Peer:
+        peer: ReconnectingPeer | Peer = await async_connect(url, **kwargs)
+        return peer
 
     return BlockingPeer(_run(open_peer()))

@@ -31,7 +31,8 @@ is closed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias, final
 
@@ -62,6 +63,9 @@ with an empty Pong and never see anything else of the extension; a peerwire peer
 and from then on each side may send ``PeerwireRpc.Cancel`` and (level 2)
 ``PeerwireRpc.Meta`` before a request. A peer announcing ``peerwire-ext/1`` gets level 1."""
 _LEVELS = {b"peerwire-ext/1": 1, HELLO: LEVEL}
+WAITING_STREAMS = 256
+"""Incoming streams whose replies may wait for the requester's token at once (oldest
+dropped past it)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -131,6 +135,12 @@ class ChatterAdapter:
         self._ping_sent_at = 0.0
         self._foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types."""
+        self._waiting: OrderedDict[Conversation, list[tuple[Callable[..., None], tuple[Any, ...]]]]
+        self._waiting = OrderedDict()
+        """Replies to incoming streams produced while the requester still holds the token
+        (it is sending parts): sent, in order, once its End hands the token over. At most
+        ``options.max_stream_queue`` per stream (past it the stream gets an error instead)
+        and ``WAITING_STREAMS`` streams (past it the oldest stream's replies are dropped)."""
 
     # --- names -----------------------------------------------------------------------------
 
@@ -165,6 +175,7 @@ class ChatterAdapter:
 
     def stop(self) -> None:
         self._foreign.clear()
+        self._waiting.clear()
 
     def handshake_done(self) -> bool:
         return self.codec.dialect is not None
@@ -250,6 +261,7 @@ class ChatterAdapter:
             peer.on_request_part(conv, msg.data)
         elif op == _END_TYPE:
             peer.on_request_end(conv)
+            self._token_back(conv)
 
     def _on_meta(self, data: bytes) -> None:
         value = self._sbs_decode(_META, data, None)
@@ -380,7 +392,34 @@ class ChatterAdapter:
             return False
         return True
 
+    def _must_wait(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
+        """True when ``key`` is open but the requester holds its token: Chatter lets only the
+        token holder send, so the reply waits (see ``_waiting``) instead of being lost."""
+        codec = self.codec
+        if codec.holds_token(key) or not codec.is_open(key):
+            return False
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            waiting = self._waiting[key] = []
+            if len(self._waiting) > WAITING_STREAMS:
+                self._waiting.popitem(last=False)
+        if len(waiting) < self.peer.options.max_stream_queue:
+            waiting.append((send, args))
+        elif waiting[-1][0] != self.send_error:
+            limit = self.peer.options.max_stream_queue
+            message = f"more than {limit} results before the stream's end"
+            waiting[:] = [(self.send_error, (key, message))]
+        return True
+
+    def _token_back(self, key: Conversation) -> None:
+        """The requester handed ``key``'s token over: send what waited for it."""
+        if key in self._waiting and self.codec.holds_token(key):
+            for send, args in self._waiting.pop(key):
+                send(*args)
+
     def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
+        if self._must_wait(key, self.send_result, key, payload, stream):
+            return
         if isinstance(payload, Reply):
             if not self.codec.holds_token(key):
                 return
@@ -405,20 +444,28 @@ class ChatterAdapter:
             self.send_error(key, str(exc))
 
     def send_result_part(self, key: Conversation, payload: bytes) -> None:
+        if self._must_wait(key, self.send_result_part, key, payload):
+            return
         if self.codec.holds_token(key) and key not in self._foreign:
             self._send(_PART, payload, conversation=key, token=False, last=False)
 
     def send_result_end(self, key: Conversation, failed: bool) -> None:
         if failed:
             return  # the error result already ended the conversation
+        if self._must_wait(key, self.send_result_end, key, failed):
+            return
         if self._answerable(key, "a PeerwireRpc.End"):
             self._send(_END_TYPE, b"", conversation=key, last=True)
 
     def send_error(self, key: Conversation, message: str) -> None:
+        if self._must_wait(key, self.send_error, key, message):
+            return
         if self._answerable(key, f"an error ({message})"):
             self._send(_ERROR, self.sbs_repo.encode(_ERROR, message), conversation=key, last=True)
 
     def send_retry(self, key: Conversation, wait: float, message: str) -> None:
+        if self._must_wait(key, self.send_retry, key, wait, message):
+            return
         if self._answerable(key, "a retry result"):
             data = self.sbs_repo.encode(_RETRY, {"waitMs": int(wait * 1000), "message": message})
             self._send(_RETRY, data, conversation=key, last=True)

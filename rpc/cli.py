@@ -407,7 +407,9 @@ async def client(args: argparse.Namespace) -> int:
     ctx = _client_ssl(args, url)
     log.debug("connecting to %s", url)
     try:
-        peer = await rpc.connect(args.url, ssl=ctx, connect_timeout=args.connect_timeout)
+        peer = await rpc.connect(
+            args.url, ssl=ctx, connect_timeout=args.connect_timeout, reconnect=False
+        )
     except rpc.ConnectionClosed as exc:  # its text already names the URL and the cause
         raise CliError(str(exc), EXIT_CONNECTION) from None
     except OSError as exc:

@@ -122,12 +122,12 @@ class Responder(Generic[K]):
             if result.__class__ in _PLAIN_RESULTS:
                 self._reply(key, result, stream)
             elif inspect.isasyncgen(result):
-                task = self._tasks.spawn(self._stream_result(key, result))
-                if adapter.cancels:
+                task = self._tasks.start(self._stream_result(key, result))
+                if adapter.cancels and not task.done():
                     self._running[key] = task
             elif inspect.isawaitable(result):
-                task = self._tasks.spawn(self._await_result(key, result, stream))
-                if adapter.cancels:
+                task = self._tasks.start(self._await_result(key, result, stream))
+                if adapter.cancels and not task.done():
                     self._running[key] = task
             else:
                 self._reply(key, result, stream)

@@ -9,10 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 log = logging.getLogger("peerwire.rpc")
+
+EAGER = sys.version_info >= (3, 12)
+"""True where :meth:`TaskSet.start` runs a coroutine's first step at once (Python 3.12's
+``eager_start``); on 3.11 it makes an ordinary task."""
 
 
 class TaskSet:
@@ -37,6 +42,21 @@ class TaskSet:
     ) -> asyncio.Task[Any]:
         """Run ``coro`` as a task of this set (in ``context`` when given)."""
         task = self._loop.create_task(coro, context=context)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def start(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Like :meth:`spawn`, but on Python 3.12+ the coroutine runs up to its first
+        suspension now, inside this call (``eager_start``): a handler that never waits
+        finishes without a trip through the loop. The task may already be done on return."""
+        if not EAGER:
+            return self.spawn(coro)
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]  # 3.12+
+        if task.done():  # finished inline: it never held a place in the set
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.error("task %s failed", task.get_name(), exc_info=exc)
+            return task
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return task

@@ -36,6 +36,7 @@ async def served(
             url,
             registry=client_registry or rpc.Registry(),
             options=client_options,
+            reconnect=False,  # one connection's Peer: these tests look at its state
             **protocol_options,
         ) as peer:
             yield server, peer

@@ -325,7 +325,7 @@ async def test_serve_closes_connections_gracefully_on_sigint() -> None:
     server = Serving(GREET, "--listen", "tcp+gotalk://127.0.0.1:0")
     try:
         [url] = await asyncio.to_thread(server.urls, 1)
-        peer = await rpc.connect(url)
+        peer = await rpc.connect(url, reconnect=False)
         assert await peer.request("greet", {"name": "Bo"}) == {"greeting": "Hello Bo"}
         assert await asyncio.to_thread(server.stop, signal.SIGINT) == 0
         async with asyncio.timeout(5):

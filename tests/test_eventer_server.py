@@ -45,7 +45,10 @@ from wire.chatter import Dialect
 async def raw_peer(server: eventer.EventerServer, registry: rpc.Registry | None = None) -> rpc.Peer:
     """A bare Chatter peer that speaks HatEventer bytes (for protocol-level checks)."""
     return await rpc.connect(
-        url_of(server), registry=registry or rpc.Registry(), sbs_repo=common.peer_repository()
+        url_of(server),
+        registry=registry or rpc.Registry(),
+        sbs_repo=common.peer_repository(),
+        reconnect=False,
     )
 
 

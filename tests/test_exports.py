@@ -10,15 +10,19 @@ import pytest
 
 EXPORTS = {
     "rpc": [
+        "Backoff",
         "Call",
         "ChatterPeer",
         "ConnectionClosed",
+        "ConnectionState",
         "GotalkPeer",
         "Middleware",
         "Options",
         "PayloadError",
         "Peer",
         "PeerUrl",
+        "Reconnect",
+        "ReconnectingPeer",
         "Registry",
         "Rejected",
         "RemoteError",
@@ -34,6 +38,7 @@ EXPORTS = {
         "TlsNotSpoken",
         "TlsRejected",
         "TlsUnknownCA",
+        "Transition",
         "UnknownOperation",
         "UrlError",
         "blocking",

@@ -135,7 +135,9 @@ async def test_our_stream_with_unread_results_fails_alone(
     async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as srv:
         options = rpc.Options(max_stream_queue=16)
         url = str(srv.url) + query
-        async with rpc.connect(url, options=options, registry=rpc.Registry()) as peer:
+        async with rpc.connect(
+            url, options=options, registry=rpc.Registry(), reconnect=False
+        ) as peer:
             results = peer.stream("flood", value=100_000)
             assert await anext(results) == 0
             await until(lambda: len(produced) > 16)  # the rest arrive while we do not read

@@ -43,7 +43,7 @@ async def one_connection_per_worker(url: str, count: int) -> tuple[dict[int, Any
     calls = 0
     async with asyncio.timeout(30):
         while len(held) < count:
-            peer = await rpc.connect(url, connect_timeout=5)
+            peer = await rpc.connect(url, connect_timeout=5, reconnect=False)
             pid = await peer.request("pid", timeout=10)
             calls += 1
             if pid in held:

@@ -42,7 +42,7 @@ async def test_client_timeout_cancels_the_handler(flavour: str) -> None:
             await peer.request("wait", timeout=0.2)
         await asyncio.wait_for(cancelled.wait(), 5)
         [server_peer] = server.peers
-        assert server_peer._running == {} and len(server_peer._tasks) == 0
+        await wait_until(lambda: not server_peer._running and len(server_peer._tasks) == 0)
         assert await peer.request("echo", 2) == 2
 
 
@@ -71,7 +71,9 @@ async def test_extension_off_when_the_client_opts_out() -> None:
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=waiting_registry(started, cancelled)
     ) as server:
-        async with rpc.connect(str(server.url), registry=rpc.Registry(), extensions=False) as peer:
+        async with rpc.connect(
+            str(server.url), registry=rpc.Registry(), extensions=False, reconnect=False
+        ) as peer:
             assert await peer.request("echo", 1) == 1
             assert not peer.adapter.cancels
             with pytest.raises(rpc.RequestTimeout):

@@ -121,7 +121,9 @@ async def test_our_client_calls_legacy_service() -> None:
     try:
         port = int((await asyncio.wait_for(proc.stdout.readline(), 30)).split()[1])
         url = f"tcp+sbs://127.0.0.1:{port}"  # the default dialect is the legacy one
-        async with rpc.connect(url, sbs_repo=repo, ping_interval=0.2, ping_timeout=1) as peer:
+        async with rpc.connect(
+            url, sbs_repo=repo, ping_interval=0.2, ping_timeout=1, reconnect=False
+        ) as peer:
             assert await peer.request("PwTest.MsgReq", b"hello") == b"hello"
             got = await asyncio.gather(
                 *(peer.request("PwTest.MsgReq", b"%d" % i) for i in range(20))

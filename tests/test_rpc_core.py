@@ -237,9 +237,9 @@ async def test_on_connect_and_connection_limit(flavour: str) -> None:
             assert await peer.request("my_name") == "conn0"
             if flavour == "gotalk":  # Gotalk servers speak first: connect sees the refusal
                 with pytest.raises(rpc.ConnectionClosed, match="refused the connection"):
-                    await rpc.connect(url)
+                    await rpc.connect(url, reconnect=False)
             else:
-                extra = await rpc.connect(url)
+                extra = await rpc.connect(url, reconnect=False)
                 await asyncio.wait_for(extra.closed, 5)  # refused: over the limit
                 with pytest.raises(rpc.ConnectionClosed):
                     await extra.request("echo", 1)
@@ -292,3 +292,27 @@ async def test_drain_bounds_what_a_slow_reader_costs(flavour: str) -> None:
         # other connections were never affected
         async with rpc.connect(url) as peer:
             assert await peer.request("echo", 3) == 3
+
+
+async def test_results_produced_while_the_caller_still_sends_parts_arrive(flavour: str) -> None:
+    """A stream handler that answers each part as it comes: on Chatter the caller holds the
+    conversation's token until its End, so those results wait for it instead of being lost;
+    none is dropped and the order holds."""
+    reg = rpc.Registry()
+    answered: asyncio.Queue[int] = asyncio.Queue()
+
+    @reg.handle_stream("running_sum")
+    async def running_sum(parts):  # type: ignore[no-untyped-def]
+        total = 0
+        async for part in parts:
+            total += part
+            yield total
+            answered.put_nowait(total)  # the result above is out of the handler
+
+    async def parts():  # type: ignore[no-untyped-def]
+        for part in (1, 2, 3):
+            yield part
+            assert await asyncio.wait_for(answered.get(), 5) > 0  # answered before the next
+
+    async with served(flavour, reg) as (_server, peer):
+        assert [r async for r in peer.stream("running_sum", parts=parts())] == [1, 3, 6]

@@ -94,7 +94,7 @@ async def test_request_waiting_past_its_deadline_is_dropped() -> None:
         options=rpc.Options(max_concurrent=1),
         retry_results=False,
     ) as server:
-        async with rpc.connect(str(server.url), registry=rpc.Registry()) as peer:
+        async with rpc.connect(str(server.url), registry=rpc.Registry(), reconnect=False) as peer:
             await wait_until(lambda: peer.adapter.metadata)
             first = asyncio.create_task(peer.request("wait", "first"))
             await wait_until(lambda: handlers.ran == ["first"])

@@ -198,7 +198,8 @@ async def test_our_client_against_go_server_script() -> None:
 
     SKIPPED_NOTIFICATIONS.clear()
     server, port = await scripted_go_server(script)
-    async with server, rpc.connect(f"tcp+gotalk://127.0.0.1:{port}", registry=client_reg) as peer:
+    url = f"tcp+gotalk://127.0.0.1:{port}"
+    async with server, rpc.connect(url, registry=client_reg, reconnect=False) as peer:
         assert await peer.request("echo", "hello") == "hello"
         with pytest.raises(rpc.RemoteError, match='unknown operation "nope"'):
             await peer.request("nope", {})

@@ -42,7 +42,7 @@ async def test_verified_tls_request(pki: Pki, scheme: str) -> None:
             url = f"{scheme}://{host}:{srv.url.port}"
             async with rpc.connect(url, ssl=client_ssl_context(cafile=pki.ca)) as peer:
                 assert await peer.request("whoami") == "anonymous"
-                tls = peer._transport.get_extra_info("ssl_object")  # type: ignore[union-attr]
+                tls = peer.transport.get_extra_info("ssl_object")
                 assert tls.version() in ("TLSv1.2", "TLSv1.3")
 
 

@@ -71,7 +71,9 @@ async def test_spans_nest_across_a_peerwire_call(spans: Any, flavour: str) -> No
         f"{scheme}://127.0.0.1:0", registry=traced_registry(provider), middleware=[tracing]
     ) as server:
         url = f"{server.url}{query}"
-        async with rpc.connect(url, registry=rpc.Registry(), middleware=[tracing]) as p:
+        async with rpc.connect(
+            url, registry=rpc.Registry(), middleware=[tracing], reconnect=False
+        ) as p:
             await wait_until(lambda: p.adapter.metadata)  # the server answered the announcement
             [server_peer] = server.peers
             assert server_peer.adapter.metadata
@@ -128,7 +130,9 @@ async def test_server_calls_carry_trace_context_to_the_client(spans: Any) -> Non
         return value * 2
 
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, middleware=[tracing]) as s:
-        async with rpc.connect(str(s.url), registry=client_reg, middleware=[tracing]) as p:
+        async with rpc.connect(
+            str(s.url), registry=client_reg, middleware=[tracing], reconnect=False
+        ) as p:
             await wait_until(lambda: p.adapter.metadata)
             assert await p.request("call-back") == 10
     spans_by = {(s.name, s.kind): s for s in exporter.get_finished_spans()}
@@ -151,7 +155,7 @@ async def test_no_trace_context_without_the_extension(spans: Any, flavour: str) 
     ) as server:
         url = f"{server.url}{query}"
         async with rpc.connect(
-            url, registry=rpc.Registry(), middleware=[tracing], extensions=False
+            url, registry=rpc.Registry(), middleware=[tracing], extensions=False, reconnect=False
         ) as p:
             with provider.get_tracer("app").start_as_current_span("outer"):
                 assert await p.request("raw", b"exact bytes", raw=True) == b"exact bytes"
@@ -180,7 +184,10 @@ async def test_nothing_new_reaches_a_go_server(spans: Any) -> None:
     server, port = await scripted_go_server(script)
     tracing = Tracing(provider)
     url = f"tcp+gotalk://127.0.0.1:{port}"
-    async with server, rpc.connect(url, registry=rpc.Registry(), middleware=[tracing]) as peer:
+    async with (
+        server,
+        rpc.connect(url, registry=rpc.Registry(), middleware=[tracing], reconnect=False) as peer,
+    ):
         with provider.get_tracer("app").start_as_current_span("outer"):
             assert await peer.request("echo", "hello", timeout=5) == "hello"
         assert not peer.adapter.metadata
@@ -205,7 +212,9 @@ async def test_nothing_new_reaches_a_hat_drivers_server(spans: Any) -> None:
     tracing = Tracing(provider)
     try:
         url = f"tcp+sbs://127.0.0.1:{port}?dialect=HatChatter"
-        async with rpc.connect(url, registry=rpc.Registry(), middleware=[tracing]) as peer:
+        async with rpc.connect(
+            url, registry=rpc.Registry(), middleware=[tracing], reconnect=False
+        ) as peer:
             for i in range(3):
                 with provider.get_tracer("app").start_as_current_span("outer"):
                     assert await peer.request("Anything", b"%d" % i, raw=True, timeout=5) == (

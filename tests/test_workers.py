@@ -186,7 +186,7 @@ async def test_sigterm_stops_every_worker_after_requests_in_flight(shared: bool)
     try:
         [url] = await asyncio.to_thread(server.urls, 1)
         pids = await answering_pids(url, lambda pids: len(pids) == 2)
-        peer = await rpc.connect(url)
+        peer = await rpc.connect(url, reconnect=False)
         request = asyncio.ensure_future(peer.request("slow", 1.0, timeout=20))
         [started] = await asyncio.to_thread(server.wait_lines, "stdout", "slow started")
         server.process.send_signal(signal.SIGTERM)

@@ -12,10 +12,17 @@ async) and to every :meth:`Client.events` iterator; an events notification that 
 an ack (last = False) is acked once the callback returned and the events are queued.
 Status notifications go to ``status_cb`` in the same order, and so does the status in each
 init response (hat's client does not call ``status_cb`` for it): a callback sees every
-status, including the one a reconnect finds. With ``reconnect=True`` a lost
-connection is re-established (with the same init) after ``reconnect_delay`` seconds,
-doubling up to ``reconnect_max_delay``; calls made meanwhile wait for it up to their
-timeout.
+status, including the one a reconnect finds.
+
+With ``reconnect=True`` the client is :func:`rpc.connect`'s reconnecting client: a lost
+connection is re-established with back-off and full jitter (a random wait up to
+``reconnect_delay`` seconds, doubling up to ``reconnect_max_delay``), failing over between
+several URLs when given a list, and every new connection is initialised again (same name,
+token and subscriptions) before any call goes out on it: the client resubscribes by itself
+and logs it. Calls made meanwhile wait for it up to their timeout; a query in flight when
+the connection dropped is sent again, a registration is not (it fails with
+``rpc.ConnectionClosed``: it may have been registered). Without ``reconnect`` the client
+closes when its connection drops.
 
 The Eventer exists only in the current Chatter dialect: a ``tcp+sbs``/``ssl+sbs`` URL
 without ``?dialect=`` uses ``HatChatter``; ``?dialect=Hat`` is refused. ``max_size`` (16 MiB
@@ -26,7 +33,6 @@ by default) bounds every message both ways; a registration that would not fit ra
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import inspect
 import logging
@@ -65,7 +71,7 @@ EventsCb = Callable[["Client", list[Event]], Awaitable[None] | None]
 
 
 async def connect(
-    url: str,
+    url: str | Sequence[str],
     client_name: str,
     *,
     client_token: str | None = None,
@@ -85,12 +91,14 @@ async def connect(
 ) -> Client:
     """Connect and init; raises :class:`EventerInitError` if the server refuses the init
     (the first attempt is never retried), ``rpc.ConnectionClosed`` / OSError if the
-    server is unreachable, ValueError for a URL that cannot carry the Eventer.
+    server is unreachable (every URL of a list), ValueError for a URL that cannot carry
+    the Eventer.
 
     ``max_size``: largest message in bytes, both ways; raise it to read results of a
     server configured with a larger ``max_message_size`` (hat-event's has no limit)."""
+    urls = [url] if isinstance(url, str) else list(url)
     client = Client(
-        eventer_url(url),
+        [eventer_url(u) for u in urls],
         client_name,
         client_token=client_token,
         subscriptions=subscriptions,
@@ -107,8 +115,7 @@ async def connect(
         server_hostname=server_hostname,
         max_size=max_size,
     )
-    await client._connect_once()
-    client._supervisor = asyncio.get_running_loop().create_task(client._supervise())
+    await client._start()
     return client
 
 
@@ -130,7 +137,7 @@ class Client:
 
     def __init__(
         self,
-        url: str,
+        urls: Sequence[str],
         client_name: str,
         *,
         client_token: str | None,
@@ -148,13 +155,13 @@ class Client:
         server_hostname: str | None,
         max_size: int,
     ) -> None:
-        self.url = url
+        self.urls = tuple(urls)
         self.max_size = max_size
         self._options = rpc.Options(max_size=max_size)
         self.client_name = client_name
         self.subscriptions = [tuple(t) for t in subscriptions]
         self.timeout = timeout
-        self._init = common.encode(
+        self._init_req = common.encode(
             MSG_INIT_REQ,
             common.init_req_to_sbs(
                 client_name, client_token, self.subscriptions, server_id, persisted
@@ -162,18 +169,18 @@ class Client:
         )
         self._status_cb = status_cb
         self._events_cb = events_cb
-        self._reconnect = reconnect
-        self._reconnect_delay = reconnect_delay
-        self._reconnect_max_delay = reconnect_max_delay
+        self._policy = rpc.Reconnect(
+            backoff=rpc.Backoff(reconnect_delay, reconnect_max_delay),
+            attempts=None if reconnect else 0,
+        )
         self._queue_size = events_queue_size
         self._ssl = ssl
         self._server_hostname = server_hostname
         self._status = Status.STANDBY
-        self._peer: rpc.Peer | None = None
-        self._connected = asyncio.Event()
+        self._conn: rpc.ReconnectingPeer | None = None
+        self._inits = 0
         self._closing = False
         self._closed = asyncio.get_running_loop().create_future()
-        self._supervisor: asyncio.Task[None] | None = None
         # ordered delivery: (kind, value, ack future or None)
         self._deliveries: asyncio.Queue[tuple[str, Any, asyncio.Future[None] | None]] = (
             asyncio.Queue()
@@ -190,8 +197,21 @@ class Client:
         return self._status
 
     @property
+    def url(self) -> str:
+        """The URL of the current connection (or the one being tried, or the last)."""
+        return self._conn.url if self._conn is not None else self.urls[0]
+
+    @property
+    def connection(self) -> rpc.ReconnectingPeer | None:
+        """The client's connection (its state, transitions, remote address)."""
+        return self._conn
+
+    @property
     def is_connected(self) -> bool:
-        return self._peer is not None and self._peer.is_open and self._connected.is_set()
+        conn = self._conn
+        return (
+            conn is not None and conn.is_open and conn.connection_state is rpc.ConnectionState.OPEN
+        )
 
     @property
     def closed(self) -> asyncio.Future[None]:
@@ -199,8 +219,11 @@ class Client:
         return self._closed
 
     async def wait_connected(self, timeout: float | None = None) -> None:
-        async with asyncio.timeout(self.timeout if timeout is None else timeout):
-            await self._connected.wait()
+        """Wait for an initialised connection; TimeoutError after ``timeout`` (default:
+        the client's), ``rpc.ConnectionClosed`` once the client is closed."""
+        if self._conn is None or self._closing:
+            raise rpc.ConnectionClosed("eventer client is closed")
+        await self._conn.wait_open(self.timeout if timeout is None else timeout)
 
     async def register(
         self, events: Sequence[RegisterEvent], with_response: bool = False
@@ -219,6 +242,7 @@ class Client:
         if not with_response:
             peer.notify(MSG_REGISTER_REQ, data)
             return None
+        # not idempotent: lost in flight, it fails (the server may have registered it)
         res = await peer.request(MSG_REGISTER_REQ, data, timeout=self.timeout, raw=True)
         kind, value = common.decode(MSG_REGISTER_RES, _bytes(res, MSG_REGISTER_RES))
         if kind == "events":
@@ -229,10 +253,14 @@ class Client:
         """Raises :class:`QueryError` if the server answers with an error (a latest result
         larger than its ``max_message_size``)."""
         data = common.encode(MSG_QUERY_REQ, common.query_params_to_sbs(params))
-        peer = await self._ready_peer()
+        conn = self._ready_conn()
         try:
-            res = await peer.request(
-                MSG_QUERY_REQ, data, timeout=self.timeout if timeout is None else timeout, raw=True
+            res = await conn.request(
+                MSG_QUERY_REQ,
+                data,
+                timeout=self.timeout if timeout is None else timeout,
+                raw=True,
+                idempotent=True,  # a query changes nothing: sent again after a reconnect
             )
         except rpc.RemoteError as exc:
             raise QueryError(str(exc)) from None
@@ -276,12 +304,8 @@ class Client:
             await asyncio.shield(self._closed)
             return
         self._closing = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
-        if self._peer is not None:
-            await self._peer.close(drain_timeout=1.0)
+        if self._conn is not None:
+            await self._conn.close(drain_timeout=1.0)
         self._finish()
 
     async def __aenter__(self) -> Client:
@@ -292,69 +316,59 @@ class Client:
 
     # --- connection ------------------------------------------------------------------------
 
-    async def _connect_once(self) -> None:
-        peer = await rpc.connect(
-            self.url,
+    async def _start(self) -> None:
+        """The first connection (its init refused: EventerInitError, never retried)."""
+        self._conn = await rpc.connect(
+            self.urls,
             registry=self.registry,
             ssl=self._ssl,
             server_hostname=self._server_hostname,
             connect_timeout=self.timeout,
             options=self._options,
             sbs_repo=common.peer_repository(),
+            reconnect=self._policy,
+            on_connect=self._init,
+            on_state=self._on_state,
         )
-        try:
-            res = await peer.request(MSG_INIT_REQ, self._init, timeout=self.timeout, raw=True)
-            kind, value = common.decode(MSG_INIT_RES, _bytes(res, MSG_INIT_RES))
-            if kind == "error":
-                raise EventerInitError(value)
-        except BaseException:
-            await peer.close(drain_timeout=0)
-            raise
-        self._peer = peer
-        self._set_status(common.status_from_sbs(value))
-        self._connected.set()
 
-    async def _supervise(self) -> None:
-        """Watch the connection; reconnect when it drops (if asked to)."""
-        try:
-            while True:
-                assert self._peer is not None
-                await asyncio.shield(self._peer.closed)
-                self._connected.clear()
-                if not self._reconnect or self._closing:
-                    break
-                log.info("eventer connection to %s lost; reconnecting", self.url)
-                delay = self._reconnect_delay
-                while True:
-                    await asyncio.sleep(delay)
-                    try:
-                        await self._connect_once()
-                        break
-                    except (OSError, rpc.RpcError, common.EventerError, TimeoutError) as exc:
-                        log.info("reconnecting to %s failed: %s", self.url, exc)
-                        delay = min(delay * 2, self._reconnect_max_delay)
-        finally:
-            if not self._closing:
-                self._finish()
+    async def _init(self, peer: rpc.Peer) -> None:
+        """Initialise a new connection (its subscriptions with it), before any call goes
+        out on it; a refusal fails this connection attempt."""
+        res = await peer.request(MSG_INIT_REQ, self._init_req, timeout=self.timeout, raw=True)
+        kind, value = common.decode(MSG_INIT_RES, _bytes(res, MSG_INIT_RES))
+        if kind == "error":
+            raise EventerInitError(value)
+        self._inits += 1
+        if self._inits > 1:
+            log.info(
+                "eventer client %r reconnected to %s and resubscribed to %d event types",
+                self.client_name,
+                peer.remote_address,
+                len(self.subscriptions),
+            )
+        self._set_status(common.status_from_sbs(value))
+
+    def _on_state(self, transition: rpc.Transition) -> None:
+        if transition.state is rpc.ConnectionState.CLOSED and not self._closing:
+            self._finish()  # lost without reconnecting, or out of attempts
 
     def _finish(self) -> None:
-        self._connected.clear()
         self._delivery.cancel()
         if not self._closed.done():
             self._closed.set_result(None)
 
-    async def _ready_peer(self) -> rpc.Peer:
-        if self._closing or self._closed.done():
+    def _ready_conn(self) -> rpc.ReconnectingPeer:
+        if self._closing or self._closed.done() or self._conn is None:
             raise rpc.ConnectionClosed("eventer client is closed")
-        if not self._connected.is_set():
-            if not self._reconnect:
-                raise rpc.ConnectionClosed("eventer connection is closed")
-            try:
-                await self.wait_connected()
-            except TimeoutError:
-                raise rpc.ConnectionClosed(f"not reconnected within {self.timeout} s") from None
-        assert self._peer is not None
-        return self._peer
+        return self._conn
+
+    async def _ready_peer(self) -> rpc.Peer:
+        """The initialised connection, waiting for a reconnect up to the timeout."""
+        conn = self._ready_conn()
+        try:
+            return await conn.wait_open(self.timeout)
+        except TimeoutError:
+            raise rpc.ConnectionClosed(f"not reconnected within {self.timeout} s") from None
 
     # --- incoming ----------------------------------------------------------------------------
 

@@ -226,6 +226,7 @@ async def _connect(endpoint: Endpoint) -> Peer:
         ssl=tls.context() if tls is not None else None,
         server_hostname=tls.server_hostname if tls is not None else None,
         connect_timeout=endpoint.connect_timeout,
+        reconnect=False,  # the Link reconnects (rpc.spark.reconnect)
         **dict(endpoint.protocol_options),
     )
 

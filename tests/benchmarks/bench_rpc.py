@@ -9,9 +9,15 @@ Rows (``--only`` takes one of these names; repeat it for several):
 - ``peerwire-chatter``: ``tcp+sbs://...?dialect=HatChatter``, handler ``echo(data: bytes)``,
   ``peer.request("echo", payload, raw=True)``: no JSON anywhere.
 - ``peerwire-gotalk``: ``tcp+gotalk://``, same handler and call.
+- ``peerwire-gotalk-async``: ``tcp+gotalk://`` with ``async def echo``: what a coroutine
+  handler costs next to the plain function (a task per call; on Python 3.12+ started
+  eagerly, so one that never waits finishes inline).
 - ``peerwire-gotalk-mw``: the same with one pass-through middleware on each side
   (``serve(middleware=...)`` and ``connect(middleware=...)``): what the middleware path
   costs next to the plain one, which has none.
+- ``peerwire-gotalk-one``: the same as ``peerwire-gotalk`` with ``connect(...,
+  reconnect=False)``: the one connection's Peer, without the reconnecting client around it
+  (what that client costs).
 - ``hat-chatter``: the reference, hat-drivers' chatter on both sides. The server answers
   each message in its conversation; the client sends with ``last=False`` and a receive
   loop resolves futures keyed by ``conv.first_id``.
@@ -69,7 +75,15 @@ import rpc
 
 PAYLOAD = b"0123456789abcdef"
 HOST = "127.0.0.1"
-ROWS = ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-mw", "hat-chatter", "bare-echo")
+ROWS = (
+    "peerwire-chatter",
+    "peerwire-gotalk",
+    "peerwire-gotalk-async",
+    "peerwire-gotalk-mw",
+    "peerwire-gotalk-one",
+    "hat-chatter",
+    "bare-echo",
+)
 MODES = (("sequential", 1), ("inflight100", 100))
 WARMUP = 0.5
 
@@ -175,21 +189,31 @@ async def _pass_through(call: rpc.Call, call_next: Callable[[rpc.Call], Awaitabl
     return await call_next(call)
 
 
-def _registry() -> rpc.Registry:
+def _registry(coroutine: bool = False) -> rpc.Registry:
     registry = rpc.Registry()
+    if coroutine:
 
-    @registry.handle("echo")
-    def echo(data: bytes) -> bytes:
-        return data
+        @registry.handle("echo")
+        async def async_echo(data: bytes) -> bytes:
+            return data
+
+    else:
+
+        @registry.handle("echo")
+        def echo(data: bytes) -> bytes:
+            return data
 
     return registry
 
 
 async def _start_server(name: str) -> tuple[int, Callable[[], Awaitable[None]]]:
     """Start row ``name``'s server on a free port; return (port, async close)."""
-    if name in ("peerwire-chatter", "peerwire-gotalk"):
+    if name in ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-one"):
         codec = "sbs" if name == "peerwire-chatter" else "gotalk"
         server = await rpc.serve(f"tcp+{codec}://{HOST}:0", registry=_registry())
+        return server.url.port, server.close
+    if name == "peerwire-gotalk-async":
+        server = await rpc.serve(f"tcp+gotalk://{HOST}:0", registry=_registry(coroutine=True))
         return server.url.port, server.close
     if name == "peerwire-gotalk-mw":
         server = await rpc.serve(
@@ -291,7 +315,7 @@ def serve_main(name: str, cpu: int | None, profile: tuple[str, str] | None) -> N
 
 async def _connect(name: str, port: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
     """Connect row ``name``'s client; return (one echo request, async close)."""
-    if name in ("peerwire-chatter", "peerwire-gotalk"):
+    if name in ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-async"):
         url = (
             f"tcp+sbs://{HOST}:{port}?dialect=HatChatter"
             if name == "peerwire-chatter"
@@ -304,6 +328,15 @@ async def _connect(name: str, port: int) -> tuple[Call, Callable[[], Awaitable[N
             return request("echo", PAYLOAD, raw=True)
 
         return call, peer.close
+    if name == "peerwire-gotalk-one":
+        url = f"tcp+gotalk://{HOST}:{port}"
+        one = await rpc.connect(url, registry=rpc.Registry(), reconnect=False)
+        one_request = one.request
+
+        def call_one() -> Awaitable[bytes]:
+            return one_request("echo", PAYLOAD, raw=True)
+
+        return call_one, one.close
     if name == "peerwire-gotalk-mw":
         url = f"tcp+gotalk://{HOST}:{port}"
         peer = await rpc.connect(url, registry=rpc.Registry(), middleware=[_pass_through])
@@ -502,7 +535,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         "CPU: median microseconds of process CPU per request"
     )
     print(
-        f"{'row':<20}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
+        f"{'row':<23}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
         f"  {'client CPU':>10}  {'server CPU':>10}"
     )
     for name, modes in results.items():
@@ -513,7 +546,7 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
             client = statistics.median(s.client_us for s in samples)
             server = statistics.median(s.server_us for s in samples)
             print(
-                f"{name:<20}{mode:<13}{median:>9,.0f}/s"
+                f"{name:<23}{mode:<13}{median:>9,.0f}/s"
                 f"  ({_ratio(median, rate.get(('bare-echo', mode)))} of bare echo)"
                 f"  {low:>9,.0f}..{high:<9,.0f}  {client:>7.1f} us  {server:>7.1f} us"
             )
@@ -531,6 +564,18 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         print(
             f"  peerwire-gotalk  {mode:<12} vs bare echo: "
             f"{_ratio(gotalk, rate.get(('bare-echo', mode))):>5}"
+        )
+    for mode, _ in MODES:
+        coro = rate.get(("peerwire-gotalk-async", mode))
+        print(
+            f"  peerwire-gotalk-async {mode:<7} vs peerwire-gotalk: "
+            f"{_ratio(coro, rate.get(('peerwire-gotalk', mode))):>5}"
+        )
+    for mode, _ in MODES:
+        reconnecting = rate.get(("peerwire-gotalk", mode))
+        print(
+            f"  peerwire-gotalk  {mode:<12} vs peerwire-gotalk-one: "
+            f"{_ratio(reconnecting, rate.get(('peerwire-gotalk-one', mode))):>5}"
         )
     for mode, _ in MODES:
         with_mw = rate.get(("peerwire-gotalk-mw", mode))
@@ -578,7 +623,7 @@ def main() -> None:
                 f"{mode} {s.rate:,.0f}/s ({s.client_us:.1f}+{s.server_us:.1f} us)"
                 for mode, s in samples.items()
             )
-            print(f"round {round_no}  {name:<17} {line}", flush=True)
+            print(f"round {round_no}  {name:<21} {line}", flush=True)
     report(results, rounds)
 
 

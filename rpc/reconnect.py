@@ -1,0 +1,514 @@
+"""The client that reconnects by itself: what :func:`rpc.connect` returns.
+
+A :class:`ReconnectingPeer` owns the current connection (a :class:`~rpc.peer.Peer`, the
+protocol of one connection) and presents the calls of a peer: ``request``, ``stream``,
+``notify``, ``drain``, ``close``, ``closed``, ``registry``, ``remote_address``. Rules:
+
+- After the connection drops, the client tries again in *rounds*: a round tries every URL
+  once, back to back, starting with the URL after the one that dropped (or in a new random
+  order each round, with ``Reconnect(shuffle=True)``). Before round ``n`` (from 0) it waits
+  :meth:`Backoff.delay` ``(n)``, a uniform random time in ``[0, min(cap, base * 2**n)]``
+  (exponential back-off with full jitter). ``Reconnect(attempts=N)`` closes the client
+  after ``N`` failed attempts in a row (each URL tried counts one); ``None``: no limit.
+  A connection that closes before anything was answered on it, within ``cap`` seconds,
+  counts as a failed attempt (the back-off keeps growing against a server that accepts
+  and closes).
+- The first connection is one round without waiting: if no URL answers, ``connect``
+  raises (a wrong URL fails at once).
+- A request made while disconnected waits for the connection within its own timeout, then
+  goes out. A request in flight when the connection dropped fails with
+  :class:`~rpc.errors.ConnectionClosed`, unless it was marked ``idempotent=True``: then it
+  is sent again on the next connection, within the same timeout. Nothing else is ever sent
+  twice; streams are never sent again. ``notify`` while disconnected raises
+  ConnectionClosed (``await wait_open()`` first).
+- Every connection serves the same registry: handlers registered on the client are served
+  again after a reconnect. ``on_connect(peer)`` (sync or async) runs on every new
+  connection before any request of ours goes out on it (to log in, to subscribe); if it
+  raises, that connection is closed and the attempt counts as failed (on the first
+  connection the error reaches the caller of ``connect``).
+- :attr:`ReconnectingPeer.connection_state` is ``connecting``, ``open``, ``reconnecting``
+  or ``closed``; every transition (one ``reconnecting`` per round, with its wait) goes to
+  ``on_state`` and to each :meth:`ReconnectingPeer.transitions` iterator, and is logged at
+  INFO on the ``peerwire.rpc`` logger with the URL and the wait.
+
+Per-client state: the current connection (replaced at each reconnect), one reconnect task,
+and at most :data:`TRANSITIONS_QUEUE` transitions per unread iterator (the oldest dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import logging
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from rpc.backoff import Reconnect
+from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
+from rpc.peer import Options, Peer
+from rpc.registry import Registry
+
+log = logging.getLogger("peerwire.rpc")
+
+TRANSITIONS_QUEUE = 64
+"""Transitions kept for an iterator that is not read; past it the oldest are dropped."""
+
+
+class ConnectionState(enum.Enum):
+    """Where a :class:`ReconnectingPeer` is."""
+
+    CONNECTING = "connecting"
+    """Opening the first connection."""
+    OPEN = "open"
+    """Connected: requests go out at once."""
+    RECONNECTING = "reconnecting"
+    """The connection dropped; waiting for the next round of attempts or making it."""
+    CLOSED = "closed"
+    """Closed for good (``close()``, the attempt limit, or no reconnecting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A change of :attr:`ReconnectingPeer.connection_state`."""
+
+    state: ConnectionState
+    url: str
+    """The URL connected to (open), about to be tried (connecting, reconnecting), or the
+    last one (closed)."""
+    wait: float | None = None
+    """Seconds before the round of attempts starts (reconnecting only)."""
+    error: str | None = None
+    """Why the connection dropped or the last attempt failed (None: no failure)."""
+    failures: int = 0
+    """Failed attempts in a row so far."""
+
+
+Dial = Callable[[str], Awaitable[Peer]]
+"""Opens one connection to a URL (raising ConnectionClosed when it cannot)."""
+OnConnect = Callable[[Peer], Any]
+OnState = Callable[[Transition], Any]
+
+
+class ReconnectingPeer:
+    """A client connection that reconnects by itself; create it with :func:`rpc.connect`.
+
+    Presents the calls of :class:`~rpc.peer.Peer` on the current connection; see
+    :mod:`rpc.reconnect` for what happens across connections.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        dial: Dial,
+        *,
+        registry: Registry,
+        options: Options,
+        protocol_name: str,
+        default_timeout: float,
+        policy: Reconnect | None = None,
+        on_connect: OnConnect | None = None,
+        on_state: OnState | None = None,
+    ) -> None:
+        if not urls:
+            raise ValueError("connect needs at least one URL")
+        self.urls = tuple(urls)
+        self.registry = registry
+        """The handlers every connection of this client serves."""
+        self.options = options
+        self.protocol_name = protocol_name
+        self.policy = policy if policy is not None else Reconnect()
+        self.state: dict[str, Any] = {}
+        """Free room for the application's data; lives as long as the client (each
+        connection's :class:`~rpc.peer.Peer` has its own ``state``)."""
+        self.attempts = 0
+        """Connection attempts so far (successful or not)."""
+        self.connects = 0
+        """Connections opened so far."""
+        self._dial = dial
+        self._on_connect = on_connect
+        self._on_state = on_state
+        self._default_timeout = default_timeout
+        self._loop = asyncio.get_running_loop()
+        self._peer: Peer | None = None
+        self._last = Transition(ConnectionState.CONNECTING, self.urls[0])
+        self._changed: asyncio.Future[None] = self._loop.create_future()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._proven = False
+        """A request on the current connection was answered."""
+        self._opened_at = 0.0
+        self._failures = 0
+        """Failed attempts in a row (a connection that closed before it answered, and
+        lived less than the back-off cap, counts as one)."""
+        self._rounds = 0
+        self._subscribers: set[asyncio.Queue[Transition]] = set()
+        self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
+        """Resolves once the client is closed for good (with the last connection error,
+        or None after :meth:`close`)."""
+
+    # --- state ----------------------------------------------------------------------------
+
+    @property
+    def connection_state(self) -> ConnectionState:
+        """``connecting``, ``open``, ``reconnecting`` or ``closed``."""
+        return self._last.state
+
+    @property
+    def connection(self) -> Peer | None:
+        """The current connection's peer (None while there is none)."""
+        return self._peer
+
+    @property
+    def url(self) -> str:
+        """The URL of the current connection (or the one being tried, or the last)."""
+        return self._last.url
+
+    @property
+    def is_open(self) -> bool:
+        peer = self._peer
+        return peer is not None and peer.is_open
+
+    @property
+    def remote_address(self) -> Any:
+        return self._peer.remote_address if self._peer is not None else None
+
+    @property
+    def transport(self) -> Any:
+        """The current connection's transport (None without one)."""
+        return self._peer.transport if self._peer is not None else None
+
+    @property
+    def write_buffer_size(self) -> int:
+        return self._peer.write_buffer_size if self._peer is not None else 0
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def transitions(self) -> AsyncIterator[Transition]:
+        """Every transition from now on; ends after ``closed`` (at once if already closed).
+        An iterator not read keeps the latest :data:`TRANSITIONS_QUEUE`."""
+        queue: asyncio.Queue[Transition] = asyncio.Queue(TRANSITIONS_QUEUE)
+        if self._last.state is ConnectionState.CLOSED:
+            queue.put_nowait(self._last)
+        else:
+            self._subscribers.add(queue)
+        return self._iterate(queue)
+
+    async def _iterate(self, queue: asyncio.Queue[Transition]) -> AsyncIterator[Transition]:
+        try:
+            while True:
+                transition = await queue.get()
+                yield transition
+                if transition.state is ConnectionState.CLOSED:
+                    return
+        finally:
+            self._subscribers.discard(queue)
+
+    async def wait_open(self, timeout: float | None = None) -> Peer:
+        """Wait (at most ``timeout`` s; None: the request timeout) for the connection and
+        return its peer. Raises TimeoutError, or ConnectionClosed once closed."""
+        timeout = self._timeout(timeout)
+        return await self._ready(self._loop.time() + timeout, "wait_open", timeout)
+
+    # --- calls ----------------------------------------------------------------------------
+
+    async def request(
+        self,
+        op: str,
+        value: Any = None,
+        *,
+        timeout: float | None = None,
+        raw: bool = False,
+        idempotent: bool = False,
+    ) -> Any:
+        """:meth:`Peer.request <rpc.peer.Peer.request>` on the current connection, waiting
+        for one within ``timeout``. ``idempotent=True``: the request may run twice, and is
+        sent again if the connection drops while it is in flight."""
+        loop = self._loop
+        timeout = self._timeout(timeout)
+        deadline = loop.time() + timeout
+        while True:
+            peer = self._peer
+            if peer is None or not peer.is_open or self._last.state is not ConnectionState.OPEN:
+                peer = await self._ready(deadline, op, timeout)
+            try:
+                reply = await peer.request(op, value, timeout=deadline - loop.time(), raw=raw)
+            except ConnectionClosed:
+                if not idempotent or self._closing:
+                    raise
+                log.debug("%s: connection to %s lost in flight; sending it again", op, self.url)
+                continue
+            except (RemoteError, RetryLater):
+                self._answered(peer)
+                raise
+            except RequestTimeout:  # named with the caller's timeout, not what was left of it
+                raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+            self._answered(peer)
+            return reply
+
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """:meth:`Peer.stream <rpc.peer.Peer.stream>` (same arguments) on the current
+        connection, waiting for one within the stream's ``timeout`` (a deadline for the
+        whole stream, the wait included; without one, ``item_timeout`` or the request
+        timeout); never sent again."""
+        loop = self._loop
+        timeout = kwargs.get("timeout")
+        wait = timeout if timeout is not None else self._timeout(kwargs.get("item_timeout"))
+        deadline = loop.time() + wait
+        op = str(args[0] if args else kwargs.get("op", "stream"))
+        peer = await self._ready(deadline, op, wait)
+        if timeout is not None:
+            kwargs = {**kwargs, "timeout": max(deadline - loop.time(), 0.0)}
+        items = cast(AsyncGenerator[Any, None], peer.stream(*args, **kwargs))
+        async with contextlib.aclosing(items):
+            async for item in items:
+                self._answered(peer)
+                yield item
+
+    def notify(self, name: str, value: Any = None) -> None:
+        """Send a notification now; raises ConnectionClosed while disconnected."""
+        self._open_peer().notify(name, value)
+
+    async def drain(self) -> None:
+        """:meth:`Peer.drain <rpc.peer.Peer.drain>` of the current connection."""
+        await self._open_peer().drain()
+
+    def _open_peer(self) -> Peer:
+        peer = self._peer
+        if peer is None or not peer.is_open:
+            raise ConnectionClosed(f"not connected to {self.url} ({self.connection_state.value})")
+        return peer
+
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is not None:
+            return timeout
+        if self.options.timeout is not None:
+            return self.options.timeout
+        return self._default_timeout
+
+    async def _ready(self, deadline: float, what: str, timeout: float) -> Peer:
+        """The open connection, once there is one by loop time ``deadline``."""
+        while True:
+            peer = self._peer
+            state = self._last.state
+            if state is ConnectionState.OPEN and peer is not None and peer.is_open:
+                return peer
+            if state is ConnectionState.CLOSED:
+                reason = f": {self._last.error}" if self._last.error else ""
+                raise ConnectionClosed(f"connection to {self.url} is closed{reason}")
+            if self._loop.time() >= deadline:
+                raise RequestTimeout(f"{what}: not connected within {timeout} s ({state.value})")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(self._changed)
+
+    # --- connecting -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the first connection: one round over the URLs; raises the last failure."""
+        self._emit(ConnectionState.CONNECTING, self.urls[0])
+        error: BaseException | None = None
+        urls = self._round(-1)
+        try:
+            for url in urls:
+                try:
+                    peer = await self._attempt(url)
+                except Exception as exc:
+                    error = exc
+                    if url != urls[-1]:  # the last failure is raised
+                        log.info("%s; trying the next URL", _failure(url, exc))
+                    continue
+                self._opened(peer, url)
+                self._task = self._loop.create_task(self._supervise())
+                return
+        except BaseException:
+            self._finish("cancelled while connecting")
+            raise
+        self._finish(_failure(self.url, error) if error is not None else "no URL")
+        if error is not None:
+            raise error
+
+    async def _attempt(self, url: str) -> Peer:
+        """One connection to ``url``, with ``on_connect`` done."""
+        self.attempts += 1
+        peer = await self._dial(url)
+        if self._on_connect is None:
+            return peer
+        try:
+            result = self._on_connect(peer)
+            if inspect.isawaitable(result):
+                await result
+            if not peer.is_open:
+                raise ConnectionClosed(f"connection to {url} closed during on_connect")
+        except BaseException:
+            peer.abort()
+            raise
+        return peer
+
+    def _round(self, after: int) -> list[str]:
+        """The URLs of one round: shuffled, or round-robin from the one after ``after``."""
+        urls = self.urls
+        if self.policy.shuffle:
+            return random.sample(urls, len(urls))
+        start = (after + 1) % len(urls)
+        return [*urls[start:], *urls[:start]]
+
+    async def _supervise(self) -> None:
+        """Wait for the connection to drop; reconnect; until closed or out of attempts."""
+        try:
+            while True:
+                peer = self._peer
+                if peer is None:
+                    return
+                exc = await asyncio.shield(peer.closed)
+                self._peer = None
+                why = str(peer.violation or exc or "closed by the peer")
+                lived = self._loop.time() - self._opened_at
+                if self._proven or lived >= self.policy.backoff.cap:
+                    self._failures = self._rounds = 0  # it worked: back-off starts again
+                else:  # accepted, then closed before it answered: a failed attempt
+                    self._failures += 1
+                    why = f"{self.url} closed after {lived:.3f} s, before answering: {why}"
+                if not await self._reconnect(why):
+                    return
+        except Exception as exc:  # a bug of ours: say so, and do not leave callers waiting
+            log.exception("reconnecting to %s failed", self.url)
+            self._finish(_cause(exc))
+
+    async def _reconnect(self, why: str) -> bool:
+        """Rounds of attempts until one connects (True) or the limit is reached (False)."""
+        limit = self.policy.attempts
+        last = self.urls.index(self.url) if self.url in self.urls else -1
+        while True:
+            if limit is not None and self._failures >= limit:
+                self._finish(why if limit == 0 else f"gave up after {limit} attempts: {why}")
+                return False
+            urls = self._round(last)
+            wait = self.policy.backoff.delay(self._rounds)
+            self._rounds += 1
+            self._emit(ConnectionState.RECONNECTING, urls[0], wait, why, self._failures)
+            await asyncio.sleep(wait)
+            for url in urls:
+                if limit is not None and self._failures >= limit:
+                    break
+                try:
+                    peer = await self._attempt(url)
+                except Exception as exc:
+                    self._failures += 1
+                    why = _failure(url, exc)
+                    last = self.urls.index(url)
+                    log.info("%s (%d failed in a row)", why, self._failures)
+                    continue
+                self._opened(peer, url)
+                return True
+
+    def _opened(self, peer: Peer, url: str) -> None:
+        self._peer = peer
+        self._proven = False
+        self._opened_at = self._loop.time()
+        self.connects += 1
+        self._emit(ConnectionState.OPEN, url, failures=self._failures)
+
+    def _answered(self, peer: Peer) -> None:
+        """A request on ``peer`` got an answer: the connection works."""
+        if peer is self._peer:
+            self._proven = True
+
+    def _finish(self, error: str | None) -> None:
+        """Closed for good."""
+        self._peer = None
+        if self._last.state is not ConnectionState.CLOSED:
+            self._emit(ConnectionState.CLOSED, self.url, error=error)
+        if not self.closed.done():
+            self.closed.set_result(ConnectionClosed(error) if error else None)
+
+    def _emit(
+        self,
+        state: ConnectionState,
+        url: str,
+        wait: float | None = None,
+        error: str | None = None,
+        failures: int = 0,
+    ) -> None:
+        transition = Transition(state, url, wait, error, failures)
+        self._last = transition
+        if state is ConnectionState.RECONNECTING:
+            if failures == 0:
+                log.info("connection to %s lost (%s); reconnecting in %.3f s", url, error, wait)
+            else:
+                log.info(
+                    "reconnecting to %s in %.3f s (%d failed in a row; last: %s)",
+                    url,
+                    wait,
+                    failures,
+                    error,
+                )
+        elif state is ConnectionState.OPEN:
+            if failures:
+                log.info("connected to %s (after %d failed in a row)", url, failures)
+            else:
+                log.info("connected to %s", url)
+        elif state is ConnectionState.CLOSED:
+            log.info("connection to %s closed%s", url, f" ({error})" if error else "")
+        else:
+            log.info("connecting to %s", url)
+        changed, self._changed = self._changed, self._loop.create_future()
+        changed.set_result(None)
+        for queue in self._subscribers:
+            if queue.full():
+                queue.get_nowait()
+            queue.put_nowait(transition)
+        if self._on_state is not None:
+            try:
+                self._on_state(transition)
+            except Exception:
+                log.exception("on_state callback failed")
+
+    # --- closing --------------------------------------------------------------------------
+
+    async def close(self, *, drain_timeout: float = 5.0) -> None:
+        """Stop reconnecting and close the connection gracefully (waiting up to
+        ``drain_timeout`` for work in flight)."""
+        if self._closing:
+            await asyncio.shield(self.closed)
+            return
+        self._closing = True
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait([task])
+        peer = self._peer
+        if peer is not None:
+            await peer.close(drain_timeout=drain_timeout)
+        self._finish(None)
+
+    def abort(self) -> None:
+        """Close the current connection now, dropping work in flight; the client then
+        reconnects like after any drop (:meth:`close` stops it)."""
+        if self._peer is not None:
+            self._peer.abort()
+
+    def __repr__(self) -> str:
+        return f"<ReconnectingPeer {self.url} {self.connection_state.value}>"
+
+
+def _cause(exc: BaseException) -> str:
+    """An error in one line: the message of ours, type and message of others."""
+    text = str(exc)
+    if isinstance(exc, ConnectionClosed):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _failure(url: str, exc: BaseException) -> str:
+    """Why an attempt to ``url`` failed, naming the URL once."""
+    text = _cause(exc)
+    return text if url in text else f"{url}: {text}"
+
+
+__all__ = ["TRANSITIONS_QUEUE", "ConnectionState", "ReconnectingPeer", "Transition"]

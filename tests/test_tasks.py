@@ -1,0 +1,77 @@
+"""rpc.tasks.TaskSet.start: coroutine handlers start eagerly on Python 3.12+ (a handler that
+never waits finishes inside the call), as ordinary tasks on 3.11; either way they behave
+as tasks (asyncio.timeout and TaskGroup work in them) and failures are logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+import rpc
+from rpc.tasks import EAGER, TaskSet
+from tests.rpc_helpers import served
+
+
+async def test_start_runs_to_the_first_suspension_where_eager() -> None:
+    tasks = TaskSet(asyncio.get_running_loop())
+    steps: list[str] = []
+
+    async def quick() -> int:
+        steps.append("quick")
+        return 1
+
+    task = tasks.start(quick())
+    assert (steps == ["quick"] and task.done() and len(tasks) == 0) is EAGER
+    assert await task == 1
+
+    release = asyncio.Event()
+
+    async def waits() -> int:
+        steps.append("waits")
+        await release.wait()
+        return 2
+
+    task = tasks.start(waits())
+    assert len(tasks) == 1 and not task.done()  # suspended: owned until it ends
+    release.set()
+    assert await task == 2
+    assert await tasks.wait(timeout=5)
+
+
+async def test_start_logs_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    tasks = TaskSet(asyncio.get_running_loop())
+
+    async def fails() -> None:
+        raise ValueError("broken")
+
+    with caplog.at_level(logging.ERROR, logger="peerwire.rpc"):
+        task = tasks.start(fails())
+        assert await tasks.wait(timeout=5)  # True only once its done callback has run
+    assert task.done() and isinstance(task.exception(), ValueError)
+    assert "broken" in caplog.text
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current", "chatter-legacy"])
+async def test_coroutine_handlers_keep_task_semantics(flavour: str) -> None:
+    """asyncio.timeout and TaskGroup need a current task: eager start must provide one."""
+    reg = rpc.Registry()
+
+    @reg.handle("quick")
+    async def quick(value: int) -> int:
+        return value + 1
+
+    @reg.handle("grouped")
+    async def grouped(value: int) -> int:
+        async with asyncio.timeout(5):
+            async with asyncio.TaskGroup() as group:
+                doubled = group.create_task(asyncio.sleep(0, value * 2))
+            return doubled.result()
+
+    async with served(flavour, reg) as (_server, peer):
+        assert await peer.request("quick", 1) == 2
+        assert await peer.request("grouped", 21) == 42
+        assert await asyncio.gather(*(peer.request("quick", i) for i in range(50))) == [
+            i + 1 for i in range(50)
+        ]
