@@ -230,14 +230,20 @@ class ReconnectingPeer:
         for one within ``timeout``. ``idempotent=True``: the request may run twice, and is
         sent again if the connection drops while it is in flight."""
         loop = self._loop
+        chosen = timeout is not None or self.options.timeout is not None
         timeout = self._timeout(timeout)
         deadline = loop.time() + timeout
+        waited = False
         while True:
             peer = self._peer
             if peer is None or not peer.is_open or self._last.state is not ConnectionState.OPEN:
                 peer = await self._ready(deadline, op, timeout)
+                waited = True
+            # the time left travels to the server only when the caller chose a timeout or
+            # part of the default went on waiting for a connection
+            left = deadline - loop.time() if chosen or waited else None
             try:
-                reply = await peer.request(op, value, timeout=deadline - loop.time(), raw=raw)
+                reply = await peer.request(op, value, timeout=left, raw=raw)
             except ConnectionClosed:
                 if not idempotent or self._closing:
                     raise
