@@ -20,7 +20,9 @@ Everything per connection is bounded and freed when the connection goes:
   ``max_stream_queue`` parts, past which that stream alone fails);
 - handler tasks in a :class:`~rpc.tasks.TaskSet` (at most ``max_concurrent``);
 - decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
-  reading stops as soon as the backlog is non-empty);
+  reading stops as soon as the backlog is non-empty); one read's messages past
+  ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
+  connection does not keep the others waiting;
 - output in the outbox and the transport: reading pauses above ``high_water`` bytes.
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
@@ -53,6 +55,10 @@ from wire.errors import ProtocolError
 # (the "x as x" imports above: names rpc.intercept reads as core.<name>)
 __all__ = ["ENDED_STREAMS", "Adapter", "Options", "Peer", "ResultWait", "current_peer"]
 
+MESSAGES_PER_TURN = 256
+"""Messages handled per connection in one go; the rest of a larger read wait for the next
+loop iteration (reading paused meanwhile), so other connections get their turn."""
+
 log = logging.getLogger("peerwire.rpc")
 
 
@@ -81,6 +87,8 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self._running: dict[K, asyncio.Task[Any]] = {}
         """Handler tasks by request key, kept only while the peer may cancel them."""
         self._backlog: deque[Any] = deque()
+        self._turn: asyncio.Handle | None = None
+        """The next turn at a backlog cut at MESSAGES_PER_TURN (see :meth:`_run`)."""
         self._reading = True
         self.closed: asyncio.Future[BaseException | None] = loop.create_future()
         """Resolves (with the transport's exception or None) once the connection is gone."""
@@ -171,6 +179,9 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self._ended.clear()
         self._running.clear()
         self._backlog.clear()
+        if self._turn is not None:
+            self._turn.cancel()
+            self._turn = None
         self._tasks.cancel_all()
         if not self.closed.done():
             self.closed.set_result(exc)
@@ -203,7 +214,20 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
                 self._backlog.extend(messages[index:])
                 self._pause_reading()
                 return
+            if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
+                self._backlog.extend(messages[index:])
+                self._pause_reading()
+                self._next_turn()
+                return
             dispatch(message)
+
+    def _next_turn(self) -> None:
+        if self._turn is None:
+            self._turn = self._loop.call_soon(self._take_turn)
+
+    def _take_turn(self) -> None:
+        self._turn = None
+        self._continue()
 
     def _continue(self) -> None:
         """Handle held-back messages once output drained or a handler slot freed."""
@@ -211,8 +235,14 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         if self._transport is None:
             return
         try:
+            handled = 0
             while backlog and not self._held():
+                if handled == MESSAGES_PER_TURN:
+                    self.outbox.flush()
+                    self._next_turn()
+                    return
                 self.adapter.dispatch(backlog.popleft())
+                handled += 1
         except ProtocolError as exc:
             self._violation(exc)
             return

@@ -150,6 +150,39 @@ async def test_our_stream_with_unread_results_fails_alone(
             assert not caller
 
 
+async def test_a_flood_on_one_connection_yields_to_the_others() -> None:
+    """1,000 requests in one write: at most MESSAGES_PER_TURN are handled before the loop
+    runs other work (other connections' input), and every one is answered in order."""
+    from rpc.peer import MESSAGES_PER_TURN
+
+    reg = rpc.Registry()
+    handled: list[object] = []
+    loop = asyncio.get_running_loop()
+
+    @reg.handle("mark")
+    def mark(value: int) -> int:
+        if value == 0:  # other work, queued while the flood's first turn runs
+            loop.call_soon(handled.append, "other work")
+        handled.append(value)
+        return value
+
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
+        writer.write(b"01" + b"".join(gotalk_request(i, "mark", b"%d" % i) for i in range(1000)))
+        codec = gotalk.GotalkConnection()
+        results: list[Any] = []
+        async with asyncio.timeout(10):
+            while len(results) < 1000:
+                results += [
+                    m
+                    for m in codec.receive_data(await reader.read(65536))
+                    if isinstance(m, gotalk.Result)
+                ]
+        assert [int(m.payload) for m in results] == list(range(1000))
+        assert handled.index("other work") <= MESSAGES_PER_TURN
+        writer.close()
+
+
 async def test_refused_stream_requests_leave_bounded_state() -> None:
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as srv:
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
