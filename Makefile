@@ -74,7 +74,7 @@ node: $(VENV)/.core
 	fi
 
 test: system-deps $(VENV)/.ready $(LEGACY)/.ready node
-	@echo "== running the test suite (pytest; about 5 minutes on 2 cores)"
+	@echo "== running the test suite (pytest; about 10 minutes on 2 cores)"
 	$(VENV)/bin/pytest
 
 # The core suite again on uvloop (tests, threads and CLI children: see tests/conftest.py).
@@ -100,7 +100,7 @@ bench: $(VENV)/.ready
 # Every benchmark with --smoke (CI): each row runs briefly, next to its baseline, so the
 # benchmarks cannot rot; the figures are rough and nothing about speed is asserted.
 bench-smoke: system-deps $(VENV)/.ready
-	@for f in tests/benchmarks/bench_*.py; do \
+	@for f in tests/benchmarks/bench_*.py tests/benchmarks/soak.py; do \
 	    echo "== $$f --smoke"; start=$$(date +%s); \
 	    $(VENV)/bin/python $$f --smoke || exit 1; \
 	    echo "== $$f: $$(( $$(date +%s) - start )) s"; \
