@@ -33,7 +33,7 @@ from transports.stream import (
 from transports.websocket import HttpOptions, open_websocket, start_websocket_server
 from wire.chatter import Dialect
 
-P = TypeVar("P", Peer, ReconnectingPeer)
+P = TypeVar("P", bound="Peer[Any] | ReconnectingPeer")
 
 
 class Meter(Protocol):
@@ -218,6 +218,25 @@ def connect(
     on_state: Callable[[Transition], Any] | None = None,
     **protocol_options: Any,
 ) -> _Connect[ReconnectingPeer]: ...
+
+
+@overload
+def connect(
+    url: str | Sequence[str],
+    *,
+    registry: Registry | None = None,
+    options: Options | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    server_hostname: str | None = None,
+    connect_timeout: float = 10.0,
+    origin: str | None = None,
+    middleware: Sequence[Middleware] = (),
+    metrics: Meter | None = None,
+    reconnect: bool | Reconnect,
+    on_connect: Callable[[Peer], Any] | None = None,
+    on_state: Callable[[Transition], Any] | None = None,
+    **protocol_options: Any,
+) -> _Connect[Peer | ReconnectingPeer]: ...
 
 
 def connect(

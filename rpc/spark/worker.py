@@ -219,7 +219,7 @@ class ConnectionPool:
 
 async def _connect(endpoint: Endpoint) -> Peer:
     tls = endpoint.tls
-    return await connect(
+    peer: Peer = await connect(
         endpoint.url,
         registry=Registry(),  # the remote side may not call anything on executors
         options=Options(retries=0),  # retry results are the caller's to honour
@@ -229,6 +229,7 @@ async def _connect(endpoint: Endpoint) -> Peer:
         reconnect=False,  # the Link reconnects (rpc.spark.reconnect)
         **dict(endpoint.protocol_options),
     )
+    return peer
 
 
 # --- calls -------------------------------------------------------------------------------
