@@ -31,7 +31,6 @@ is closed.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias, final
@@ -43,6 +42,7 @@ from rpc.logs import violations
 from rpc.payload import PayloadError, convert, decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
+from rpc.token_waits import TokenWaits
 from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
 from wire.errors import MessageTooLarge, ProtocolError
@@ -63,9 +63,6 @@ with an empty Pong and never see anything else of the extension; a peerwire peer
 and from then on each side may send ``PeerwireRpc.Cancel`` and (level 2)
 ``PeerwireRpc.Meta`` before a request. A peer announcing ``peerwire-ext/1`` gets level 1."""
 _LEVELS = {b"peerwire-ext/1": 1, HELLO: LEVEL}
-WAITING_STREAMS = 256
-"""Incoming streams whose replies may wait for the requester's token at once (oldest
-dropped past it)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -135,12 +132,9 @@ class ChatterAdapter:
         self._ping_sent_at = 0.0
         self._foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types."""
-        self._waiting: OrderedDict[Conversation, list[tuple[Callable[..., None], tuple[Any, ...]]]]
-        self._waiting = OrderedDict()
-        """Replies to incoming streams produced while the requester still holds the token
-        (it is sending parts): sent, in order, once its End hands the token over. At most
-        ``options.max_stream_queue`` per stream (past it the stream gets an error instead)
-        and ``WAITING_STREAMS`` streams (past it the oldest stream's replies are dropped)."""
+        self._waits = TokenWaits(peer.options.max_stream_queue, self.send_error)
+        """Replies to incoming streams waiting for the requester's token (it still sends
+        parts); sent once its End hands the token over (see :mod:`rpc.token_waits`)."""
 
     # --- names -----------------------------------------------------------------------------
 
@@ -175,7 +169,7 @@ class ChatterAdapter:
 
     def stop(self) -> None:
         self._foreign.clear()
-        self._waiting.clear()
+        self._waits.clear()
 
     def handshake_done(self) -> bool:
         return self.codec.dialect is not None
@@ -393,29 +387,17 @@ class ChatterAdapter:
         return True
 
     def _must_wait(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
-        """True when ``key`` is open but the requester holds its token: Chatter lets only the
-        token holder send, so the reply waits (see ``_waiting``) instead of being lost."""
+        """True when ``key`` is open but the requester holds its token: the reply waits."""
         codec = self.codec
         if codec.holds_token(key) or not codec.is_open(key):
             return False
-        waiting = self._waiting.get(key)
-        if waiting is None:
-            waiting = self._waiting[key] = []
-            if len(self._waiting) > WAITING_STREAMS:
-                self._waiting.popitem(last=False)
-        if len(waiting) < self.peer.options.max_stream_queue:
-            waiting.append((send, args))
-        elif waiting[-1][0] != self.send_error:
-            limit = self.peer.options.max_stream_queue
-            message = f"more than {limit} results before the stream's end"
-            waiting[:] = [(self.send_error, (key, message))]
+        self._waits.hold(key, send, args)
         return True
 
     def _token_back(self, key: Conversation) -> None:
         """The requester handed ``key``'s token over: send what waited for it."""
-        if key in self._waiting and self.codec.holds_token(key):
-            for send, args in self._waiting.pop(key):
-                send(*args)
+        if key in self._waits and self.codec.holds_token(key):
+            self._waits.release(key)
 
     def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
         if self._must_wait(key, self.send_result, key, payload, stream):
