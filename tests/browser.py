@@ -13,11 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from tests.rpc_helpers import wait_until
 
 try:
-    from playwright.async_api import Browser, Page, async_playwright
+    from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 except ImportError as exc:  # an error at collection: the tests fail, they are not skipped
     raise ImportError(
         "the browser tests need Playwright for Python: `.venv/bin/pip install playwright` "
@@ -56,6 +57,25 @@ async def chromium() -> AsyncIterator[Browser]:
             yield browser
         finally:
             await browser.close()
+
+
+@pytest_asyncio.fixture(name="browser", scope="module", loop_scope="module")
+async def browser_fixture() -> AsyncIterator[Browser]:
+    """One Chromium for a test module (import it there: ``from tests.browser import
+    browser_fixture``)."""
+    async with chromium() as browser:
+        yield browser
+
+
+@contextlib.asynccontextmanager
+async def browser_context(browser: Browser, timeout_ms: float) -> AsyncIterator[BrowserContext]:
+    """A fresh browser context (cookies, storage) whose waits default to ``timeout_ms``."""
+    context = await browser.new_context()
+    context.set_default_timeout(timeout_ms)
+    try:
+        yield context
+    finally:
+        await context.close()
 
 
 def page_errors(page: Page) -> list[str]:

@@ -21,13 +21,20 @@ import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext, expect
 
 import rpc
-from tests.browser import assert_not_blank, chromium, eventually, page_errors
+from tests.browser import (
+    assert_not_blank,
+    browser_context,
+    browser_fixture,
+    eventually,
+    page_errors,
+)
 from tests.rpc_helpers import gotalk_peer_registry
 from transports.websocket import HttpOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 WEBCHAT = ROOT / "examples" / "webchat" / "server.py"
 
+__all__ = ["browser_fixture"]  # the module's Chromium, a fixture used here
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
@@ -63,20 +70,10 @@ window.opened = new Promise((resolve) => sock.once('open', () => resolve(true)))
 """
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as browser:
-        yield browser
-
-
 @pytest_asyncio.fixture(loop_scope="module")
 async def context(browser: Browser) -> AsyncIterator[BrowserContext]:
-    context = await browser.new_context()
-    context.set_default_timeout(8000)
-    try:
+    async with browser_context(browser, 8000) as context:
         yield context
-    finally:
-        await context.close()
 
 
 @pytest.fixture

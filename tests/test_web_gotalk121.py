@@ -19,30 +19,21 @@ import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext
 
 import rpc
-from tests.browser import chromium, page_errors
+from tests.browser import browser_context, browser_fixture, page_errors
 from tests.rpc_helpers import gotalk_peer_registry, wait_until
 from transports.websocket import HttpOptions
 
+__all__ = ["browser_fixture"]  # the module's Chromium, a fixture used here
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 CLIENT = Path(__file__).with_name("gotalk121_wire.js")
 PAGE = """<!doctype html><meta charset="utf-8"><title>gotalk.js 1.2.1 on the wire</title>
 <link rel="icon" href="data:,"><script src="/gotalk121_wire.js"></script>"""
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def browser() -> AsyncIterator[Browser]:
-    async with chromium() as browser:
-        yield browser
-
-
 @pytest_asyncio.fixture(loop_scope="module")
 async def context(browser: Browser) -> AsyncIterator[BrowserContext]:
-    context = await browser.new_context()
-    context.set_default_timeout(15000)
-    try:
+    async with browser_context(browser, 15000) as context:
         yield context
-    finally:
-        await context.close()
 
 
 @pytest.fixture
