@@ -372,10 +372,20 @@ class ChatterAdapter:
     def send_request_end(self, key: Conversation) -> None:
         self._send(_END_TYPE, b"", conversation=key, token=True, last=False)
 
+    def _our_turn(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
+        """True when we hold ``key``'s token and may send in it. While the requester holds
+        it (it still sends parts) the reply ``send(*args)`` waits for it instead of being
+        lost; a conversation that has ended takes nothing more."""
+        codec = self.codec
+        if codec.holds_token(key):
+            return True
+        if codec.is_open(key):
+            self._waits.hold(key, send, args)
+        return False
+
     def _answerable(self, key: Conversation, what: str) -> bool:
-        """May we end ``key`` with one of our own types? (see the module doc)"""
-        if not self.codec.holds_token(key):
-            return False  # the requester went away or already ended the conversation
+        """May we end ``key`` (whose token we hold) with one of our own types? (see the
+        module doc)"""
         if key in self._foreign:
             self._foreign.discard(key)
             log.info(
@@ -386,25 +396,15 @@ class ChatterAdapter:
             return False
         return True
 
-    def _must_wait(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
-        """True when ``key`` is open but the requester holds its token: the reply waits."""
-        codec = self.codec
-        if codec.holds_token(key) or not codec.is_open(key):
-            return False
-        self._waits.hold(key, send, args)
-        return True
-
     def _token_back(self, key: Conversation) -> None:
         """The requester handed ``key``'s token over: send what waited for it."""
         if key in self._waits and self.codec.holds_token(key):
             self._waits.release(key)
 
     def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
-        if self._must_wait(key, self.send_result, key, payload, stream):
+        if not self._our_turn(key, self.send_result, key, payload, stream):
             return
         if isinstance(payload, Reply):
-            if not self.codec.holds_token(key):
-                return
             self._foreign.discard(key)
             try:
                 data = (
@@ -426,29 +426,27 @@ class ChatterAdapter:
             self.send_error(key, str(exc))
 
     def send_result_part(self, key: Conversation, payload: bytes) -> None:
-        if self._must_wait(key, self.send_result_part, key, payload):
-            return
-        if self.codec.holds_token(key) and key not in self._foreign:
+        if self._our_turn(key, self.send_result_part, key, payload) and key not in self._foreign:
             self._send(_PART, payload, conversation=key, token=False, last=False)
 
     def send_result_end(self, key: Conversation, failed: bool) -> None:
         if failed:
             return  # the error result already ended the conversation
-        if self._must_wait(key, self.send_result_end, key, failed):
-            return
-        if self._answerable(key, "a PeerwireRpc.End"):
+        if self._our_turn(key, self.send_result_end, key, failed) and self._answerable(
+            key, "a PeerwireRpc.End"
+        ):
             self._send(_END_TYPE, b"", conversation=key, last=True)
 
     def send_error(self, key: Conversation, message: str) -> None:
-        if self._must_wait(key, self.send_error, key, message):
-            return
-        if self._answerable(key, f"an error ({message})"):
+        if self._our_turn(key, self.send_error, key, message) and self._answerable(
+            key, f"an error ({message})"
+        ):
             self._send(_ERROR, self.sbs_repo.encode(_ERROR, message), conversation=key, last=True)
 
     def send_retry(self, key: Conversation, wait: float, message: str) -> None:
-        if self._must_wait(key, self.send_retry, key, wait, message):
-            return
-        if self._answerable(key, "a retry result"):
+        if self._our_turn(key, self.send_retry, key, wait, message) and self._answerable(
+            key, "a retry result"
+        ):
             data = self.sbs_repo.encode(_RETRY, {"waitMs": int(wait * 1000), "message": message})
             self._send(_RETRY, data, conversation=key, last=True)
 
