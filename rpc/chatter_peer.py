@@ -24,8 +24,11 @@ peer that sends a message in a new conversation and waits for the reply calls ou
 and our ``request`` calls a plain Hat service (any reply that ends the conversation is its
 result). Payloads are SBS when the type is in the schema repository, bytes otherwise (JSON
 for non-bytes values). Ping: after ``ping_interval`` s (default 30 s) of inbound silence we
-send a Ping; if nothing arrives within ``ping_timeout`` s (default 5 s) more, the connection
-is closed.
+send a Ping (after 100-110% of it, at random: ``BEAT_SPREAD``); if nothing arrives within
+``ping_timeout`` s (default 5 s) more, the connection is closed. A Pong plans the next Ping at
+once (no wake-up to find it arrived); a peer's Ping moves ours to 120% of the interval, past
+the peer's next (``ANSWERER_SLACK``), so one side pings and the other answers: an idle
+connection costs one wake-up per interval. Liveness deadlines are coarse (a quarter second).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any, TypeAlias, final
 import hat.sbs
 
 from rpc import intercept
+from rpc.deadlines import ANSWERER_SLACK, next_beat
 from rpc.logs import violations
 from rpc.payload import PayloadError, convert, decode_any, encode_value
 from rpc.peer import Options, Peer
@@ -130,6 +134,7 @@ class ChatterAdapter:
         self._loop = peer.loop
         self._last_read = 0.0
         self._ping_sent_at = 0.0
+        self._awaiting_pong = False
         self._foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types."""
         self._waits = TokenWaits(peer.options.max_stream_queue, self.send_error)
@@ -165,7 +170,8 @@ class ChatterAdapter:
             self._take_codec_output()
         self._last_read = self._loop.time()
         if self.ping_interval:
-            self.peer.deadlines.set("ping", self._last_read + self.ping_interval, self._ping_due)
+            when = next_beat(self._last_read, self.ping_interval)
+            self.peer.deadlines.set("ping", when, self._ping_due, coarse=True)
 
     def stop(self) -> None:
         self._foreign.clear()
@@ -182,23 +188,46 @@ class ChatterAdapter:
         now = self._loop.time()
         silent_until = self._last_read + self.ping_interval
         if now < silent_until:
-            peer.deadlines.set("ping", silent_until, self._ping_due)
+            peer.deadlines.set("ping", silent_until, self._ping_due, coarse=True)
             return
         if self.codec.dialect is None:  # nothing received yet: the handshake limit decides
-            peer.deadlines.set("ping", now + self.ping_interval, self._ping_due)
+            peer.deadlines.set("ping", now + self.ping_interval, self._ping_due, coarse=True)
             return
         self.codec.send_ping()
         self._take_codec_output()
         peer.outbox.flush()
         self._ping_sent_at = now
-        peer.deadlines.set("ping", now + self.ping_timeout, self._pong_due)
+        self._awaiting_pong = True
+        peer.deadlines.set("ping", now + self.ping_timeout, self._pong_due, coarse=True)
+
+    def _heard_liveness(self, *, ponged: bool) -> None:
+        """A Ping (that the codec answered) or a Pong arrived: plan our next Ping now.
+
+        After our Pong, we ping on a new random plan; after the peer's Ping (ours not out),
+        we only answer it, planning ours past the peer's next (both Pinged at once: the
+        random plans part them)."""
+        interval = self.ping_interval
+        if not interval:
+            return
+        if ponged:
+            self._awaiting_pong = False
+            when = next_beat(self._last_read, interval)
+        elif self._awaiting_pong:  # our Pong is on its way: it plans the next Ping
+            return
+        else:
+            when = self._last_read + interval * (1 + ANSWERER_SLACK)
+        deadlines = self.peer.deadlines
+        deadlines.set("ping", when, self._ping_due, coarse=True)
+        deadlines.rearm()
 
     def _pong_due(self) -> None:
         peer = self.peer
         if not peer.is_open:
             return
-        if self._last_read >= self._ping_sent_at:  # heard from the peer meanwhile
-            peer.deadlines.set("ping", self._last_read + (self.ping_interval or 0), self._ping_due)
+        self._awaiting_pong = False
+        if self._last_read >= self._ping_sent_at and self.ping_interval:  # heard from it meanwhile
+            when = next_beat(self._last_read, self.ping_interval)
+            peer.deadlines.set("ping", when, self._ping_due, coarse=True)
             return
         log.warning(
             "chatter peer %s did not answer a ping within %s s; closing",
@@ -215,8 +244,11 @@ class ChatterAdapter:
     def decode(self, data: bytes) -> list[Msg]:
         self._last_read = self._loop.time()
         codec = self.codec
+        pings, pongs = codec.pings_received, codec.pongs_received
         messages = codec.receive_data(data)
         self._take_codec_output()
+        if codec.pongs_received != pongs or codec.pings_received != pings:
+            self._heard_liveness(ponged=codec.pongs_received != pongs)
         if not self.cancels:
             level = _LEVELS.get(codec.last_ping_data) or _LEVELS.get(codec.last_pong_data)
             if level:  # Pongs for the Pings among them are queued already

@@ -4,6 +4,12 @@ Request ids are 4 opaque bytes; ours are a little-endian counter (as the Go clie
 Liveness: we send a heartbeat every ``heartbeat_interval`` seconds (default 20 s, well
 inside the 30 s read timeout of Go peers) and, when nothing at all arrives for
 ``read_timeout`` seconds (default 30 s), send ``f00000003`` and close, as Go peers do.
+Heartbeats on our own plan go every 100-110% of the interval, at random (``BEAT_SPREAD``).
+A peer's heartbeat that arrives when ours is due within half an interval is answered with
+ours at once, and our next is then planned after 120% (``ANSWERER_SLACK``), later than the
+peer's: one side sends and the other answers, and an idle connection wakes one side's timer
+once per interval (before: both sides, twice each, for a heartbeat and a read check). Liveness
+deadlines are coarse (a quarter second) so that many connections share a wake-up.
 Over WebSocket there is no read timeout (the WebSocket's own pings detect dead peers, and
 browsers delay timers in background tabs).
 
@@ -24,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rpc import intercept
+from rpc.deadlines import ANSWERER_SLACK, next_beat
 from rpc.logs import violations
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
@@ -105,9 +112,10 @@ class GotalkAdapter:
         now = self._loop.time()
         self._last_read = now
         if self.heartbeat_interval:
-            peer.deadlines.set("heartbeat", now + self.heartbeat_interval, self._heartbeat)
+            when = next_beat(now, self.heartbeat_interval)
+            peer.deadlines.set("heartbeat", when, self._heartbeat, coarse=True)
         if self.read_timeout:
-            peer.deadlines.set("read", now + self.read_timeout, self._read_due)
+            peer.deadlines.set("read", now + self.read_timeout, self._read_due, coarse=True)
 
     def stop(self) -> None:
         """Nothing of ours outlives the connection (timers live in the peer's deadlines)."""
@@ -116,12 +124,35 @@ class GotalkAdapter:
         return self.codec.peer_version is not None
 
     def _heartbeat(self) -> None:
+        """The heartbeat timer: send one now and write it at once (no other output waits)."""
         if not self.peer.is_open or not self.heartbeat_interval:
             return
+        self._send_heartbeat(next_beat(self._loop.time(), self.heartbeat_interval))
+        self.peer.outbox.flush()
+
+    def _send_heartbeat(self, next_at: float) -> None:
         beat = gotalk.Heartbeat(0, int(time.time()) & 0xFFFFFFFF)
         self._emit_header(*gotalk.encode_parts(beat))
-        when = self._loop.time() + self.heartbeat_interval
-        self.peer.deadlines.set("heartbeat", when, self._heartbeat)
+        self.peer.deadlines.set("heartbeat", next_at, self._heartbeat, coarse=True)
+
+    def _on_heartbeat(self) -> None:
+        """The peer's heartbeat: answer it when ours is due soon; move the read check on.
+
+        Both moves make the timer later, so it is re-armed here (once per heartbeat, not per
+        message) instead of waking up to find nothing due.
+        """
+        self.heartbeats_received += 1
+        deadlines = self.peer.deadlines
+        now = self._last_read
+        interval = self.heartbeat_interval
+        if interval:
+            due = deadlines.when("heartbeat")
+            if due is not None and due - now <= interval / 2:
+                # flushed with this read's output; the peer's next one comes first
+                self._send_heartbeat(now + interval * (1 + ANSWERER_SLACK))
+        if self.read_timeout:
+            deadlines.set("read", now + self.read_timeout, self._read_due, coarse=True)
+        deadlines.rearm()
 
     def _read_due(self) -> None:
         timeout = self.read_timeout
@@ -129,7 +160,7 @@ class GotalkAdapter:
             return
         silent_until = self._last_read + timeout
         if self._loop.time() < silent_until:  # something arrived meanwhile
-            self.peer.deadlines.set("read", silent_until, self._read_due)
+            self.peer.deadlines.set("read", silent_until, self._read_due, coarse=True)
             return
         self.peer.outbox.push(self.codec.fault(gotalk.ErrorCode.TIMEOUT))
         self.peer.abort()
@@ -188,7 +219,7 @@ class GotalkAdapter:
             else:
                 self._with_meta(msg.id, msg.op, msg.payload, True)
         elif cls is gotalk.Heartbeat:
-            self.heartbeats_received += 1
+            self._on_heartbeat()
         elif cls is gotalk.Fault:
             peer.abort()
 

@@ -127,7 +127,7 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self.adapter.start()
         if self.options.handshake_timeout:
             when = self._loop.time() + self.options.handshake_timeout
-            self.deadlines.set("handshake", when, self._handshake_due)
+            self.deadlines.set("handshake", when, self._handshake_due, coarse=True)
         if self.on_open is not None:
             token = current_peer.set(self)
             try:

@@ -139,6 +139,45 @@ async def test_gotalk_client_heartbeats_keep_go_style_server_happy() -> None:
             assert await peer.request("echo", "alive") == "alive"
 
 
+async def test_idle_gotalk_pair_wakes_once_per_heartbeat() -> None:
+    """Two peerwire peers at the same interval: one side's timer sends a heartbeat, the other
+    answers it at once and moves its read check on, so the pair's timers wake once per
+    interval (before: both sides, for a heartbeat and a read check each)."""
+    liveness = {"heartbeat_interval": 0.2, "read_timeout": 0.3}
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), **liveness) as server:
+        async with rpc.connect(
+            str(server.url), registry=rpc.Registry(), reconnect=False, **liveness
+        ) as client:
+            await wait_until(lambda: len(server.peers) == 1)
+            (peer,) = server.peers
+            await wait_until(lambda: peer.heartbeats_received >= 12, timeout=10)
+            beats = peer.heartbeats_received + client.heartbeats_received
+            assert client.heartbeats_received >= 10  # both ways, the read limit never hit
+            assert peer.deadlines.wakeups + client.deadlines.wakeups <= beats // 2 + 4
+            assert await client.request("echo", "alive") == "alive"
+
+
+async def test_idle_chatter_pair_wakes_once_per_ping_exchange() -> None:
+    """One side pings and the other answers: a Pong moves the pinger's silence deadline at
+    once, and a Ping moves the answerer's past the pinger's next one, so the pair's timers
+    wake once per exchange (before: both sides pinged, each woke again for its Pong)."""
+    liveness = {"ping_interval": 0.2, "ping_timeout": 0.15}
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry(), **liveness) as server:
+        async with rpc.connect(
+            str(server.url), registry=rpc.Registry(), reconnect=False, **liveness
+        ) as client:
+            await wait_until(lambda: len(server.peers) == 1)
+            (peer,) = server.peers
+            ours, theirs = peer.adapter.codec, client.adapter.codec
+
+            def exchanges() -> int:
+                return ours.pongs_received + theirs.pongs_received
+
+            await wait_until(lambda: exchanges() >= 12, timeout=10)
+            assert peer.deadlines.wakeups + client.deadlines.wakeups <= exchanges() + 4
+            assert await client.request("echo", "alive") == "alive"
+
+
 async def test_chatter_ping_closes_silent_peer_and_keeps_answering_one() -> None:
     async with rpc.serve(
         "tcp+sbs://127.0.0.1:0", registry=registry(), ping_interval=0.2, ping_timeout=0.2
