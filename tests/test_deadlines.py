@@ -1,0 +1,49 @@
+"""rpc.deadlines: coarse liveness deadlines and re-arming for a slot that moved later."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rpc.deadlines import COARSE_FROM, COARSE_TICK, Deadlines
+
+
+def nothing() -> None:
+    return None
+
+
+async def test_coarse_deadlines_round_up_to_the_tick_and_near_ones_stay_exact() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    far = loop.time() + COARSE_FROM + 1.0123
+    deadlines.set("far", far, nothing, coarse=True)
+    rounded = deadlines.when("far")
+    assert rounded is not None and far <= rounded < far + COARSE_TICK
+    assert (rounded / COARSE_TICK).is_integer()
+    near = loop.time() + 1.0123
+    deadlines.set("near", near, nothing, coarse=True)
+    assert deadlines.when("near") == near
+    exact = loop.time() + COARSE_FROM + 1.0123
+    deadlines.set("exact", exact, nothing)
+    assert deadlines.when("exact") == exact
+    deadlines.close()
+
+
+async def test_rearm_moves_the_timer_later_so_it_does_not_wake_early() -> None:
+    loop = asyncio.get_running_loop()
+    moved, witness = Deadlines(loop), Deadlines(loop)
+    fired = asyncio.Event()
+    moved.set("ping", loop.time() + 0.05, nothing)
+    moved.set("ping", loop.time() + 60, nothing)  # moved later: the timer is left alone
+    moved.rearm()  # ... unless re-armed
+    witness.set("done", loop.time() + 0.2, fired.set)
+    await asyncio.wait_for(fired.wait(), 5)
+    assert (moved.wakeups, witness.wakeups) == (0, 1)
+    left_alone = Deadlines(loop)
+    left_alone.set("ping", loop.time() + 0.05, nothing)
+    left_alone.set("ping", loop.time() + 60, nothing)
+    fired.clear()
+    witness.set("done", loop.time() + 0.2, fired.set)
+    await asyncio.wait_for(fired.wait(), 5)
+    assert left_alone.wakeups == 1  # woke at the old time, found nothing due, re-armed
+    for deadlines in (moved, witness, left_alone):
+        deadlines.close()
