@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import gc
+import ssl
 import struct
 import termios
 import tracemalloc
@@ -25,7 +26,9 @@ from websockets.uri import parse_uri
 
 import rpc
 from tests.browser import eventually
+from tests.certs import Pki
 from tests.rpc_helpers import gotalk_peer_registry
+from transports.stream import server_ssl_context
 from transports.web_http import HttpOptions
 from transports.websocket import WebSocketServer, start_websocket_server
 
@@ -206,6 +209,45 @@ async def test_pending_handshakes_count_toward_max_connections(canary) -> None:
         for w in [*silent, writer, open_client.writer, again.writer]:
             w.close()
         assert len(sinks) == 2
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_tls_connections_past_max_connections_are_closed_before_tls(canary, pki: Pki) -> None:
+    """wss: silent TCP connections to the TLS port hold the slots; those past the limit are
+    closed at accept, before any TLS (no TLS buffers held); the handshake limit frees the
+    slots and a real wss client gets in."""
+    http = HttpOptions(allow_missing_origin=True, handshake_timeout=3.0)
+    ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    server, sinks, port = await recorder_server(http=http, max_connections=10, ssl_context=ctx)
+    try:
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(40)]
+        await eventually(lambda: len(server.connections) == 10, "10 slots taken")
+        reads = [asyncio.ensure_future(reader.read(1)) for reader, _ in silent]
+        # 30 are closed at once, without a byte of TLS; the 10 admitted wait in their TLS
+        # handshake (the limit is 3 s, this window 1 s)
+        done, pending = await asyncio.wait(reads, timeout=1.0)
+        assert all(read.result() == b"" for read in done)
+        closed = len(done)
+        for read in pending:
+            read.cancel()
+        assert closed == 30 and len(server.connections) == 10
+        await answers(canary)
+        await eventually(lambda: not server.connections, "handshake limit passed", 10)
+        client_ctx = ssl.create_default_context(cafile=str(pki.ca))
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client_ctx, server_hostname="127.0.0.1"
+        )
+        writer.write(
+            b"GET /gotalk/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+        await eventually(lambda: len(sinks) == 1, "the wss client's sink")
+        for w in [writer, *(w for _, w in silent)]:
+            w.close()
     finally:
         server.close()
         await server.wait_closed()

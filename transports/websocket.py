@@ -10,8 +10,8 @@ merged or split frames from non-browser peers work too.
 The server mounts the endpoint at a path on an HTTP server that also serves the browser
 script and, optionally, static files (:mod:`transports.web_http`). Connections count toward
 ``max_connections`` from accept, TLS and WebSocket handshakes included; those past it get 503
-once their request is in (at most :data:`MAX_REFUSING` at a time; beyond that, and on TLS
-listeners, they are closed at once). A connection that has not upgraded within
+once their request is in (at most :data:`MAX_REFUSING` at a time; beyond that they are
+closed at once, and on TLS listeners before any TLS). A connection that has not upgraded within
 ``handshake_timeout`` or whose request head passes ``max_request_head`` bytes is closed.
 """
 
@@ -32,7 +32,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Origin
 from websockets.uri import parse_uri
 
-from transports.stream import ByteSink
+from transports.stream import ByteSink, start_stream_server
 from transports.web_http import HostCheck, HttpOptions, Responder, refuse
 from transports.ws_connection import Connection, Settings, WebSocketTransport
 
@@ -80,24 +80,24 @@ class WebSocketServer:
         """Bind and start accepting (once); on ``sock`` when given (already bound)."""
         if self._listener is not None:
             raise RuntimeError("the server is already listening")
-        timeout = self.settings.handshake_timeout if self._ssl else None
-        if sock is not None:
-            listener = await self._loop.create_server(
-                self._new_connection,
-                sock=sock,
-                ssl=self._ssl,
-                ssl_handshake_timeout=timeout,
+        listener: asyncio.Server
+        if self._ssl is not None:  # admission before any TLS, as for the other TLS servers
+            listener = await start_stream_server(
+                host or "0.0.0.0",
+                port,
+                self._admit_tls,
+                ssl_context=self._ssl,
                 backlog=backlog,
+                handshake_timeout=self.settings.handshake_timeout,
+                sock=sock,
+            )
+        elif sock is not None:
+            listener = await self._loop.create_server(
+                self._new_connection, sock=sock, backlog=backlog
             )
         else:
             listener = await self._loop.create_server(
-                self._new_connection,
-                host,
-                port,
-                ssl=self._ssl,
-                ssl_handshake_timeout=timeout,
-                backlog=backlog,
-                reuse_address=True,
+                self._new_connection, host, port, backlog=backlog, reuse_address=True
             )
         hosts = (
             HostCheck(self.http.allowed_hosts)
@@ -116,6 +116,14 @@ class WebSocketServer:
         if self._responder is None:
             raise RuntimeError("the server is not listening")
         return self._responder
+
+    def _admit_tls(self) -> Connection | None:
+        """The TLS listener's factory: past ``max_connections`` (or closing) None, and the
+        socket is closed before any TLS, holding no TLS buffers."""
+        if self._closing or len(self.connections) >= self.max_connections:
+            log.info("refused a TLS connection: max_connections reached")
+            return None
+        return self._new_connection()
 
     def _new_connection(self) -> Connection:
         """Called at accept, before any TLS handshake: the connection counts from here."""

@@ -10,7 +10,10 @@ Not collected by pytest. Processes on 127.0.0.1:
 - two **canaries** (``--canary URL``, children): one ``tcp+gotalk`` client per server,
   sending one echo request every 10 ms and printing each second's latencies. The control
   canary measures what the machine alone does to latency (it is shared, and busy);
-- this process: the attackers and the well-behaved clients.
+- this process: the attackers and the well-behaved clients. Once the servers and canaries
+  run, it lowers its own priority (``--attacker-nice``, default 10; 0 keeps it): attackers
+  on other hosts would not take the server's CPU, here they share its 2 CPUs. The control
+  canary shows what the sharing still costs.
 
 First the canaries run alone for ``--idle`` s (the idle p50/p99); then, for ``--minutes``
 (default 10), these run together and one line per ``--every`` s (default 30) shows the
@@ -465,7 +468,12 @@ def load() -> str:
 
 
 async def soak(
-    minutes: float, idle: float, every: float, trace: bool, groups: Sequence[str] = GROUPS
+    minutes: float,
+    idle: float,
+    every: float,
+    trace: bool,
+    groups: Sequence[str] = GROUPS,
+    nice: int = 10,
 ) -> None:
     """See the module doc; ``trace`` prints the server's top memory growth at the end."""
     raise_nofile(8192)
@@ -488,6 +496,7 @@ async def soak(
                 f"idle canary: {len(idle_lat)} requests, p50 {p50:.2f} ms, p99 {p99:.2f} ms "
                 f"(control p99 {c99:.2f} ms); server RSS {srv.rss_mb():.1f} MB; load {load()}"
             )
+            os.nice(nice)  # the children keep their priority
             count = Counters()
             tasks = await paced(attacks(srv, count, groups), spread=min(5.0, idle))
             print(
@@ -558,6 +567,9 @@ def main() -> None:
     parser.add_argument(
         "--tracemalloc", action="store_true", help="print the server's top memory growth"
     )
+    parser.add_argument(
+        "--attacker-nice", type=int, default=10, help="niceness of the attackers (see above)"
+    )
     args = parser.parse_args()
     if args.serve:
         raise_nofile(65536)
@@ -570,7 +582,9 @@ def main() -> None:
         loops.run(soak(minutes=0.1, idle=2.0, every=2.0, trace=args.tracemalloc))
     else:
         groups = args.attack or GROUPS
-        loops.run(soak(args.minutes, args.idle, args.every, args.tracemalloc, groups))
+        loops.run(
+            soak(args.minutes, args.idle, args.every, args.tracemalloc, groups, args.attacker_nice)
+        )
 
 
 if __name__ == "__main__":
