@@ -135,6 +135,9 @@ class ChatterAdapter:
         self._last_read = 0.0
         self._ping_sent_at = 0.0
         self._awaiting_pong = False
+        self._started = 0.0
+        self._heard = False
+        """Any byte from the peer yet (before its first whole frame: a handshake begun)."""
         self._foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types."""
         self._waits = TokenWaits(peer.options.max_stream_queue, self.send_error)
@@ -168,7 +171,7 @@ class ChatterAdapter:
         if self.extensions and self.codec.dialect is Dialect.CURRENT:
             self.codec.send_ping(HELLO)
             self._take_codec_output()
-        self._last_read = self._loop.time()
+        self._started = self._last_read = self._loop.time()
         if self.ping_interval:
             when = next_beat(self._last_read, self.ping_interval)
             self.peer.deadlines.set("ping", when, self._ping_due, coarse=True)
@@ -177,8 +180,11 @@ class ChatterAdapter:
         self._foreign.clear()
         self._waits.clear()
 
-    def handshake_done(self) -> bool:
-        return self.codec.dialect is not None
+    def handshake_pending(self) -> bool:
+        """A first frame begun and unfinished. A peer that has sent nothing is not pending
+        while pings are on: Hat peers send their first Ping after 20 s of silence, and
+        :meth:`_ping_due` closes a peer silent past the ping limits."""
+        return self.codec.dialect is None and (self._heard or not self.ping_interval)
 
     def _ping_due(self) -> None:
         """Silent for ``ping_interval``: send a Ping and expect anything within the timeout."""
@@ -190,8 +196,17 @@ class ChatterAdapter:
         if now < silent_until:
             peer.deadlines.set("ping", silent_until, self._ping_due, coarse=True)
             return
-        if self.codec.dialect is None:  # nothing received yet: the handshake limit decides
-            peer.deadlines.set("ping", now + self.ping_interval, self._ping_due, coarse=True)
+        if self.codec.dialect is None:  # no Ping can go out before the dialect is known
+            limit = self._started + self.ping_interval + self.ping_timeout
+            if now < limit:
+                peer.deadlines.set("ping", limit, self._ping_due, coarse=True)
+                return
+            log.info(
+                "chatter peer %s sent no whole frame within %s s; closing",
+                peer.remote_address,
+                self.ping_interval + self.ping_timeout,
+            )
+            peer.abort()
             return
         self.codec.send_ping()
         self._take_codec_output()
@@ -242,6 +257,7 @@ class ChatterAdapter:
     # --- receiving -------------------------------------------------------------------------
 
     def decode(self, data: bytes) -> list[Msg]:
+        self._heard = True
         self._last_read = self._loop.time()
         codec = self.codec
         pings, pongs = codec.pings_received, codec.pongs_received

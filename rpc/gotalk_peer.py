@@ -120,8 +120,8 @@ class GotalkAdapter:
     def stop(self) -> None:
         """Nothing of ours outlives the connection (timers live in the peer's deadlines)."""
 
-    def handshake_done(self) -> bool:
-        return self.codec.peer_version is not None
+    def handshake_pending(self) -> bool:
+        return self.codec.peer_version is None
 
     def _heartbeat(self) -> None:
         """The heartbeat timer: send one now and write it at once (no other output waits)."""

@@ -269,7 +269,7 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self.abort(exc)
 
     def _handshake_due(self) -> None:
-        if not self.adapter.handshake_done():
+        if self.adapter.handshake_pending():
             self.violation = TimeoutError("no handshake")
             violations.warning(
                 "%s peer %s sent nothing valid within %s s; closing",

@@ -208,9 +208,14 @@ async def test_refused_stream_requests_leave_bounded_state() -> None:
 
 
 @pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
-async def test_silent_connections_are_closed_after_the_handshake_limit(scheme: str) -> None:
+async def test_silent_connections_are_closed_after_the_liveness_limits(scheme: str) -> None:
+    """Gotalk: the handshake limit (no version). Chatter: the ping limits, since a Hat peer
+    says nothing until its first Ping (see test_rpc_chatter_interop)."""
     options = rpc.Options(handshake_timeout=0.3)
-    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), options=options) as srv:
+    pings = {"ping_interval": 0.6, "ping_timeout": 0.3} if scheme == "tcp+sbs" else {}
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=registry(), options=options, **pings
+    ) as srv:
         silent = [await asyncio.open_connection("127.0.0.1", srv.url.port) for _ in range(20)]
         await until(lambda: len(srv.peers) == 20)
         started = time.monotonic()

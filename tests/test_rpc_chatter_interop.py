@@ -66,6 +66,58 @@ async def test_hat_drivers_client_calls_our_handlers() -> None:
             await conn.async_close()
 
 
+async def test_hat_drivers_client_silent_until_its_first_ping_is_kept() -> None:
+    """A Hat client says nothing until its first Ping, after ``ping_delay`` of silence (20 s
+    by default, past our 10-s handshake limit): a connection that sent nothing at all is
+    left to the ping limits, not closed by the handshake limit."""
+    async with rpc.serve(
+        "tcp+sbs://127.0.0.1:0",
+        registry=registry(),
+        options=rpc.Options(handshake_timeout=0.3),
+        ping_interval=3.0,
+        ping_timeout=1.0,
+    ) as server:
+        conn = await hat_chatter.connect(
+            net.TcpAddress("127.0.0.1", server.url.port), ping_delay=1.0, ping_timeout=2.0
+        )
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            (peer,) = server.peers
+            codec = peer.adapter.codec
+            await wait_until(lambda: codec.pings_received >= 1, timeout=10)  # its first Ping
+            assert conn.is_open and peer.is_open
+            conv = await conn.send(hat_chatter.Data("greet", b'{"name":"Hat"}'), last=False)
+            reply = await asyncio.wait_for(conn.receive(), 5)
+            assert reply.conv == conv and reply.data.type == "PeerwireRpc.Result"
+        finally:
+            await conn.async_close()
+
+
+async def test_silent_chatter_connection_is_closed_at_the_ping_limits() -> None:
+    """Nothing at all from the peer: closed once ``ping_interval`` + ``ping_timeout`` pass
+    (no Ping can be sent before the dialect is known); a partial frame is a handshake and
+    meets the handshake limit."""
+    async with rpc.serve(
+        "tcp+sbs://127.0.0.1:0",
+        registry=registry(),
+        options=rpc.Options(handshake_timeout=0.3),
+        ping_interval=0.6,
+        ping_timeout=0.3,
+    ) as server:
+        loop = asyncio.get_running_loop()
+        silent_reader, silent = await asyncio.open_connection("127.0.0.1", server.url.port)
+        partial_reader, partial = await asyncio.open_connection("127.0.0.1", server.url.port)
+        started = loop.time()
+        partial.write(b"\x01")  # a frame begun, never finished
+        assert await asyncio.wait_for(partial_reader.read(), 5) == b""
+        partial_closed = loop.time() - started
+        assert await asyncio.wait_for(silent_reader.read(), 5) == b""
+        silent_closed = loop.time() - started
+        assert partial_closed < 0.8 <= silent_closed, (partial_closed, silent_closed)
+        for writer in (silent, partial):
+            writer.close()
+
+
 async def test_our_client_calls_hat_drivers_service() -> None:
     notes: asyncio.Queue = asyncio.Queue()
     client_reg = rpc.Registry()

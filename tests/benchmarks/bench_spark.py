@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import rpc  # noqa: E402
+from rpc import loops  # noqa: E402
 
 OPS = (("echo", "no delay"), ("echo_1ms", "1 ms delay"))
 
@@ -47,7 +48,7 @@ OPS = (("echo", "no delay"), ("echo_1ms", "1 ms delay"))
 # --- the server ----------------------------------------------------------------------------
 
 
-def serve(scheme: str) -> None:
+def serve(scheme: str, loop: str) -> None:
     registry = rpc.Registry()
 
     @registry.handle("echo")
@@ -65,12 +66,12 @@ def serve(scheme: str) -> None:
             print(f"PORT {s.url.port}", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
-    asyncio.run(main())
+    loops.run(main(), loop)
 
 
-def start_server(scheme: str) -> tuple[subprocess.Popen[str], str]:
+def start_server(scheme: str, loop: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--scheme", scheme],
+        [sys.executable, __file__, "--serve", "--scheme", scheme, "--server-loop", loop],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -201,16 +202,22 @@ def main() -> None:
     parser.add_argument("--scheme", default="tcp+gotalk", choices=["tcp+gotalk", "tcp+sbs"])
     parser.add_argument("--only", choices=[op for op, _ in OPS], help="one op only")
     parser.add_argument("--smoke", action="store_true", help="2,000 rows, once (CI)")
+    parser.add_argument(
+        "--server-loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="the server's event loop, as `peerwire serve --loop` (auto: uvloop if installed)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.scheme)
+        serve(args.scheme, args.server_loop)
         return
     if args.smoke:
         args.rows, args.per_row_rows, args.repeat = 2_000, 200, 1
 
     per_row_rows = args.per_row_rows or args.rows
-    proc, url = start_server(args.scheme)
+    proc, url = start_server(args.scheme, args.server_loop)
     spark = session(args.smoke)
     try:
         if not args.smoke:  # warm-up: start the Python workers, open their connections
@@ -221,6 +228,7 @@ def main() -> None:
         floor = max(identity_udf(spark, args.rows) for _ in range(args.repeat))
         print(
             f"{args.rows:,} rows ({per_row_rows:,} for the per-row UDF), {url.split(':')[0]}, "
+            f"server loop {loops.resolve(args.server_loop)}, "
             f"window {args.window}, local[2], best of {args.repeat}; "
             f"Spark alone (identity Arrow UDF): {floor:,.0f} rows/s"
         )
