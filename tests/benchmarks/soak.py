@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import rpc
 from rpc import loops
+from rpc.workers import freeze_startup_objects
 from tests.certs import make_pki
 from transports.stream import client_ssl_context, server_ssl_context
 from wire import gotalk
@@ -106,6 +107,7 @@ async def serve(pki_dir: str, tls_max_connections: int, chatter_ping: float | No
         "ws+gotalk": rpc.serve(f"ws+gotalk://{HOST}:0/gotalk/", registry=reg),
     }
     started = {name: await srv.start() for name, srv in servers.items()}
+    freeze_startup_objects()  # as `peerwire serve` does
     pauses = GcPauses()
     gc.callbacks.append(pauses)
     urls = {name: str(srv.url) for name, srv in started.items()}
