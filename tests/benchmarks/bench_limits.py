@@ -8,7 +8,12 @@ CPU are read from /proc; clients and attackers run in this process. Rows (``--on
   real peerwire clients with default heartbeats and pings, each after one request) stay
   connected; the server's
   CPU over a ``--window`` (default 60 s, which spans Gotalk heartbeats every 20 s and
-  Chatter pings after 30 s of silence), and its RSS per connection;
+  Chatter pings after 30 s of silence), and its RSS per connection. These clients share
+  one process and coarse timers, so their heartbeats reach the server in batches;
+- ``idle-spread``: the same count of connections from plain codec clients that beat on
+  their own plan, each at a random phase, as clients on many hosts would: a Gotalk
+  heartbeat every 20 s, a Chatter Ping every 20 s (Hat's legacy clients do so; our
+  codec answers the server's Pings). Each wakes on its own timer;
 - ``non-reader``: one Gotalk peer asks for 600 results of 1 MiB and never reads (its
   receive buffer set to 4 KiB); the server's peak RSS over 10 s, against its RSS before;
 - ``tls-pending``: a server with ``max_connections=100`` gets 1,000 TCP connections to its
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import socket
 import sys
 import tempfile
@@ -33,8 +39,11 @@ from rpc import loops
 from tests.benchmarks.soak import HOST, ServerChild, machine, raise_nofile
 from transports.stream import client_ssl_context
 from wire import gotalk
+from wire.chatter import ChatterConnection, Dialect
 
-ROWS = ("idle", "non-reader", "tls-pending")
+ROWS = ("idle", "idle-spread", "non-reader", "tls-pending")
+SPREAD_BEAT = 20.0
+"""Seconds between the ``idle-spread`` clients' heartbeats or Pings."""
 
 
 async def settle(srv: ServerChild, seconds: float = 2.0) -> float:
@@ -53,7 +62,9 @@ async def idle(count: int, window: float) -> None:
 
             async def one(url: str) -> rpc.Peer:
                 async with gate:
-                    peer = await rpc.connect(url, registry=rpc.Registry(), connect_timeout=60)
+                    peer = await rpc.connect(
+                        url, registry=rpc.Registry(), connect_timeout=60, reconnect=False
+                    )
                     # one request: a legacy Chatter client sends nothing before its first,
                     # and a server closes a connection silent past its handshake limit
                     await peer.request("echo", b"hi", raw=True, timeout=60)
@@ -77,6 +88,74 @@ async def idle(count: int, window: float) -> None:
             )
             for peer in peers:
                 peer.abort()
+        finally:
+            await srv.stop()
+
+
+class SpreadClient(asyncio.Protocol):
+    """One ``idle-spread`` connection: a codec, a random phase, a beat every 20 s."""
+
+    def __init__(self, chatter: bool) -> None:
+        self.chatter = ChatterConnection(Dialect.CURRENT) if chatter else None
+        self.gotalk = None if chatter else gotalk.GotalkConnection()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self.gotalk is not None:
+            transport.write(self.gotalk.handshake())  # type: ignore[attr-defined]
+        else:
+            self.beat()  # the first Ping fixes the dialect
+        loop = asyncio.get_running_loop()
+        loop.call_later(random.uniform(0, SPREAD_BEAT), self.beat)
+
+    def beat(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.chatter is not None:
+            self.chatter.send_ping()
+            self.transport.write(self.chatter.data_to_send())
+        else:
+            beat = gotalk.Heartbeat(0, int(time.time()) & 0xFFFFFFFF)
+            self.transport.write(gotalk.encode(beat))
+        asyncio.get_running_loop().call_later(SPREAD_BEAT, self.beat)
+
+    def data_received(self, data: bytes) -> None:
+        if self.chatter is not None:
+            self.chatter.receive_data(data)  # Pongs for the server's Pings
+            if pongs := self.chatter.data_to_send():
+                self.transport.write(pongs)  # type: ignore[union-attr]
+        else:
+            self.gotalk.receive_data(data)  # type: ignore[union-attr]
+
+
+async def idle_spread(count: int, window: float) -> None:
+    with tempfile.TemporaryDirectory() as pki_dir:
+        srv = await ServerChild.start(pki_dir=pki_dir)
+        try:
+            before = await settle(srv)
+            loop = asyncio.get_running_loop()
+            ports = [srv.port("tcp+gotalk"), srv.port("tcp+sbs")]
+            clients = []
+            for i in range(count):
+                transport, _ = await loop.create_connection(
+                    lambda chatter=bool(i % 2): SpreadClient(chatter), HOST, ports[i % 2]
+                )
+                clients.append(transport)
+            after = await settle(srv, min(SPREAD_BEAT, window))  # each beat once (full runs)
+            cpu0, t0 = srv.cpu_seconds(), time.monotonic()
+            await asyncio.sleep(window)  # the measuring window
+            cpu1, t1 = srv.cpu_seconds(), time.monotonic()
+            stats = await srv.stats()
+            held = stats["tcp+gotalk"]["peers"] + stats["tcp+sbs"]["peers"]
+            print(
+                f"idle-spread: {count} connections of plain codec clients beating every "
+                f"{SPREAD_BEAT:.0f} s at random phases ({held} on the server after the window); "
+                f"server RSS {before:.1f} -> {after:.1f} MB; server CPU over {t1 - t0:.0f} s: "
+                f"{100 * (cpu1 - cpu0) / (t1 - t0):.2f}% of one core"
+            )
+            for transport in clients:
+                transport.abort()
         finally:
             await srv.stop()
 
@@ -151,6 +230,8 @@ async def main(only: list[str], count: int, window: float) -> None:
     print(machine())
     if "idle" in only:
         await idle(count, window)
+    if "idle-spread" in only:
+        await idle_spread(count, window)
     if "non-reader" in only:
         await non_reader()
     if "tls-pending" in only:
@@ -165,11 +246,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="CI: idle (200 connections, 1 s window) and non-reader only; tls-pending "
-        "waits out the 10 s handshake limit, so it is left to full runs",
+        help="CI: idle and idle-spread (200 connections, 1 s window) and non-reader only; "
+        "tls-pending waits out the 10 s handshake limit, so it is left to full runs",
     )
     args = parser.parse_args()
     if args.smoke:
-        loops.run(main(args.only or ["idle", "non-reader"], 200, 1.0))
+        loops.run(main(args.only or ["idle", "idle-spread", "non-reader"], 200, 1.0))
     else:
         loops.run(main(args.only or list(ROWS), args.idle_connections, args.window))

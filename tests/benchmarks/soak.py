@@ -13,7 +13,9 @@ Not collected by pytest. Processes on 127.0.0.1:
 - this process: the attackers and the well-behaved clients. Once the servers and canaries
   run, it lowers its own priority (``--attacker-nice``, default 10; 0 keeps it): attackers
   on other hosts would not take the server's CPU, here they share its 2 CPUs. The control
-  canary shows what the sharing still costs.
+  canary shows what the sharing still costs. ``--pin`` goes further: this process runs on
+  CPU 0 only and the servers and canaries on the other CPUs, as if the attackers were on
+  another host (their traffic still arrives; the kernel's loopback work stays shared).
 
 First the canaries run alone for ``--idle`` s (the idle p50/p99); then, for ``--minutes``
 (default 10), these run together and one line per ``--every`` s (default 30) shows the
@@ -476,6 +478,7 @@ async def soak(
     trace: bool,
     groups: Sequence[str] = GROUPS,
     nice: int = 10,
+    pin: bool = False,
 ) -> None:
     """See the module doc; ``trace`` prints the server's top memory growth at the end."""
     raise_nofile(8192)
@@ -487,6 +490,11 @@ async def soak(
         bird = await CanaryChild.start(srv.urls["tcp+gotalk"])
         ctl_bird = await CanaryChild.start(control.urls["tcp+gotalk"])
         try:
+            if pin:  # the attackers on CPU 0, everyone measured on the others (idle too)
+                others = set(range(1, os.cpu_count() or 2))
+                for proc in (srv.proc, control.proc, bird.proc, ctl_bird.proc):
+                    os.sched_setaffinity(proc.pid, others)
+                os.sched_setaffinity(0, {0})
             for child in (bird, ctl_bird):
                 await asyncio.wait_for(child.reporting.wait(), 60)
                 child.take()  # its first second: start-up
@@ -572,6 +580,9 @@ def main() -> None:
     parser.add_argument(
         "--attacker-nice", type=int, default=10, help="niceness of the attackers (see above)"
     )
+    parser.add_argument(
+        "--pin", action="store_true", help="attackers on CPU 0, servers and canaries elsewhere"
+    )
     args = parser.parse_args()
     if args.serve:
         raise_nofile(65536)
@@ -585,7 +596,15 @@ def main() -> None:
     else:
         groups = args.attack or GROUPS
         loops.run(
-            soak(args.minutes, args.idle, args.every, args.tracemalloc, groups, args.attacker_nice)
+            soak(
+                args.minutes,
+                args.idle,
+                args.every,
+                args.tracemalloc,
+                groups,
+                args.attacker_nice,
+                args.pin,
+            )
         )
 
 
