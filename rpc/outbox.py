@@ -45,6 +45,7 @@ class Outbox:
         "_count",
         "_framed",
         "_handle",
+        "_held",
         "_loop",
         "_lost",
         "_pieces",
@@ -62,6 +63,7 @@ class Outbox:
         self._count = 0
         self._size = 0
         self._handle: asyncio.Handle | None = None
+        self._held = False
         self._waiter: asyncio.Future[None] | None = None
         self._lost: BaseException | None = None
         self.blocked = False
@@ -93,13 +95,28 @@ class Outbox:
         self._pieces += pieces
         self._queued(sum(map(len, pieces)))
 
+    def hold(self) -> None:
+        """The caller flushes before it returns to the loop (the peer, around each read):
+        until :meth:`release`, pushes schedule no flush of their own (a loop callback
+        made and cancelled per read, for nothing)."""
+        self._held = True
+
+    def release(self, *, flush: bool = True) -> None:
+        """End :meth:`hold`; write what is queued unless ``flush`` is False (closing)."""
+        self._held = False
+        if flush:
+            self.flush()
+        elif self._pieces and self._handle is None:
+            self._handle = self._loop.call_soon(self.flush)
+
     def _queued(self, size: int) -> None:
-        """Count one more message; flush now past the limits, else once this iteration."""
+        """Count one more message; flush now past the limits, else once this iteration
+        (or when the holder releases)."""
         self._size += size
         self._count += 1
         if self._count >= FLUSH_EVERY or self._size >= FLUSH_BYTES:
             self.flush()
-        elif self._handle is None:
+        elif self._handle is None and not self._held:
             self._handle = self._loop.call_soon(self.flush)
 
     def flush(self) -> None:

@@ -142,6 +142,8 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self.outbox.flush()
 
     def data_received(self, data: bytes) -> None:
+        outbox = self.outbox
+        outbox.hold()  # one flush at the end: what handlers answer now goes out together
         try:
             messages = self.adapter.decode(data)
             if self._backlog:
@@ -149,13 +151,15 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
             elif messages:
                 self._run(messages)
         except ProtocolError as exc:
+            outbox.release(flush=False)
             self._violation(exc)
             return
         except Exception:  # a bug of ours must not leave a half-dead connection behind
+            outbox.release(flush=False)
             log.exception("%s: unexpected error handling input; closing", self.protocol_name)
             self.abort()
             return
-        self.outbox.flush()
+        outbox.release()
 
     def eof_received(self) -> bool:
         return False  # half-closed peers are closed: nothing more can be answered to them

@@ -104,8 +104,9 @@ class SpreadClient(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         if self.gotalk is not None:
             transport.write(self.gotalk.handshake())  # type: ignore[attr-defined]
-        else:
-            self.beat()  # the first Ping fixes the dialect
+        else:  # a first Ping fixes the dialect; the beats start at a random phase
+            self.chatter.send_ping()  # type: ignore[union-attr]
+            transport.write(self.chatter.data_to_send())  # type: ignore[union-attr,attr-defined]
         loop = asyncio.get_running_loop()
         loop.call_later(random.uniform(0, SPREAD_BEAT), self.beat)
 
