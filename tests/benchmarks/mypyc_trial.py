@@ -252,7 +252,7 @@ def report(variants: list[Variant], rounds: int) -> None:
     print(f"\nbench_rpc: medians of {rounds} round(s); CPU in microseconds per request")
     print(
         f"{'row':<18}{'mode':<13}{'variant':<10}{'rate':>10}  {'client CPU':>10}"
-        f"  {'server CPU':>10}  {'server vs pure':>14}"
+        f"  {'server CPU':>10}  {'server vs pure':>14}  {'server CPU range':>16}"
     )
     for key, base_samples in pure.rpc.items():
         base = statistics.median(s[2] for s in base_samples)
@@ -265,10 +265,19 @@ def report(variants: list[Variant], rounds: int) -> None:
             server = statistics.median(s[2] for s in samples)
             change = "" if variant is pure else _change(server, base)
             row, mode = key if variant is pure else ("", "")
+            spread = f"{min(s[2] for s in samples):.1f}..{max(s[2] for s in samples):.1f}"
             print(
                 f"{row:<18}{mode:<13}{variant.name:<10}{rate:>8,.0f}/s  {client:>7.1f} us"
-                f"  {server:>7.1f} us  {change:>14}"
+                f"  {server:>7.1f} us  {change:>14}  {spread:>13} us"
             )
+    if pure.codec:
+        codec_table(variants)
+    built = ", ".join(f"{v.name} {v.build_seconds:.0f} s" for v in variants[1:])
+    print(f"\ncompile time: {built}")
+
+
+def codec_table(variants: list[Variant]) -> None:
+    pure = variants[0]
     print("\ncodec micro-benchmarks: us per call (best of all rounds), change against pure")
     print(f"{'':40}" + "".join(f"{v.name:>16}" for v in variants))
     for label, base in pure.codec.items():
@@ -278,8 +287,6 @@ def report(variants: list[Variant], rounds: int) -> None:
             text = f"{value:.2f} {_change(value, base)}" if value is not None else "n/a"
             cells.append(f"{text:>16}")
         print(f"{label:<40}" + "".join(cells))
-    built = ", ".join(f"{v.name} {v.build_seconds:.0f} s" for v in variants[1:])
-    print(f"\ncompile time: {built}")
 
 
 def main() -> None:
