@@ -27,17 +27,21 @@ Measurements, each variant's copy running its own scripts (``PYTHONPATH`` set to
   ``peerwire-gotalk`` and ``peerwire-chatter``), ``--rounds`` times with the variants
   interleaved (their order rotated each round); the table shows the median rate and the
   median client and server CPU microseconds per request, per mode (``sequential``,
-  ``inflight100``), and each compiled variant's server CPU against ``pure``'s;
+  ``inflight100``), each compiled variant's server CPU against ``pure``'s, and the range of
+  the server CPU over the rounds;
 - ``bench_gotalk.py`` and ``bench_chatter.py`` in the same rounds: microseconds per codec
   call, the best of all rounds (other processes only ever add time).
 
 ``--tests`` then runs the Gotalk, Chatter and RPC core tests (``tests/test_gotalk_*.py``,
-``tests/test_chatter_*.py``, ``tests/test_rpc_*.py``) in the fullest compiled copy and
-prints pytest's summary line. ``--variants`` picks variants (``pure`` is always measured).
-mypyc comes with mypy (in the ``test`` extra); building needs setuptools and a C compiler.
-Compiling takes about 10 s (``wire``) and 35 s (``wire+rpc``) on a 2-core machine, so there
-is no smoke mode. Rates drift between runs on small machines: compare the CPU columns, and
-variants measured in the same run only.
+``tests/test_chatter_*.py``, ``tests/test_rpc_*.py``) in the last variant's copy and prints
+the failed tests and pytest's summary line. ``--variants`` picks the compiled variants
+(``pure`` is always measured); ``--no-codec`` skips the codec benchmarks.
+
+mypyc comes with mypy (in the ``test`` extra); building needs setuptools (``pip install
+setuptools`` where the venv has none) and a C compiler. Compiling takes about 15 s
+(``wire``) and 35 s (``wire+rpc``) on a 2-core machine and the default run with ``--tests``
+about 6 minutes, so there is no smoke mode. Rates drift between runs on small machines:
+compare the CPU columns, and variants measured in the same run only.
 """
 
 from __future__ import annotations
