@@ -342,7 +342,8 @@ async def test_serve_freezes_its_start_up_objects(tmp_path: Path) -> None:
     module = tmp_path / "gc_service.py"
     module.write_text(
         "import gc\nimport rpc\n\nregistry = rpc.Registry()\n\n\n"
-        "@registry.handle('frozen')\ndef frozen(_: object) -> int:\n    return gc.get_freeze_count()\n"
+        "@registry.handle('frozen')\ndef frozen(_: object) -> int:\n"
+        "    return gc.get_freeze_count()\n"
     )
     server = Serving(str(module), "--listen", "tcp+gotalk://127.0.0.1:0")
     try:
