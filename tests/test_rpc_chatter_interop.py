@@ -66,17 +66,22 @@ async def test_hat_drivers_client_calls_our_handlers() -> None:
             await conn.async_close()
 
 
+def quick_limits_server(*, ping_interval: float, ping_timeout: float) -> rpc.Server:
+    """A Chatter server with a 0.3-s handshake limit and the given ping limits."""
+    return rpc.serve(
+        "tcp+sbs://127.0.0.1:0",
+        registry=registry(),
+        options=rpc.Options(handshake_timeout=0.3),
+        ping_interval=ping_interval,
+        ping_timeout=ping_timeout,
+    )
+
+
 async def test_hat_drivers_client_silent_until_its_first_ping_is_kept() -> None:
     """A Hat client says nothing until its first Ping, after ``ping_delay`` of silence (20 s
     by default, past our 10-s handshake limit): a connection that sent nothing at all is
     left to the ping limits, not closed by the handshake limit."""
-    async with rpc.serve(
-        "tcp+sbs://127.0.0.1:0",
-        registry=registry(),
-        options=rpc.Options(handshake_timeout=0.3),
-        ping_interval=3.0,
-        ping_timeout=1.0,
-    ) as server:
+    async with quick_limits_server(ping_interval=3.0, ping_timeout=1.0) as server:
         conn = await hat_chatter.connect(
             net.TcpAddress("127.0.0.1", server.url.port), ping_delay=1.0, ping_timeout=2.0
         )
@@ -97,13 +102,7 @@ async def test_silent_chatter_connection_is_closed_at_the_ping_limits() -> None:
     """Nothing at all from the peer: closed once ``ping_interval`` + ``ping_timeout`` pass
     (no Ping can be sent before the dialect is known); a partial frame is a handshake and
     meets the handshake limit."""
-    async with rpc.serve(
-        "tcp+sbs://127.0.0.1:0",
-        registry=registry(),
-        options=rpc.Options(handshake_timeout=0.3),
-        ping_interval=0.6,
-        ping_timeout=0.3,
-    ) as server:
+    async with quick_limits_server(ping_interval=0.6, ping_timeout=0.3) as server:
         loop = asyncio.get_running_loop()
         silent_reader, silent = await asyncio.open_connection("127.0.0.1", server.url.port)
         partial_reader, partial = await asyncio.open_connection("127.0.0.1", server.url.port)

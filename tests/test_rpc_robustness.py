@@ -4,6 +4,9 @@ and liveness (Gotalk heartbeats / read timeout, Chatter ping) on real sockets.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -139,22 +142,29 @@ async def test_gotalk_client_heartbeats_keep_go_style_server_happy() -> None:
             assert await peer.request("echo", "alive") == "alive"
 
 
-async def test_idle_gotalk_pair_wakes_once_per_heartbeat() -> None:
-    """Two peerwire peers at the same interval: one side's timer sends a heartbeat, the other
-    answers it at once and moves its read check on, so the pair's timers wake once per
-    interval (before: both sides, for a heartbeat and a read check each)."""
-    liveness = {"heartbeat_interval": 0.2, "read_timeout": 0.3}
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), **liveness) as server:
+@contextlib.asynccontextmanager
+async def idle_pair(scheme: str, liveness: dict[str, float]) -> AsyncIterator[tuple[Any, Any]]:
+    """A server and one plain client with the same liveness settings: (server's peer, client)."""
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), **liveness) as server:
         async with rpc.connect(
             str(server.url), registry=rpc.Registry(), reconnect=False, **liveness
         ) as client:
             await wait_until(lambda: len(server.peers) == 1)
             (peer,) = server.peers
-            await wait_until(lambda: peer.heartbeats_received >= 12, timeout=10)
-            beats = peer.heartbeats_received + client.heartbeats_received
-            assert client.heartbeats_received >= 10  # both ways, the read limit never hit
-            assert peer.deadlines.wakeups + client.deadlines.wakeups <= beats // 2 + 4
-            assert await client.request("echo", "alive") == "alive"
+            yield peer, client
+
+
+async def test_idle_gotalk_pair_wakes_once_per_heartbeat() -> None:
+    """Two peerwire peers at the same interval: one side's timer sends a heartbeat, the other
+    answers it at once and moves its read check on, so the pair's timers wake once per
+    interval (before: both sides, for a heartbeat and a read check each)."""
+    liveness = {"heartbeat_interval": 0.2, "read_timeout": 0.3}
+    async with idle_pair("tcp+gotalk", liveness) as (peer, client):
+        await wait_until(lambda: peer.heartbeats_received >= 12, timeout=10)
+        beats = peer.heartbeats_received + client.heartbeats_received
+        assert client.heartbeats_received >= 10  # both ways, the read limit never hit
+        assert peer.deadlines.wakeups + client.deadlines.wakeups <= beats // 2 + 4
+        assert await client.request("echo", "alive") == "alive"
 
 
 async def test_idle_chatter_pair_wakes_once_per_ping_exchange() -> None:
@@ -162,20 +172,15 @@ async def test_idle_chatter_pair_wakes_once_per_ping_exchange() -> None:
     once, and a Ping moves the answerer's past the pinger's next one, so the pair's timers
     wake once per exchange (before: both sides pinged, each woke again for its Pong)."""
     liveness = {"ping_interval": 0.2, "ping_timeout": 0.15}
-    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry(), **liveness) as server:
-        async with rpc.connect(
-            str(server.url), registry=rpc.Registry(), reconnect=False, **liveness
-        ) as client:
-            await wait_until(lambda: len(server.peers) == 1)
-            (peer,) = server.peers
-            ours, theirs = peer.adapter.codec, client.adapter.codec
+    async with idle_pair("tcp+sbs", liveness) as (peer, client):
+        ours, theirs = peer.adapter.codec, client.adapter.codec
 
-            def exchanges() -> int:
-                return ours.pongs_received + theirs.pongs_received
+        def exchanges() -> int:
+            return ours.pongs_received + theirs.pongs_received
 
-            await wait_until(lambda: exchanges() >= 12, timeout=10)
-            assert peer.deadlines.wakeups + client.deadlines.wakeups <= exchanges() + 4
-            assert await client.request("echo", "alive") == "alive"
+        await wait_until(lambda: exchanges() >= 12, timeout=10)
+        assert peer.deadlines.wakeups + client.deadlines.wakeups <= exchanges() + 4
+        assert await client.request("echo", "alive") == "alive"
 
 
 async def test_chatter_ping_closes_silent_peer_and_keeps_answering_one() -> None:

@@ -52,6 +52,17 @@ async def settle(srv: ServerChild, seconds: float = 2.0) -> float:
     return srv.rss_mb()
 
 
+async def idle_cpu(srv: ServerChild, window: float) -> tuple[float, int]:
+    """The server's CPU (% of one core) over ``window`` s, and its Gotalk and Chatter
+    connections after it."""
+    cpu0, t0 = srv.cpu_seconds(), time.monotonic()
+    await asyncio.sleep(window)  # the measuring window
+    cpu1, t1 = srv.cpu_seconds(), time.monotonic()
+    stats = await srv.stats()
+    held = stats["tcp+gotalk"]["peers"] + stats["tcp+sbs"]["peers"]
+    return 100 * (cpu1 - cpu0) / (t1 - t0), held
+
+
 async def idle(count: int, window: float) -> None:
     with tempfile.TemporaryDirectory() as pki_dir:
         srv = await ServerChild.start(pki_dir=pki_dir)
@@ -74,17 +85,13 @@ async def idle(count: int, window: float) -> None:
             peers = await asyncio.gather(*(one(urls[i % 2]) for i in range(count)))
             took = time.monotonic() - started
             after = await settle(srv)
-            cpu0, t0 = srv.cpu_seconds(), time.monotonic()
-            await asyncio.sleep(window)  # the measuring window
-            cpu1, t1 = srv.cpu_seconds(), time.monotonic()
+            cpu, held = await idle_cpu(srv, window)
             alive = sum(p.is_open for p in peers)
-            stats = await srv.stats()
-            held = stats["tcp+gotalk"]["peers"] + stats["tcp+sbs"]["peers"]
             print(
                 f"idle: {count} connections (opened in {took:.1f} s; after the window {alive} "
                 f"open here, {held} on the server); server RSS {before:.1f} -> "
                 f"{after:.1f} MB ({(after - before) * 1024 / count:.1f} KiB each); server CPU "
-                f"over {t1 - t0:.0f} s: {100 * (cpu1 - cpu0) / (t1 - t0):.2f}% of one core"
+                f"over {window:.0f} s: {cpu:.2f}% of one core"
             )
             for peer in peers:
                 peer.abort()
@@ -144,16 +151,12 @@ async def idle_spread(count: int, window: float) -> None:
                 )
                 clients.append(transport)
             after = await settle(srv, min(SPREAD_BEAT, window))  # each beat once (full runs)
-            cpu0, t0 = srv.cpu_seconds(), time.monotonic()
-            await asyncio.sleep(window)  # the measuring window
-            cpu1, t1 = srv.cpu_seconds(), time.monotonic()
-            stats = await srv.stats()
-            held = stats["tcp+gotalk"]["peers"] + stats["tcp+sbs"]["peers"]
+            cpu, held = await idle_cpu(srv, window)
             print(
                 f"idle-spread: {count} connections of plain codec clients beating every "
                 f"{SPREAD_BEAT:.0f} s at random phases ({held} on the server after the window); "
-                f"server RSS {before:.1f} -> {after:.1f} MB; server CPU over {t1 - t0:.0f} s: "
-                f"{100 * (cpu1 - cpu0) / (t1 - t0):.2f}% of one core"
+                f"server RSS {before:.1f} -> {after:.1f} MB; server CPU over {window:.0f} s: "
+                f"{cpu:.2f}% of one core"
             )
             for transport in clients:
                 transport.abort()
