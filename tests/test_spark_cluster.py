@@ -39,10 +39,14 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 ROWS = 1000
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all bound at once, then released (ports taken one at a
+    time may repeat, and a Spark worker's UI then took the master's)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
 
 
 def spark_home() -> Path:
@@ -91,7 +95,7 @@ def alive_workers(ui_port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as reply:
             state = json.load(reply)
-    except OSError:
+    except (OSError, ValueError):  # not up yet, or not the master's JSON (yet)
         return 0
     return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
@@ -102,7 +106,7 @@ def cluster_fixture(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     require_spark()
     env = cluster_env(tmp_path)
     spark_class = str(spark_home() / "bin" / "spark-class")
-    port, ui = free_port(), free_port()
+    port, ui, worker_ui = free_ports(3)
     master_url = f"spark://127.0.0.1:{port}"
     logs = contextlib.ExitStack()
     master_log = logs.enter_context(open(tmp_path / "master.log", "w"))  # noqa: SIM115
@@ -115,7 +119,7 @@ def cluster_fixture(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         ),
         subprocess.Popen(
             [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-             "--webui-port", str(free_port()), "--cores", "2", "--memory", "1g", master_url],
+             "--webui-port", str(worker_ui), "--cores", "2", "--memory", "1g", master_url],
             env=env, stdout=subprocess.DEVNULL, stderr=worker_log,
         ),
     ]  # fmt: skip
