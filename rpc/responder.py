@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic
 
 from rpc import intercept
 from rpc.calls import END
-from rpc.errors import PayloadError, RemoteError
+from rpc.errors import ConnectionClosed, PayloadError, RemoteError
 from rpc.key import K
 from rpc.notifications import run_notification
 from rpc.registry import HandlerKind, Registry
@@ -126,7 +126,7 @@ class Responder(Generic[K]):
                 if adapter.cancels and not task.done():
                     self._running[key] = task
             elif inspect.isawaitable(result):
-                task = self._tasks.start(self._await_result(key, result, stream))
+                task = self._tasks.start_leaving(self._await_result(key, result, stream))
                 if adapter.cancels and not task.done():
                     self._running[key] = task
             else:
@@ -190,31 +190,40 @@ class Responder(Generic[K]):
         Its late result, if any, is dropped by the caller."""
         task = self._running.pop(key, None)
         if task is not None:
-            task.cancel()
+            self._tasks.cancel(task)
         if key in self._streams:
             self._end_stream(key)
 
     async def _await_result(self, key: K, awaitable: Any, stream: bool) -> None:
+        """Await a coroutine handler's result and send it; the task leaves the task set
+        itself (see :meth:`~rpc.tasks.TaskSet.start_leaving`)."""
         try:
-            result = await awaitable
-        except asyncio.CancelledError:
-            if self._running.pop(key, None) is not None or not self.is_open:
-                raise  # shut down with the connection
-            self.adapter.send_error(key, "cancelled by the caller")  # ends the conversation
-            raise
-        except Exception as exc:
-            log.debug("handler failed", exc_info=True)
+            try:
+                result = await awaitable
+            except asyncio.CancelledError:
+                if self._running.pop(key, None) is not None or not self.is_open:
+                    raise  # shut down with the connection
+                self.adapter.send_error(key, "cancelled by the caller")  # ends the conversation
+                raise
+            except Exception as exc:
+                log.debug("handler failed", exc_info=True)
+                if self.is_open:
+                    self.adapter.send_error(key, str(exc) or type(exc).__name__)
+                return
+            finally:
+                self._running.pop(key, None)
+                if stream and key in self._streams:
+                    self._end_stream(key)
+            if self.outbox.blocked:
+                await self.outbox.wait_writable()
             if self.is_open:
-                self.adapter.send_error(key, str(exc) or type(exc).__name__)
-            return
+                self._reply(key, result, stream)
+        except ConnectionClosed:
+            return  # gone while waiting to write: nothing to answer to
+        except Exception:  # a bug of ours: no done callback would report it
+            log.exception("the result of a request could not be sent")
         finally:
-            self._running.pop(key, None)
-            if stream and key in self._streams:
-                self._end_stream(key)
-        if self.outbox.blocked:
-            await self.outbox.wait_writable()
-        if self.is_open:
-            self._reply(key, result, stream)
+            self._tasks.leave()
 
     async def _stream_result(self, key: K, agen: Any) -> None:
         adapter = self.adapter

@@ -61,6 +61,37 @@ class TaskSet:
         task.add_done_callback(self._done)
         return task
 
+    def start_leaving(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Like :meth:`start`, for a coroutine whose last act is :meth:`leave` (in a
+        ``finally``) and which lets no exception but cancellation escape: the task needs no
+        done callback, a loop callback per task saved (the responder's coroutine handlers).
+        A task cancelled before it ever ran is dropped by :meth:`cancel` instead."""
+        if not EAGER:
+            task = self._loop.create_task(coro)
+            self._tasks.add(task)
+            return task
+        task = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]  # 3.12+
+        if not task.done():  # finished inline: it left before it could be added
+            self._tasks.add(task)
+        return task
+
+    def leave(self) -> None:
+        """The current task (started with :meth:`start_leaving`) is done: drop it."""
+        task = asyncio.current_task(self._loop)
+        if task is not None:
+            self._drop(task)
+
+    def cancel(self, task: asyncio.Task[Any]) -> None:
+        """Cancel one task of this set; it leaves the set once done, even if it never ran."""
+        task.cancel()
+        task.add_done_callback(self._drop)
+
+    def _drop(self, task: asyncio.Task[Any]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
+            if self._on_done is not None:
+                self._on_done()
+
     def __len__(self) -> int:
         return len(self._tasks)
 
@@ -69,7 +100,7 @@ class TaskSet:
 
     def cancel_all(self) -> None:
         for task in tuple(self._tasks):
-            task.cancel()
+            self.cancel(task)
 
     async def wait(self, timeout: float | None = None) -> bool:
         """Wait for every task (up to ``timeout`` s); True if none is left."""
@@ -78,10 +109,8 @@ class TaskSet:
         return not self._tasks
 
     def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
         if not task.cancelled():
             exc = task.exception()
             if exc is not None:
                 log.error("task %s failed", task.get_name(), exc_info=exc)
-        if self._on_done is not None:
-            self._on_done()
+        self._drop(task)

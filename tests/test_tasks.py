@@ -56,6 +56,45 @@ async def test_start_logs_a_failure(caplog: pytest.LogCaptureFixture) -> None:
     assert "broken" in caplog.text
 
 
+async def test_start_leaving_tasks_leave_by_themselves() -> None:
+    """A task started with start_leaving leaves the set from its own finally (on_done once
+    per task); one cancelled before it ever ran (its finally never runs) leaves through
+    cancel(); cancel_all leaves nothing behind."""
+    done: list[int] = []
+    tasks = TaskSet(asyncio.get_running_loop(), lambda: done.append(len(tasks)))
+    release = asyncio.Event()
+
+    async def leaving(wait: bool) -> str:
+        try:
+            if wait:
+                await release.wait()
+            return "ok"
+        finally:
+            tasks.leave()
+
+    quick = tasks.start_leaving(leaving(False))
+    assert await quick == "ok"
+    assert len(tasks) == 0
+    assert done == ([] if EAGER else [0])  # an eager task that ended inline was never owned
+
+    waiting = tasks.start_leaving(leaving(True))
+    unstarted = tasks.start_leaving(leaving(True))
+    assert len(tasks) == 2
+    tasks.cancel(unstarted)
+    release.set()
+    assert await waiting == "ok"
+    with pytest.raises(asyncio.CancelledError):
+        await unstarted
+    assert await tasks.wait(timeout=5) and len(tasks) == 0
+    assert len(done) == (2 if EAGER else 3)
+
+    release.clear()
+    for _ in range(3):
+        tasks.start_leaving(leaving(True))
+    tasks.cancel_all()
+    assert await tasks.wait(timeout=5) and len(tasks) == 0
+
+
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current", "chatter-legacy"])
 async def test_coroutine_handlers_keep_task_semantics(flavour: str) -> None:
     """asyncio.timeout and TaskGroup need a current task: eager start must provide one."""
