@@ -387,18 +387,9 @@ class Server:
         self.peers.add(peer)
         peer.on_open = self._on_connect
         peer.closed.add_done_callback(lambda _: self.peers.discard(peer))
-        if self._ssl is not None and not self.url.websocket:
-            # a failed TLS handshake never reaches the peer: forget it after the limit
-            limit = (self._options.handshake_timeout or 60.0) + 1.0
-            peer.loop.call_later(limit, self._forget_unopened, peer)
         if self._metrics is not None:
             return self._metrics.admitted(peer, self._protocol)
         return peer
-
-    @staticmethod
-    def _forget_unopened(peer: Peer) -> None:
-        if peer.transport is None and not peer.closed.done():
-            peer.connection_lost(TimeoutError("TLS handshake did not complete"))
 
     async def start(self) -> Server:
         if self.url.tls and self._ssl is None:

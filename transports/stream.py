@@ -8,8 +8,9 @@ Servers take a factory, called when a connection is accepted (before any TLS han
 that may refuse it by returning None: the connection is then closed at once, before any TLS
 (:class:`TlsServer`). An admitted TLS connection's handshake is bounded by
 ``handshake_timeout`` (default 10 s); a server counting its connections from the factory
-therefore counts handshakes in progress too. A protocol whose TLS handshake fails never sees
-``connection_made`` nor ``connection_lost``: its owner must forget it after the limit.
+therefore counts handshakes in progress too. A protocol whose TLS handshake fails (the peer
+closed, sent no TLS, or ran out of time) or is given up by ``close()`` gets
+``connection_lost(exc)`` without ``connection_made``, so its owner frees its place at once.
 """
 
 from __future__ import annotations
@@ -311,6 +312,11 @@ class TlsServer:
         except (OSError, ssl.SSLError, EOFError) as exc:  # the transport closed the socket
             log.debug("TLS handshake failed: %s", exc)
             conn.close()
+            protocol.connection_lost(exc)  # never opened: its owner frees its place now
+        except asyncio.CancelledError:
+            conn.close()
+            protocol.connection_lost(None)
+            raise
 
     def close(self) -> None:
         """Stop listening and give up the handshakes in progress (admitted connections
