@@ -15,6 +15,10 @@ before its listening socket closed then costs one call, not a window of them.
 Any failure of connection set-up counts as the peer being unreachable (refused, timed out,
 TLS errors, and errors inside the protocol such as missing schemas): it is named in the
 calls' errors and logged once per outage, with a count of attempts when the outage ends.
+A TLS refusal (:class:`rpc.TlsError`: an untrusted CA, a wrong host name, a plain port) is
+configuration, not an outage: the calls waiting fail at once instead of spending their
+budget on attempts that cannot succeed (the reconnect task still tries, with back-off, in
+case the server's certificate is replaced).
 
 Only the public core API is used (``rpc.connect``, ``Peer.is_open``, ``Peer.close``); this
 module is meant to give way to the core's reconnecting client.
@@ -29,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rpc.backoff import full_jitter
-from rpc.errors import ConnectionClosed
+from rpc.errors import ConnectionClosed, TlsError
 from rpc.peer import Peer
 
 log = logging.getLogger("peerwire.spark")
@@ -108,6 +112,8 @@ class Link:
         self._down_since: float | None = None
         self._error: str | None = None
         """Why the last attempt of this outage failed (None: none failed yet)."""
+        self._refused = False
+        """The last attempt failed on a TLS refusal: calls fail at once."""
         self._waiters = 0
         self._asked = 0.0
         self._gave_up = False
@@ -145,7 +151,7 @@ class Link:
             if self._task is None:
                 self._task = self._loop.create_task(self._reconnect())
             deadline = min(since, self._down_since or now) + budget
-            if self._error is not None and now >= deadline:
+            if self._error is not None and (now >= deadline or self._refused):
                 self._give_up()
                 raise ConnectionClosed(f"cannot connect to {self.url}: {self._error}")
             news = self._news
@@ -168,6 +174,7 @@ class Link:
     def _outage_starts(self, now: float) -> None:
         self._down_since = now
         self._error = None
+        self._refused = False
         self._gave_up = False
         if self._peer is not None:
             log.info("connection to %s lost; reconnecting", self.url)
@@ -209,6 +216,7 @@ class Link:
 
     def _failed(self, exc: BaseException, failures: int) -> None:
         self._error = cause(exc, self.url)
+        self._refused = isinstance(exc, TlsError)
         if failures == 0:
             log.warning("cannot connect to %s: %s; retrying with back-off", self.url, self._error)
 
@@ -225,6 +233,7 @@ class Link:
             )
         self._down_since = None
         self._error = None
+        self._refused = False
 
     async def close(self) -> None:
         if self._task is not None:
