@@ -8,8 +8,9 @@ import inspect
 import socket
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any, Generic, Literal, Protocol, TypeVar, overload
+from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, Unpack, overload
 
+import hat.sbs
 from websockets.exceptions import InvalidHandshake
 
 from rpc.backoff import Reconnect
@@ -182,22 +183,36 @@ def _dialer(
     return dial
 
 
+class ConnectKeywords(TypedDict, total=False):
+    """The keywords :func:`connect` takes besides ``url`` and ``reconnect``: its own, then
+    the protocol peer's (Gotalk: ``heartbeat_interval``, ``read_timeout``,
+    ``retry_results``; Chatter: ``ping_interval``, ``ping_timeout``, ``strict``,
+    ``sbs_repo``; both: ``extensions``). Defaults as documented by :func:`connect`,
+    :class:`~rpc.gotalk_peer.GotalkPeer` and :class:`~rpc.chatter_peer.ChatterPeer`."""
+
+    registry: Registry | None
+    options: Options | None
+    ssl: ssl_module.SSLContext | None
+    server_hostname: str | None
+    connect_timeout: float
+    origin: str | None
+    middleware: Sequence[Middleware]
+    metrics: Meter | None
+    on_connect: Callable[[Peer], Any] | None
+    on_state: Callable[[Transition], Any] | None
+    heartbeat_interval: float | None
+    read_timeout: float | None
+    retry_results: bool | None
+    ping_interval: float | None
+    ping_timeout: float
+    strict: bool
+    sbs_repo: hat.sbs.Repository | None
+    extensions: bool
+
+
 @overload
 def connect(
-    url: str | Sequence[str],
-    *,
-    registry: Registry | None = None,
-    options: Options | None = None,
-    ssl: ssl_module.SSLContext | None = None,
-    server_hostname: str | None = None,
-    connect_timeout: float = 10.0,
-    origin: str | None = None,
-    middleware: Sequence[Middleware] = (),
-    metrics: Meter | None = None,
-    reconnect: Literal[False],
-    on_connect: Callable[[Peer], Any] | None = None,
-    on_state: Callable[[Transition], Any] | None = None,
-    **protocol_options: Any,
+    url: str | Sequence[str], *, reconnect: Literal[False], **keywords: Unpack[ConnectKeywords]
 ) -> _Connect[Peer]: ...
 
 
@@ -205,37 +220,14 @@ def connect(
 def connect(
     url: str | Sequence[str],
     *,
-    registry: Registry | None = None,
-    options: Options | None = None,
-    ssl: ssl_module.SSLContext | None = None,
-    server_hostname: str | None = None,
-    connect_timeout: float = 10.0,
-    origin: str | None = None,
-    middleware: Sequence[Middleware] = (),
-    metrics: Meter | None = None,
     reconnect: Literal[True] | Reconnect = True,
-    on_connect: Callable[[Peer], Any] | None = None,
-    on_state: Callable[[Transition], Any] | None = None,
-    **protocol_options: Any,
+    **keywords: Unpack[ConnectKeywords],
 ) -> _Connect[ReconnectingPeer]: ...
 
 
 @overload
 def connect(
-    url: str | Sequence[str],
-    *,
-    registry: Registry | None = None,
-    options: Options | None = None,
-    ssl: ssl_module.SSLContext | None = None,
-    server_hostname: str | None = None,
-    connect_timeout: float = 10.0,
-    origin: str | None = None,
-    middleware: Sequence[Middleware] = (),
-    metrics: Meter | None = None,
-    reconnect: bool | Reconnect,
-    on_connect: Callable[[Peer], Any] | None = None,
-    on_state: Callable[[Transition], Any] | None = None,
-    **protocol_options: Any,
+    url: str | Sequence[str], *, reconnect: bool | Reconnect, **keywords: Unpack[ConnectKeywords]
 ) -> _Connect[Peer | ReconnectingPeer]: ...
 
 
