@@ -39,58 +39,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import inspect
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from rpc.backoff import Reconnect
+from rpc.connection_state import (
+    TRANSITIONS_QUEUE,
+    ConnectionState,
+    OnState,
+    StateReporter,
+    Transition,
+)
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
 
 log = logging.getLogger("peerwire.rpc")
 
-TRANSITIONS_QUEUE = 64
-"""Transitions kept for an iterator that is not read; past it the oldest are dropped."""
-
-
-class ConnectionState(enum.Enum):
-    """Where a :class:`ReconnectingPeer` is."""
-
-    CONNECTING = "connecting"
-    """Opening the first connection."""
-    OPEN = "open"
-    """Connected: requests go out at once."""
-    RECONNECTING = "reconnecting"
-    """The connection dropped; waiting for the next round of attempts or making it."""
-    CLOSED = "closed"
-    """Closed for good (``close()``, the attempt limit, or no reconnecting)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A change of :attr:`ReconnectingPeer.connection_state`."""
-
-    state: ConnectionState
-    url: str
-    """The URL connected to (open), about to be tried (connecting, reconnecting), or the
-    last one (closed)."""
-    wait: float | None = None
-    """Seconds before the round of attempts starts (reconnecting only)."""
-    error: str | None = None
-    """Why the connection dropped or the last attempt failed (None: no failure)."""
-    failures: int = 0
-    """Failed attempts in a row so far."""
-
-
 Dial = Callable[[str], Awaitable[Peer]]
 """Opens one connection to a URL (raising ConnectionClosed when it cannot)."""
 OnConnect = Callable[[Peer], Any]
-OnState = Callable[[Transition], Any]
 
 
 class ReconnectingPeer:
@@ -130,12 +101,10 @@ class ReconnectingPeer:
         """Connections opened so far."""
         self._dial = dial
         self._on_connect = on_connect
-        self._on_state = on_state
         self._default_timeout = default_timeout
         self._loop = asyncio.get_running_loop()
         self._peer: Peer | None = None
-        self._last = Transition(ConnectionState.CONNECTING, self.urls[0])
-        self._changed: asyncio.Future[None] = self._loop.create_future()
+        self._states = StateReporter(self._loop, self.urls[0], on_state)
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._proven = False
@@ -145,7 +114,6 @@ class ReconnectingPeer:
         """Failed attempts in a row (a connection that closed before it answered, and
         lived less than the back-off cap, counts as one)."""
         self._rounds = 0
-        self._subscribers: set[asyncio.Queue[Transition]] = set()
         self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
         """Resolves once the client is closed for good (with the last connection error,
         or None after :meth:`close`)."""
@@ -155,7 +123,7 @@ class ReconnectingPeer:
     @property
     def connection_state(self) -> ConnectionState:
         """``connecting``, ``open``, ``reconnecting`` or ``closed``."""
-        return self._last.state
+        return self._states.last.state
 
     @property
     def connection(self) -> Peer | None:
@@ -165,7 +133,7 @@ class ReconnectingPeer:
     @property
     def url(self) -> str:
         """The URL of the current connection (or the one being tried, or the last)."""
-        return self._last.url
+        return self._states.last.url
 
     @property
     def is_open(self) -> bool:
@@ -191,23 +159,8 @@ class ReconnectingPeer:
 
     def transitions(self) -> AsyncIterator[Transition]:
         """Every transition from now on; ends after ``closed`` (at once if already closed).
-        An iterator not read keeps the latest :data:`TRANSITIONS_QUEUE`."""
-        queue: asyncio.Queue[Transition] = asyncio.Queue(TRANSITIONS_QUEUE)
-        if self._last.state is ConnectionState.CLOSED:
-            queue.put_nowait(self._last)
-        else:
-            self._subscribers.add(queue)
-        return self._iterate(queue)
-
-    async def _iterate(self, queue: asyncio.Queue[Transition]) -> AsyncIterator[Transition]:
-        try:
-            while True:
-                transition = await queue.get()
-                yield transition
-                if transition.state is ConnectionState.CLOSED:
-                    return
-        finally:
-            self._subscribers.discard(queue)
+        An iterator not read keeps the latest :data:`~rpc.connection_state.TRANSITIONS_QUEUE`."""
+        return self._states.transitions()
 
     async def wait_open(self, timeout: float | None = None) -> Peer:
         """Wait (at most ``timeout`` s; None: the request timeout) for the connection and
@@ -236,7 +189,11 @@ class ReconnectingPeer:
         waited = False
         while True:
             peer = self._peer
-            if peer is None or not peer.is_open or self._last.state is not ConnectionState.OPEN:
+            if (
+                peer is None
+                or not peer.is_open
+                or self._states.last.state is not ConnectionState.OPEN
+            ):
                 peer = await self._ready(deadline, op, timeout)
                 waited = True
             # the time left travels to the server only when the caller chose a timeout or
@@ -301,23 +258,23 @@ class ReconnectingPeer:
         """The open connection, once there is one by loop time ``deadline``."""
         while True:
             peer = self._peer
-            state = self._last.state
+            state = self._states.last.state
             if state is ConnectionState.OPEN and peer is not None and peer.is_open:
                 return peer
             if state is ConnectionState.CLOSED:
-                reason = f": {self._last.error}" if self._last.error else ""
+                reason = f": {self._states.last.error}" if self._states.last.error else ""
                 raise ConnectionClosed(f"connection to {self.url} is closed{reason}")
             if self._loop.time() >= deadline:
                 raise RequestTimeout(f"{what}: not connected within {timeout} s ({state.value})")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
-                    await asyncio.shield(self._changed)
+                    await asyncio.shield(self._states.changed())
 
     # --- connecting -----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the first connection: one round over the URLs; raises the last failure."""
-        self._emit(ConnectionState.CONNECTING, self.urls[0])
+        self._states.emit(ConnectionState.CONNECTING, self.urls[0])
         error: BaseException | None = None
         urls = self._round(-1)
         try:
@@ -397,7 +354,7 @@ class ReconnectingPeer:
             urls = self._round(last)
             wait = self.policy.backoff.delay(self._rounds)
             self._rounds += 1
-            self._emit(ConnectionState.RECONNECTING, urls[0], wait, why, self._failures)
+            self._states.emit(ConnectionState.RECONNECTING, urls[0], wait, why, self._failures)
             await asyncio.sleep(wait)
             for url in urls:
                 if limit is not None and self._failures >= limit:
@@ -418,7 +375,7 @@ class ReconnectingPeer:
         self._proven = False
         self._opened_at = self._loop.time()
         self.connects += 1
-        self._emit(ConnectionState.OPEN, url, failures=self._failures)
+        self._states.emit(ConnectionState.OPEN, url, failures=self._failures)
 
     def _answered(self, peer: Peer) -> None:
         """A request on ``peer`` got an answer: the connection works."""
@@ -428,52 +385,10 @@ class ReconnectingPeer:
     def _finish(self, error: str | None) -> None:
         """Closed for good."""
         self._peer = None
-        if self._last.state is not ConnectionState.CLOSED:
-            self._emit(ConnectionState.CLOSED, self.url, error=error)
+        if self._states.last.state is not ConnectionState.CLOSED:
+            self._states.emit(ConnectionState.CLOSED, self.url, error=error)
         if not self.closed.done():
             self.closed.set_result(ConnectionClosed(error) if error else None)
-
-    def _emit(
-        self,
-        state: ConnectionState,
-        url: str,
-        wait: float | None = None,
-        error: str | None = None,
-        failures: int = 0,
-    ) -> None:
-        transition = Transition(state, url, wait, error, failures)
-        self._last = transition
-        if state is ConnectionState.RECONNECTING:
-            if failures == 0:
-                log.info("connection to %s lost (%s); reconnecting in %.3f s", url, error, wait)
-            else:
-                log.info(
-                    "reconnecting to %s in %.3f s (%d failed in a row; last: %s)",
-                    url,
-                    wait,
-                    failures,
-                    error,
-                )
-        elif state is ConnectionState.OPEN:
-            if failures:
-                log.info("connected to %s (after %d failed in a row)", url, failures)
-            else:
-                log.info("connected to %s", url)
-        elif state is ConnectionState.CLOSED:
-            log.info("connection to %s closed%s", url, f" ({error})" if error else "")
-        else:
-            log.info("connecting to %s", url)
-        changed, self._changed = self._changed, self._loop.create_future()
-        changed.set_result(None)
-        for queue in self._subscribers:
-            if queue.full():
-                queue.get_nowait()
-            queue.put_nowait(transition)
-        if self._on_state is not None:
-            try:
-                self._on_state(transition)
-            except Exception:
-                log.exception("on_state callback failed")
 
     # --- closing --------------------------------------------------------------------------
 
