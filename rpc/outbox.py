@@ -102,12 +102,11 @@ class Outbox:
         self._held = True
 
     def release(self, *, flush: bool = True) -> None:
-        """End :meth:`hold`; write what is queued unless ``flush`` is False (closing)."""
+        """End :meth:`hold` and write what is queued; ``flush=False`` when the caller is
+        closing the connection, whose abort writes or drops it at once."""
         self._held = False
         if flush:
             self.flush()
-        elif self._pieces and self._handle is None:
-            self._handle = self._loop.call_soon(self.flush)
 
     def _queued(self, size: int) -> None:
         """Count one more message; flush now past the limits, else once this iteration
