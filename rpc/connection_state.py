@@ -23,7 +23,7 @@ TRANSITIONS_QUEUE = 64
 
 
 class ConnectionState(enum.Enum):
-    """Where a :class:`ReconnectingPeer` is."""
+    """Where a :class:`~rpc.reconnect.ReconnectingPeer` is."""
 
     CONNECTING = "connecting"
     """Opening the first connection."""
@@ -37,7 +37,7 @@ class ConnectionState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """A change of :attr:`ReconnectingPeer.connection_state`."""
+    """A change of :attr:`~rpc.reconnect.ReconnectingPeer.connection_state`."""
 
     state: ConnectionState
     url: str
