@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from rpc import loops
@@ -50,6 +50,11 @@ def _run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
 
+async def _on_loop(call: Callable[[], Awaitable[T]]) -> T:
+    """Make ``call`` on the loop's thread, where the client's state may be read."""
+    return await call()
+
+
 class BlockingPeer:
     """The blocking twin of :class:`rpc.ReconnectingPeer` (or, with ``reconnect=False``,
     of :class:`rpc.Peer`); every method waits for its answer."""
@@ -78,8 +83,15 @@ class BlockingPeer:
         """``idempotent=True``: sent again if the connection drops while it is in flight
         (reconnecting peers only; a plain peer never sends anything twice)."""
         peer = self.peer
-        if isinstance(peer, ReconnectingPeer):
-            return _run(peer.request(op, value, timeout=timeout, raw=raw, idempotent=idempotent))
+        if isinstance(peer, ReconnectingPeer):  # picks its connection when called: on the loop
+            client = peer
+            return _run(
+                _on_loop(
+                    lambda: client.request(
+                        op, value, timeout=timeout, raw=raw, idempotent=idempotent
+                    )
+                )
+            )
         return _run(peer.request(op, value, timeout=timeout, raw=raw))
 
     def stream(

