@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
-from rpc.errors import PayloadError, Rejected, RequestTimeout, RetryLater, UnknownOperation
+from rpc.errors import (
+    ConnectionClosed,
+    PayloadError,
+    Rejected,
+    RequestTimeout,
+    RetryLater,
+    UnknownOperation,
+)
 from rpc.middleware import Call, CallKind
 from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind
@@ -110,50 +117,59 @@ def serve_request(
             peer._end_stream(key)  # its parts are dropped; the chain says why
     kind: CallKind = "stream" if stream else "request"
     call = Call(op, kind, "server", peer, payload, key, metadata or {}, deadline=deadline)
-    task = peer._tasks.spawn(_serve(peer, call, handler, queue))
-    if adapter.cancels:
+    task = peer._tasks.start_leaving(_serve(peer, call, handler, queue))
+    if adapter.cancels and not task.done():
         peer._running[key] = task
 
 
 async def _serve(
     peer: Peer, call: Call, handler: Handler | None, queue: asyncio.Queue[Any] | None
 ) -> None:
-    key, stream, adapter = call.id, call.kind == "stream", peer.adapter
-    _enter(peer, call)
+    """Run the chain for one incoming call and send its outcome; the task leaves the peer's
+    task set itself (:meth:`~rpc.tasks.TaskSet.start_leaving`)."""
     try:
-        result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
-    except asyncio.CancelledError:
-        _end(peer, key, stream)
-        if peer._running.pop(key, None) is None and peer.is_open:  # the caller cancelled
-            adapter.send_error(key, "cancelled by the caller")  # ends the conversation
-        raise
-    except RetryLater as exc:
+        key, stream, adapter = call.id, call.kind == "stream", peer.adapter
+        _enter(peer, call)
+        try:
+            result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
+        except asyncio.CancelledError:
+            _end(peer, key, stream)
+            if peer._running.pop(key, None) is None and peer.is_open:  # the caller cancelled
+                adapter.send_error(key, "cancelled by the caller")  # ends the conversation
+            raise
+        except RetryLater as exc:
+            peer._running.pop(key, None)
+            _end(peer, key, stream)
+            if peer.is_open:
+                if adapter.retry_results:
+                    adapter.send_retry(key, exc.wait, str(exc))
+                else:
+                    adapter.send_error(key, str(exc) or "retry later")
+            return
+        except Exception as exc:
+            peer._running.pop(key, None)
+            _end(peer, key, stream)
+            if not isinstance(exc, Rejected | UnknownOperation | PayloadError):
+                log.debug("handler %r failed", call.op, exc_info=True)
+            if peer.is_open:
+                adapter.send_error(key, str(exc) or type(exc).__name__)
+            return
+        if inspect.isasyncgen(result):
+            await peer._stream_result(key, result)  # a cancel from now on ends it there
+            return
         peer._running.pop(key, None)
-        _end(peer, key, stream)
+        if peer.outbox.blocked:
+            await peer.outbox.wait_writable()
         if peer.is_open:
-            if adapter.retry_results:
-                adapter.send_retry(key, exc.wait, str(exc))
-            else:
-                adapter.send_error(key, str(exc) or "retry later")
-        return
-    except Exception as exc:
-        peer._running.pop(key, None)
-        _end(peer, key, stream)
-        if not isinstance(exc, Rejected | UnknownOperation | PayloadError):
-            log.debug("handler %r failed", call.op, exc_info=True)
-        if peer.is_open:
-            adapter.send_error(key, str(exc) or type(exc).__name__)
-        return
-    if inspect.isasyncgen(result):
-        await peer._stream_result(key, result)  # a cancel from now on ends it there
-        return
-    peer._running.pop(key, None)
-    if peer.outbox.blocked:
-        await peer.outbox.wait_writable()
-    if peer.is_open:
-        peer._reply(key, result, stream)
-    else:
-        _end(peer, key, stream)
+            peer._reply(key, result, stream)
+        else:
+            _end(peer, key, stream)
+    except ConnectionClosed:
+        pass  # gone while waiting to write: nothing to answer to
+    except Exception:  # a bug of ours: no done callback would report it
+        log.exception("the result of a request could not be sent")
+    finally:
+        peer._tasks.leave()
 
 
 def _end(peer: Peer, key: Any, stream: bool) -> None:
