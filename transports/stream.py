@@ -9,8 +9,9 @@ that may refuse it by returning None: the connection is then closed at once, bef
 (:class:`TlsServer`). An admitted TLS connection's handshake is bounded by
 ``handshake_timeout`` (default 10 s); a server counting its connections from the factory
 therefore counts handshakes in progress too. A protocol whose TLS handshake fails (the peer
-closed, sent no TLS, or ran out of time) or is given up by ``close()`` gets
-``connection_lost(exc)`` without ``connection_made``, so its owner frees its place at once.
+closed, sent no TLS, or ran out of time) gets ``connection_lost(exc)`` without
+``connection_made``, so its owner frees its place at once; one whose handshake ``close()``
+gives up hears nothing (its owner closes it with the server).
 """
 
 from __future__ import annotations
@@ -313,10 +314,6 @@ class TlsServer:
             log.debug("TLS handshake failed: %s", exc)
             conn.close()
             protocol.connection_lost(exc)  # never opened: its owner frees its place now
-        except asyncio.CancelledError:
-            conn.close()
-            protocol.connection_lost(None)
-            raise
 
     def close(self) -> None:
         """Stop listening and give up the handshakes in progress (admitted connections
