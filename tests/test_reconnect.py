@@ -529,9 +529,7 @@ async def test_eventer_client_resubscribes_after_a_server_restart(
 
 
 @pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
-async def test_requests_on_an_answering_connection_go_straight_to_it(
-    scheme: str, pki: Pki
-) -> None:
+async def test_requests_on_an_answering_connection_go_straight_to_it(scheme: str, pki: Pki) -> None:
     """Once the connection has answered, a request that is not idempotent is the
     connection's own coroutine (no frame of the client's), with the same results and
     errors; the first request, idempotent ones and requests after a drop take the
