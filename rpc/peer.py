@@ -30,6 +30,7 @@ All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 from collections import OrderedDict, deque
@@ -88,7 +89,10 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         """Handler tasks by request key, kept only while the peer may cancel them."""
         self._backlog: deque[Any] = deque()
         self._turn: asyncio.Handle | None = None
-        """The next turn at a backlog cut at MESSAGES_PER_TURN (see :meth:`_run`)."""
+        """The next turn at a backlog cut at MESSAGES_PER_TURN (see :meth:`_run`) or left
+        by a handler that ended."""
+        self._context = contextvars.copy_context()
+        """The context turns at the backlog run in (the one the peer was made in)."""
         self._reading = True
         self.closed: asyncio.Future[BaseException | None] = loop.create_future()
         """Resolves (with the transport's exception or None) once the connection is gone."""
@@ -226,8 +230,8 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
             dispatch(message)
 
     def _next_turn(self) -> None:
-        if self._turn is None:
-            self._turn = self._loop.call_soon(self._take_turn)
+        if self._turn is None:  # in the peer's own context, never a handler task's
+            self._turn = self._loop.call_soon(self._take_turn, context=self._context)
 
     def _take_turn(self) -> None:
         self._turn = None
@@ -256,8 +260,11 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
             self._transport.resume_reading()
 
     def _task_done(self) -> None:
+        """A handler task ended (called from inside it, as it leaves the task set): held-back
+        input waits for a turn of its own, so that it neither runs in that task nor inherits
+        its context variables."""
         if self._backlog and self._transport is not None:
-            self._continue()
+            self._next_turn()
 
     def _pause_reading(self) -> None:
         if self._reading and self._transport is not None:

@@ -5,6 +5,7 @@ as tasks (asyncio.timeout and TaskGroup work in them) and failures are logged.""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 
 import pytest
@@ -117,3 +118,33 @@ async def test_coroutine_handlers_keep_task_semantics(flavour: str) -> None:
         assert await asyncio.gather(*(peer.request("quick", i) for i in range(50))) == [
             i + 1 for i in range(50)
         ]
+
+
+LEAK: contextvars.ContextVar[str] = contextvars.ContextVar("peerwire_test_leak", default="unset")
+
+
+async def test_held_back_requests_do_not_inherit_a_finished_handlers_context() -> None:
+    """With every handler slot taken, requests wait in the peer's backlog; the handler task
+    that frees a slot starts the next turn at it, which must not run in that task's context
+    (a variable the handler set and never reset would reach the next request)."""
+    reg = rpc.Registry()
+    seen: list[str] = []
+
+    @reg.handle("mark")
+    async def mark(value: int) -> int:
+        seen.append(LEAK.get())
+        LEAK.set(f"set by request {value}")
+        await asyncio.sleep(0)
+        return value
+
+    async with (
+        rpc.serve(
+            "tcp+gotalk://127.0.0.1:0",
+            registry=reg,
+            options=rpc.Options(max_concurrent=1),
+            retry_results=False,  # held back rather than answered with a retry result
+        ) as server,
+        rpc.connect(str(server.url), registry=rpc.Registry()) as peer,
+    ):
+        assert await asyncio.gather(*(peer.request("mark", i) for i in range(8))) == list(range(8))
+    assert seen == ["unset"] * 8
