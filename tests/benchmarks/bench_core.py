@@ -1,0 +1,259 @@
+"""The RPC core's server-side CPU per request, without sockets:
+``python tests/benchmarks/bench_core.py [--smoke] [--requests N] [--repeat R]``.
+
+Not collected by pytest. ``bench_rpc.py`` measures whole round trips between processes, and
+on a shared machine its rates spread too much to see a change of a few percent. This one
+feeds a server :class:`~rpc.peer.Peer` pre-encoded requests in reads of 100, as a transport
+would deliver a burst, and counts the process CPU until every reply has been written to a
+stand-in transport that only keeps a byte count. No socket, no other process: what is left
+is the core (adapter, dispatch, handler call, reply, outbox) plus the codec. The baseline,
+measured in the same run, is the codec alone on the same messages (the server's decode and
+the encode of its replies), so the difference is what the core adds per request.
+
+Rows: Gotalk and Chatter (``HatChatter``), each with a plain function handler, a coroutine
+handler and a plain handler behind one pass-through middleware. Each figure is the best of
+``--repeat`` runs (default 5) of ``--requests`` requests (default 20,000); ``--smoke`` (CI)
+is one run of 1,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import rpc
+from rpc.chatter_peer import ChatterPeer
+from rpc.gotalk_peer import GotalkPeer
+from rpc.peer import Peer
+from wire import gotalk
+from wire.chatter import ChatterConnection, Dialect
+
+PAYLOAD = b"0123456789abcdef"
+BURST = 100
+
+
+class CountingTransport(asyncio.Transport):
+    """Takes what the peer writes and keeps only its length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+        self.chunks: list[bytes] = []
+        self.keep = False
+
+    def write(self, data: Any) -> None:
+        self.written += len(data)
+        if self.keep:
+            self.chunks.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+async def _pass_through(call: rpc.Call, call_next: Callable[[rpc.Call], Awaitable[Any]]) -> Any:
+    return await call_next(call)
+
+
+def registry(kind: str) -> rpc.Registry:
+    reg = rpc.Registry()
+    if kind == "middleware":
+        reg.use(_pass_through)
+    if kind == "coroutine":
+
+        @reg.handle("echo")
+        async def async_echo(data: bytes) -> bytes:
+            return data
+
+    else:
+
+        @reg.handle("echo")
+        def echo(data: bytes) -> bytes:
+            return data
+
+    return reg
+
+
+# --- requests as a client sends them, and the codec-only baseline -------------------------
+
+
+def gotalk_reads(count: int) -> tuple[bytes, list[bytes]]:
+    """The client's version, then ``count`` requests cut into reads of BURST."""
+    reads = []
+    for start in range(0, count, BURST):
+        reads.append(
+            b"".join(
+                gotalk.encode(gotalk.Request((i + 1).to_bytes(4, "big"), "echo", PAYLOAD))
+                for i in range(start, min(count, start + BURST))
+            )
+        )
+    return gotalk.GotalkConnection().handshake(), reads
+
+
+def chatter_reads(count: int) -> tuple[bytes, list[bytes]]:
+    """``count`` requests of a HatChatter client (each a conversation of its own, token
+    handed over, as peerwire clients send them) cut into reads of BURST."""
+    client = ChatterConnection(Dialect.CURRENT)
+    reads = []
+    for start in range(0, count, BURST):
+        for _ in range(start, min(count, start + BURST)):
+            client.send("echo", PAYLOAD, token=True, last=False)
+        reads.append(client.data_to_send())
+    return b"", reads
+
+
+def codec_gotalk(first: bytes, reads: list[bytes]) -> None:
+    conn = gotalk.GotalkConnection()
+    conn.receive_data(first)
+    for data in reads:
+        for msg in conn.receive_data(data):
+            gotalk.id_header(gotalk.MessageType.RESULT, msg.id, len(msg.payload))  # the reply
+
+
+def codec_chatter(first: bytes, reads: list[bytes]) -> None:
+    server = ChatterConnection(Dialect.CURRENT)
+    for data in reads:
+        for msg in server.receive_data(data):
+            server.encode("PeerwireRpc.Result", msg.data, conversation=(False, msg.id))
+
+
+# --- the measurement -----------------------------------------------------------------------
+
+
+async def serve_all(make_peer: Callable[[], Peer], first: bytes, reads: list[bytes]) -> float:
+    """CPU seconds for the peer to answer every read (its replies all written)."""
+    peer = make_peer()
+    transport = CountingTransport()
+    peer.connection_made(transport)
+    if first:
+        peer.data_received(first)
+    await asyncio.sleep(0)
+    base = transport.written
+    cpu = time.process_time()
+    for data in reads:
+        peer.data_received(data)
+        while len(peer._tasks):  # coroutine handlers: let their tasks finish
+            await asyncio.sleep(0)
+    await asyncio.sleep(0)  # a flush scheduled by the last task
+    cpu = time.process_time() - cpu
+    if transport.written == base:
+        raise RuntimeError("the peer wrote no replies")
+    peer.connection_lost(None)
+    return cpu
+
+
+def check_replies(make_peer: Callable[[], Peer], first: bytes, reads: list[bytes]) -> int:
+    """How many replies a peer writes for ``reads`` (run before measuring)."""
+
+    async def run() -> int:
+        peer = make_peer()
+        transport = CountingTransport()
+        transport.keep = True
+        peer.connection_made(transport)
+        if first:
+            peer.data_received(first)
+        await asyncio.sleep(0)
+        transport.chunks.clear()
+        for data in reads:
+            peer.data_received(data)
+            while len(peer._tasks):
+                await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        peer.connection_lost(None)
+        out = b"".join(transport.chunks)
+        if isinstance(peer, GotalkPeer):
+            client = gotalk.GotalkConnection()
+            client.receive_data(gotalk.GotalkConnection().handshake())
+            replies = client.receive_data(out)
+            return sum(1 for m in replies if isinstance(m, gotalk.Result) and m.payload == PAYLOAD)
+        client_codec = ChatterConnection(Dialect.CURRENT, strict=False)
+        return sum(1 for m in client_codec.receive_data(out) if m.data == PAYLOAD)
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="one run of 1,000 requests (CI)")
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    count, repeat = (1_000, 1) if args.smoke else (args.requests, args.repeat)
+
+    protocols: dict[str, tuple[Any, Callable[[int], tuple[bytes, list[bytes]]], Any]] = {
+        "gotalk": (lambda reg: GotalkPeer(reg), gotalk_reads, codec_gotalk),
+        "chatter": (
+            lambda reg: ChatterPeer(reg, dialect=None),
+            chatter_reads,
+            codec_chatter,
+        ),
+    }
+    print(f"{count:,} requests of {len(PAYLOAD)} bytes in reads of {BURST}, best of {repeat}")
+    rows: list[tuple[str, str, Callable[[], float]]] = []
+    for name, (peer_of, reads_of, codec_only) in protocols.items():
+        first, reads = reads_of(count)
+        rows.append((name, "codec alone", lambda f=first, r=reads, c=codec_only: _cpu(c, f, r)))
+        for kind in ("plain", "coroutine", "middleware"):
+            reg = registry(kind)
+
+            def make(reg: rpc.Registry = reg, peer_of: Any = peer_of) -> Peer:
+                return peer_of(reg)  # type: ignore[no-any-return]
+
+            answered = check_replies(make, first, reads)
+            if answered != count:
+                raise RuntimeError(f"{name} {kind}: {answered} of {count} replies")
+            rows.append(
+                (name, kind, lambda m=make, f=first, r=reads: asyncio.run(serve_all(m, f, r)))
+            )
+    best: dict[tuple[str, str], float] = {}
+    for _ in range(repeat):  # rows interleaved, so that the machine's drift hits them all
+        for name, kind, run in rows:
+            seconds = run()
+            best[name, kind] = min(seconds, best.get((name, kind), seconds))
+    print(f"{'protocol':<9}{'handler':<12}{'per request':>12}{'core adds':>11}")
+    for name, kind, _ in rows:
+        per = best[name, kind] / count * 1e6
+        adds = per - best[name, "codec alone"] / count * 1e6
+        extra = "" if kind == "codec alone" else f"{adds:8.2f} us"
+        print(f"{name:<9}{kind:<12}{per:9.2f} us{extra}")
+
+
+def _cpu(fn: Callable[[bytes, list[bytes]], None], first: bytes, reads: list[bytes]) -> float:
+    start = time.process_time()
+    fn(first, reads)
+    return time.process_time() - start
+
+
+if __name__ == "__main__":
+    main()
