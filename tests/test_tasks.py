@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from typing import Any
 
 import pytest
 
@@ -94,6 +95,34 @@ async def test_start_leaving_tasks_leave_by_themselves() -> None:
         tasks.start_leaving(leaving(True))
     tasks.cancel_all()
     assert await tasks.wait(timeout=5) and len(tasks) == 0
+
+
+@pytest.mark.skipif(EAGER, reason="3.12+ starts these tasks eagerly, never through a factory")
+async def test_start_leaving_honours_a_task_factory_set_before_the_set() -> None:
+    """Without a task factory start_leaving builds the task itself; a factory the loop had
+    when the set was made still gets every task."""
+    loop = asyncio.get_running_loop()
+    made: list[object] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made.append(coro)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    async def leaving(tasks: TaskSet) -> int:
+        try:
+            return 1
+        finally:
+            tasks.leave()
+
+    plain = TaskSet(loop)
+    assert await plain.start_leaving(leaving(plain)) == 1 and made == []
+    loop.set_task_factory(factory)
+    try:
+        with_factory = TaskSet(loop)
+        assert await with_factory.start_leaving(leaving(with_factory)) == 1
+        assert len(made) == 1 and len(with_factory) == 0
+    finally:
+        loop.set_task_factory(None)
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current", "chatter-legacy"])
