@@ -237,3 +237,42 @@ def test_a_new_connection_carries_one_call_until_it_answers(serve_peer) -> None:
     first = events[0][1]
     assert events[:2] == [("start", first), ("end", first)]
     assert max(n for kind, n in events if kind == "start") == 49
+
+
+async def test_a_full_tls_server_is_waited_for_and_an_untrusted_one_is_not(pki) -> None:
+    """A TLS server at max_connections closes before any TLS (to the client, like a plain
+    port): an outage, waited out. A certificate from an unknown CA cannot get better by
+    trying again: the waiting call fails at once."""
+    from rpc.spark.reconnect import Link
+    from transports.stream import client_ssl_context, server_ssl_context
+
+    reg = rpc.Registry()
+
+    @reg.handle("ping")
+    def ping(_value: object) -> str:
+        return "pong"
+
+    loop = asyncio.get_running_loop()
+    server_ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    async with rpc.serve(
+        "ssl+gotalk://127.0.0.1:0", registry=reg, ssl=server_ctx, max_connections=1
+    ) as server:
+        url = str(server.url)
+        trusted = client_ssl_context(cafile=pki.ca)
+        holder = await rpc.connect(url, ssl=trusted, reconnect=False)
+        full = Link(loop, url, lambda: rpc.connect(url, ssl=trusted, reconnect=False))
+        waiting = asyncio.create_task(full.get(loop.time(), 10.0))
+        await wait_until(lambda: full.attempts >= 2)  # refused at least once meanwhile
+        assert not waiting.done()
+        await holder.close()
+        peer, _probe = await asyncio.wait_for(waiting, 10)
+        assert await peer.request("ping") == "pong"
+        await full.close()
+
+        other = client_ssl_context(cafile=pki.other_ca)
+        untrusted = Link(loop, url, lambda: rpc.connect(url, ssl=other, reconnect=False))
+        started = loop.time()
+        with pytest.raises(rpc.ConnectionClosed, match="unknown CA"):
+            await untrusted.get(started, 10.0)
+        assert loop.time() - started < 5  # not the 10-s budget
+        await untrusted.close()

@@ -15,10 +15,12 @@ before its listening socket closed then costs one call, not a window of them.
 Any failure of connection set-up counts as the peer being unreachable (refused, timed out,
 TLS errors, and errors inside the protocol such as missing schemas): it is named in the
 calls' errors and logged once per outage, with a count of attempts when the outage ends.
-A TLS refusal (:class:`rpc.TlsError`: an untrusted CA, a wrong host name, a plain port) is
-configuration, not an outage: the calls waiting fail at once instead of spending their
-budget on attempts that cannot succeed (the reconnect task still tries, with back-off, in
-case the server's certificate is replaced).
+A definite TLS refusal (:data:`REFUSALS`: a certificate signed by an unknown CA, a wrong
+host name, a client certificate required) is configuration, not an outage: the calls
+waiting fail at once instead of spending their budget on attempts that cannot succeed (the
+reconnect task still tries, with back-off, in case a certificate is replaced). Other TLS
+failures may pass (a server at ``max_connections`` closes before any TLS, which looks like
+a plain port), so they are waited out like any outage.
 
 Only the public core API is used (``rpc.connect``, ``Peer.is_open``, ``Peer.close``); this
 module is meant to give way to the core's reconnecting client.
@@ -33,7 +35,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rpc.backoff import full_jitter
-from rpc.errors import ConnectionClosed, TlsError
+from rpc.errors import (
+    ConnectionClosed,
+    TlsCertificateRequired,
+    TlsHostnameMismatch,
+    TlsUnknownCA,
+)
 from rpc.peer import Peer
 
 log = logging.getLogger("peerwire.spark")
@@ -50,6 +57,10 @@ class Backoff:
     def delay(self, attempt: int) -> float:
         return full_jitter(attempt + 1, self.first, self.cap)
 
+
+REFUSALS = (TlsUnknownCA, TlsHostnameMismatch, TlsCertificateRequired)
+"""TLS failures that another attempt cannot mend: verification of the server's certificate
+failed, or the server's alert said it does not trust ours or needs one."""
 
 RECONNECT = Backoff()
 """Between connection attempts: from 50 ms, at most 2 s (a restarted peer is found within
@@ -113,7 +124,7 @@ class Link:
         self._error: str | None = None
         """Why the last attempt of this outage failed (None: none failed yet)."""
         self._refused = False
-        """The last attempt failed on a TLS refusal: calls fail at once."""
+        """The last attempt failed on one of :data:`REFUSALS`: calls fail at once."""
         self._waiters = 0
         self._asked = 0.0
         self._gave_up = False
@@ -216,7 +227,7 @@ class Link:
 
     def _failed(self, exc: BaseException, failures: int) -> None:
         self._error = cause(exc, self.url)
-        self._refused = isinstance(exc, TlsError)
+        self._refused = isinstance(exc, REFUSALS)
         if failures == 0:
             log.warning("cannot connect to %s: %s; retrying with back-off", self.url, self._error)
 
