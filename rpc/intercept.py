@@ -169,10 +169,7 @@ async def _serve(
     except Exception:  # a bug of ours: no done callback would report it
         log.exception("the result of a request could not be sent")
     finally:
-        # registered for cancels after an eager first step (3.12) that then waited
-        if peer._running.get(call.id) is asyncio.current_task():
-            del peer._running[call.id]
-        peer._tasks.leave()
+        peer._leave(call.id)
 
 
 def _end(peer: Peer, key: Any, stream: bool) -> None:

@@ -223,10 +223,15 @@ class Responder(Generic[K]):
         except Exception:  # a bug of ours: no done callback would report it
             log.exception("the result of a request could not be sent")
         finally:
-            # registered for cancels after an eager first step (3.12) that then waited
-            if self._running.get(key) is asyncio.current_task():
-                del self._running[key]
-            self._tasks.leave()
+            self._leave(key)
+
+    def _leave(self, key: K) -> None:
+        """A handler task's last act: drop its cancel registration if it still holds one
+        (made after an eager first step on 3.12 that then waited to write), and leave the
+        task set."""
+        if self._running.get(key) is asyncio.current_task():
+            del self._running[key]
+        self._tasks.leave()
 
     async def _stream_result(self, key: K, agen: Any) -> None:
         adapter = self.adapter
