@@ -151,15 +151,17 @@ def codec_chatter(first: bytes, reads: list[bytes]) -> None:
 # --- the measurement -----------------------------------------------------------------------
 
 
-async def serve_all(make_peer: Callable[[], Peer], first: bytes, reads: list[bytes]) -> float:
-    """CPU seconds for the peer to answer every read (its replies all written)."""
+async def serve_all(
+    make_peer: Callable[[], Peer], first: bytes, reads: list[bytes], transport: CountingTransport
+) -> float:
+    """CPU seconds for a new peer to answer every read (its replies all written)."""
     peer = make_peer()
-    transport = CountingTransport()
     peer.connection_made(transport)
     if first:
         peer.data_received(first)
     await asyncio.sleep(0)
     base = transport.written
+    transport.chunks.clear()  # the greeting, if any
     cpu = time.process_time()
     for data in reads:
         peer.data_received(data)
@@ -173,34 +175,25 @@ async def serve_all(make_peer: Callable[[], Peer], first: bytes, reads: list[byt
     return cpu
 
 
-def check_replies(make_peer: Callable[[], Peer], first: bytes, reads: list[bytes]) -> int:
-    """How many replies a peer writes for ``reads`` (run before measuring)."""
+def measure(make_peer: Callable[[], Peer], first: bytes, reads: list[bytes]) -> float:
+    return asyncio.run(serve_all(make_peer, first, reads, CountingTransport()))
 
-    async def run() -> int:
-        peer = make_peer()
-        transport = CountingTransport()
-        transport.keep = True
-        peer.connection_made(transport)
-        if first:
-            peer.data_received(first)
-        await asyncio.sleep(0)
-        transport.chunks.clear()
-        for data in reads:
-            peer.data_received(data)
-            while len(peer._tasks):
-                await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        peer.connection_lost(None)
-        out = b"".join(transport.chunks)
-        if isinstance(peer, GotalkPeer):
-            client = gotalk.GotalkConnection()
-            client.receive_data(gotalk.GotalkConnection().handshake())
-            replies = client.receive_data(out)
-            return sum(1 for m in replies if isinstance(m, gotalk.Result) and m.payload == PAYLOAD)
-        client_codec = ChatterConnection(Dialect.CURRENT, strict=False)
-        return sum(1 for m in client_codec.receive_data(out) if m.data == PAYLOAD)
 
-    return asyncio.run(run())
+def check_replies(
+    protocol: str, make_peer: Callable[[], Peer], first: bytes, reads: list[bytes]
+) -> int:
+    """How many right replies a peer writes for ``reads`` (run before measuring)."""
+    transport = CountingTransport()
+    transport.keep = True
+    asyncio.run(serve_all(make_peer, first, reads, transport))
+    out = b"".join(transport.chunks)
+    if protocol == "gotalk":
+        client = gotalk.GotalkConnection()
+        client.receive_data(gotalk.GotalkConnection().handshake())
+        replies = client.receive_data(out)
+        return sum(1 for m in replies if isinstance(m, gotalk.Result) and m.payload == PAYLOAD)
+    client_codec = ChatterConnection(Dialect.CURRENT, strict=False)
+    return sum(1 for m in client_codec.receive_data(out) if m.data == PAYLOAD)
 
 
 def main() -> None:
@@ -230,12 +223,10 @@ def main() -> None:
             def make(reg: rpc.Registry = reg, peer_of: Any = peer_of) -> Peer:
                 return peer_of(reg)  # type: ignore[no-any-return]
 
-            answered = check_replies(make, first, reads)
+            answered = check_replies(name, make, first, reads)
             if answered != count:
                 raise RuntimeError(f"{name} {kind}: {answered} of {count} replies")
-            rows.append(
-                (name, kind, lambda m=make, f=first, r=reads: asyncio.run(serve_all(m, f, r)))
-            )
+            rows.append((name, kind, lambda m=make, f=first, r=reads: measure(m, f, r)))
     best: dict[tuple[str, str], float] = {}
     for _ in range(repeat):  # rows interleaved, so that the machine's drift hits them all
         for name, kind, run in rows:
