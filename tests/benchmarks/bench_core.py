@@ -11,7 +11,14 @@ measured in the same run, is the codec alone on the same messages (the server's 
 the encode of its replies), so the difference is what the core adds per request.
 
 Rows: Gotalk and Chatter (``HatChatter``), each with a plain function handler, a coroutine
-handler and a plain handler behind one pass-through middleware. Each figure is the best of
+handler and a plain handler behind one pass-through middleware.
+
+The client side, Gotalk only: 100 worker tasks each make one ``request(..., raw=True)`` at
+a time on a client peer, as ``bench_rpc.py``'s inflight100 does, and each read of 100
+pre-encoded results answers one request of each. Its baselines, in the same run: the
+codec's share (each request's header, the results' decode) and the floor any asyncio
+client pays, a future per call resolved and its worker woken (``client futures``); the
+core adds what is left over both. Each figure is the best of
 ``--repeat`` runs (default 5) of ``--requests`` requests (default 20,000); ``--smoke`` (CI)
 is one run of 1,000.
 """
@@ -196,6 +203,89 @@ def check_replies(
     return sum(1 for m in client_codec.receive_data(out) if m.data == PAYLOAD)
 
 
+# --- the client side: 100 callers, each awaiting one request at a time -------------------
+
+
+def gotalk_results(count: int) -> list[bytes]:
+    """The server's version, then the results of ``count`` requests in reads of BURST: read
+    k answers the requests a client peer numbers 100k+1..100k+100 (its ids count from 1)."""
+    reads = []
+    for start in range(0, count, BURST):
+        reads.append(
+            b"".join(
+                gotalk.encode(gotalk.Result((i + 1).to_bytes(4, "little"), PAYLOAD))
+                for i in range(start, min(count, start + BURST))
+            )
+        )
+    reads[0] = gotalk.GotalkConnection().handshake() + reads[0]
+    return reads
+
+
+async def call_all(
+    call: Callable[[], Awaitable[bytes]], deliver: Callable[[bytes], None], reads: list[bytes]
+) -> float:
+    """CPU seconds for BURST worker tasks, as ``bench_rpc.py``'s inflight100 runs them, to
+    make one call each per read of results and check what they get back."""
+
+    async def worker() -> None:
+        for _ in reads:
+            if await call() != PAYLOAD:
+                raise RuntimeError("wrong result")
+
+    cpu = time.process_time()
+    workers = [asyncio.ensure_future(worker()) for _ in range(BURST)]
+    await asyncio.sleep(0)  # every worker sends its first request
+    for data in reads:
+        deliver(data)  # the workers wake up after this task's sleep: take it, send the next
+        await asyncio.sleep(0)
+    await asyncio.gather(*workers)
+    return time.process_time() - cpu
+
+
+async def gotalk_client(reads: list[bytes]) -> float:
+    """A client :class:`GotalkPeer`'s ``request(..., raw=True)``."""
+    peer = GotalkPeer(rpc.Registry())
+    peer.connection_made(CountingTransport())
+
+    def call() -> Awaitable[bytes]:
+        return peer.request("echo", PAYLOAD, raw=True)  # type: ignore[no-any-return]
+
+    try:
+        return await call_all(call, peer.data_received, reads)
+    finally:
+        peer.connection_lost(None)
+
+
+async def futures_client(reads: list[bytes]) -> float:
+    """The floor: a future per call, all resolved per read (what any asyncio client pays
+    to wake its callers; ``bench_rpc.py``'s bare echo client does this plus framing)."""
+    waiting: list[asyncio.Future[bytes]] = []
+    loop = asyncio.get_running_loop()
+
+    def call() -> Awaitable[bytes]:
+        future: asyncio.Future[bytes] = loop.create_future()
+        waiting.append(future)
+        return future
+
+    def deliver(data: bytes) -> None:
+        for future in waiting:
+            future.set_result(PAYLOAD)
+        waiting.clear()
+
+    return await call_all(call, deliver, reads)
+
+
+def codec_gotalk_client(reads: list[bytes]) -> None:
+    """The client's codec work: each request's header, the results' decode."""
+    conn = gotalk.GotalkConnection()
+    request, next_id = gotalk.MessageType.REQUEST, 0
+    for data in reads:
+        for _ in range(BURST):
+            next_id += 1
+            gotalk.request_header(request, next_id.to_bytes(4, "little"), "echo", len(PAYLOAD))
+        conn.receive_data(data)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="one run of 1,000 requests (CI)")
@@ -227,17 +317,28 @@ def main() -> None:
             if answered != count:
                 raise RuntimeError(f"{name} {kind}: {answered} of {count} replies")
             rows.append((name, kind, lambda m=make, f=first, r=reads: measure(m, f, r)))
+    results = gotalk_results(count)
+    rows.append(
+        ("gotalk", "client codec", lambda: _cpu(lambda f, r: codec_gotalk_client(r), b"", results))
+    )
+    rows.append(("gotalk", "client futures", lambda: asyncio.run(futures_client(results))))
+    rows.append(("gotalk", "client request", lambda: asyncio.run(gotalk_client(results))))
     best: dict[tuple[str, str], float] = {}
     for _ in range(repeat):  # rows interleaved, so that the machine's drift hits them all
         for name, kind, run in rows:
             seconds = run()
             best[name, kind] = min(seconds, best.get((name, kind), seconds))
-    print(f"{'protocol':<9}{'handler':<12}{'per request':>12}{'core adds':>11}")
+    print(f"{'protocol':<9}{'side, handler':<16}{'per request':>12}{'core adds':>11}")
     for name, kind, _ in rows:
         per = best[name, kind] / count * 1e6
-        adds = per - best[name, "codec alone"] / count * 1e6
-        extra = "" if kind == "codec alone" else f"{adds:8.2f} us"
-        print(f"{name:<9}{kind:<12}{per:9.2f} us{extra}")
+        if kind.startswith("client"):  # over the codec and the floor of waking a caller
+            base = best[name, "client codec"] + best[name, "client futures"]
+        else:
+            base = best[name, "codec alone"]
+        adds = per - base / count * 1e6
+        baselines = ("codec alone", "client codec", "client futures")
+        extra = "" if kind in baselines else f"{adds:8.2f} us"
+        print(f"{name:<9}{kind:<16}{per:9.2f} us{extra}")
 
 
 def _cpu(fn: Callable[[bytes, list[bytes]], None], first: bytes, reads: list[bytes]) -> float:
