@@ -169,10 +169,18 @@ class Caller(Generic[K]):
         loop = self._loop
         deadline = loop.time() + timeout
         attempt = 0
-        while True:
-            reply = await self.send_and_wait(
-                op, payload, deadline, timeout, None, _NO_ENTRIES if timed else None
-            )
+        entries = _NO_ENTRIES if timed else None
+        while True:  # send_and_wait written out: a coroutine frame less per call
+            if self.outbox.blocked:
+                await self.outbox.wait_writable()
+            key, future = self._send(op, payload, deadline, entries)
+            try:
+                reply = await future
+            except _Expired:
+                raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+            finally:
+                if self._calls.pop(key, None) is not None:
+                    adapter.abandon(key)
             if reply.__class__ is RetryLater:
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
@@ -198,6 +206,22 @@ class Caller(Generic[K]):
         a peer that took the cancellation extension."""
         if self.outbox.blocked:
             await self.outbox.wait_writable()
+        key, future = self._send(op, payload, deadline, metadata)
+        if sent is not None:
+            sent(key)
+        try:
+            return await future
+        except _Expired:
+            raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+        finally:
+            if self._calls.pop(key, None) is not None:
+                self.adapter.abandon(key)
+
+    def _send(
+        self, op: str, payload: Any, deadline: float, metadata: Mapping[str, str] | None
+    ) -> tuple[K, asyncio.Future[Any]]:
+        """Send one attempt of a request and register it until ``deadline``: its key and
+        the future its reply (or a RetryLater) resolves. Raises ConnectionClosed."""
         self._check_open()
         adapter = self.adapter
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -206,18 +230,10 @@ class Caller(Generic[K]):
         else:
             left = deadline - self._loop.time()
             key = adapter.send_request_meta(op, payload, False, metadata, left)
-        if sent is not None:
-            sent(key)
         self._calls[key] = _Call(future, None, deadline)
         if deadline < self._calls_at:
             self._watch_calls(deadline)
-        try:
-            return await future
-        except _Expired:
-            raise RequestTimeout(f"{op}: no result within {timeout} s") from None
-        finally:
-            if self._calls.pop(key, None) is not None:
-                adapter.abandon(key)
+        return key, future
 
     async def stream(
         self,

@@ -81,9 +81,15 @@ class Outbox:
         return self._framed
 
     def push(self, data: bytes) -> None:
-        """Queue ``data``; it goes out with the next flush."""
+        """Queue ``data``; it goes out with the next flush (:meth:`_queued` written out:
+        this runs once per message)."""
         self._pieces.append(data)
-        self._queued(len(data))
+        self._size += len(data)
+        self._count += 1
+        if self._count >= FLUSH_EVERY or self._size >= FLUSH_BYTES:
+            self.flush()
+        elif self._handle is None and not self._held:
+            self._handle = self._loop.call_soon(self.flush)
 
     def push_message(self, pieces: list[bytes]) -> None:
         """Queue one message given as pieces (a frame header and its parts): a byte stream

@@ -7,6 +7,7 @@ Every encoder validates what the peer could not parse back (raising
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -166,10 +167,6 @@ _ID_HEADERS = {
         MessageType.ERROR_RESULT,
     )
 }
-_NAMED_HEADERS = {
-    kind: kind.encode() + b"%b%03x%b%08x"
-    for kind in (MessageType.REQUEST, MessageType.STREAM_REQUEST)
-}
 
 
 def id_header(kind: MessageType, message_id: bytes, size: int) -> bytes:
@@ -186,13 +183,25 @@ def id_header(kind: MessageType, message_id: bytes, size: int) -> bytes:
 
 
 def request_header(kind: MessageType, message_id: bytes, op: str, size: int) -> bytes:
-    """Header of an ``r`` or ``s`` message (see :func:`id_header`)."""
+    """Header of an ``r`` or ``s`` message (see :func:`id_header`). The part of it that
+    depends on ``op`` alone is encoded once per operation (the last
+    :data:`REQUEST_FORMATS` kept): a client calls the same few operations again and again."""
     if len(message_id) != 4:
         _check_id(message_id)
-    name = _encode_name(op)
     if size > MAX_PAYLOAD_SIZE:
         raise LocalProtocolError(f"payload of {size} bytes does not fit 8 hex digits")
-    return _NAMED_HEADERS[kind] % (message_id, len(name), name, size)
+    return _request_format(kind, op) % (message_id, size)
+
+
+REQUEST_FORMATS = 256
+"""Operations whose request header format :func:`request_header` keeps."""
+
+
+@functools.lru_cache(maxsize=REQUEST_FORMATS)
+def _request_format(kind: MessageType, op: str) -> bytes:
+    """``kind``, a slot for the id, ``op`` with its length, a slot for the payload size."""
+    name = _encode_name(op)  # raises for a bad name: lru_cache keeps no failure
+    return kind.encode() + b"%%b%03x" % len(name) + name.replace(b"%", b"%%") + b"%08x"
 
 
 def encode(message: Message) -> bytes:
