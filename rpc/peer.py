@@ -212,22 +212,28 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         )
 
     def _run(self, messages: list[Any]) -> None:
+        """Dispatch one read's messages, with :data:`current_peer` set for them all (the
+        handlers they run, and the tasks those start, see it)."""
         # _held() inlined: this check runs once per message
         dispatch = self.adapter.dispatch
         outbox = self.outbox
         slots = None if self.adapter.retry_results else self.options.max_concurrent
         tasks = self._tasks
-        for index, message in enumerate(messages):
-            if outbox.blocked or (slots is not None and len(tasks) >= slots):
-                self._backlog.extend(messages[index:])
-                self._pause_reading()
-                return
-            if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
-                self._backlog.extend(messages[index:])
-                self._pause_reading()
-                self._next_turn()
-                return
-            dispatch(message)
+        token = current_peer.set(self)
+        try:
+            for index, message in enumerate(messages):
+                if outbox.blocked or (slots is not None and len(tasks) >= slots):
+                    self._backlog.extend(messages[index:])
+                    self._pause_reading()
+                    return
+                if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
+                    self._backlog.extend(messages[index:])
+                    self._pause_reading()
+                    self._next_turn()
+                    return
+                dispatch(message)
+        finally:
+            current_peer.reset(token)
 
     def _next_turn(self) -> None:
         if self._turn is None:  # in the peer's own context, never a handler task's
@@ -242,6 +248,7 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         backlog = self._backlog
         if self._transport is None:
             return
+        token = current_peer.set(self)
         try:
             handled = 0
             while backlog and not self._held():
@@ -254,6 +261,8 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         except ProtocolError as exc:
             self._violation(exc)
             return
+        finally:
+            current_peer.reset(token)
         self.outbox.flush()
         if not backlog and not self.outbox.blocked and not self._reading:
             self._reading = True

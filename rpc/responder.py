@@ -81,11 +81,7 @@ class Responder(Generic[K]):
         except PayloadError as exc:
             log.warning("notification %r from %s dropped: %s", name, self.remote_address, exc)
             return
-        token = current_peer.set(self)  # type: ignore[arg-type]  # always a Peer
-        try:
-            run_notification(handler, value, self._tasks)
-        finally:
-            current_peer.reset(token)
+        run_notification(handler, value, self._tasks)  # current_peer: set by the peer
 
     def on_request(self, key: K, op: str, payload: Any, stream: bool) -> None:
         """Run the handler of ``op``; a refused stream request keeps no state (its later
@@ -109,8 +105,7 @@ class Responder(Generic[K]):
             if stream:
                 self._end_stream(key)
             return
-        token = current_peer.set(self)  # type: ignore[arg-type]  # tasks inherit it
-        try:
+        try:  # current_peer is set: the peer sets it around every batch it dispatches
             if stream:
                 queue: asyncio.Queue[Any] = asyncio.Queue()
                 self._streams[key] = queue
@@ -140,8 +135,6 @@ class Responder(Generic[K]):
                 self._end_stream(key)
             log.debug("handler %r failed", op, exc_info=True)
             adapter.send_error(key, str(exc) or type(exc).__name__)
-        finally:
-            current_peer.reset(token)
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
@@ -229,9 +222,10 @@ class Responder(Generic[K]):
         """A handler task's last act: drop its cancel registration if it still holds one
         (made after an eager first step on 3.12 that then waited to write), and leave the
         task set."""
-        if self._running.get(key) is asyncio.current_task():
+        task = asyncio.current_task()
+        if self._running.get(key) is task:
             del self._running[key]
-        self._tasks.leave()
+        self._tasks.leave(task)
 
     async def _stream_result(self, key: K, agen: Any) -> None:
         adapter = self.adapter
@@ -269,6 +263,9 @@ class Responder(Generic[K]):
     def _reply(self, key: K, result: Any, stream: bool) -> None:
         """Send a handler's single result (to a stream request too: then the handler is
         done with the request's parts, and the stream's state goes)."""
+        if result.__class__ is bytes and not stream and len(result) <= self.options.max_size:
+            self.adapter.send_result(key, result, False)  # bytes go out as they are
+            return
         if stream and key in self._streams:
             self._end_stream(key)
         try:

@@ -83,9 +83,9 @@ class TaskSet:
             self._tasks.add(task)
         return task
 
-    def leave(self) -> None:
-        """The current task (started with :meth:`start_leaving`) is done: drop it."""
-        task = asyncio.current_task(self._loop)
+    def leave(self, task: asyncio.Task[Any] | None) -> None:
+        """``task``, the current one (started with :meth:`start_leaving`), is done: drop
+        it. The caller passes it (``asyncio.current_task()``), having needed it too."""
         if task is not None:
             self._drop(task)
 

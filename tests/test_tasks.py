@@ -72,7 +72,7 @@ async def test_start_leaving_tasks_leave_by_themselves() -> None:
                 await release.wait()
             return "ok"
         finally:
-            tasks.leave()
+            tasks.leave(asyncio.current_task())
 
     quick = tasks.start_leaving(leaving(False))
     assert await quick == "ok"
@@ -112,7 +112,7 @@ async def test_start_leaving_honours_a_task_factory_set_before_the_set() -> None
         try:
             return 1
         finally:
-            tasks.leave()
+            tasks.leave(asyncio.current_task())
 
     plain = TaskSet(loop)
     assert await plain.start_leaving(leaving(plain)) == 1 and made == []
