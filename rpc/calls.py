@@ -15,6 +15,8 @@ import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import msgspec
+
 from rpc import intercept
 from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater, StreamOverflow
 from rpc.key import K
@@ -33,20 +35,14 @@ _END = END
 _NO_ENTRIES: Mapping[str, str] = {}
 
 
-class _Call:
-    """One outstanding request of ours: a future (single result) or a queue (stream)."""
+class _Call(msgspec.Struct):
+    """One outstanding request of ours: a future (single result) or a queue (stream).
+    A msgspec Struct: one is made per call, and it is built in C (about half the time of a
+    class with ``__slots__``)."""
 
-    __slots__ = ("deadline", "future", "queue")
-
-    def __init__(
-        self,
-        future: asyncio.Future[Any] | None,
-        queue: asyncio.Queue[Any] | None,
-        deadline: float | None,
-    ) -> None:
-        self.future = future
-        self.queue = queue
-        self.deadline = deadline
+    future: asyncio.Future[Any] | None
+    queue: asyncio.Queue[Any] | None
+    deadline: float | None
 
 
 class ResultWait:
