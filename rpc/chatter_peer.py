@@ -141,11 +141,12 @@ class ChatterAdapter:
             return module, type_name
         return None, op
 
-    def _send(self, op: str, data: bytes, **kwargs: Any) -> Msg:
+    def _send(self, op: str, data: bytes, **kwargs: Any) -> int:
+        """Queue one message; return its id."""
         module, type_name = self._split(op)
-        msg, pieces = self.codec.encode(type_name, data, module=module, **kwargs)
-        self.peer.outbox.push_message(pieces)
-        return msg
+        msg_id, frame = self.codec.encode(type_name, data, module=module, **kwargs)
+        self.peer.outbox.push_message(frame)
+        return msg_id
 
     def _take_codec_output(self) -> None:
         """Pongs and Pings the codec queued itself go out with our own output."""
@@ -315,8 +316,7 @@ class ChatterAdapter:
     # --- sending ---------------------------------------------------------------------------
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        msg = self._send(op, payload, token=not stream, last=False)
-        return Conversation(True, msg.id)
+        return Conversation(True, self._send(op, payload, token=not stream, last=False))
 
     def send_request_meta(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from wire import DEFAULT_MAX_SIZE
 from wire.chatter.conversations import Conversation, ConversationTracker
-from wire.chatter.envelope import Dialect, Msg, decode_msg, detect_dialect, encode_msg_parts
+from wire.chatter.envelope import Dialect, Msg, decode_msg, detect_dialect, envelope_parts
 from wire.chatter.framing import FrameReader, frame_header
 from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
 
@@ -20,6 +20,9 @@ PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
 }
 """(module, ping type, pong type) per dialect."""
 
+JOINED_FRAME = 1024
+"""Frames up to this many bytes are encoded as one piece (:meth:`ChatterConnection.encode`);
+larger ones as pieces, so that their payload is copied only once, when written."""
 MAX_PING_DATA = 64
 """Bytes of a Ping's data echoed in its Pong; the rest is not echoed."""
 
@@ -142,11 +145,13 @@ class ChatterConnection:
         references. Raises LocalProtocolError for a send the rules forbid: no token,
         conversation closed, dialect unknown, body above ``max_size``.
         """
-        msg, pieces = self.encode(
+        msg_id, frame = self.encode(
             type, data, conversation=conversation, token=token, last=last, module=module
         )
-        self._out += pieces
-        return msg
+        self._out += frame
+        if conversation is None:
+            return Msg(msg_id, msg_id, True, token, last, type, data, module)
+        return Msg(msg_id, conversation.first, conversation.owner, token, last, type, data, module)
 
     def encode(
         self,
@@ -157,9 +162,11 @@ class ChatterConnection:
         token: bool = True,
         last: bool = True,
         module: str | None = None,
-    ) -> tuple[Msg, list[bytes]]:
-        """Like :meth:`send`, but return the frame's pieces for the caller to write instead
-        of queuing them (for callers with an output buffer of their own).
+    ) -> tuple[int, list[bytes]]:
+        """Like :meth:`send`, but return the message's id and its frame's pieces for the
+        caller to write instead of queuing them (for callers with an output buffer of their
+        own). No :class:`Msg` is built: this is the hot path of peers that answer many.
+        A frame of at most :data:`JOINED_FRAME` bytes comes as one piece.
 
         The size is checked before the conversation state changes: a message above
         ``max_size`` raises :class:`~wire.errors.MessageTooLarge` and leaves the
@@ -173,8 +180,7 @@ class ChatterConnection:
             first, owner = msg_id, True
         else:
             first, owner = conversation[1], conversation[0]
-        msg = Msg(msg_id, first, owner, token, last, type, data, module)
-        parts = encode_msg_parts(msg, dialect)
+        parts = envelope_parts(msg_id, first, owner, token, last, type, data, module, dialect)
         size = sum(map(len, parts))
         if size > self.max_size:
             raise MessageTooLarge(f"Chatter message of {size} bytes exceeds max_size")
@@ -183,7 +189,9 @@ class ChatterConnection:
         else:
             self._tracker.outgoing_unchecked(conversation)
         parts.insert(0, frame_header(size))
-        return msg, parts
+        if size <= JOINED_FRAME:  # one piece: cheaper to queue and to join at the flush
+            return msg_id, [b"".join(parts)]
+        return msg_id, parts
 
     def send_ping(self, data: bytes = b"") -> Msg:
         """Queue a Ping in a new conversation that the peer's Pong will close.
