@@ -6,6 +6,7 @@ import pytest
 
 from wire import ConversationError, LocalProtocolError, MalformedMessage, MessageTooLarge
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg, encode_frame
+from wire.chatter.connection import JOINED_FRAME
 
 CUR = Dialect.CURRENT
 
@@ -175,6 +176,25 @@ def test_non_minimal_header_accepted() -> None:
     empty = ChatterConnection(CUR)
     with pytest.raises(MalformedMessage):  # m = 0 means k = 0: an empty body is no Msg
         empty.receive_data(b"\x00")
+
+
+@pytest.mark.parametrize("dialect", [CUR, Dialect.LEGACY])
+def test_encode_gives_the_id_and_the_frame_of_what_send_queues(dialect: Dialect) -> None:
+    """encode() builds no Msg: it returns the message's id and its frame, one piece up to
+    JOINED_FRAME bytes, pieces above it (the payload not copied), the same bytes as
+    encode_frame of the Msg that send() returns."""
+    module = "M" if dialect is Dialect.LEGACY else None
+    for data in (b"x" * 16, b"y" * (JOINED_FRAME + 1)):
+        encoder, sender = ChatterConnection(dialect), ChatterConnection(dialect)
+        msg_id, frame = encoder.encode("Req", data, token=False, last=False, module=module)
+        sent = sender.send("Req", data, token=False, last=False, module=module)
+        assert msg_id == sent.id == 1
+        assert b"".join(frame) == sender.data_to_send() == encode_frame(sent, dialect)
+        if len(data) < JOINED_FRAME:
+            assert len(frame) == 1
+        else:
+            assert len(frame) > 1 and frame[-1] is data
+        assert encoder.next_id == sender.next_id == 2
 
 
 def test_send_size_limit() -> None:

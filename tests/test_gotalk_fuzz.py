@@ -15,6 +15,7 @@ from wire.gotalk import (
     GotalkConnection,
     Heartbeat,
     Message,
+    MessageType,
     Notification,
     Request,
     Result,
@@ -24,7 +25,9 @@ from wire.gotalk import (
     StreamResult,
     encode,
     encode_parts,
+    request_header,
 )
+from wire.gotalk.encoding import REQUEST_FORMATS
 
 SMALL_MAX = 64
 LONGEST_HEADER = 1 + 4 + 3 + MAX_NAME_SIZE + 8  # r/s with a 4095-byte name
@@ -239,3 +242,28 @@ def test_name_size_accepts_exactly_hex_digits(field: bytes) -> None:
             assert exc.code == 2
         else:
             raise AssertionError(f"accepted name size {field!r}")
+
+
+@FAST
+@given(
+    st.lists(st.tuples(ids, st.text(max_size=40) | st.text("%bx0\u00e9", max_size=8), payloads)),
+    st.booleans(),
+)
+def test_request_header_matches_the_message_encoder(
+    calls: list[tuple[bytes, str, bytes]], stream: bool
+) -> None:
+    """The hot-path header (its per-operation format kept for REQUEST_FORMATS operations,
+    names with % included) is byte for byte what encode_parts gives, before and after the
+    format cache has been filled past its size."""
+    kind, cls = (
+        (MessageType.STREAM_REQUEST, StreamRequest) if stream else (MessageType.REQUEST, Request)
+    )
+    for _ in range(2):
+        for message_id, op, payload in calls:
+            header = request_header(kind, message_id, op, len(payload))
+            assert header == encode_parts(cls(message_id, op, payload))[0]
+    for index in range(REQUEST_FORMATS + 1):  # evicts the formats above
+        request_header(kind, b"abcd", f"op{index}", 0)
+    for message_id, op, payload in calls:
+        header = request_header(kind, message_id, op, len(payload))
+        assert header == encode_parts(cls(message_id, op, payload))[0]

@@ -319,3 +319,35 @@ async def test_results_produced_while_the_caller_still_sends_parts_arrive(flavou
 
     async with served(flavour, reg) as (_server, peer):
         assert [r async for r in peer.stream("running_sum", parts=parts())] == [1, 3, 6]
+
+
+async def test_every_handler_of_a_batch_sees_its_own_connection(flavour: str) -> None:
+    """current_peer is set once per read's batch: plain and coroutine handlers of two
+    connections, called 50 at a time on each, each see the peer of the connection that
+    carried their request, and the variable is unset again outside."""
+    reg = rpc.Registry()
+
+    @reg.handle("whoami")
+    def whoami(_value) -> int:
+        return rpc.current_peer.get().remote_address[1]
+
+    @reg.handle("whoami_later")
+    async def whoami_later(_value) -> int:
+        await asyncio.sleep(0)
+        return rpc.current_peer.get().remote_address[1]
+
+    async with served(flavour, reg) as (server, first):
+        scheme, query = FLAVOURS[flavour]
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        async with rpc.connect(url, reconnect=False) as second:
+
+            async def answers(peer: rpc.Peer) -> set[int]:
+                calls = [peer.request(op) for op in ("whoami", "whoami_later") for _ in range(50)]
+                return set(await asyncio.gather(*calls))
+
+            mine = [peer.transport.get_extra_info("sockname")[1] for peer in (first, second)]
+            assert mine[0] != mine[1]
+            assert [await answers(first), await answers(second)] == [{mine[0]}, {mine[1]}]
+            both = await asyncio.gather(answers(first), answers(second))
+            assert list(both) == [{mine[0]}, {mine[1]}]
+    assert rpc.current_peer.get(None) is None
