@@ -141,10 +141,21 @@ class ChatterAdapter:
             return module, type_name
         return None, op
 
-    def _send(self, op: str, data: bytes, **kwargs: Any) -> int:
-        """Queue one message; return its id."""
+    def _send(
+        self,
+        op: str,
+        data: bytes,
+        *,
+        conversation: Conversation | None = None,
+        token: bool = True,
+        last: bool,
+    ) -> int:
+        """Queue one message (in a new conversation without ``conversation``); return its
+        id."""
         module, type_name = self._split(op)
-        msg_id, frame = self.codec.encode(type_name, data, module=module, **kwargs)
+        msg_id, frame = self.codec.encode(
+            type_name, data, conversation=conversation, token=token, last=last, module=module
+        )
         self.peer.outbox.push_message(frame)
         return msg_id
 

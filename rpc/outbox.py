@@ -95,8 +95,8 @@ class Outbox:
         """Queue one message given as pieces (a frame header and its parts): a byte stream
         takes them as they are (joined once, at the flush); a framed transport gets them
         joined into one message."""
-        if self._framed:
-            self.push(b"".join(pieces))
+        if self._framed or len(pieces) == 1:
+            self.push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
             return
         self._pieces += pieces
         self._queued(sum(map(len, pieces)))
