@@ -13,20 +13,21 @@ the encode of its replies), so the difference is what the core adds per request.
 Rows: Gotalk and Chatter (``HatChatter``), each with a plain function handler, a coroutine
 handler and a plain handler behind one pass-through middleware.
 
-The client side, Gotalk only: 100 worker tasks each make one ``request(..., raw=True)`` at
-a time on a client peer, as ``bench_rpc.py``'s inflight100 does, and each read of 100
-pre-encoded results answers one request of each. Its baselines, in the same run: the
+The client side, Gotalk and Chatter: 100 worker tasks each make one ``request(...,
+raw=True)`` at a time on a client peer, as ``bench_rpc.py``'s inflight100 does, and each
+read of 100 pre-encoded results answers one request of each. Its baselines, in the same run: the
 codec's share (each request's header, the results' decode) and the floor any asyncio
 client pays, a future per call resolved and its worker woken (``client futures``); the
 core adds what is left over both. Each figure is the best of
 ``--repeat`` runs (default 5) of ``--requests`` requests (default 20,000); ``--smoke`` (CI)
-is one run of 1,000.
+is one run of 1,000. ``--loop uvloop`` runs every row on uvloop (default: asyncio's loop).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -36,11 +37,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import rpc
+import rpc.loops
 from rpc.chatter_peer import ChatterPeer
 from rpc.gotalk_peer import GotalkPeer
 from rpc.peer import Peer
 from wire import gotalk
-from wire.chatter import ChatterConnection, Dialect
+from wire.chatter import ChatterConnection, Conversation, Dialect
 
 PAYLOAD = b"0123456789abcdef"
 BURST = 100
@@ -183,7 +185,7 @@ async def serve_all(
 
 
 def measure(make_peer: Callable[[], Peer], first: bytes, reads: list[bytes]) -> float:
-    return asyncio.run(serve_all(make_peer, first, reads, CountingTransport()))
+    return rpc.loops.run(serve_all(make_peer, first, reads, CountingTransport()))
 
 
 def check_replies(
@@ -192,7 +194,7 @@ def check_replies(
     """How many right replies a peer writes for ``reads`` (run before measuring)."""
     transport = CountingTransport()
     transport.keep = True
-    asyncio.run(serve_all(make_peer, first, reads, transport))
+    rpc.loops.run(serve_all(make_peer, first, reads, transport))
     out = b"".join(transport.chunks)
     if protocol == "gotalk":
         client = gotalk.GotalkConnection()
@@ -256,6 +258,41 @@ async def gotalk_client(reads: list[bytes]) -> float:
         peer.connection_lost(None)
 
 
+def chatter_results(count: int) -> list[bytes]:
+    """The results of ``count`` requests of a HatChatter client peer in reads of BURST: read
+    k answers the conversations it opens with messages 100k+1..100k+100."""
+    server = ChatterConnection(Dialect.CURRENT, strict=False)
+    reads = []
+    for start in range(0, count, BURST):
+        for i in range(start, min(count, start + BURST)):
+            server.send("PeerwireRpc.Result", PAYLOAD, conversation=Conversation(False, i + 1))
+        reads.append(server.data_to_send())
+    return reads
+
+
+async def chatter_client(reads: list[bytes]) -> float:
+    """A client :class:`ChatterPeer`'s (HatChatter) ``request(..., raw=True)``."""
+    peer = ChatterPeer(rpc.Registry(), dialect=Dialect.CURRENT)
+    peer.connection_made(CountingTransport())
+
+    def call() -> Awaitable[bytes]:
+        return peer.request("echo", PAYLOAD, raw=True)  # type: ignore[no-any-return]
+
+    try:
+        return await call_all(call, peer.data_received, reads)
+    finally:
+        peer.connection_lost(None)
+
+
+def codec_chatter_client(reads: list[bytes]) -> None:
+    """The client's codec work: each request's frame, the results' decode."""
+    conn = ChatterConnection(Dialect.CURRENT, strict=False)
+    for data in reads:
+        for _ in range(BURST):
+            conn.encode("echo", PAYLOAD, token=True, last=False)
+        conn.receive_data(data)
+
+
 async def futures_client(reads: list[bytes]) -> float:
     """The floor: a future per call, all resolved per read (what any asyncio client pays
     to wake its callers; ``bench_rpc.py``'s bare echo client does this plus framing)."""
@@ -291,7 +328,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="one run of 1,000 requests (CI)")
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     args = parser.parse_args()
+    os.environ[rpc.loops.ENV_VAR] = args.loop  # what rpc.loops.run runs every row on
     count, repeat = (1_000, 1) if args.smoke else (args.requests, args.repeat)
 
     protocols: dict[str, tuple[Any, Callable[[int], tuple[bytes, list[bytes]]], Any]] = {
@@ -302,7 +341,10 @@ def main() -> None:
             codec_chatter,
         ),
     }
-    print(f"{count:,} requests of {len(PAYLOAD)} bytes in reads of {BURST}, best of {repeat}")
+    print(
+        f"{count:,} requests of {len(PAYLOAD)} bytes in reads of {BURST}, best of {repeat}, "
+        f"on {args.loop}"
+    )
     rows: list[tuple[str, str, Callable[[], float]]] = []
     for name, (peer_of, reads_of, codec_only) in protocols.items():
         first, reads = reads_of(count)
@@ -317,12 +359,21 @@ def main() -> None:
             if answered != count:
                 raise RuntimeError(f"{name} {kind}: {answered} of {count} replies")
             rows.append((name, kind, lambda m=make, f=first, r=reads: measure(m, f, r)))
-    results = gotalk_results(count)
-    rows.append(
-        ("gotalk", "client codec", lambda: _cpu(lambda f, r: codec_gotalk_client(r), b"", results))
-    )
-    rows.append(("gotalk", "client futures", lambda: asyncio.run(futures_client(results))))
-    rows.append(("gotalk", "client request", lambda: asyncio.run(gotalk_client(results))))
+    clients: dict[str, tuple[Any, Any, Callable[[int], list[bytes]]]] = {
+        "gotalk": (codec_gotalk_client, gotalk_client, gotalk_results),
+        "chatter": (codec_chatter_client, chatter_client, chatter_results),
+    }
+    for name, (codec_only, client, results_of) in clients.items():
+        results = results_of(count)
+        rows.append(
+            (
+                name,
+                "client codec",
+                lambda c=codec_only, r=results: _cpu(lambda f, rr: c(rr), b"", r),
+            )
+        )
+        rows.append((name, "client futures", lambda r=results: rpc.loops.run(futures_client(r))))
+        rows.append((name, "client request", lambda c=client, r=results: rpc.loops.run(c(r))))
     best: dict[tuple[str, str], float] = {}
     for _ in range(repeat):  # rows interleaved, so that the machine's drift hits them all
         for name, kind, run in rows:

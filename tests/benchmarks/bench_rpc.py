@@ -43,6 +43,10 @@ peerwire sides write bursts of 16 messages, so client and server work at the sam
 the rate can pass 1 / (client CPU + server CPU) per request when each has a core of its
 own. ``--pin`` puts the client on CPU 0 and the servers on CPU 1.
 
+``--loop uvloop`` runs both sides of every row on uvloop (``pip install 'peerwire[speed]'``;
+the bare echo and hat-drivers' rows too, so the ratios compare like with like); the default
+is asyncio's own loop.
+
 ``--smoke`` (CI) is ``--seconds 0.2 --rounds 1`` with a 0.05 s warm-up: every row runs and
 is compared with ``bare-echo`` as usual, but the figures are rough.
 
@@ -72,6 +76,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import rpc
+import rpc.loops
 
 PAYLOAD = b"0123456789abcdef"
 HOST = "127.0.0.1"
@@ -307,7 +312,7 @@ async def _serve(name: str, profile: Profile | None) -> None:
 def serve_main(name: str, cpu: int | None, profile: tuple[str, str] | None) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    asyncio.run(_serve(name, Profile(*profile, name, "server") if profile else None))
+    rpc.loops.run(_serve(name, Profile(*profile, name, "server") if profile else None))
 
 
 # --- clients (run here) ---------------------------------------------------------------------
@@ -511,7 +516,7 @@ def bench_row(
     """Start the server process for ``name``, measure every mode, stop the server."""
     server = ServerProcess(name, cpus[1] if cpus else None, profile)
     try:
-        return asyncio.run(run_row(name, server, seconds, profile))
+        return rpc.loops.run(run_row(name, server, seconds, profile))
     finally:
         server.close()
 
@@ -598,9 +603,16 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="--seconds 0.2 --rounds 1 (CI)")
     parser.add_argument("--profile", metavar="DIR", help="profile both sides, inflight100 only")
     parser.add_argument("--profiler", choices=("cprofile", "pyinstrument"), default="cprofile")
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="event loop of both sides, every row (default asyncio)",
+    )
     parser.add_argument("--serve", choices=ROWS, help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    os.environ[rpc.loops.ENV_VAR] = args.loop  # read by rpc.loops.run here and in servers
     profile = (args.profiler, args.profile) if args.profile else None
     if args.serve:
         serve_main(args.serve, args.cpu, profile)
@@ -614,6 +626,7 @@ def main() -> None:
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, list[Sample]]] = {}
+    print(f"event loop: {args.loop} (client and servers)", flush=True)
     for round_no in range(1, rounds + 1):
         for name in args.only or ROWS:
             samples = bench_row(name, args.seconds, cpus, profile)
