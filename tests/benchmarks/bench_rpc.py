@@ -71,7 +71,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -79,6 +79,8 @@ import rpc
 import rpc.loops
 
 PAYLOAD = b"0123456789abcdef"
+STOP_TIMEOUT = 10.0
+"""Seconds the workers get to finish their last requests after a window."""
 HOST = "127.0.0.1"
 ROWS = (
     "peerwire-chatter",
@@ -133,9 +135,9 @@ class BareEchoServer(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports are not asyncio.Transport subclasses: no isinstance test
+        self.transport = cast(asyncio.Transport, transport)
         _nodelay(transport)
-        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -157,9 +159,8 @@ class BareEchoClient(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's too (see above)
         _nodelay(transport)
-        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -489,8 +490,15 @@ async def measure(
         profile.stop()
     server_cpu = server.cpu_time() - server_start
     running = False
-    await asyncio.gather(*tasks)
-    done = max(done, 1)
+    try:  # a side that stopped answering fails the row instead of hanging the script
+        async with asyncio.timeout(STOP_TIMEOUT):
+            await asyncio.gather(*tasks)
+    except TimeoutError:
+        for task in tasks:
+            task.cancel()
+        raise RuntimeError(f"requests unanswered {STOP_TIMEOUT} s after the window") from None
+    if done == 0:
+        raise RuntimeError(f"no request completed in {seconds} s")
     return Sample(done / elapsed, cpu / done * 1e6, server_cpu / done * 1e6)
 
 
