@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
+from rpc.call_bounds import BoundPassed
 from rpc.errors import (
     ConnectionClosed,
     PayloadError,
@@ -195,14 +196,10 @@ async def _handle(call: Call, handler: Handler | None, queue: asyncio.Queue[Any]
     if inspect.isawaitable(result):
         if deadline is None:
             return await result
-        bound = asyncio.timeout_at(deadline + DEADLINE_GRACE)
         try:
-            async with bound:
-                return await result
-        except TimeoutError:
-            if bound.expired():  # ours, not one the handler raised
-                raise _overdue(call) from None
-            raise
+            return await peer.call_bounds.within(result, deadline + DEADLINE_GRACE)
+        except BoundPassed:
+            raise _overdue(call) from None
     return result
 
 
@@ -212,18 +209,15 @@ def _overdue(call: Call) -> RequestTimeout:
 
 async def _parts_until(call: Call, parts: Any, deadline: float) -> AsyncIterator[Any]:
     """A handler's streamed result, each next part bounded by the caller's deadline."""
+    bounds = call.peer.call_bounds
     try:
         while True:
-            bound = asyncio.timeout_at(deadline + DEADLINE_GRACE)
             try:
-                async with bound:
-                    part = await anext(parts)
+                part = await bounds.within(anext(parts), deadline + DEADLINE_GRACE)
             except StopAsyncIteration:
                 return
-            except TimeoutError:
-                if bound.expired():
-                    raise _overdue(call) from None
-                raise
+            except BoundPassed:
+                raise _overdue(call) from None
             yield part
     finally:
         await parts.aclose()

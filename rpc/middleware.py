@@ -99,6 +99,8 @@ class Call:
 
 def run(middleware: tuple[Middleware, ...], call: Call, innermost: CallNext) -> Awaitable[Any]:
     """Run ``call`` through ``middleware`` (first outermost), ending in ``innermost``."""
+    if not middleware:  # no chain to build (served calls that came with a deadline)
+        return innermost(call)
 
     def step(index: int) -> CallNext:
         if index == len(middleware):

@@ -37,6 +37,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
+from rpc.call_bounds import CallBounds
 from rpc.calls import _END as _END
 from rpc.calls import Caller, ResultWait
 from rpc.calls import _aiter as _aiter
@@ -80,6 +81,8 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self._transport: Any = None
         self.outbox = Outbox(loop)
         self.deadlines = Deadlines(loop)
+        self.call_bounds = CallBounds(loop, self.deadlines)
+        """Served calls' deadlines (callers' timeouts), on the deadlines' one timer."""
         self._tasks = TaskSet(loop, self._task_done)
         self._calls: dict[K, _Call] = {}
         self._calls_at = float("inf")
@@ -171,6 +174,7 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._transport = None
         self.deadlines.close()
+        self.call_bounds.clear()
         self.adapter.stop()
         error = ConnectionClosed(f"connection closed: {exc}" if exc else "connection closed")
         self.outbox.lost(error)
