@@ -203,9 +203,9 @@ class Caller(Generic[K]):
         if self.outbox.blocked:
             await self.outbox.wait_writable()
         key, future = self._send(op, payload, deadline, metadata)
-        if sent is not None:
-            sent(key)
         try:
+            if sent is not None:
+                sent(key)
             return await future
         except _Expired:
             raise RequestTimeout(f"{op}: no result within {timeout} s") from None

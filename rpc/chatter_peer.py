@@ -67,10 +67,8 @@ _LEVELS = {b"peerwire-ext/1": 1, HELLO: LEVEL}
 
 @dataclass(slots=True, frozen=True)
 class Reply:
-    """A result with a message type of its own (e.g. ``HatEventer.MsgQueryRes``).
-
-    ``value`` is SBS-encoded when ``type`` is in the schema repository, else as usual.
-    """
+    """A result with a message type of its own (e.g. ``HatEventer.MsgQueryRes``): ``value``
+    is SBS-encoded when ``type`` is in the schema repository, else as usual."""
 
     type: str
     value: Any
@@ -142,19 +140,12 @@ class ChatterAdapter:
         return None, op
 
     def _send(
-        self,
-        op: str,
-        data: bytes,
-        *,
-        conversation: Conversation | None = None,
-        token: bool = True,
-        last: bool,
+        self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool
     ) -> int:
-        """Queue one message (in a new conversation without ``conversation``); return its
-        id."""
-        module, type_name = self._split(op)
+        """Queue one message (in a new conversation when ``conv`` is None); its id."""
+        module, kind = self._split(op)
         msg_id, frame = self.codec.encode(
-            type_name, data, conversation=conversation, token=token, last=last, module=module
+            kind, data, conversation=conv, token=token, last=last, module=module
         )
         self.peer.outbox.push_message(frame)
         return msg_id
@@ -327,7 +318,7 @@ class ChatterAdapter:
     # --- sending ---------------------------------------------------------------------------
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        return Conversation(True, self._send(op, payload, token=not stream, last=False))
+        return Conversation(True, self._send(op, payload, None, not stream, False))
 
     def send_request_meta(
         self,
@@ -343,14 +334,14 @@ class ChatterAdapter:
         ms = None if timeout is None else metadata.timeout_ms(timeout)
         # the Meta message takes the next id, the request the one after it
         value = metadata.to_sbs(self.codec.next_id + 1, metadata.RequestMeta(ms, entries))
-        self._send(_META, self.sbs_repo.encode(_META, value), last=True)
+        self._send(_META, self.sbs_repo.encode(_META, value), None, True, True)
         return self.send_request(op, payload, stream)
 
     def send_request_part(self, key: Conversation, payload: bytes) -> None:
-        self._send(_PART, payload, conversation=key, token=False, last=False)
+        self._send(_PART, payload, key, token=False, last=False)
 
     def send_request_end(self, key: Conversation) -> None:
-        self._send(_END_TYPE, b"", conversation=key, token=True, last=False)
+        self._send(_END_TYPE, b"", key, token=True, last=False)
 
     def _our_turn(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
         """True when we hold ``key``'s token and may send in it. While the requester holds
@@ -401,13 +392,13 @@ class ChatterAdapter:
 
     def _send_last(self, key: Conversation, type_name: str, data: bytes) -> None:
         try:
-            self._send(type_name, data, conversation=key, last=True)
+            self._send(type_name, data, key, token=True, last=True)
         except MessageTooLarge as exc:  # the conversation is still ours: say why
             self.send_error(key, str(exc))
 
     def send_result_part(self, key: Conversation, payload: bytes) -> None:
         if self._our_turn(key, self.send_result_part, key, payload) and key not in self._foreign:
-            self._send(_PART, payload, conversation=key, token=False, last=False)
+            self._send(_PART, payload, key, token=False, last=False)
 
     def send_result_end(self, key: Conversation, failed: bool) -> None:
         if failed:
@@ -415,30 +406,30 @@ class ChatterAdapter:
         if self._our_turn(key, self.send_result_end, key, failed) and self._answerable(
             key, "a PeerwireRpc.End"
         ):
-            self._send(_END_TYPE, b"", conversation=key, last=True)
+            self._send(_END_TYPE, b"", key, token=True, last=True)
 
     def send_error(self, key: Conversation, message: str) -> None:
         if self._our_turn(key, self.send_error, key, message) and self._answerable(
             key, f"an error ({message})"
         ):
-            self._send(_ERROR, self.sbs_repo.encode(_ERROR, message), conversation=key, last=True)
+            self._send(_ERROR, self.sbs_repo.encode(_ERROR, message), key, True, True)
 
     def send_retry(self, key: Conversation, wait: float, message: str) -> None:
         if self._our_turn(key, self.send_retry, key, wait, message) and self._answerable(
             key, "a retry result"
         ):
             data = self.sbs_repo.encode(_RETRY, {"waitMs": int(wait * 1000), "message": message})
-            self._send(_RETRY, data, conversation=key, last=True)
+            self._send(_RETRY, data, key, token=True, last=True)
 
     def send_notification(self, name: str, payload: bytes) -> None:
-        self._send(name, payload, last=True)
+        self._send(name, payload, None, token=True, last=True)
 
     def abandon(self, key: Conversation) -> None:
         """We gave up on ``key``: its late messages are dropped; a peerwire peer is told so
         (the cancellation extension) and cancels the handler."""
         self.codec.abandon(key)
         if self.cancels and self.peer.is_open:
-            self._send(_CANCEL, self.sbs_repo.encode(_CANCEL, key.first), last=True)
+            self._send(_CANCEL, self.sbs_repo.encode(_CANCEL, key.first), None, True, True)
 
 
 def _undecodable(data: bytes) -> str:

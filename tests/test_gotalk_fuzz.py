@@ -3,10 +3,11 @@ only ever raising ProtocolError while the buffer stays within header + max_size.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wire.errors import MalformedMessage, ProtocolError
+from wire.errors import LocalProtocolError, MalformedMessage, ProtocolError
 from wire.gotalk import (
     MAX_NAME_SIZE,
     VERSION,
@@ -267,3 +268,8 @@ def test_request_header_matches_the_message_encoder(
     for message_id, op, payload in calls:
         header = request_header(kind, message_id, op, len(payload))
         assert header == encode_parts(cls(message_id, op, payload))[0]
+
+
+def test_request_header_takes_request_types_only() -> None:
+    with pytest.raises(LocalProtocolError, match="not a request type"):
+        request_header(MessageType.RESULT, b"abcd", "op", 1)

@@ -177,3 +177,31 @@ async def test_held_back_requests_do_not_inherit_a_finished_handlers_context() -
     ):
         assert await asyncio.gather(*(peer.request("mark", i) for i in range(8))) == list(range(8))
     assert seen == ["unset"] * 8
+
+
+async def test_held_back_requests_see_their_own_peer() -> None:
+    """current_peer is set per batch, for a turn at the backlog too: plain and coroutine
+    handlers of requests that waited there (every slot taken) each see their connection."""
+    reg = rpc.Registry()
+
+    @reg.handle("who")
+    async def who(_value) -> int:
+        await asyncio.sleep(0)
+        return rpc.current_peer.get().remote_address[1]
+
+    @reg.handle("who_now")
+    def who_now(_value) -> int:
+        return rpc.current_peer.get().remote_address[1]
+
+    async with (
+        rpc.serve(
+            "tcp+gotalk://127.0.0.1:0",
+            registry=reg,
+            options=rpc.Options(max_concurrent=1),
+            retry_results=False,  # held back rather than answered with a retry result
+        ) as server,
+        rpc.connect(str(server.url), registry=rpc.Registry()) as peer,
+    ):
+        mine = peer.transport.get_extra_info("sockname")[1]
+        calls = [peer.request(op) for _ in range(8) for op in ("who", "who_now")]
+        assert await asyncio.gather(*calls) == [mine] * 16

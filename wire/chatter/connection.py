@@ -21,8 +21,9 @@ PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
 """(module, ping type, pong type) per dialect."""
 
 JOINED_FRAME = 1024
-"""Frames up to this many bytes are encoded as one piece (:meth:`ChatterConnection.encode`);
-larger ones as pieces, so that their payload is copied only once, when written."""
+"""Frames whose body is at most this many bytes are encoded as one piece
+(:meth:`ChatterConnection.encode`); larger ones as pieces, so that their payload is copied
+only once, when written."""
 MAX_PING_DATA = 64
 """Bytes of a Ping's data echoed in its Pong; the rest is not echoed."""
 
@@ -151,7 +152,7 @@ class ChatterConnection:
         self._out += frame
         if conversation is None:
             return Msg(msg_id, msg_id, True, token, last, type, data, module)
-        return Msg(msg_id, conversation.first, conversation.owner, token, last, type, data, module)
+        return Msg(msg_id, conversation[1], conversation[0], token, last, type, data, module)
 
     def encode(
         self,
@@ -166,7 +167,7 @@ class ChatterConnection:
         """Like :meth:`send`, but return the message's id and its frame's pieces for the
         caller to write instead of queuing them (for callers with an output buffer of their
         own). No :class:`Msg` is built: this is the hot path of peers that answer many.
-        A frame of at most :data:`JOINED_FRAME` bytes comes as one piece.
+        A frame whose body is at most :data:`JOINED_FRAME` bytes comes as one piece.
 
         The size is checked before the conversation state changes: a message above
         ``max_size`` raises :class:`~wire.errors.MessageTooLarge` and leaves the

@@ -200,6 +200,8 @@ REQUEST_FORMATS = 256
 @functools.lru_cache(maxsize=REQUEST_FORMATS)
 def _request_format(kind: MessageType, op: str) -> bytes:
     """``kind``, a slot for the id, ``op`` with its length, a slot for the payload size."""
+    if kind not in (MessageType.REQUEST, MessageType.STREAM_REQUEST):
+        raise LocalProtocolError(f"not a request type: {kind!r}")
     name = _encode_name(op)  # raises for a bad name: lru_cache keeps no failure
     return kind.encode() + b"%%b%03x" % len(name) + name.replace(b"%", b"%%") + b"%08x"
 
