@@ -11,7 +11,10 @@ measured in the same run, is the codec alone on the same messages (the server's 
 the encode of its replies), so the difference is what the core adds per request.
 
 Rows: Gotalk and Chatter (``HatChatter``), each with a plain function handler, a coroutine
-handler and a plain handler behind one pass-through middleware.
+handler and a plain handler behind one pass-through middleware; for Gotalk also the
+coroutine handler called by a peerwire client that chose a timeout (``coro, timed``: each
+request preceded by its metadata, the handler bounded by the caller's deadline; "core
+adds" there includes decoding the metadata notification).
 
 The client side, Gotalk and Chatter: 100 worker tasks each make one ``request(...,
 raw=True)`` at a time on a client peer, as ``bench_rpc.py``'s inflight100 does, and each
@@ -39,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import rpc
 import rpc.loops
 from rpc.chatter_peer import ChatterPeer
-from rpc.gotalk_peer import GotalkPeer
+from rpc.gotalk_peer import HELLO, META, GotalkPeer
 from rpc.peer import Peer
-from wire import gotalk
+from wire import gotalk, metadata
 from wire.chatter import ChatterConnection, Conversation, Dialect
 
 PAYLOAD = b"0123456789abcdef"
@@ -128,6 +131,22 @@ def gotalk_reads(count: int) -> tuple[bytes, list[bytes]]:
             )
         )
     return gotalk.GotalkConnection().handshake(), reads
+
+
+def gotalk_timed_reads(count: int) -> tuple[bytes, list[bytes]]:
+    """:func:`gotalk_reads` from a peerwire client that chose a timeout (60 s): its hello
+    (extension level 2), then each request preceded by its metadata notification."""
+    hello = gotalk.encode(gotalk.Notification(HELLO, b"2"))
+    reads = []
+    for start in range(0, count, BURST):
+        parts = []
+        for i in range(start, min(count, start + BURST)):
+            rid = (i + 1).to_bytes(4, "big")
+            meta = metadata.encode_gotalk(rid, metadata.RequestMeta(60_000, {}))
+            parts.append(gotalk.encode(gotalk.Notification(META, meta)))
+            parts.append(gotalk.encode(gotalk.Request(rid, "echo", PAYLOAD)))
+        reads.append(b"".join(parts))
+    return gotalk.GotalkConnection().handshake() + hello, reads
 
 
 def chatter_reads(count: int) -> tuple[bytes, list[bytes]]:
@@ -359,6 +378,18 @@ def main() -> None:
             if answered != count:
                 raise RuntimeError(f"{name} {kind}: {answered} of {count} replies")
             rows.append((name, kind, lambda m=make, f=first, r=reads: measure(m, f, r)))
+        if name == "gotalk":  # a coroutine handler called with a timeout: bounded by it
+            coroutines = registry("coroutine")
+            timed_first, timed = gotalk_timed_reads(count)
+
+            def make_timed(reg: rpc.Registry = coroutines) -> Peer:
+                return GotalkPeer(reg)
+
+            if check_replies(name, make_timed, timed_first, timed) != count:
+                raise RuntimeError("gotalk coroutine, timed: replies missing")
+            rows.append(
+                (name, "coro, timed", lambda f=timed_first, r=timed: measure(make_timed, f, r))
+            )
     clients: dict[str, tuple[Any, Any, Callable[[int], list[bytes]]]] = {
         "gotalk": (codec_gotalk_client, gotalk_client, gotalk_results),
         "chatter": (codec_chatter_client, chatter_client, chatter_results),
