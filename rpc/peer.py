@@ -18,7 +18,8 @@ Everything per connection is bounded and freed when the connection goes:
   stream, a wait per result);
 - incoming streams in ``_streams`` (at most ``max_concurrent``; each queue at most
   ``max_stream_queue`` parts, past which that stream alone fails);
-- handler tasks in a :class:`~rpc.tasks.TaskSet` (at most ``max_concurrent``);
+- handler tasks in a :class:`~rpc.tasks.TaskSet` (at most ``max_concurrent``), and the
+  callers' deadlines of those that came with one in ``call_bounds`` (one entry per task);
 - decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
   reading stops as soon as the backlog is non-empty); one read's messages past
   ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
