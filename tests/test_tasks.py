@@ -5,8 +5,10 @@ as tasks (asyncio.timeout and TaskGroup work in them) and failures are logged.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -152,6 +154,22 @@ async def test_coroutine_handlers_keep_task_semantics(flavour: str) -> None:
 LEAK: contextvars.ContextVar[str] = contextvars.ContextVar("peerwire_test_leak", default="unset")
 
 
+@contextlib.asynccontextmanager
+async def one_slot(reg: rpc.Registry) -> AsyncIterator[rpc.Peer]:
+    """A client of a server with one handler slot: requests past the first wait in the
+    server peer's backlog (no retry results: held back rather than answered with one)."""
+    async with (
+        rpc.serve(
+            "tcp+gotalk://127.0.0.1:0",
+            registry=reg,
+            options=rpc.Options(max_concurrent=1),
+            retry_results=False,
+        ) as server,
+        rpc.connect(str(server.url), registry=rpc.Registry(), reconnect=False) as peer,
+    ):
+        yield peer
+
+
 async def test_held_back_requests_do_not_inherit_a_finished_handlers_context() -> None:
     """With every handler slot taken, requests wait in the peer's backlog; the handler task
     that frees a slot starts the next turn at it, which must not run in that task's context
@@ -166,15 +184,7 @@ async def test_held_back_requests_do_not_inherit_a_finished_handlers_context() -
         await asyncio.sleep(0)
         return value
 
-    async with (
-        rpc.serve(
-            "tcp+gotalk://127.0.0.1:0",
-            registry=reg,
-            options=rpc.Options(max_concurrent=1),
-            retry_results=False,  # held back rather than answered with a retry result
-        ) as server,
-        rpc.connect(str(server.url), registry=rpc.Registry()) as peer,
-    ):
+    async with one_slot(reg) as peer:
         assert await asyncio.gather(*(peer.request("mark", i) for i in range(8))) == list(range(8))
     assert seen == ["unset"] * 8
 
@@ -193,15 +203,7 @@ async def test_held_back_requests_see_their_own_peer() -> None:
     def who_now(_value) -> int:
         return rpc.current_peer.get().remote_address[1]
 
-    async with (
-        rpc.serve(
-            "tcp+gotalk://127.0.0.1:0",
-            registry=reg,
-            options=rpc.Options(max_concurrent=1),
-            retry_results=False,  # held back rather than answered with a retry result
-        ) as server,
-        rpc.connect(str(server.url), registry=rpc.Registry()) as peer,
-    ):
+    async with one_slot(reg) as peer:
         mine = peer.transport.get_extra_info("sockname")[1]
         calls = [peer.request(op) for _ in range(8) for op in ("who", "who_now")]
         assert await asyncio.gather(*calls) == [mine] * 16

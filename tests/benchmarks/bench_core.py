@@ -263,9 +263,9 @@ async def call_all(
     return time.process_time() - cpu
 
 
-async def gotalk_client(reads: list[bytes]) -> float:
-    """A client :class:`GotalkPeer`'s ``request(..., raw=True)``."""
-    peer = GotalkPeer(rpc.Registry())
+async def client_calls(make_peer: Callable[[], Peer], reads: list[bytes]) -> float:
+    """:func:`call_all` with a client peer's ``request(..., raw=True)`` (made in the loop)."""
+    peer = make_peer()
     peer.connection_made(CountingTransport())
 
     def call() -> Awaitable[bytes]:
@@ -287,20 +287,6 @@ def chatter_results(count: int) -> list[bytes]:
             server.send("PeerwireRpc.Result", PAYLOAD, conversation=Conversation(False, i + 1))
         reads.append(server.data_to_send())
     return reads
-
-
-async def chatter_client(reads: list[bytes]) -> float:
-    """A client :class:`ChatterPeer`'s (HatChatter) ``request(..., raw=True)``."""
-    peer = ChatterPeer(rpc.Registry(), dialect=Dialect.CURRENT)
-    peer.connection_made(CountingTransport())
-
-    def call() -> Awaitable[bytes]:
-        return peer.request("echo", PAYLOAD, raw=True)  # type: ignore[no-any-return]
-
-    try:
-        return await call_all(call, peer.data_received, reads)
-    finally:
-        peer.connection_lost(None)
 
 
 def codec_chatter_client(reads: list[bytes]) -> None:
@@ -391,8 +377,12 @@ def main() -> None:
                 (name, "coro, timed", lambda f=timed_first, r=timed: measure(make_timed, f, r))
             )
     clients: dict[str, tuple[Any, Any, Callable[[int], list[bytes]]]] = {
-        "gotalk": (codec_gotalk_client, gotalk_client, gotalk_results),
-        "chatter": (codec_chatter_client, chatter_client, chatter_results),
+        "gotalk": (codec_gotalk_client, lambda: GotalkPeer(rpc.Registry()), gotalk_results),
+        "chatter": (
+            codec_chatter_client,
+            lambda: ChatterPeer(rpc.Registry(), dialect=Dialect.CURRENT),
+            chatter_results,
+        ),
     }
     for name, (codec_only, client, results_of) in clients.items():
         results = results_of(count)
@@ -404,7 +394,9 @@ def main() -> None:
             )
         )
         rows.append((name, "client futures", lambda r=results: rpc.loops.run(futures_client(r))))
-        rows.append((name, "client request", lambda c=client, r=results: rpc.loops.run(c(r))))
+        rows.append(
+            (name, "client request", lambda c=client, r=results: rpc.loops.run(client_calls(c, r)))
+        )
     best: dict[tuple[str, str], float] = {}
     for _ in range(repeat):  # rows interleaved, so that the machine's drift hits them all
         for name, kind, run in rows:
