@@ -57,6 +57,9 @@ CANCEL = "peerwire/cancel"
 """The caller gave up on the request whose 4-byte id is the payload."""
 META = "peerwire/meta"
 """Level 2: the metadata of the request sent right after it (:mod:`wire.metadata`)."""
+_META_HEADER = gotalk.encode_parts(gotalk.Notification(META, b""))[0][:-8] + b"%08x"
+"""The header of a ``peerwire/meta`` notification, its payload size left to fill in: one is
+sent before every request that carries metadata."""
 _EXTENSION_PREFIX = "peerwire/"
 LEVEL = 2
 """The extension level we speak."""
@@ -293,7 +296,7 @@ class GotalkAdapter:
         rid = self._new_id()
         ms = None if timeout is None else metadata.timeout_ms(timeout)
         data = metadata.encode_gotalk(rid, metadata.RequestMeta(ms, entries))
-        self._emit_header(*gotalk.encode_parts(gotalk.Notification(META, data)))
+        self._emit_header(_META_HEADER % len(data), data)
         kind = _SREQ if stream else _REQ
         self._emit_header(gotalk.request_header(kind, rid, op, len(payload)), payload)
         return rid

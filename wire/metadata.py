@@ -67,6 +67,8 @@ def encode_gotalk(request_id: bytes, meta: RequestMeta) -> bytes:
         raise ValueError("a Gotalk request id is 4 bytes")
     entries = _check(meta)
     timeout = _NO_TIMEOUT if meta.timeout_ms is None else meta.timeout_ms
+    if not entries:  # the common case, a timeout alone: one concatenation
+        return request_id + timeout.to_bytes(4, "big") + b"\x00"
     out = bytearray(request_id)
     out += timeout.to_bytes(4, "big")
     out.append(len(entries))
