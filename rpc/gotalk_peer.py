@@ -275,11 +275,8 @@ class GotalkAdapter:
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
         rid = self._new_id()
-        header = gotalk.request_header(_SREQ if stream else _REQ, rid, op, len(payload))
-        if self._framed:
-            self._emit_header(header, payload)
-        else:  # the common request, without _emit_header's call
-            self.peer.outbox.push(header + payload)
+        kind = _SREQ if stream else _REQ
+        self._emit_header(gotalk.request_header(kind, rid, op, len(payload)), payload)
         return rid
 
     def send_request_meta(
@@ -313,10 +310,8 @@ class GotalkAdapter:
             if payload:
                 self._emit_header(_id_header(_S, key, len(payload)), payload)
             self._emit_header(_id_header(_S, key, 0), b"")
-        elif self._framed:
+        else:
             self._emit_header(_id_header(_R, key, len(payload)), payload)
-        else:  # the common reply, without _emit_header's call
-            self.peer.outbox.push(_id_header(_R, key, len(payload)) + payload)
 
     def send_result_part(self, key: bytes, payload: bytes) -> None:
         if payload:

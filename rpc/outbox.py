@@ -81,8 +81,8 @@ class Outbox:
         return self._framed
 
     def push(self, data: bytes) -> None:
-        """Queue ``data``; it goes out with the next flush (:meth:`_queued` written out:
-        this runs once per message)."""
+        """Queue one message's ``data``; it goes out with the next flush, which is forced
+        now past the limits, else scheduled once this iteration (or left to the holder)."""
         self._pieces.append(data)
         self._size += len(data)
         self._count += 1
@@ -95,11 +95,14 @@ class Outbox:
         """Queue one message given as pieces (a frame header and its parts): a byte stream
         takes them as they are (joined once, at the flush); a framed transport gets them
         joined into one message."""
-        if self._framed or len(pieces) == 1:
-            self.push(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        if self._framed:
+            self.push(b"".join(pieces))
             return
-        self._pieces += pieces
-        self._queued(sum(map(len, pieces)))
+        if len(pieces) > 1:  # all but the last queued here, counted with it by push
+            head = pieces[:-1]
+            self._pieces += head
+            self._size += sum(map(len, head))
+        self.push(pieces[-1])
 
     def hold(self) -> None:
         """The caller flushes before it returns to the loop (the peer, around each read):
@@ -113,16 +116,6 @@ class Outbox:
         self._held = False
         if flush:
             self.flush()
-
-    def _queued(self, size: int) -> None:
-        """Count one more message; flush now past the limits, else once this iteration
-        (or when the holder releases)."""
-        self._size += size
-        self._count += 1
-        if self._count >= FLUSH_EVERY or self._size >= FLUSH_BYTES:
-            self.flush()
-        elif self._handle is None and not self._held:
-            self._handle = self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write everything queued, in one call to the transport."""
