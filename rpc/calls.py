@@ -43,6 +43,9 @@ class _Call(msgspec.Struct):
     future: asyncio.Future[Any] | None
     queue: asyncio.Queue[Any] | None
     deadline: float | None
+    op: str = ""
+    timeout: float = 0.0
+    """The operation and timeout a single call's RequestTimeout names."""
 
 
 class ResultWait:
@@ -102,10 +105,6 @@ def legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple
         stacklevel=3,
     )
     return legacy[0], legacy[1] if len(legacy) == 2 else value
-
-
-class _Expired(Exception):
-    """Set on a call's future when its deadline passes."""
 
 
 class Caller(Generic[K]):
@@ -169,14 +168,11 @@ class Caller(Generic[K]):
         while True:  # send_and_wait written out: a coroutine frame less per call
             if self.outbox.blocked:
                 await self.outbox.wait_writable()
-            key, future = self._send(op, payload, deadline, entries)
+            key, future = self._send(op, payload, deadline, timeout, entries)
             try:
                 reply = await future
-            except _Expired:
-                raise RequestTimeout(f"{op}: no result within {timeout} s") from None
             finally:
-                if self._calls.pop(key, None) is not None:
-                    adapter.abandon(key)
+                self._forget(key)
             if reply.__class__ is RetryLater:
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
@@ -202,22 +198,25 @@ class Caller(Generic[K]):
         a peer that took the cancellation extension."""
         if self.outbox.blocked:
             await self.outbox.wait_writable()
-        key, future = self._send(op, payload, deadline, metadata)
+        key, future = self._send(op, payload, deadline, timeout, metadata)
         try:
             if sent is not None:
                 sent(key)
             return await future
-        except _Expired:
-            raise RequestTimeout(f"{op}: no result within {timeout} s") from None
         finally:
-            if self._calls.pop(key, None) is not None:
-                self.adapter.abandon(key)
+            self._forget(key)
 
     def _send(
-        self, op: str, payload: Any, deadline: float, metadata: Mapping[str, str] | None
+        self,
+        op: str,
+        payload: Any,
+        deadline: float,
+        timeout: float,
+        metadata: Mapping[str, str] | None,
     ) -> tuple[K, asyncio.Future[Any]]:
         """Send one attempt of a request and register it until ``deadline``: its key and
-        the future its reply (or a RetryLater) resolves. Raises ConnectionClosed."""
+        the future its reply (or a RetryLater, or past the deadline a RequestTimeout naming
+        ``timeout``) resolves. Raises ConnectionClosed."""
         self._check_open()
         adapter = self.adapter
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -226,10 +225,16 @@ class Caller(Generic[K]):
         else:
             left = deadline - self._loop.time()
             key = adapter.send_request_meta(op, payload, False, metadata, left)
-        self._calls[key] = _Call(future, None, deadline)
+        self._calls[key] = _Call(future, None, deadline, op, timeout)
         if deadline < self._calls_at:
             self._watch_calls(deadline)
         return key, future
+
+    def _forget(self, key: K) -> None:
+        """We stop waiting for ``key``'s result: a call still registered was given up on
+        (timeout, cancellation, an error of ours), which the adapter tells the peer."""
+        if self._calls.pop(key, None) is not None:
+            self.adapter.abandon(key)
 
     async def stream(
         self,
@@ -284,8 +289,8 @@ class Caller(Generic[K]):
                     raise item
                 yield item if raw else adapter.decode_result(item)
         finally:
-            if key is not None and self._calls.pop(key, None) is not None:
-                adapter.abandon(key)
+            if key is not None:
+                self._forget(key)
 
     async def send_parts(
         self, op: str, key: K, iterator: AsyncIterator[Any], wait: ResultWait
@@ -318,7 +323,8 @@ class Caller(Generic[K]):
                 continue
             if deadline <= now:
                 if not call.future.done():
-                    call.future.set_exception(_Expired())
+                    message = f"{call.op}: no result within {call.timeout} s"
+                    call.future.set_exception(RequestTimeout(message))
             elif nearest is None or deadline < nearest:
                 nearest = deadline
         if nearest is not None:

@@ -325,8 +325,8 @@ async def stream(
         async for item in results:
             yield item
     finally:
-        if call.id is not None and peer._calls.pop(call.id, None) is not None:
-            peer.adapter.abandon(call.id)
+        if call.id is not None:
+            peer._forget(call.id)
 
 
 async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIterator[Any]:
