@@ -150,9 +150,8 @@ class ChatterConnection:
             type, data, conversation=conversation, token=token, last=last, module=module
         )
         self._out += frame
-        if conversation is None:
-            return Msg(msg_id, msg_id, True, token, last, type, data, module)
-        return Msg(msg_id, conversation[1], conversation[0], token, last, type, data, module)
+        first, owner = _origin(conversation, msg_id)
+        return Msg(msg_id, first, owner, token, last, type, data, module)
 
     def encode(
         self,
@@ -177,10 +176,7 @@ class ChatterConnection:
         if dialect is None:
             raise LocalProtocolError("Chatter dialect not known yet; nothing received")
         msg_id = self._tracker.next_id
-        if conversation is None:
-            first, owner = msg_id, True
-        else:
-            first, owner = conversation[1], conversation[0]
+        first, owner = _origin(conversation, msg_id)
         parts = envelope_parts(msg_id, first, owner, token, last, type, data, module, dialect)
         size = sum(map(len, parts))
         if size > self.max_size:
@@ -239,3 +235,10 @@ class ChatterConnection:
         if self.dialect is None:
             raise LocalProtocolError("Chatter dialect not known yet; nothing received")
         return self.dialect
+
+
+def _origin(conversation: Conversation | None, msg_id: int) -> tuple[int, bool]:
+    """(first, owner) of message ``msg_id`` sent in ``conversation`` (None: it starts one)."""
+    if conversation is None:
+        return msg_id, True
+    return conversation[1], conversation[0]
