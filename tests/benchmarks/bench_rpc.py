@@ -2,7 +2,8 @@
 
 Not collected by pytest. Client and server run in separate processes on 127.0.0.1: this
 process is the client, and each row starts its server as a subprocess of this script
-(``--serve NAME``), which prints ``PORT <n>`` and serves until its stdin closes.
+(``--serve NAME``), which prints ``PORT <n>`` and serves until its stdin closes (the
+harness shared with ``bench_websocket.py`` is ``harness.py``).
 
 Rows (``--only`` takes one of these names; repeat it for several):
 
@@ -61,15 +62,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import cProfile
 import os
 import socket
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -77,10 +74,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import rpc
 import rpc.loops
+from tests.benchmarks.harness import (
+    PAYLOAD,
+    Call,
+    Profile,
+    Sample,
+    ServerProcess,
+    measure,
+    serve_until_stdin_closes,
+)
 
-PAYLOAD = b"0123456789abcdef"
-STOP_TIMEOUT = 10.0
-"""Seconds the workers get to finish their last requests after a window."""
 HOST = "127.0.0.1"
 ROWS = (
     "peerwire-chatter",
@@ -92,7 +95,6 @@ ROWS = (
     "bare-echo",
 )
 MODES = (("sequential", 1), ("inflight100", 100))
-WARMUP = 0.5
 
 NOTES = (
     ("Go gotalk server + Go client, 100 in flight (7 B)", "~65,000/s", "Go reference peers"),
@@ -101,8 +103,6 @@ NOTES = (
     ("hat-drivers chatter, sequential", "~2,700/s", "hat-drivers reference"),
     ("bare asyncio length-prefixed echo, sequential", "~12,000/s", "hat-drivers reference"),
 )
-
-Call = Callable[[], Awaitable[bytes]]
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
@@ -253,61 +253,9 @@ async def _start_server(name: str) -> tuple[int, Callable[[], Awaitable[None]]]:
     raise SystemExit(f"unknown row {name!r}; choose from {', '.join(ROWS)}")
 
 
-class Profile:
-    """One side's profiler: ``start`` and ``stop`` once; ``stop`` writes the report."""
-
-    def __init__(self, kind: str, directory: str, name: str, side: str) -> None:
-        self.path = Path(directory) / f"{name}-{side}"
-        if kind == "pyinstrument":
-            from pyinstrument import Profiler
-
-            self.profiler: Any = Profiler(interval=0.0002, async_mode="disabled")
-        else:
-            self.profiler = cProfile.Profile()
-
-    def start(self) -> None:
-        if isinstance(self.profiler, cProfile.Profile):
-            self.profiler.enable()
-        else:
-            self.profiler.start()
-
-    def stop(self) -> None:
-        if isinstance(self.profiler, cProfile.Profile):
-            self.profiler.disable()
-            self.profiler.dump_stats(str(self.path.with_suffix(".prof")))
-        else:
-            self.profiler.stop()
-            text = self.profiler.output_text(unicode=False, color=False, show_all=False)
-            self.path.with_suffix(".txt").write_text(text)
-
-
 async def _serve(name: str, profile: Profile | None) -> None:
-    """Serve until stdin closes; answer each ``cpu`` line on stdin with ``CPU <seconds>``.
-
-    With a profile, the first ``cpu`` line starts it and the second stops it.
-    """
     port, close = await _start_server(name)
-    print(f"PORT {port}", flush=True)
-    loop = asyncio.get_running_loop()
-    stdin_closed = loop.create_future()
-    fd = sys.stdin.fileno()
-    profile_state = 0  # 0 not started, 1 running, 2 written
-
-    def on_stdin() -> None:
-        data = os.read(fd, 4096)
-        nonlocal profile_state
-        for _ in range(data.count(b"\n")):
-            print(f"CPU {time.process_time()!r}", flush=True)
-            if profile is not None and profile_state < 2:
-                (profile.stop if profile_state else profile.start)()
-                profile_state += 1
-        if not data and not stdin_closed.done():
-            stdin_closed.set_result(None)
-
-    loop.add_reader(fd, on_stdin)
-    await stdin_closed
-    loop.remove_reader(fd)
-    await close()
+    await serve_until_stdin_closes(port, close, profile)
 
 
 def serve_main(name: str, cpu: int | None, profile: tuple[str, str] | None) -> None:
@@ -402,106 +350,6 @@ async def _hat_client(port: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
     return call, close
 
 
-@dataclass(slots=True)
-class Sample:
-    """One timed window: completed requests/s and CPU microseconds per request per side."""
-
-    rate: float
-    client_us: float
-    server_us: float
-
-
-class ServerProcess:
-    """Row ``name``'s server: ``script`` (this one by default) with ``--serve``, in a
-    process of its own; it prints ``PORT n`` and answers ``cpu`` on stdin."""
-
-    def __init__(
-        self,
-        name: str,
-        cpu: int | None = None,
-        profile: tuple[str, str] | None = None,
-        script: str = __file__,
-    ) -> None:
-        command = [sys.executable, script, "--serve", name]
-        if cpu is not None:
-            command += ["--cpu", str(cpu)]
-        if profile:
-            command += ["--profiler", profile[0], "--profile", profile[1]]
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        line = self._line()
-        if not line.startswith("PORT "):
-            self.close()
-            raise RuntimeError(f"{name} server did not start (said {line!r})")
-        self.port = int(line.split()[1])
-
-    def _line(self) -> str:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.readline()
-
-    def cpu_time(self) -> float:
-        """The server's process CPU seconds so far (blocks for one exchange on its pipes)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("cpu\n")
-        self.proc.stdin.flush()
-        return float(self._line().split()[1])
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-async def measure(
-    call: Call,
-    inflight: int,
-    seconds: float,
-    server: ServerProcess,
-    profile: Profile | None = None,
-) -> Sample:
-    """Completed requests per second with ``inflight`` workers, after a warm-up (WARMUP, or a
-    quarter of ``seconds`` when that is shorter: smoke runs)."""
-    count = 0
-    running = True
-
-    async def worker() -> None:
-        nonlocal count
-        while running:
-            reply = await call()
-            if reply != PAYLOAD:
-                raise AssertionError(f"echo returned {reply!r}")
-            count += 1
-
-    tasks = [asyncio.create_task(worker()) for _ in range(inflight)]
-    await asyncio.sleep(min(WARMUP, seconds / 4))
-    server_start = server.cpu_time()
-    if profile is not None:
-        profile.start()
-    start_count, start, cpu_start = count, time.perf_counter(), time.process_time()
-    await asyncio.sleep(seconds)
-    done = count - start_count
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    if profile is not None:
-        profile.stop()
-    server_cpu = server.cpu_time() - server_start
-    running = False
-    try:  # a side that stopped answering fails the row instead of hanging the script
-        async with asyncio.timeout(STOP_TIMEOUT):
-            await asyncio.gather(*tasks)
-    except TimeoutError:
-        for task in tasks:
-            task.cancel()
-        raise RuntimeError(f"requests unanswered {STOP_TIMEOUT} s after the window") from None
-    if done == 0:
-        raise RuntimeError(f"no request completed in {seconds} s")
-    return Sample(done / elapsed, cpu / done * 1e6, server_cpu / done * 1e6)
-
-
 async def run_row(
     name: str, server: ServerProcess, seconds: float, profile: tuple[str, str] | None
 ) -> dict[str, Sample]:
@@ -522,7 +370,7 @@ def bench_row(
     name: str, seconds: float, cpus: tuple[int, int] | None, profile: tuple[str, str] | None
 ) -> dict[str, Sample]:
     """Start the server process for ``name``, measure every mode, stop the server."""
-    server = ServerProcess(name, cpus[1] if cpus else None, profile)
+    server = ServerProcess(name, __file__, cpus[1] if cpus else None, profile)
     try:
         return rpc.loops.run(run_row(name, server, seconds, profile))
     finally:

@@ -34,7 +34,6 @@ import collections
 import os
 import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -46,9 +45,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 
 import rpc
-from tests.benchmarks.bench_rpc import ServerProcess, measure
+from tests.benchmarks.harness import PAYLOAD, ServerProcess, measure, serve_until_stdin_closes
 
-PAYLOAD = b"0123456789abcdef"
 HOST = "127.0.0.1"
 ROWS = ("peerwire-ws-gotalk", "peerwire-ws-sbs", "peerwire-tcp-gotalk", "bare-websockets")
 URLS = {
@@ -100,22 +98,7 @@ async def start_server(name: str) -> tuple[int, Close]:
 
 async def serve(name: str) -> None:
     port, close = await start_server(name)
-    print(f"PORT {port}", flush=True)
-    loop = asyncio.get_running_loop()
-    stdin_closed = loop.create_future()
-    fd = sys.stdin.fileno()
-
-    def on_stdin() -> None:
-        data = os.read(fd, 4096)
-        for _ in range(data.count(b"\n")):
-            print(f"CPU {time.process_time()!r}", flush=True)
-        if not data and not stdin_closed.done():
-            stdin_closed.set_result(None)
-
-    loop.add_reader(fd, on_stdin)
-    await stdin_closed
-    loop.remove_reader(fd)
-    await close()
+    await serve_until_stdin_closes(port, close)
 
 
 # --- clients (here) ---------------------------------------------------------------------------
