@@ -120,33 +120,24 @@ def registry(kind: str) -> rpc.Registry:
 # --- requests as a client sends them, and the codec-only baseline -------------------------
 
 
-def gotalk_reads(count: int) -> tuple[bytes, list[bytes]]:
-    """The client's version, then ``count`` requests cut into reads of BURST."""
-    reads = []
-    for start in range(0, count, BURST):
-        reads.append(
-            b"".join(
-                gotalk.encode(gotalk.Request((i + 1).to_bytes(4, "big"), "echo", PAYLOAD))
-                for i in range(start, min(count, start + BURST))
-            )
-        )
-    return gotalk.GotalkConnection().handshake(), reads
-
-
-def gotalk_timed_reads(count: int) -> tuple[bytes, list[bytes]]:
-    """:func:`gotalk_reads` from a peerwire client that chose a timeout (60 s): its hello
-    (extension level 2), then each request preceded by its metadata notification."""
-    hello = gotalk.encode(gotalk.Notification(HELLO, b"2"))
+def gotalk_reads(count: int, timed: bool = False) -> tuple[bytes, list[bytes]]:
+    """The client's version, then ``count`` requests cut into reads of BURST. ``timed``: a
+    peerwire client that chose a timeout (60 s): its hello (extension level 2) goes after
+    the version, and each request after its metadata notification."""
+    first = gotalk.GotalkConnection().handshake()
+    if timed:
+        first += gotalk.encode(gotalk.Notification(HELLO, b"2"))
     reads = []
     for start in range(0, count, BURST):
         parts = []
         for i in range(start, min(count, start + BURST)):
             rid = (i + 1).to_bytes(4, "big")
-            meta = metadata.encode_gotalk(rid, metadata.RequestMeta(60_000, {}))
-            parts.append(gotalk.encode(gotalk.Notification(META, meta)))
+            if timed:
+                meta = metadata.encode_gotalk(rid, metadata.RequestMeta(60_000, {}))
+                parts.append(gotalk.encode(gotalk.Notification(META, meta)))
             parts.append(gotalk.encode(gotalk.Request(rid, "echo", PAYLOAD)))
         reads.append(b"".join(parts))
-    return gotalk.GotalkConnection().handshake() + hello, reads
+    return first, reads
 
 
 def chatter_reads(count: int) -> tuple[bytes, list[bytes]]:
@@ -354,28 +345,19 @@ def main() -> None:
     for name, (peer_of, reads_of, codec_only) in protocols.items():
         first, reads = reads_of(count)
         rows.append((name, "codec alone", lambda f=first, r=reads, c=codec_only: _cpu(c, f, r)))
-        for kind in ("plain", "coroutine", "middleware"):
-            reg = registry(kind)
+        cases = [(kind, kind, first, reads) for kind in ("plain", "coroutine", "middleware")]
+        if name == "gotalk":  # a coroutine handler called with a timeout: bounded by it
+            cases.append(("coro, timed", "coroutine", *gotalk_reads(count, timed=True)))
+        for kind, handlers, case_first, case_reads in cases:
+            reg = registry(handlers)
 
             def make(reg: rpc.Registry = reg, peer_of: Any = peer_of) -> Peer:
                 return peer_of(reg)  # type: ignore[no-any-return]
 
-            answered = check_replies(name, make, first, reads)
+            answered = check_replies(name, make, case_first, case_reads)
             if answered != count:
                 raise RuntimeError(f"{name} {kind}: {answered} of {count} replies")
-            rows.append((name, kind, lambda m=make, f=first, r=reads: measure(m, f, r)))
-        if name == "gotalk":  # a coroutine handler called with a timeout: bounded by it
-            coroutines = registry("coroutine")
-            timed_first, timed = gotalk_timed_reads(count)
-
-            def make_timed(reg: rpc.Registry = coroutines) -> Peer:
-                return GotalkPeer(reg)
-
-            if check_replies(name, make_timed, timed_first, timed) != count:
-                raise RuntimeError("gotalk coroutine, timed: replies missing")
-            rows.append(
-                (name, "coro, timed", lambda f=timed_first, r=timed: measure(make_timed, f, r))
-            )
+            rows.append((name, kind, lambda m=make, f=case_first, r=case_reads: measure(m, f, r)))
     clients: dict[str, tuple[Any, Any, Callable[[int], list[bytes]]]] = {
         "gotalk": (codec_gotalk_client, lambda: GotalkPeer(rpc.Registry()), gotalk_results),
         "chatter": (
@@ -390,7 +372,7 @@ def main() -> None:
             (
                 name,
                 "client codec",
-                lambda c=codec_only, r=results: _cpu(lambda f, rr: c(rr), b"", r),
+                lambda c=codec_only, r=results: _cpu(c, r),
             )
         )
         rows.append((name, "client futures", lambda r=results: rpc.loops.run(futures_client(r))))
@@ -415,9 +397,10 @@ def main() -> None:
         print(f"{name:<9}{kind:<16}{per:9.2f} us{extra}")
 
 
-def _cpu(fn: Callable[[bytes, list[bytes]], None], first: bytes, reads: list[bytes]) -> float:
+def _cpu(fn: Callable[..., None], *args: Any) -> float:
+    """Process CPU seconds of ``fn(*args)``."""
     start = time.process_time()
-    fn(first, reads)
+    fn(*args)
     return time.process_time() - start
 
 
