@@ -63,6 +63,8 @@ with an empty Pong and never see anything else of the extension; a peerwire peer
 and from then on each side may send ``PeerwireRpc.Cancel`` and (level 2)
 ``PeerwireRpc.Meta`` before a request. A peer announcing ``peerwire-ext/1`` gets level 1."""
 _LEVELS = {b"peerwire-ext/1": 1, HELLO: LEVEL}
+_conversation = tuple.__new__
+"""``_conversation(Conversation, (owner, first))``: half the cost of ``Conversation(...)``."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,22 +134,21 @@ class ChatterAdapter:
 
     # --- names -----------------------------------------------------------------------------
 
-    def _split(self, op: str) -> tuple[str | None, str]:
-        """op -> (module, type) for the wire: legacy splits ``module.type``."""
-        if self.codec.dialect is Dialect.LEGACY and "." in op:
-            module, _, type_name = op.rpartition(".")
-            return module, type_name
-        return None, op
-
     def _send(
         self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool
     ) -> int:
-        """Queue one message (in a new conversation when ``conv`` is None); its id."""
-        module, kind = self._split(op)
+        """Queue one message (in a new conversation when ``conv`` is None); its id. In the
+        legacy dialect ``op`` is split into ``module.type``."""
+        module = None
+        if self.codec.dialect is Dialect.LEGACY and "." in op:
+            module, _, op = op.rpartition(".")
         msg_id, frame = self.codec.encode(
-            kind, data, conversation=conv, token=token, last=last, module=module
+            op, data, conversation=conv, token=token, last=last, module=module
         )
-        self.peer.outbox.push_message(frame)
+        if len(frame) == 1:
+            self.peer.outbox.push(frame[0])
+        else:
+            self.peer.outbox.push_message(frame)
         return msg_id
 
     def _take_codec_output(self) -> None:
@@ -200,7 +201,7 @@ class ChatterAdapter:
         peer = self.peer
         op = f"{msg.module}.{msg.type}" if msg.module else msg.type
         if msg.owner and msg.first == msg.id:  # a peer starts a conversation
-            conv = Conversation(False, msg.id)
+            conv = _conversation(Conversation, (False, msg.id))
             if msg.last:
                 if op == _CANCEL and self.cancels:
                     first = self._sbs_decode(op, msg.data, None)
@@ -220,7 +221,7 @@ class ChatterAdapter:
             else:
                 self._with_meta(conv, op, payload, not msg.token)
             return
-        conv = Conversation.of_received(msg)
+        conv = _conversation(Conversation, (not msg.owner, msg.first))
         if conv.owner:  # a reply in a conversation we started
             self._on_reply(conv, op, msg)
         elif op == _PART:
@@ -318,7 +319,7 @@ class ChatterAdapter:
     # --- sending ---------------------------------------------------------------------------
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        return Conversation(True, self._send(op, payload, None, not stream, False))
+        return _conversation(Conversation, (True, self._send(op, payload, None, not stream, False)))
 
     def send_request_meta(
         self,

@@ -63,3 +63,28 @@ def test_both_users_refuse_integers_beyond_int64() -> None:
     # MsgRegisterReq: one event whose type has one segment of that length
     with pytest.raises(common.InvalidMessage, match="MsgRegisterReq: SBS Integer beyond int64"):
         common.split_register_req(b"\x81\x81" + beyond)
+
+
+@pytest.mark.parametrize(
+    "n", [0, 63, 64, -64, -65, 8191, 8192, -8193, 2**20 - 1, 2**20, 2**27, INT64_MAX]
+)
+def test_read_integer_at_the_edges_of_its_short_forms(n: int) -> None:
+    """One byte, and two or three without the loop (message ids), then the loop."""
+    data = _REPO.encode("T.I", n)
+    assert read_integer(b"\xff" + data + b"\x81", 1) == (n, 1 + len(data))
+
+
+@pytest.mark.parametrize("size", [0, 63, 64, 200])
+@pytest.mark.parametrize("type_name", ["t", "x" * 63, "y" * 64])
+def test_envelope_read_in_place_from_a_bytearray_gives_bytes(size: int, type_name: str) -> None:
+    """The envelope reads short types and data in place: from a partly buffered stream's
+    ``bytearray`` its data still comes out as ``bytes``, at every length form."""
+    msg = Msg(70000, 9000, True, False, True, type_name, bytes(size))
+    encoded = bytearray(b"\x00" + encode_msg(msg, Dialect.CURRENT) + b"\x00")
+    decoded = decode_msg(encoded, 1, len(encoded) - 1, Dialect.CURRENT)
+    assert decoded == msg
+    assert decoded.data.__class__ is bytes
+    with pytest.raises(MalformedMessage, match="trailing"):
+        decode_msg(encoded, 1, len(encoded), Dialect.CURRENT)
+    with pytest.raises(MalformedMessage, match="runs past|truncated"):
+        decode_msg(encoded, 1, len(encoded) - 2, Dialect.CURRENT)

@@ -50,11 +50,18 @@ def read_integer(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
     Raises IndexError on truncation, MalformedMessage past 10 bytes or beyond int64.
     """
     b = buf[pos]
+    if b & 0x80:
+        return (b & 0x7F) - 0x80 if b & 0x40 else b & 0x7F, pos + 1
+    if not b & 0x40:  # non-negative of two or three bytes (message ids): no loop
+        c = buf[pos + 1]
+        if c & 0x80:
+            return b << 7 | c & 0x7F, pos + 2
+        d = buf[pos + 2]
+        if d & 0x80:
+            return b << 14 | c << 7 | d & 0x7F, pos + 3
     value = b & 0x7F
     if value & 0x40:
         value -= 0x80
-    if b & 0x80:
-        return value, pos + 1
     end = pos + MAX_INTEGER_BYTES
     pos += 1
     while True:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from wire import DEFAULT_MAX_SIZE
 from wire.chatter.conversations import Conversation, ConversationTracker
-from wire.chatter.envelope import Dialect, Msg, decode_msg, detect_dialect, envelope_parts
+from wire.chatter.envelope import Dialect, Msg, decode_msg, detect_dialect, envelope_head
 from wire.chatter.framing import FrameReader, frame_header
 from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
 
@@ -177,18 +177,17 @@ class ChatterConnection:
             raise LocalProtocolError("Chatter dialect not known yet; nothing received")
         msg_id = self._tracker.next_id
         first, owner = _origin(conversation, msg_id)
-        parts = envelope_parts(msg_id, first, owner, token, last, type, data, module, dialect)
-        size = sum(map(len, parts))
+        head = envelope_head(msg_id, first, owner, token, last, type, module, len(data), dialect)
+        size = len(head) + len(data)
         if size > self.max_size:
             raise MessageTooLarge(f"Chatter message of {size} bytes exceeds max_size")
         if self.strict:
             self._tracker.outgoing(conversation, token, last)
         else:
             self._tracker.outgoing_unchecked(conversation)
-        parts.insert(0, frame_header(size))
         if size <= JOINED_FRAME:  # one piece: cheaper to queue and to join at the flush
-            return msg_id, [b"".join(parts)]
-        return msg_id, parts
+            return msg_id, [frame_header(size) + head + data]
+        return msg_id, [frame_header(size) + head, data]
 
     def send_ping(self, data: bytes = b"") -> Msg:
         """Queue a Ping in a new conversation that the peer's Pong will close.

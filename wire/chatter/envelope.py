@@ -15,7 +15,7 @@ import enum
 import msgspec
 
 from wire.errors import LocalProtocolError, MalformedMessage
-from wire.sbs import encode_integer, read_bytes, read_integer, read_string
+from wire.sbs import encode_integer, read_integer, read_string
 
 
 class Dialect(enum.Enum):
@@ -61,49 +61,51 @@ _SOME_MODULE = b"\x81"  # Optional index 1 ('value')
 
 def encode_msg(msg: Msg, dialect: Dialect) -> bytes:
     """SBS bytes of ``msg`` as ``Hat.Msg`` (legacy) or ``HatChatter.Msg`` (current)."""
-    return b"".join(
-        envelope_parts(
-            msg.id,
-            msg.first,
-            msg.owner,
-            msg.token,
-            msg.last,
-            msg.type,
-            msg.data,
-            msg.module,
-            dialect,
-        )
+    head = envelope_head(
+        msg.id,
+        msg.first,
+        msg.owner,
+        msg.token,
+        msg.last,
+        msg.type,
+        msg.module,
+        len(msg.data),
+        dialect,
     )
+    return head + msg.data
 
 
-def envelope_parts(
+def envelope_head(
     msg_id: int,
     first: int,
     owner: bool,
     token: bool,
     last: bool,
     type_name: str,
-    data: bytes,
     module: str | None,
+    data_size: int,
     dialect: Dialect,
-) -> list[bytes]:
-    """The SBS bytes of one envelope as a list of pieces (so a large payload is copied only
-    once), from the fields themselves: a sender need not build a :class:`Msg`."""
+) -> bytes:
+    """The SBS bytes of one envelope up to its data (which follows as it is), from the
+    fields themselves: a sender need not build a :class:`Msg`, and a large payload is
+    copied only once, when written."""
     if dialect is Dialect.LEGACY:
         encoded_module = _NONE_MODULE if module is None else _SOME_MODULE + _encode_text(module)
     elif module is not None:
         raise LocalProtocolError("the current Chatter dialect has no module field")
     else:
         encoded_module = b""
-    return [
-        encode_integer(msg_id),
-        encode_integer(first),
-        _FLAGS[owner << 2 | token << 1 | last],
-        encoded_module,
-        _encode_text(type_name),
-        encode_integer(len(data)),
-        data,
-    ]
+    encoded_id = encode_integer(msg_id)
+    return b"".join(
+        (
+            encoded_id,
+            encoded_id if first == msg_id else encode_integer(first),
+            _FLAGS[owner << 2 | token << 1 | last],
+            encoded_module,
+            _encode_text(type_name),
+            encode_integer(data_size),
+        )
+    )
 
 
 _FLAGS = [bytes(((i >> 2) & 1, (i >> 1) & 1, i & 1)) for i in range(8)]
@@ -141,14 +143,36 @@ def decode_msg(buf: bytes | bytearray, start: int, end: int, dialect: Dialect) -
                 module, pos = read_string(buf, pos, end)
             elif index != 0:
                 raise MalformedMessage(f"bad Optional index {index} in Hat.Data.module")
-        type_name, pos = read_string(buf, pos, end)
-        data, pos = read_bytes(buf, pos, end)
+        # the type and the data read in place when their length takes one byte (0..63)
+        size = buf[pos]
+        if size & 0xC0 == 0x80:
+            stop = pos + 1 + (size & 0x3F)
+            if stop > end:
+                raise MalformedMessage("SBS String length runs past the message")
+            type_name = buf[pos + 1 : stop].decode()
+            pos = stop
+        else:
+            type_name, pos = read_string(buf, pos, end)
+        size = buf[pos]
+        if size & 0xC0 == 0x80:
+            pos += 1
+            stop = pos + (size & 0x3F)
+        else:
+            size, pos = read_integer(buf, pos)
+            stop = pos + size
+            if size < 0:
+                raise MalformedMessage("negative SBS Bytes length")
+        if stop != end:
+            if stop > end:
+                raise MalformedMessage("SBS Bytes length runs past the message")
+            raise MalformedMessage(f"{end - stop} trailing bytes after Chatter Msg")
+        data = buf[pos:stop]
+        if data.__class__ is not bytes:
+            data = bytes(data)
     except IndexError:
         raise MalformedMessage("Chatter Msg truncated") from None
     except UnicodeDecodeError as exc:
         raise MalformedMessage(f"Chatter string is not UTF-8: {exc.reason}") from None
-    if pos != end:
-        raise MalformedMessage(f"{end - pos} trailing bytes after Chatter Msg")
     if msg_id < 0 or first < 0:
         raise MalformedMessage("negative Chatter message id")
     return Msg(msg_id, first, owner, token, last, type_name, data, module)
