@@ -40,25 +40,21 @@ class ConversationTracker:
     __slots__ = (
         "_abandoned",
         "_last_received_id",
-        "_next_id",
         "_open",
         "max_abandoned",
         "max_open",
+        "next_id",
     )
 
     def __init__(self, *, max_open: int = 65536, max_abandoned: int = 4096) -> None:
         self.max_open = max_open
         self.max_abandoned = max_abandoned
-        self._next_id = 1
+        self.next_id = 1
+        """The id the next message we send will carry (read only: the tracker advances it)."""
         self._last_received_id = 0
         # key -> True while WE hold the token
         self._open: dict[tuple[bool, int], bool] = {}
         self._abandoned: OrderedDict[tuple[bool, int], None] = OrderedDict()
-
-    @property
-    def next_id(self) -> int:
-        """The id the next message we send will carry."""
-        return self._next_id
 
     @property
     def open_count(self) -> int:
@@ -79,13 +75,13 @@ class ConversationTracker:
         ``conversation=None`` starts a new one. Raises LocalProtocolError when we do not
         hold the token or the conversation is closed.
         """
-        msg_id = self._next_id
+        msg_id = self.next_id
         if conversation is None:
             if not last:
                 if len(self._open) >= self.max_open:
                     raise LocalProtocolError(f"more than {self.max_open} open conversations")
                 self._open[(True, msg_id)] = not token
-            self._next_id = msg_id + 1
+            self.next_id = msg_id + 1
             return msg_id, msg_id, True
         key = (conversation[0], conversation[1])
         holder = self._open.get(key)
@@ -97,13 +93,13 @@ class ConversationTracker:
             del self._open[key]
         elif token:
             self._open[key] = False
-        self._next_id = msg_id + 1
+        self.next_id = msg_id + 1
         return msg_id, key[1], key[0]
 
     def outgoing_unchecked(self, conversation: Conversation | None) -> tuple[int, int, bool]:
         """Assign the next id without any rule checks (lenient connections)."""
-        msg_id = self._next_id
-        self._next_id = msg_id + 1
+        msg_id = self.next_id
+        self.next_id = msg_id + 1
         if conversation is None:
             return msg_id, msg_id, True
         return msg_id, conversation[1], conversation[0]
