@@ -44,7 +44,7 @@ class Meter(Protocol):
     @property
     def middleware(self) -> Middleware: ...
 
-    def admitted(self, peer: Peer, protocol: str) -> asyncio.Protocol:
+    def admitted(self, peer: Peer, protocol: str) -> asyncio.BaseProtocol:
         """The protocol the transport drives for an admitted connection (it passes every
         event on to ``peer``)."""
         ...

@@ -136,7 +136,7 @@ class Metrics:
 
     # --- connections (servers) ---------------------------------------------------------------
 
-    def admitted(self, peer: Peer, protocol: str) -> asyncio.Protocol:
+    def admitted(self, peer: Peer, protocol: str) -> asyncio.BaseProtocol:
         """The protocol a server's transport drives for ``peer``: counts and passes on."""
         return _MeteredProtocol(peer, self, protocol)
 
@@ -208,7 +208,7 @@ class _MeteredTransport(asyncio.Transport):
         return False
 
 
-class _MeteredProtocol(asyncio.Protocol):
+class _MeteredProtocol(asyncio.BufferedProtocol):
     """Stands between a server's transport and its peer: counts the connection, its bytes
     and why it ended, and passes every event on."""
 
@@ -225,6 +225,13 @@ class _MeteredProtocol(asyncio.Protocol):
         self._metrics.connections_open.labels(self._protocol).inc()
         sent = self._metrics.sent_bytes.labels(self._protocol)
         self._peer.connection_made(_MeteredTransport(transport, sent))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._peer.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._received.inc(nbytes)
+        self._peer.buffer_updated(nbytes)
 
     def data_received(self, data: bytes) -> None:
         self._received.inc(len(data))

@@ -53,6 +53,7 @@ from rpc.registry import Registry, default_registry
 from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
 from rpc.responder import _parts as _parts
 from rpc.tasks import TaskSet
+from transports.read_buffer import SharedBufferProtocol
 from wire.errors import ProtocolError
 
 # (the "x as x" imports above: names rpc.intercept reads as core.<name>)
@@ -65,7 +66,7 @@ loop iteration (reading paused meanwhile), so other connections get their turn."
 log = logging.getLogger("peerwire.rpc")
 
 
-class Peer(Responder[K], Caller[K], asyncio.Protocol):
+class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     """One connection's RPC state. Built by :class:`~rpc.gotalk_peer.GotalkPeer` or
     :class:`~rpc.chatter_peer.ChatterPeer` with their adapter."""
 
@@ -150,6 +151,8 @@ class Peer(Responder[K], Caller[K], asyncio.Protocol):
         self.outbox.flush()
 
     def data_received(self, data: bytes) -> None:
+        """Bytes from the peer: what a stream transport read into the thread's shared
+        buffer (:mod:`transports.read_buffer`), or a WebSocket message."""
         outbox = self.outbox
         outbox.hold()  # one flush at the end: what handlers answer now goes out together
         try:

@@ -1,7 +1,8 @@
 """TCP and TLS transports: the loop drives the RPC core's protocol objects directly.
 
-A protocol here is any ``asyncio.Protocol`` (the RPC core's Peer is one); this module knows
-nothing of any wire format. It listens and connects, bounds TLS handshakes and builds TLS
+A protocol here is any asyncio protocol that takes bytes (the RPC core's Peer, a
+``BufferedProtocol`` that reads into :mod:`transports.read_buffer`, is one); this module
+knows nothing of any wire format. It listens and connects, bounds TLS handshakes and builds TLS
 contexts. TCP_NODELAY is set by asyncio and uvloop on every TCP transport they create.
 
 Servers take a factory, called when a connection is accepted (before any TLS handshake),
@@ -28,16 +29,18 @@ log = logging.getLogger("peerwire.transports")
 
 
 class ByteSink(Protocol):
-    """What a transport drives: the asyncio.Protocol callbacks (the RPC core's Peer)."""
+    """What a transport drives: the asyncio protocol callbacks, ``data_received`` included
+    (the RPC core's Peer, a buffered protocol that also takes bytes handed to it)."""
 
     def connection_made(self, transport: Any) -> None: ...
     def data_received(self, data: bytes) -> None: ...
+    def eof_received(self) -> bool | None: ...
     def connection_lost(self, exc: BaseException | None) -> None: ...
     def pause_writing(self) -> None: ...
     def resume_writing(self) -> None: ...
 
 
-ProtocolFactory = Callable[[], asyncio.Protocol | None]
+ProtocolFactory = Callable[[], asyncio.BaseProtocol | None]
 """Makes the protocol of an accepted connection, or returns None to refuse it."""
 
 
@@ -122,35 +125,36 @@ class _FirstReply(asyncio.Protocol):
     hands the transport over (``set_protocol``) and costs nothing more. ``heard`` resolves
     on that byte, or fails with the connection's end."""
 
-    def __init__(self, protocol: asyncio.Protocol) -> None:
+    def __init__(self, protocol: asyncio.BaseProtocol) -> None:
         self.protocol = protocol
+        self._sink = cast(ByteSink, protocol)  # the peers open_stream is given take bytes
         self.heard: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.heard.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._transport: Any = None
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
-        self.protocol.connection_made(transport)
+        self._sink.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self._transport.set_protocol(self.protocol)
+        self._transport.set_protocol(self.protocol)  # a buffered one reads buffered from now
         if not self.heard.done():
             self.heard.set_result(None)
-        self.protocol.data_received(data)
+        self._sink.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self.protocol.eof_received()
+        return self._sink.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.heard.done():
             self.heard.set_exception(exc or ClosedBeforeReply("closed before a byte"))
-        self.protocol.connection_lost(exc)
+        self._sink.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self.protocol.pause_writing()
+        self._sink.pause_writing()
 
     def resume_writing(self) -> None:
-        self.protocol.resume_writing()
+        self._sink.resume_writing()
 
 
 class _Refused(asyncio.Protocol):
@@ -164,13 +168,13 @@ class _Refused(asyncio.Protocol):
 async def open_stream(
     host: str,
     port: int,
-    protocol_factory: Callable[[], asyncio.Protocol],
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
     *,
     ssl_context: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
     connect_timeout: float = 10.0,
     first_reply: Callable[[Any], object] | None = None,
-) -> asyncio.Protocol:
+) -> asyncio.BaseProtocol:
     """Connect over TCP (TLS when ``ssl_context`` is given) and return the protocol;
     ``connect_timeout`` bounds the TCP connect, the TLS handshake and the first reply.
 
@@ -182,7 +186,7 @@ async def open_stream(
     :class:`ClosedBeforeReply`.
     """
     loop = asyncio.get_running_loop()
-    factory: Callable[[], asyncio.Protocol] = protocol_factory
+    factory: Callable[[], asyncio.BaseProtocol] = protocol_factory
     if first_reply is not None:
         factory = lambda: _FirstReply(protocol_factory())  # noqa: E731
     transport: Any = None
@@ -240,7 +244,7 @@ async def start_stream_server(
         server.start()
         return server  # type: ignore[return-value]
 
-    def accept() -> asyncio.Protocol:
+    def accept() -> asyncio.BaseProtocol:
         protocol = protocol_factory()
         return _Refused() if protocol is None else protocol
 
@@ -305,7 +309,7 @@ class TlsServer:
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
 
-    async def _handshake(self, conn: socket.socket, protocol: asyncio.Protocol) -> None:
+    async def _handshake(self, conn: socket.socket, protocol: asyncio.BaseProtocol) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
                 lambda: protocol, conn, ssl=self._ctx, ssl_handshake_timeout=self._timeout

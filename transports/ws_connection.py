@@ -32,6 +32,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from transports.read_buffer import SharedBufferProtocol
 from transports.stream import ByteSink
 
 log = logging.getLogger("peerwire.transports.websocket")
@@ -150,7 +151,7 @@ class WebSocketTransport(asyncio.Transport):
         return self._conn.sink  # type: ignore[return-value]
 
 
-class Connection(asyncio.Protocol):
+class Connection(SharedBufferProtocol):
     """Drives one sans-I/O websockets protocol over a socket; see the module docstring."""
 
     def __init__(

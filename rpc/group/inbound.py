@@ -25,6 +25,7 @@ from typing import Any, cast
 from rpc.deadlines import Deadlines
 from rpc.group.options import GroupOptions, GroupStats
 from rpc.logs import violations
+from transports.read_buffer import SharedBufferProtocol
 from wire.errors import ProtocolError
 from wire.gossip import Gossip, GossipCodec
 
@@ -33,7 +34,7 @@ __all__ = ["Inbound", "InboundConnection"]
 log = logging.getLogger("peerwire.group")
 
 
-class InboundConnection(asyncio.Protocol):
+class InboundConnection(SharedBufferProtocol):
     """One member's connection to us: frames in, each decoded gossip to ``deliver``."""
 
     __slots__ = ("_codec", "_deadlines", "_inbound", "_loop", "_peer", "_transport")
