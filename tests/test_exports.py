@@ -157,4 +157,4 @@ def test_transports_package_exports_through_its_modules() -> None:
     assert not hasattr(transports, "__all__")
     public = {n for n in vars(transports) if not n.startswith("_")}
     # only its submodules, as they get imported (by the tests above or by rpc)
-    assert public <= {"stream", "web_http", "websocket", "ws_connection"}, public
+    assert public <= {"read_buffer", "stream", "web_http", "websocket", "ws_connection"}, public
