@@ -132,8 +132,6 @@ class ChatterAdapter:
         """Replies to incoming streams waiting for the requester's token (it still sends
         parts); sent once its End hands the token over (see :mod:`rpc.token_waits`)."""
 
-    # --- names -----------------------------------------------------------------------------
-
     def _send(
         self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool
     ) -> int:
@@ -221,7 +219,7 @@ class ChatterAdapter:
             else:
                 self._with_meta(conv, op, payload, not msg.token)
             return
-        conv = _conversation(Conversation, (not msg.owner, msg.first))
+        conv = Conversation.of_received(msg)
         if conv.owner:  # a reply in a conversation we started
             self._on_reply(conv, op, msg)
         elif op == _PART:

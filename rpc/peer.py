@@ -1,6 +1,7 @@
-"""A connection's RPC state: the ``asyncio.Protocol`` the loop drives, input flow, closing.
+"""A connection's RPC state: the protocol the loop drives, input flow, closing.
 
-Path of a request, in one direction: the transport calls :meth:`Peer.data_received`; the
+Path of a request, in one direction: the transport reads into the thread's buffer
+(:mod:`transports.read_buffer`) and calls :meth:`Peer.data_received` with the bytes; the
 peer's protocol adapter (:mod:`rpc.gotalk_peer`, :mod:`rpc.chatter_peer`) decodes the bytes
 into codec messages and :meth:`Peer._run` hands each to the adapter's ``dispatch``, which
 calls :meth:`Peer.on_request` (or ``on_result`` ...); the handler runs (inline when it is a

@@ -212,6 +212,13 @@ def test_send_size_limit() -> None:
         "81 81 01 01 01 81 58 80 00",  # trailing byte
         "01 01 01 01 01 01 01 01 01 01 01 81 81 01 01 01 81 58 80",  # 11-byte integer
         "ff 81 01 01 01 81 58 80",  # negative id
+        "81 ff 01 01 01 81 58 80",  # negative first
+        "81 81 01 01 01 81 58 ff",  # negative data length (one byte)
+        "81 81 01 01 01 81 58 7f 80",  # negative data length (two bytes)
+        "81 81 01 01 01 ff 58 80",  # negative type length
+        "81 81 01 01 01 81 58 01 80",  # data length of two bytes runs past the end
+        "81 81 01 01 01 81 58 82 00",  # data length of one byte runs past the end
+        "81 81 01 01 01 81 58",  # no data length
     ],
 )
 def test_malformed_envelopes(body: str) -> None:

@@ -1,11 +1,13 @@
 """The buffer stream connections read into: one per thread, shared by its connections.
 
 asyncio's socket transports read with ``recv`` into a new ``bytes`` of up to 256 KiB per
-read. glibc serves a block that large with ``mmap`` (unless an earlier free has raised its
-threshold), and the shrink to the bytes read and the free cost two more system calls:
-about 10 us per read measured here, more than the core spends on a small request. An
-:class:`asyncio.BufferedProtocol` is given no new object: the transport reads into the
-buffer the protocol provides (``recv_into``), on asyncio, uvloop and TLS alike.
+read, and the TLS layers of asyncio and uvloop decrypt into one. glibc serves a block that
+large with ``mmap`` (in about half the processes measured here: unless an earlier free has
+raised its threshold), and the shrink to the bytes read and the free cost two more system
+calls: about 8-10 us per read, more than the core spends on a small request. An
+:class:`asyncio.BufferedProtocol` is given no new object: the transport reads (or decrypts)
+into the buffer the protocol provides. (uvloop's plain TCP reads already go through a
+buffer of the loop's; there this costs two Python calls per read and saves nothing.)
 :class:`SharedBufferProtocol` (the RPC core's peers, the WebSocket connection, the group
 node's inbound connections) provides this one and copies what was read out of it at once,
 so every connection of a thread can share it: a read fills it and is handed over before the

@@ -1,7 +1,7 @@
 """WebSocket transport presenting a byte sink's interface, on any asyncio loop (or uvloop).
 
 Built on the ``websockets`` library's public sans-I/O layer (``ServerProtocol`` /
-``ClientProtocol``) under our own ``asyncio.Protocol`` (:mod:`transports.ws_connection`).
+``ClientProtocol``) under our own protocol (:mod:`transports.ws_connection`).
 Each ``write()`` is one binary WebSocket message; ``writelines()`` sends one message per item
 (Gotalk's browser peers need every header and every payload in a frame of its own). Received
 text and binary messages are fed to the sink as bytes, so codecs see a byte stream and

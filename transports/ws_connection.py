@@ -1,4 +1,4 @@
-"""One WebSocket connection: websockets' sans-I/O protocol driven by our asyncio.Protocol.
+"""One WebSocket connection: websockets' sans-I/O protocol driven by our own protocol.
 
 :class:`Connection` is the protocol the loop is given (asyncio or uvloop). It feeds socket
 bytes to a ``websockets`` ``ServerProtocol``/``ClientProtocol`` (public sans-I/O API only:
@@ -181,7 +181,7 @@ class Connection(SharedBufferProtocol):
         self._ping_sent = False
         self._closing_timer = False
 
-    # --- asyncio.Protocol ------------------------------------------------------------------
+    # --- the transport's callbacks ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream connection's transport: uvloop's are not asyncio.Transport subclasses

@@ -26,7 +26,7 @@ class Conversation(NamedTuple):
     @classmethod
     def of_received(cls, msg: Msg) -> Conversation:
         """The conversation a received message belongs to (flags flipped to our side)."""
-        return cls(not msg.owner, msg.first)
+        return tuple.__new__(cls, (not msg.owner, msg.first))  # the NamedTuple's own is Python
 
 
 class ConversationTracker:

@@ -5,7 +5,8 @@ and decoded here directly rather than through hat-sbs' generic serializer: that 
 small message well under hat-sbs' own cost, and lets the decoder validate what hat-sbs
 does not (truncation, trailing bytes, integers past 64 bits, bad UTF-8, bad Choice
 indexes). The tests check every byte against hat-sbs with ``schemas_sbs/Hat*.sbs``.
-The SBS Integer and Bytes primitives are :mod:`wire.sbs`'s.
+The SBS Integer reader is :mod:`wire.sbs`'s, as are String and Bytes whose length takes
+more than one byte; shorter ones (type names, small payloads) are read in place here.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def decode_msg(buf: bytes | bytearray, start: int, end: int, dialect: Dialect) -
                 raise MalformedMessage("SBS Bytes length runs past the message")
             raise MalformedMessage(f"{end - stop} trailing bytes after Chatter Msg")
         data = buf[pos:stop]
-        if data.__class__ is not bytes:
+        if type(data) is not bytes:  # a slice of a bytearray (a frame that came in pieces)
             data = bytes(data)
     except IndexError:
         raise MalformedMessage("Chatter Msg truncated") from None
