@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from rpc.deadlines import EARLY, Deadlines
+from rpc.deadlines import Deadlines
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ class CallBounds:
 
     def _expire(self) -> None:
         """The ``served`` slot fired: cancel every task past its bound; re-arm the slot."""
-        now = self._loop.time() + EARLY
+        now = self._deadlines.now()
         nearest = float("inf")
         due = self._due
         for task, when in tuple(due.items()):

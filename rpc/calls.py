@@ -315,7 +315,7 @@ class Caller(Generic[K]):
     def _expire_calls(self) -> None:
         """Fail every call past its deadline; watch the nearest remaining one."""
         self._calls_at = float("inf")
-        now = self._loop.time()
+        now = self.deadlines.now()
         nearest = None
         for call in self._calls.values():
             deadline = call.deadline

@@ -106,7 +106,7 @@ class ChatterPings:
         interval = self.interval
         if not peer.is_open or not interval:
             return
-        now = self._loop.time()
+        now = peer.deadlines.now()
         silent_until = self.last_read + interval
         if now < silent_until:
             peer.deadlines.set("ping", silent_until, self._ping_due, coarse=True)

@@ -86,6 +86,13 @@ class Deadlines:
         if earliest > self._armed_at:
             self._arm(earliest)
 
+    def now(self) -> float:
+        """The loop time a slot's callback compares its own deadline with: ``EARLY`` ahead,
+        as the timer reads it when it fires. A callback that re-checks against the bare loop
+        time may find itself a little early, re-arm for the same instant and spin until the
+        clock moves on (uvloop's moves in whole milliseconds: hundreds of wake-ups)."""
+        return self._loop.time() + EARLY
+
     def when(self, name: str) -> float | None:
         slot = self._slots.get(name)
         return None if slot is None else slot[0]
@@ -108,7 +115,7 @@ class Deadlines:
         self.wakeups += 1
         self._handle = None
         self._armed_at = float("inf")
-        now = self._loop.time() + EARLY
+        now = self.now()
         due = [name for name, (when, _) in self._slots.items() if when <= now]
         for name in due:
             slot = self._slots.pop(name, None)

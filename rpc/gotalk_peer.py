@@ -162,7 +162,7 @@ class GotalkAdapter:
         if not timeout or not self.peer.is_open:
             return
         silent_until = self._last_read + timeout
-        if self._loop.time() < silent_until:  # something arrived meanwhile
+        if self.peer.deadlines.now() < silent_until:  # something arrived meanwhile
             self.peer.deadlines.set("read", silent_until, self._read_due, coarse=True)
             return
         self.peer.outbox.push(self.codec.fault(gotalk.ErrorCode.TIMEOUT))

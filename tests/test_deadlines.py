@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+import rpc
 from rpc.deadlines import COARSE_FROM, COARSE_TICK, Deadlines
+from wire import gotalk
 
 
 def nothing() -> None:
@@ -47,3 +51,30 @@ async def test_rearm_moves_the_timer_later_so_it_does_not_wake_early() -> None:
     assert left_alone.wakeups == 1  # woke at the old time, found nothing due, re-armed
     for deadlines in (moved, witness, left_alone):
         deadlines.close()
+
+
+@pytest.mark.both_loops
+async def test_a_deadline_just_past_a_millisecond_wakes_its_timer_once() -> None:
+    """uvloop's clock and timers move in whole milliseconds: the timer of a call whose
+    deadline lies a hair past a millisecond fires on that millisecond, while the clock
+    still reads before the deadline. The call times out then (:meth:`Deadlines.now`, the
+    timer's own ``EARLY`` allowance) instead of re-arming for the same instant, again and
+    again until the clock moves on (as a Chatter peer's Ping plan did, 188 wake-ups)."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(gotalk.GotalkConnection().handshake())  # a Gotalk server's version
+        await reader.read()  # then takes every request and answers none
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    peer = await rpc.connect(f"tcp+gotalk://127.0.0.1:{port}", reconnect=False)
+    try:
+        for _ in range(20):
+            before = peer.deadlines.wakeups
+            with pytest.raises(rpc.RequestTimeout):
+                await peer.request("wait", b"", timeout=0.001 + 1e-7)
+            assert peer.deadlines.wakeups - before <= 2
+    finally:
+        await peer.close(drain_timeout=0)
+        server.close()
