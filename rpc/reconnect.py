@@ -60,6 +60,7 @@ from rpc.connection_state import (
     StateReporter,
     Transition,
 )
+from rpc.deadlines import EARLY
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
@@ -292,7 +293,7 @@ class ReconnectingPeer:
             if state is ConnectionState.CLOSED:
                 reason = f": {self._states.last.error}" if self._states.last.error else ""
                 raise ConnectionClosed(f"connection to {self.url} is closed{reason}")
-            if self._loop.time() >= deadline:
+            if self._loop.time() + EARLY >= deadline:  # uvloop's timers may fire that early
                 raise RequestTimeout(f"{what}: not connected within {timeout} s ({state.value})")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
