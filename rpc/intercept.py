@@ -81,12 +81,11 @@ def serve_with_meta(
                 peer._end_stream(key)
             peer.adapter.send_error(key, f"{op}: the caller's deadline passed before it ran")
             return
-    if not peer.middleware:
-        handler = peer.registry.get(op)
-        if deadline is None or handler is None or not handler.is_async:
-            peer.on_request(key, op, payload, stream)  # nothing to bound: the plain path
-            return
-    serve_request(peer, key, op, payload, stream, dict(meta.entries), deadline)
+    handler = peer.registry.get(op)
+    if not peer.middleware and (deadline is None or handler is None or not handler.is_async):
+        peer.on_request(key, op, payload, stream)  # nothing to bound: the plain path
+        return
+    serve_request(peer, key, op, payload, stream, dict(meta.entries), deadline, handler)
 
 
 def serve_request(
@@ -97,16 +96,19 @@ def serve_request(
     stream: bool,
     metadata: dict[str, str] | None = None,
     deadline: float | None = None,
+    handler: Handler | None = None,
 ) -> None:
     """An incoming request or stream request: the chain runs as one of the peer's tasks
-    (which a cancel from the caller cancels), its handler bounded by ``deadline``."""
+    (which a cancel from the caller cancels), its handler (``op``'s, unless the caller
+    looked it up already) bounded by ``deadline``."""
     adapter = peer.adapter
     if len(peer._tasks) >= peer.options.max_concurrent:
         adapter.send_retry(key, peer.options.retry_wait, "request rate limit")
         if stream:
             peer._end_stream(key)
         return
-    handler = peer.registry.get(op)
+    if handler is None:
+        handler = peer.registry.get(op)
     queue: asyncio.Queue[Any] | None = None
     if stream:
         if handler is not None and handler.kind is HandlerKind.STREAM:
@@ -132,7 +134,10 @@ async def _serve(
         key, stream, adapter = call.id, call.kind == "stream", peer.adapter
         _enter(peer, call)
         try:
-            result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
+            if peer.middleware:
+                result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
+            else:  # a call that came with a deadline: no chain to build
+                result = await _handle(call, handler, queue)
         except asyncio.CancelledError:
             _end(peer, key, stream)
             if peer._running.pop(key, None) is None and peer.is_open:  # the caller cancelled

@@ -99,7 +99,7 @@ class Call:
 
 def run(middleware: tuple[Middleware, ...], call: Call, innermost: CallNext) -> Awaitable[Any]:
     """Run ``call`` through ``middleware`` (first outermost), ending in ``innermost``."""
-    if not middleware:  # no chain to build (served calls that came with a deadline)
+    if not middleware:  # no chain to build (our calls when only served calls have middleware)
         return innermost(call)
 
     def step(index: int) -> CallNext:
