@@ -25,6 +25,8 @@ def test_read_integer_reads_what_hat_sbs_writes(n: int, tail: bytes) -> None:
 def test_read_bytes_reads_what_hat_sbs_writes(value: bytes) -> None:
     data = b"\x00" + _REPO.encode("T.B", value)
     assert read_bytes(data, 1, len(data)) == (value, len(data))
+    from_bytearray, _ = read_bytes(bytearray(data), 1, len(data))
+    assert from_bytearray == value and type(from_bytearray) is bytes
     with pytest.raises(MalformedMessage, match="runs past"):
         read_bytes(data, 1, len(data) - 1)
 

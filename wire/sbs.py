@@ -83,7 +83,8 @@ def read_bytes(buf: bytes | bytearray, pos: int, end: int) -> tuple[bytes, int]:
     stop = pos + size
     if size < 0 or stop > end:
         raise MalformedMessage("SBS Bytes/String length runs past the message")
-    return bytes(buf[pos:stop]), stop
+    data = buf[pos:stop]
+    return (data if type(data) is bytes else bytes(data)), stop  # a bytes slice is a copy
 
 
 def read_string(buf: bytes | bytearray, pos: int, end: int) -> tuple[str, int]:
