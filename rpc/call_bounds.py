@@ -30,10 +30,9 @@ class BoundPassed(Exception):
 class CallBounds:
     """The bounds of one connection's served calls (see the module doc)."""
 
-    __slots__ = ("_deadlines", "_due", "_expired", "_loop", "_nearest")
+    __slots__ = ("_deadlines", "_due", "_expired", "_nearest")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, deadlines: Deadlines) -> None:
-        self._loop = loop
+    def __init__(self, deadlines: Deadlines) -> None:
         self._deadlines = deadlines
         self._due: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()

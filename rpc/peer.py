@@ -84,7 +84,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self._transport: Any = None
         self.outbox = Outbox(loop)
         self.deadlines = Deadlines(loop)
-        self.call_bounds = CallBounds(loop, self.deadlines)
+        self.call_bounds = CallBounds(self.deadlines)
         """Served calls' deadlines (callers' timeouts), on the deadlines' one timer."""
         self._tasks = TaskSet(loop, self._task_done)
         self._calls: dict[K, _Call] = {}

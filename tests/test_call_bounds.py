@@ -12,7 +12,7 @@ from rpc.deadlines import Deadlines
 
 def bounds_on_loop() -> tuple[CallBounds, Deadlines]:
     deadlines = Deadlines(asyncio.get_running_loop())
-    return CallBounds(asyncio.get_running_loop(), deadlines), deadlines
+    return CallBounds(deadlines), deadlines
 
 
 async def test_only_the_calls_past_their_bound_end_and_one_timer_serves_them_all() -> None:
