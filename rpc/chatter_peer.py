@@ -63,8 +63,6 @@ with an empty Pong and never see anything else of the extension; a peerwire peer
 and from then on each side may send ``PeerwireRpc.Cancel`` and (level 2)
 ``PeerwireRpc.Meta`` before a request. A peer announcing ``peerwire-ext/1`` gets level 1."""
 _LEVELS = {b"peerwire-ext/1": 1, HELLO: LEVEL}
-_conversation = tuple.__new__
-"""``_conversation(Conversation, (owner, first))``: half the cost of ``Conversation(...)``."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -143,7 +141,7 @@ class ChatterAdapter:
         msg_id, frame = self.codec.encode(
             op, data, conversation=conv, token=token, last=last, module=module
         )
-        if len(frame) == 1:
+        if len(frame) == 1:  # the common case: no pieces to count
             self.peer.outbox.push(frame[0])
         else:
             self.peer.outbox.push_message(frame)
@@ -198,8 +196,8 @@ class ChatterAdapter:
     def dispatch(self, msg: Msg) -> None:
         peer = self.peer
         op = f"{msg.module}.{msg.type}" if msg.module else msg.type
+        conv = Conversation.of_received(msg)
         if msg.owner and msg.first == msg.id:  # a peer starts a conversation
-            conv = _conversation(Conversation, (False, msg.id))
             if msg.last:
                 if op == _CANCEL and self.cancels:
                     first = self._sbs_decode(op, msg.data, None)
@@ -219,7 +217,6 @@ class ChatterAdapter:
             else:
                 self._with_meta(conv, op, payload, not msg.token)
             return
-        conv = Conversation.of_received(msg)
         if conv.owner:  # a reply in a conversation we started
             self._on_reply(conv, op, msg)
         elif op == _PART:
@@ -317,7 +314,7 @@ class ChatterAdapter:
     # --- sending ---------------------------------------------------------------------------
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        return _conversation(Conversation, (True, self._send(op, payload, None, not stream, False)))
+        return Conversation.ours(self._send(op, payload, None, not stream, False))
 
     def send_request_meta(
         self,

@@ -241,3 +241,13 @@ def test_coalesced_output() -> None:
     out = conn.data_to_send()
     assert conn.data_to_send() == b""
     assert [m.data for m in ChatterConnection(CUR).receive_data(out)] == [b"\0", b"\1", b"\2"]
+
+
+def test_conversation_keys_built_directly_are_conversations() -> None:
+    """``ours`` and ``of_received`` skip the NamedTuple constructor; what they build is the
+    same key, type and fields."""
+    ours = Conversation.ours(7)
+    received = Conversation.of_received(Msg(9, 9, True, True, False, "X", b""))
+    assert (ours, received) == (Conversation(True, 7), Conversation(False, 9))
+    assert type(ours) is type(received) is Conversation
+    assert (ours.owner, ours.first, received.owner, received.first) == (True, 7, False, 9)

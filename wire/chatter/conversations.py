@@ -14,6 +14,10 @@ from typing import NamedTuple
 from wire.chatter.envelope import Msg
 from wire.errors import ConversationError, LocalProtocolError
 
+_new = tuple.__new__
+"""Builds the tuple directly: a NamedTuple's own constructor is a Python function (about
+twice the cost), and conversations are made per message on both sides."""
+
 
 class Conversation(NamedTuple):
     """A conversation as seen from this side of the connection."""
@@ -26,7 +30,12 @@ class Conversation(NamedTuple):
     @classmethod
     def of_received(cls, msg: Msg) -> Conversation:
         """The conversation a received message belongs to (flags flipped to our side)."""
-        return tuple.__new__(cls, (not msg.owner, msg.first))  # the NamedTuple's own is Python
+        return _new(cls, (not msg.owner, msg.first))
+
+    @classmethod
+    def ours(cls, first: int) -> Conversation:
+        """The conversation we started with message ``first``."""
+        return _new(cls, (True, first))
 
 
 class ConversationTracker:
