@@ -67,11 +67,10 @@ def encode_gotalk(request_id: bytes, meta: RequestMeta) -> bytes:
         raise ValueError("a Gotalk request id is 4 bytes")
     entries = _check(meta)
     timeout = _NO_TIMEOUT if meta.timeout_ms is None else meta.timeout_ms
-    if not entries:  # the common case, a timeout alone: one concatenation
-        return request_id + timeout.to_bytes(4, "big") + b"\x00"
-    out = bytearray(request_id)
-    out += timeout.to_bytes(4, "big")
-    out.append(len(entries))
+    head = request_id + timeout.to_bytes(4, "big") + bytes((len(entries),))
+    if not entries:  # the common case, a timeout alone
+        return head
+    out = bytearray(head)
     for k, v in entries:
         out.append(len(k))
         out += k
