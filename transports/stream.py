@@ -126,35 +126,34 @@ class _FirstReply(asyncio.Protocol):
     on that byte, or fails with the connection's end."""
 
     def __init__(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
-        self._sink = cast(ByteSink, protocol)  # the peers open_stream is given take bytes
+        self.protocol = cast(ByteSink, protocol)  # the peers open_stream is given take bytes
         self.heard: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.heard.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._transport: Any = None
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
-        self._sink.connection_made(transport)
+        self.protocol.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         self._transport.set_protocol(self.protocol)  # a buffered one reads buffered from now
         if not self.heard.done():
             self.heard.set_result(None)
-        self._sink.data_received(data)
+        self.protocol.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._sink.eof_received()
+        return self.protocol.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.heard.done():
             self.heard.set_exception(exc or ClosedBeforeReply("closed before a byte"))
-        self._sink.connection_lost(exc)
+        self.protocol.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._sink.pause_writing()
+        self.protocol.pause_writing()
 
     def resume_writing(self) -> None:
-        self._sink.resume_writing()
+        self.protocol.resume_writing()
 
 
 class _Refused(asyncio.Protocol):
@@ -202,7 +201,7 @@ async def open_stream(
             if isinstance(protocol, _FirstReply):
                 first_reply(protocol.protocol)  # type: ignore[misc]
                 await protocol.heard
-                protocol = protocol.protocol
+                protocol = cast(asyncio.BaseProtocol, protocol.protocol)
     except BaseException as exc:
         if transport is not None:
             transport.abort()
