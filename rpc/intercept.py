@@ -102,7 +102,7 @@ def serve_request(
     (which a cancel from the caller cancels), its handler (``op``'s, unless the caller
     looked it up already) bounded by ``deadline``."""
     adapter = peer.adapter
-    if len(peer._tasks) >= peer.options.max_concurrent:
+    if peer.handlers_running >= peer.options.max_concurrent:
         adapter.send_retry(key, peer.options.retry_wait, "request rate limit")
         if stream:
             peer._end_stream(key)

@@ -46,6 +46,7 @@ from rpc.calls import _aiter as _aiter
 from rpc.calls import _Call as _Call
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
+from rpc.handler_runner import HandlerRunner
 from rpc.key import K
 from rpc.logs import violations
 from rpc.options import Adapter, Options
@@ -87,12 +88,16 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self.call_bounds = CallBounds(self.deadlines)
         """Served calls' deadlines (callers' timeouts), on the deadlines' one timer."""
         self._tasks = TaskSet(loop, self._task_done)
+        self._runner: HandlerRunner[K] = HandlerRunner(loop, self.serve_result, self._task_done)
+        """Coroutine handlers' jobs (see :mod:`rpc.handler_runner`); with the tasks, at most
+        ``max_concurrent``."""
         self._calls: dict[K, _Call] = {}
         self._calls_at = float("inf")
         self._streams: dict[K, asyncio.Queue[Any]] = {}
         self._ended: OrderedDict[K, None] = OrderedDict()
-        self._running: dict[K, asyncio.Task[Any]] = {}
-        """Handler tasks by request key, kept only while the peer may cancel them."""
+        self._running: dict[K, asyncio.Task[Any] | HandlerRunner[K]] = {}
+        """Handler tasks (or the runner, for its jobs) by request key, kept only while the
+        peer may cancel them."""
         self._backlog: deque[Any] = deque()
         self._turn: asyncio.Handle | None = None
         """The next turn at a backlog cut at MESSAGES_PER_TURN (see :meth:`_run`) or left
@@ -199,6 +204,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         if self._turn is not None:
             self._turn.cancel()
             self._turn = None
+        self._runner.close()
         self._tasks.cancel_all()
         if not self.closed.done():
             self.closed.set_result(exc)
@@ -213,11 +219,17 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
 
     # --- input flow ----------------------------------------------------------------------
 
+    @property
+    def handlers_running(self) -> int:
+        """Handlers running or queued to run: coroutine handlers, streamed results and
+        notifications' tasks (requests among them: at most ``options.max_concurrent``)."""
+        return len(self._tasks) + self._runner.jobs
+
     def _held(self) -> bool:
         """True when no more input may be handled now: output is backed up, or every
         handler slot is taken and the peer does not understand retry results."""
         return self.outbox.blocked or (
-            not self.adapter.retry_results and len(self._tasks) >= self.options.max_concurrent
+            not self.adapter.retry_results and self.handlers_running >= self.options.max_concurrent
         )
 
     def _run(self, messages: list[Any]) -> None:
@@ -228,10 +240,11 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         outbox = self.outbox
         slots = None if self.adapter.retry_results else self.options.max_concurrent
         tasks = self._tasks
+        runner = self._runner
         token = current_peer.set(self)
         try:
             for index, message in enumerate(messages):
-                if outbox.blocked or (slots is not None and len(tasks) >= slots):
+                if outbox.blocked or (slots is not None and len(tasks) + runner.jobs >= slots):
                     self._backlog.extend(messages[index:])
                     self._pause_reading()
                     return
@@ -358,6 +371,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             c.future for c in self._calls.values() if c.future is not None and c.queue is None
         ]
         pending += list(self._tasks)
+        pending += self._runner.workers()
         if pending:
             await asyncio.wait(pending, timeout=drain_timeout)
         self.outbox.flush()

@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import types
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Generic
@@ -27,6 +28,7 @@ from rpc.notifications import run_notification
 from rpc.registry import HandlerKind, Registry
 
 if TYPE_CHECKING:
+    from rpc.handler_runner import HandlerRunner, Running
     from rpc.options import Adapter, Options
     from rpc.outbox import Outbox
     from rpc.peer import Peer
@@ -44,6 +46,7 @@ unknown stream (a protocol violation for Gotalk). Older ones are forgotten."""
 # result types that are never awaitable: skip inspect.isasyncgen/isawaitable (ABC checks)
 _PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 _END = END
+_COROUTINE = types.CoroutineType
 
 
 class Responder(Generic[K]):
@@ -56,9 +59,10 @@ class Responder(Generic[K]):
     outbox: Outbox
     remote_address: Any
     _tasks: TaskSet
+    _runner: HandlerRunner[K]
     _streams: dict[K, asyncio.Queue[Any]]
     _ended: OrderedDict[K, None]
-    _running: dict[K, asyncio.Task[Any]]
+    _running: dict[K, asyncio.Task[Any] | HandlerRunner[K]]
     _intercepted: bool
 
     if TYPE_CHECKING:
@@ -100,7 +104,7 @@ class Responder(Generic[K]):
             if stream:
                 self._end_stream(key)
             return
-        if len(self._tasks) >= self.options.max_concurrent:
+        if len(self._tasks) + self._runner.jobs >= self.options.max_concurrent:
             adapter.send_retry(key, self.options.retry_wait, "request rate limit")
             if stream:
                 self._end_stream(key)
@@ -116,6 +120,10 @@ class Responder(Generic[K]):
                 result = handler.fn(adapter.decode_params(handler, payload))
             if result.__class__ in _PLAIN_RESULTS:
                 self._reply(key, result, stream)
+            elif result.__class__ is _COROUTINE:
+                self._runner.submit(key, result, stream)
+                if adapter.cancels:
+                    self._running[key] = self._runner
             elif inspect.isasyncgen(result):
                 task = self._tasks.start(self._stream_result(key, result))
                 if adapter.cancels and not task.done():
@@ -181,15 +189,27 @@ class Responder(Generic[K]):
     def on_cancel(self, key: K) -> None:
         """The caller gave up on request ``key`` (peerwire extension): cancel its handler.
         Its late result, if any, is dropped by the caller."""
-        task = self._running.pop(key, None)
-        if task is not None:
-            self._tasks.cancel(task)
+        owner = self._running.pop(key, None)
+        if owner is self._runner:
+            self._runner.cancel(key)
+        elif owner is not None:
+            self._tasks.cancel(owner)  # type: ignore[arg-type]
         if key in self._streams:
             self._end_stream(key)
 
     async def _await_result(self, key: K, awaitable: Any, stream: bool) -> None:
-        """Await a coroutine handler's result and send it; the task leaves the task set
-        itself (see :meth:`~rpc.tasks.TaskSet.start_leaving`)."""
+        """The task of a handler that returned an awaitable other than a coroutine (those
+        go to the runner): serve it, then leave the task set (see
+        :meth:`~rpc.tasks.TaskSet.start_leaving`)."""
+        try:
+            await self.serve_result(key, awaitable, stream)
+        finally:
+            self._leave(key)
+
+    async def serve_result(self, key: K, awaitable: Running[K] | Any, stream: bool) -> None:
+        """Await a handler's result and send it: a job of the runner's, or the body of a
+        handler's task. Raises CancelledError when cancelled (by the caller: after telling
+        it so); every other exception is answered or logged here."""
         try:
             try:
                 result = await awaitable
@@ -208,6 +228,7 @@ class Responder(Generic[K]):
                 if stream and key in self._streams:
                     self._end_stream(key)
             if self.outbox.blocked:
+                self._runner.cover()  # queued handlers need not wait with this result
                 await self.outbox.wait_writable()
             if self.is_open:
                 self._reply(key, result, stream)
@@ -215,8 +236,6 @@ class Responder(Generic[K]):
             return  # gone while waiting to write: nothing to answer to
         except Exception:  # a bug of ours: no done callback would report it
             log.exception("the result of a request could not be sent")
-        finally:
-            self._leave(key)
 
     def _leave(self, key: K) -> None:
         """A handler task's last act: drop its cancel registration if it still holds one

@@ -42,7 +42,7 @@ async def test_client_timeout_cancels_the_handler(flavour: str) -> None:
             await peer.request("wait", timeout=0.2)
         await asyncio.wait_for(cancelled.wait(), 5)
         [server_peer] = server.peers
-        await wait_until(lambda: not server_peer._running and len(server_peer._tasks) == 0)
+        await wait_until(lambda: not server_peer._running and server_peer.handlers_running == 0)
         assert await peer.request("echo", 2) == 2
 
 
@@ -79,7 +79,7 @@ async def test_extension_off_when_the_client_opts_out() -> None:
             with pytest.raises(rpc.RequestTimeout):
                 await peer.request("wait", timeout=0.2)
             [server_peer] = server.peers
-            assert len(server_peer._tasks) == 1  # nobody told the server: the handler runs on
+            assert server_peer.handlers_running == 1  # nobody told the server: the handler runs on
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
@@ -117,11 +117,11 @@ async def test_cancel_reaches_a_handler_behind_middleware(flavour: str) -> None:
         await asyncio.wait_for(cancelled.wait(), 5)
         assert seen == ["wait"]
         [server_peer] = server.peers
-        await wait_until(lambda: not server_peer._running and len(server_peer._tasks) == 0)
+        await wait_until(lambda: not server_peer._running and server_peer.handlers_running == 0)
 
         stream = peer.stream("parts", value=None)
         assert await anext(stream) == 0
         await stream.aclose()  # we leave: the peer is told, the producer stops
         await asyncio.wait_for(parts_stopped.wait(), 5)
-        await wait_until(lambda: not server_peer._running and len(server_peer._tasks) == 0)
+        await wait_until(lambda: not server_peer._running and server_peer.handlers_running == 0)
         assert await peer.request("echo", 2) == 2

@@ -184,7 +184,7 @@ async def serve_all(
     cpu = time.process_time()
     for data in reads:
         peer.data_received(data)
-        while len(peer._tasks):  # coroutine handlers: let their tasks finish
+        while peer.handlers_running:  # coroutine handlers: let them finish
             await asyncio.sleep(0)
     await asyncio.sleep(0)  # a flush scheduled by the last task
     cpu = time.process_time() - cpu

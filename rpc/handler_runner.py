@@ -1,0 +1,205 @@
+"""Coroutine handlers run by a few worker tasks instead of a task each.
+
+Why: on Python 3.11 a task per handler costs more than most handlers do (building the
+task, a loop callback for its first step, its removal from the owner's set), and most
+handlers finish without waiting. :class:`HandlerRunner` queues each handler's coroutine and
+a worker task runs the queue, one handler after another in one step of the loop.
+
+A handler that waits keeps its worker for the rest of its run, as a task of its own would:
+inside it ``asyncio.current_task()`` stays the same, and ``asyncio.timeout``,
+``asyncio.TaskGroup`` and cancellation behave as in a task of its own. The queue never
+waits behind it: when a worker is about to wait while handlers are queued and no other
+worker is on its way, a new worker starts. Each handler runs in its own copy of the
+context it was queued in (:func:`contextvars.copy_context`), so a context variable one sets
+is never seen by another.
+
+Bounds: one worker per handler that is waiting plus at most one on its way; the queue holds
+what the owner admits (the peer's ``max_concurrent`` counts :attr:`HandlerRunner.jobs`).
+Freed by :meth:`HandlerRunner.close`: the workers are cancelled and the queued coroutines
+closed unrun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic
+
+from rpc.key import K
+from rpc.tasks import TaskSet
+
+Serve = Callable[[K, "Running[K]", bool], Coroutine[Any, Any, None]]
+"""The owner's coroutine for one job: ``serve(key, running, stream)`` awaits ``running``
+(the handler's result) and answers ``key``."""
+
+
+class Running(Generic[K]):
+    """One queued handler's coroutine as an awaitable: each of its steps runs in its own
+    context, and before it first waits its runner makes sure the queue goes on."""
+
+    __slots__ = ("_context", "_coro", "_key", "_runner")
+
+    def __init__(
+        self,
+        runner: HandlerRunner[K],
+        key: K,
+        coro: Coroutine[Any, Any, Any],
+        context: contextvars.Context,
+    ) -> None:
+        self._runner = runner
+        self._key = key
+        self._coro = coro
+        self._context = context
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self._coro
+        run = self._context.run
+        try:
+            yielded = run(coro.send, None)
+        except StopIteration as stop:  # finished without waiting: the common case
+            return stop.value
+        self._runner._waiting(self._key)
+        while True:
+            try:
+                sent = yield yielded  # to the worker's task, which waits for it
+            except BaseException as exc:  # cancellation (or close) thrown into the task
+                try:
+                    yielded = run(coro.throw, exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    yielded = run(coro.send, sent)
+                except StopIteration as stop:
+                    return stop.value
+            self._runner.cover()
+
+
+class HandlerRunner(Generic[K]):
+    """Runs one connection's coroutine handlers (see the module doc). ``serve`` is the
+    owner's coroutine per job; ``on_done`` runs after each job (e.g. to admit more)."""
+
+    __slots__ = (
+        "_cancelled",
+        "_closed",
+        "_dropped",
+        "_on_done",
+        "_queue",
+        "_serve",
+        "_starting",
+        "_waiting_jobs",
+        "_workers",
+        "jobs",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        serve: Serve[K],
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        self._serve = serve
+        self._on_done = on_done
+        self._workers = TaskSet(loop)
+        self._queue: deque[tuple[K, Coroutine[Any, Any, Any], contextvars.Context, bool]] = deque()
+        self._starting = False
+        """A worker has been made and has not taken its first job yet: it will take the queue."""
+        self._waiting_jobs: dict[K, asyncio.Task[Any]] = {}
+        """Jobs that have waited at least once, by key: the worker each one holds."""
+        self._dropped: set[K] = set()
+        """Queued jobs cancelled before they started: skipped, their coroutines closed."""
+        self._cancelled: set[K] = set()
+        """Waiting jobs whose worker :meth:`cancel` cancelled for them, until they end."""
+        self._closed = False
+        self.jobs = 0
+        """Jobs queued or running."""
+
+    def submit(self, key: K, coro: Coroutine[Any, Any, Any], stream: bool) -> None:
+        """Queue a handler's coroutine for ``key`` (``stream``: a stream request's), to run
+        in a copy of the current context."""
+        self._queue.append((key, coro, contextvars.copy_context(), stream))
+        self.jobs += 1
+        if not self._starting:
+            self._start_worker()
+
+    def cancel(self, key: K) -> None:
+        """Cancel job ``key``: a running one gets CancelledError where it waits (its worker
+        goes on with the queue afterwards); a queued one is dropped unrun."""
+        worker = self._waiting_jobs.get(key)
+        if worker is not None:
+            if key not in self._cancelled:
+                self._cancelled.add(key)
+                worker.cancel()
+        elif any(job[0] == key for job in self._queue):
+            self._dropped.add(key)
+
+    def cover(self) -> None:
+        """Called before a worker waits: start another for the queue unless one is on its way."""
+        if self._queue and not self._starting and not self._closed:
+            self._start_worker()
+
+    def workers(self) -> list[asyncio.Task[Any]]:
+        """The worker tasks now (to wait for on a graceful close)."""
+        return list(self._workers)
+
+    def close(self) -> None:
+        """Cancel the workers (and the jobs they hold); close the queued coroutines unrun."""
+        self._closed = True
+        queue = self._queue
+        while queue:
+            queue.popleft()[1].close()
+        self.jobs = len(self._waiting_jobs)
+        self._dropped.clear()
+        self._cancelled.clear()
+        self._workers.cancel_all()
+
+    def __len__(self) -> int:
+        return self.jobs
+
+    def _waiting(self, key: K) -> None:
+        """Job ``key`` waits for the first time: it keeps this worker; the queue goes on."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting_jobs[key] = task
+        self.cover()
+
+    def _start_worker(self) -> None:
+        self._starting = True
+        self._workers.start_leaving(self._work())
+
+    async def _work(self) -> None:
+        self._starting = False
+        queue = self._queue
+        serve = self._serve
+        on_done = self._on_done
+        waiting = self._waiting_jobs
+        dropped = self._dropped
+        cancelled = self._cancelled
+        try:
+            while queue and not self._closed:
+                key, coro, context, stream = queue.popleft()
+                if dropped and key in dropped:
+                    dropped.discard(key)
+                    coro.close()
+                    self.jobs -= 1
+                    continue
+                try:
+                    await serve(key, Running(self, key, coro, context), stream)
+                except asyncio.CancelledError:
+                    if key not in cancelled:
+                        raise  # the worker itself (closing, or its loop shutting down)
+                    # the job alone was cancelled (see cancel): the worker goes on
+                finally:
+                    if waiting:
+                        worker = waiting.pop(key, None)
+                        if worker is not None and key in cancelled:
+                            cancelled.discard(key)
+                            worker.uncancel()  # that cancellation ended with the job
+                    self.jobs -= 1
+                    if on_done is not None:
+                        on_done()
+        finally:
+            self.cover()
+            self._workers.leave(asyncio.current_task())

@@ -1,0 +1,265 @@
+"""rpc.handler_runner.HandlerRunner: coroutine handlers run by a few worker tasks.
+
+Handlers that finish without waiting run one after another in one worker; one that waits
+keeps its worker (task semantics: current_task, asyncio.timeout, TaskGroup, cancellation)
+while the queue goes on in another; each runs in its own context; a cancelled job alone
+ends; closing cancels the waiting and closes the queued unrun. On both loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+import warnings
+from typing import Any
+
+import pytest
+
+import rpc
+from rpc.handler_runner import HandlerRunner, Running
+from tests.rpc_helpers import served
+
+pytestmark = pytest.mark.both_loops
+
+MARK: contextvars.ContextVar[str] = contextvars.ContextVar("runner_test_mark", default="unset")
+
+
+class Owner:
+    """A runner's owner as the peer is one: serves each job by awaiting it and recording
+    the result (or the exception) by key."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, Any] = {}
+        self.done = 0
+        self.runner: HandlerRunner[int] = HandlerRunner(
+            asyncio.get_running_loop(), self.serve, self.on_done
+        )
+
+    async def serve(self, key: int, running: Running[int], stream: bool) -> None:
+        try:
+            self.results[key] = await running
+        except asyncio.CancelledError:
+            self.results[key] = "cancelled"
+            raise
+        except Exception as exc:
+            self.results[key] = exc
+
+    def on_done(self) -> None:
+        self.done += 1
+
+    async def settled(self) -> None:
+        """Until no job is queued or running (a few loop turns at most here)."""
+        async with asyncio.timeout(5):
+            while self.runner.jobs:
+                await asyncio.sleep(0)
+
+
+async def test_handlers_that_do_not_wait_share_one_worker_in_order() -> None:
+    owner = Owner()
+    workers: list[asyncio.Task[Any] | None] = []
+
+    async def quick(value: int) -> int:
+        workers.append(asyncio.current_task())
+        return value * 2
+
+    for key in range(10):
+        owner.runner.submit(key, quick(key), False)
+    assert owner.runner.jobs == 10 and len(owner.runner.workers()) == 1
+    await owner.settled()
+    assert owner.results == {key: key * 2 for key in range(10)}
+    assert len(set(map(id, workers))) == 1 and workers[0] is not asyncio.current_task()
+    assert owner.done == 10 and owner.runner.workers() == []  # the worker left when idle
+
+
+async def test_a_waiting_handler_keeps_its_worker_and_the_queue_goes_on() -> None:
+    owner = Owner()
+    release = asyncio.Event()
+    seen: dict[int, asyncio.Task[Any] | None] = {}
+
+    async def slow(key: int) -> str:
+        seen[key] = asyncio.current_task()
+        await release.wait()
+        assert asyncio.current_task() is seen[key]  # the same task for its whole run
+        return "slow"
+
+    async def quick(key: int) -> int:
+        seen[key] = asyncio.current_task()
+        return key
+
+    owner.runner.submit(0, slow(0), False)
+    owner.runner.submit(1, quick(1), False)
+    owner.runner.submit(2, slow(2), False)
+    owner.runner.submit(3, quick(3), False)
+    async with asyncio.timeout(5):
+        while len(owner.results) < 2:
+            await asyncio.sleep(0)
+    assert owner.results == {1: 1, 3: 3}  # not stuck behind 0 or 2
+    assert seen[0] is not seen[2]  # each waiting handler holds a worker of its own
+    assert owner.runner.jobs == 2 and len(owner.runner.workers()) == 2
+    release.set()
+    await owner.settled()
+    assert owner.results == {0: "slow", 1: 1, 2: "slow", 3: 3}
+
+
+async def test_each_handler_runs_in_its_own_copy_of_the_submitters_context() -> None:
+    owner = Owner()
+
+    async def mark(key: int) -> str:
+        before = MARK.get()
+        MARK.set(f"set by {key}")  # never reset: must not reach the next handler
+        await asyncio.sleep(0)
+        return f"{before} -> {MARK.get()}"
+
+    token = MARK.set("submitter")
+    try:
+        for key in range(4):
+            owner.runner.submit(key, mark(key), False)
+    finally:
+        MARK.reset(token)
+    await owner.settled()
+    assert owner.results == {key: f"submitter -> set by {key}" for key in range(4)}
+    assert MARK.get() == "unset"
+
+
+async def test_timeout_and_task_group_work_inside_and_leave_the_worker_clean() -> None:
+    owner = Owner()
+
+    async def times_out() -> str:
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            return "timed out"
+        return "not reached"
+
+    async def grouped(value: int) -> int:
+        async with asyncio.timeout(5), asyncio.TaskGroup() as group:
+            doubled = group.create_task(asyncio.sleep(0, value * 2))
+        return doubled.result()
+
+    owner.runner.submit(0, times_out(), False)
+    owner.runner.submit(1, grouped(21), False)
+    await owner.settled()
+    assert owner.results == {0: "timed out", 1: 42}
+
+
+async def test_cancel_ends_a_waiting_job_alone_and_its_worker_goes_on() -> None:
+    owner = Owner()
+    started = asyncio.Event()
+    workers: list[asyncio.Task[Any] | None] = []
+
+    async def waits() -> str:
+        workers.append(asyncio.current_task())
+        started.set()
+        await asyncio.Event().wait()
+        return "not reached"
+
+    async def after(value: int) -> tuple[int, int]:
+        task = asyncio.current_task()
+        workers.append(task)
+        assert task is not None
+        return value, task.cancelling()  # the job's cancellation ended with it
+
+    owner.runner.submit(0, waits(), False)
+    await asyncio.wait_for(started.wait(), 5)
+    owner.runner.cancel(0)
+    owner.runner.submit(1, after(1), False)  # queued before the worker wakes up
+    await owner.settled()
+    assert owner.results == {0: "cancelled", 1: (1, 0)}
+    first = workers[0]
+    assert first is not None and workers[1] is first  # the same worker went on
+    assert first.done() and not first.cancelled()
+    assert owner.runner.workers() == []
+
+
+async def test_a_worker_cancelled_from_outside_ends_cancelled() -> None:
+    """Only cancel() ends a job alone; cancelling the worker task itself (as a loop that
+    shuts down does) ends the worker, as it would end a task of the handler's own."""
+    owner = Owner()
+    started = asyncio.Event()
+
+    async def waits() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    owner.runner.submit(0, waits(), False)
+    await asyncio.wait_for(started.wait(), 5)
+    [worker] = owner.runner.workers()
+    worker.cancel()
+    await asyncio.wait([worker], timeout=5)
+    assert worker.cancelled() and owner.results == {0: "cancelled"}
+    assert owner.runner.workers() == [] and owner.runner.jobs == 0
+
+
+async def test_cancel_drops_a_queued_job_unrun() -> None:
+    owner = Owner()
+    ran: list[int] = []
+
+    async def job(key: int) -> int:
+        ran.append(key)
+        return key
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would fail
+        for key in range(3):
+            owner.runner.submit(key, job(key), False)
+        owner.runner.cancel(1)  # the worker has not run yet: all three are queued
+        await owner.settled()
+        gc.collect()
+    assert ran == [0, 2] and owner.results == {0: 0, 2: 2}
+    assert owner.runner.jobs == 0
+
+
+async def test_close_cancels_waiting_jobs_and_closes_queued_ones_unrun() -> None:
+    owner = Owner()
+    started = asyncio.Event()
+    ran: list[int] = []
+
+    async def waits() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def job(key: int) -> int:
+        ran.append(key)
+        return key
+
+    owner.runner.submit(0, waits(), False)
+    await asyncio.wait_for(started.wait(), 5)
+    workers = owner.runner.workers()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        owner.runner.submit(1, job(1), False)
+        owner.runner.submit(2, job(2), False)
+        owner.runner.close()
+        await asyncio.wait(workers, timeout=5)
+        gc.collect()
+    assert owner.results == {0: "cancelled"} and ran == []
+    assert all(task.done() for task in workers) and owner.runner.workers() == []
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_peers_coroutine_handlers_share_workers_and_not_their_context(
+    flavour: str,
+) -> None:
+    """Over a real connection: 50 requests sent together are served by fewer worker tasks
+    than requests, each handler sees its connection and a context of its own."""
+    reg = rpc.Registry()
+    workers: set[int] = set()
+    seen: list[str] = []
+
+    @reg.handle("mark")
+    async def mark(value: int) -> int:
+        workers.add(id(asyncio.current_task()))
+        seen.append(MARK.get())
+        MARK.set(f"set by {value}")
+        assert rpc.current_peer.get() is not None
+        return value
+
+    async with served(flavour, reg) as (server, peer):
+        assert await asyncio.gather(*(peer.request("mark", i) for i in range(50))) == list(
+            range(50)
+        )
+        [server_peer] = server.peers
+        assert server_peer.handlers_running == 0
+    assert seen == ["unset"] * 50
+    assert 1 <= len(workers) < 50
