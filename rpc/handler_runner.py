@@ -1,19 +1,21 @@
-"""Coroutine handlers run by a few worker tasks instead of a task each.
+"""Request handlers run by a few worker tasks instead of a task each.
 
 Why: on Python 3.11 a task per handler costs more than most handlers do (building the
 task, a loop callback for its first step, its removal from the owner's set), and most
-handlers finish without waiting. :class:`HandlerRunner` queues each handler's coroutine and
-a worker task runs the queue, one handler after another in one step of the loop.
+coroutine handlers finish without waiting. :class:`HandlerRunner` queues one job per
+request (a coroutine that runs the handler, or the middleware chain, and sends the reply)
+and a worker task runs the queue, one job after another in one step of the loop.
 
-A handler that waits keeps its worker for the rest of its run, as a task of its own would:
+A job that waits keeps its worker for the rest of its run, as a task of its own would:
 inside it ``asyncio.current_task()`` stays the same, and ``asyncio.timeout``,
 ``asyncio.TaskGroup`` and cancellation behave as in a task of its own. The queue never
-waits behind it: when a worker is about to wait while handlers are queued and no other
-worker is on its way, a new worker starts. Each handler runs in its own copy of the
-context it was queued in (:func:`contextvars.copy_context`), so a context variable one sets
-is never seen by another.
+waits behind it: when a worker is about to wait while jobs are queued and no other worker
+is on its way, a new worker starts. Each job runs in its own copy of the context it was
+queued in (:func:`contextvars.copy_context`), so a context variable one sets is never seen
+by another. A handler must not cancel ``asyncio.current_task()`` itself (its worker); the
+peer's cancellation goes through :meth:`HandlerRunner.cancel`.
 
-Bounds: one worker per handler that is waiting plus at most one on its way; the queue holds
+Bounds: one worker per job that is waiting plus at most one on its way; the queue holds
 what the owner admits (the peer's ``max_concurrent`` counts :attr:`HandlerRunner.jobs`).
 Freed by :meth:`HandlerRunner.close`: the workers are cancelled and the queued coroutines
 closed unrun.
@@ -25,19 +27,21 @@ import asyncio
 import contextvars
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic
+from typing import Any, Generic, TypeAlias
 
 from rpc.key import K
 from rpc.tasks import TaskSet
 
-Serve = Callable[[K, "Running[K]", bool], Coroutine[Any, Any, None]]
-"""The owner's coroutine for one job: ``serve(key, running, stream)`` awaits ``running``
-(the handler's result) and answers ``key``."""
+Job: TypeAlias = tuple[
+    K, Coroutine[Any, Any, Any], contextvars.Context, Coroutine[Any, Any, Any] | None
+]
+"""A queued job: its request's key, its coroutine, its context, and the coroutine it awaits
+first if the job's owner made that one already (the handler's), closed with an unrun job."""
 
 
 class Running(Generic[K]):
-    """One queued handler's coroutine as an awaitable: each of its steps runs in its own
-    context, and before it first waits its runner makes sure the queue goes on."""
+    """One job as its worker awaits it: each of the job's steps runs in the job's own
+    context, and before it waits its runner makes sure the queue goes on."""
 
     __slots__ = ("_context", "_coro", "_key", "_runner")
 
@@ -78,8 +82,9 @@ class Running(Generic[K]):
 
 
 class HandlerRunner(Generic[K]):
-    """Runs one connection's coroutine handlers (see the module doc). ``serve`` is the
-    owner's coroutine per job; ``on_done`` runs after each job (e.g. to admit more)."""
+    """Runs one connection's jobs (see the module doc): each a coroutine that serves one
+    request, its handler and its reply. ``on_done`` runs after each job (e.g. to admit
+    more)."""
 
     __slots__ = (
         "_cancelled",
@@ -87,7 +92,6 @@ class HandlerRunner(Generic[K]):
         "_dropped",
         "_on_done",
         "_queue",
-        "_serve",
         "_starting",
         "_waiting_jobs",
         "_workers",
@@ -97,13 +101,11 @@ class HandlerRunner(Generic[K]):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        serve: Serve[K],
         on_done: Callable[[], None] | None = None,
     ) -> None:
-        self._serve = serve
         self._on_done = on_done
         self._workers = TaskSet(loop)
-        self._queue: deque[tuple[K, Coroutine[Any, Any, Any], contextvars.Context, bool]] = deque()
+        self._queue: deque[Job[K]] = deque()
         self._starting = False
         """A worker has been made and has not taken its first job yet: it will take the queue."""
         self._waiting_jobs: dict[K, asyncio.Task[Any]] = {}
@@ -116,10 +118,18 @@ class HandlerRunner(Generic[K]):
         self.jobs = 0
         """Jobs queued or running."""
 
-    def submit(self, key: K, coro: Coroutine[Any, Any, Any], stream: bool) -> None:
-        """Queue a handler's coroutine for ``key`` (``stream``: a stream request's), to run
-        in a copy of the current context."""
-        self._queue.append((key, coro, contextvars.copy_context(), stream))
+    def submit(
+        self,
+        key: K,
+        coro: Coroutine[Any, Any, Any],
+        inner: Coroutine[Any, Any, Any] | None = None,
+    ) -> None:
+        """Queue the job ``coro`` for request ``key``, to run in a copy of the current
+        context. The job handles its own errors; a CancelledError ends it alone after
+        :meth:`cancel`. ``inner``: a coroutine the job awaits, made before it (the
+        handler's): closed too if the job is dropped unrun, so that it is not reported as
+        never awaited."""
+        self._queue.append((key, coro, contextvars.copy_context(), inner))
         self.jobs += 1
         if not self._starting:
             self._start_worker()
@@ -149,7 +159,7 @@ class HandlerRunner(Generic[K]):
         self._closed = True
         queue = self._queue
         while queue:
-            queue.popleft()[1].close()
+            _drop(queue.popleft())
         self.jobs = len(self._waiting_jobs)
         self._dropped.clear()
         self._cancelled.clear()
@@ -172,21 +182,21 @@ class HandlerRunner(Generic[K]):
     async def _work(self) -> None:
         self._starting = False
         queue = self._queue
-        serve = self._serve
         on_done = self._on_done
         waiting = self._waiting_jobs
         dropped = self._dropped
         cancelled = self._cancelled
         try:
             while queue and not self._closed:
-                key, coro, context, stream = queue.popleft()
+                job = queue.popleft()
+                key, coro, context, _ = job
                 if dropped and key in dropped:
                     dropped.discard(key)
-                    coro.close()
+                    _drop(job)
                     self.jobs -= 1
                     continue
                 try:
-                    await serve(key, Running(self, key, coro, context), stream)
+                    await Running(self, key, coro, context)
                 except asyncio.CancelledError:
                     if key not in cancelled:
                         raise  # the worker itself (closing, or its loop shutting down)
@@ -203,3 +213,10 @@ class HandlerRunner(Generic[K]):
         finally:
             self.cover()
             self._workers.leave(asyncio.current_task())
+
+
+def _drop(job: Job[K]) -> None:
+    """Close an unrun job's coroutines (never started: nothing of theirs runs)."""
+    job[1].close()
+    if job[3] is not None:
+        job[3].close()

@@ -98,7 +98,7 @@ def serve_request(
     deadline: float | None = None,
     handler: Handler | None = None,
 ) -> None:
-    """An incoming request or stream request: the chain runs as one of the peer's tasks
+    """An incoming request or stream request: the chain runs as a job of the peer's runner
     (which a cancel from the caller cancels), its handler (``op``'s, unless the caller
     looked it up already) bounded by ``deadline``."""
     adapter = peer.adapter
@@ -120,16 +120,16 @@ def serve_request(
             peer._end_stream(key)  # its parts are dropped; the chain says why
     kind: CallKind = "stream" if stream else "request"
     call = Call(op, kind, "server", peer, payload, key, metadata or {}, deadline=deadline)
-    task = peer._tasks.start_leaving(_serve(peer, call, handler, queue))
-    if adapter.cancels and not task.done():
-        peer._running[key] = task
+    if adapter.cancels:  # before the job can run (and end)
+        peer._running.add(key)
+    peer._runner.submit(key, _serve(peer, call, handler, queue))
 
 
 async def _serve(
     peer: Peer, call: Call, handler: Handler | None, queue: asyncio.Queue[Any] | None
 ) -> None:
-    """Run the chain for one incoming call and send its outcome; the task leaves the peer's
-    task set itself (:meth:`~rpc.tasks.TaskSet.start_leaving`)."""
+    """Run the chain for one incoming call and send its outcome: a job of the peer's
+    :class:`~rpc.handler_runner.HandlerRunner`."""
     try:
         key, stream, adapter = call.id, call.kind == "stream", peer.adapter
         _enter(peer, call)
@@ -140,11 +140,12 @@ async def _serve(
                 result = await _handle(call, handler, queue)
         except asyncio.CancelledError:
             _end(peer, key, stream)
-            if peer._running.pop(key, None) is None and peer.is_open:  # the caller cancelled
+            if key not in peer._running and peer.is_open:  # the caller cancelled (on_cancel)
                 adapter.send_error(key, "cancelled by the caller")  # ends the conversation
+            peer._running.discard(key)
             raise
         except RetryLater as exc:
-            peer._running.pop(key, None)
+            peer._running.discard(key)
             _end(peer, key, stream)
             if peer.is_open:
                 if adapter.retry_results:
@@ -153,7 +154,7 @@ async def _serve(
                     adapter.send_error(key, str(exc) or "retry later")
             return
         except Exception as exc:
-            peer._running.pop(key, None)
+            peer._running.discard(key)
             _end(peer, key, stream)
             if not isinstance(exc, Rejected | UnknownOperation | PayloadError):
                 log.debug("handler %r failed", call.op, exc_info=True)
@@ -163,7 +164,7 @@ async def _serve(
         if inspect.isasyncgen(result):
             await peer._stream_result(key, result)  # a cancel from now on ends it there
             return
-        peer._running.pop(key, None)
+        peer._running.discard(key)
         if peer.outbox.blocked:
             await peer.outbox.wait_writable()
         if peer.is_open:
@@ -174,8 +175,6 @@ async def _serve(
         pass  # gone while waiting to write: nothing to answer to
     except Exception:  # a bug of ours: no done callback would report it
         log.exception("the result of a request could not be sent")
-    finally:
-        peer._leave(call.id)
 
 
 def _end(peer: Peer, key: Any, stream: bool) -> None:

@@ -88,16 +88,17 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self.call_bounds = CallBounds(self.deadlines)
         """Served calls' deadlines (callers' timeouts), on the deadlines' one timer."""
         self._tasks = TaskSet(loop, self._task_done)
-        self._runner: HandlerRunner[K] = HandlerRunner(loop, self.serve_result, self._task_done)
-        """Coroutine handlers' jobs (see :mod:`rpc.handler_runner`); with the tasks, at most
-        ``max_concurrent``."""
+        self._runner: HandlerRunner[K] = HandlerRunner(loop, self._task_done)
+        """Requests being served by a coroutine, other awaitable or async generator handler,
+        or through middleware (see :mod:`rpc.handler_runner`): at most ``max_concurrent``,
+        counted with the tasks."""
         self._calls: dict[K, _Call] = {}
         self._calls_at = float("inf")
         self._streams: dict[K, asyncio.Queue[Any]] = {}
         self._ended: OrderedDict[K, None] = OrderedDict()
-        self._running: dict[K, asyncio.Task[Any] | HandlerRunner[K]] = {}
-        """Handler tasks (or the runner, for its jobs) by request key, kept only while the
-        peer may cancel them."""
+        self._running: set[K] = set()
+        """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
+        they run and only for a peer that takes the cancellation extension."""
         self._backlog: deque[Any] = deque()
         self._turn: asyncio.Handle | None = None
         """The next turn at a backlog cut at MESSAGES_PER_TURN (see :meth:`_run`) or left

@@ -5,8 +5,10 @@ run by the registry's handlers, and their results sent back.
 middleware or request metadata go through :mod:`rpc.intercept` instead). Its state,
 set up by the peer: incoming streams in ``_streams`` (at most ``max_concurrent``; each
 queue at most ``max_stream_queue`` parts, past which that stream alone fails), streams
-ended early in ``_ended`` (the last :data:`ENDED_STREAMS`), and the handler tasks the peer
-may cancel in ``_running``; all freed with the connection.
+ended early in ``_ended`` (the last :data:`ENDED_STREAMS`), and the keys of the requests
+the peer may cancel in ``_running``; all freed with the connection. Handlers that return an
+awaitable or an async generator are served as jobs of the peer's
+:class:`~rpc.handler_runner.HandlerRunner`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rpc.notifications import run_notification
 from rpc.registry import HandlerKind, Registry
 
 if TYPE_CHECKING:
-    from rpc.handler_runner import HandlerRunner, Running
+    from rpc.handler_runner import HandlerRunner
     from rpc.options import Adapter, Options
     from rpc.outbox import Outbox
     from rpc.peer import Peer
@@ -62,7 +64,7 @@ class Responder(Generic[K]):
     _runner: HandlerRunner[K]
     _streams: dict[K, asyncio.Queue[Any]]
     _ended: OrderedDict[K, None]
-    _running: dict[K, asyncio.Task[Any] | HandlerRunner[K]]
+    _running: set[K]
     _intercepted: bool
 
     if TYPE_CHECKING:
@@ -120,20 +122,19 @@ class Responder(Generic[K]):
                 result = handler.fn(adapter.decode_params(handler, payload))
             if result.__class__ in _PLAIN_RESULTS:
                 self._reply(key, result, stream)
-            elif result.__class__ is _COROUTINE:
-                self._runner.submit(key, result, stream)
-                if adapter.cancels:
-                    self._running[key] = self._runner
-            elif inspect.isasyncgen(result):
-                task = self._tasks.start(self._stream_result(key, result))
-                if adapter.cancels and not task.done():
-                    self._running[key] = task
+                return
+            if result.__class__ is _COROUTINE:
+                job, inner = self._serve_result(key, result, stream), result
             elif inspect.isawaitable(result):
-                task = self._tasks.start_leaving(self._await_result(key, result, stream))
-                if adapter.cancels and not task.done():
-                    self._running[key] = task
+                job, inner = self._serve_result(key, result, stream), None
+            elif inspect.isasyncgen(result):
+                job, inner = self._stream_result(key, result), None
             else:
                 self._reply(key, result, stream)
+                return
+            if adapter.cancels:  # before the job can run (and end)
+                self._running.add(key)
+            self._runner.submit(key, job, inner)
         except PayloadError as exc:
             if stream:
                 self._end_stream(key)
@@ -189,34 +190,22 @@ class Responder(Generic[K]):
     def on_cancel(self, key: K) -> None:
         """The caller gave up on request ``key`` (peerwire extension): cancel its handler.
         Its late result, if any, is dropped by the caller."""
-        owner = self._running.pop(key, None)
-        if owner is self._runner:
+        if key in self._running:
+            self._running.discard(key)
             self._runner.cancel(key)
-        elif owner is not None:
-            self._tasks.cancel(owner)  # type: ignore[arg-type]
         if key in self._streams:
             self._end_stream(key)
 
-    async def _await_result(self, key: K, awaitable: Any, stream: bool) -> None:
-        """The task of a handler that returned an awaitable other than a coroutine (those
-        go to the runner): serve it, then leave the task set (see
-        :meth:`~rpc.tasks.TaskSet.start_leaving`)."""
-        try:
-            await self.serve_result(key, awaitable, stream)
-        finally:
-            self._leave(key)
-
-    async def serve_result(self, key: K, awaitable: Running[K] | Any, stream: bool) -> None:
-        """Await a handler's result and send it: a job of the runner's, or the body of a
-        handler's task. Raises CancelledError when cancelled (by the caller: after telling
-        it so); every other exception is answered or logged here."""
+    async def _serve_result(self, key: K, awaitable: Any, stream: bool) -> None:
+        """The runner's job for a handler that returned an awaitable: await its result
+        and send it. Raises CancelledError when cancelled (by the caller: after telling it
+        so); every other exception is answered or logged here."""
         try:
             try:
                 result = await awaitable
             except asyncio.CancelledError:
-                if self._running.pop(key, None) is not None or not self.is_open:
-                    raise  # shut down with the connection
-                self.adapter.send_error(key, "cancelled by the caller")  # ends the conversation
+                if key not in self._running and self.is_open:  # the caller's (on_cancel)
+                    self.adapter.send_error(key, "cancelled by the caller")  # ends it
                 raise
             except Exception as exc:
                 log.debug("handler failed", exc_info=True)
@@ -224,11 +213,10 @@ class Responder(Generic[K]):
                     self.adapter.send_error(key, str(exc) or type(exc).__name__)
                 return
             finally:
-                self._running.pop(key, None)
+                self._running.discard(key)
                 if stream and key in self._streams:
                     self._end_stream(key)
             if self.outbox.blocked:
-                self._runner.cover()  # queued handlers need not wait with this result
                 await self.outbox.wait_writable()
             if self.is_open:
                 self._reply(key, result, stream)
@@ -236,15 +224,6 @@ class Responder(Generic[K]):
             return  # gone while waiting to write: nothing to answer to
         except Exception:  # a bug of ours: no done callback would report it
             log.exception("the result of a request could not be sent")
-
-    def _leave(self, key: K) -> None:
-        """A handler task's last act: drop its cancel registration if it still holds one
-        (made after an eager first step on 3.12 that then waited to write), and leave the
-        task set."""
-        task = asyncio.current_task()
-        if self._running.get(key) is task:
-            del self._running[key]
-        self._tasks.leave(task)
 
     async def _stream_result(self, key: K, agen: Any) -> None:
         adapter = self.adapter
@@ -265,7 +244,7 @@ class Responder(Generic[K]):
                 adapter.send_result_end(key, True)
             return
         finally:
-            self._running.pop(key, None)
+            self._running.discard(key)
             if key in self._streams:
                 self._end_stream(key)
         if self.is_open:

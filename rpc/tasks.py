@@ -1,6 +1,7 @@
 """A set of tasks owned by one object: counted, cancelled together, awaited on close.
 
-Used by every peer (coroutine handlers), the Eventer server and the group node, so that
+Used by every peer (notification handlers, ``on_open``, and the workers of its
+:class:`~rpc.handler_runner.HandlerRunner`), the Eventer server and the group node, so that
 no task outlives its owner and none is garbage-collected while running.
 """
 
@@ -16,8 +17,8 @@ from typing import Any
 log = logging.getLogger("peerwire.rpc")
 
 EAGER = sys.version_info >= (3, 12)
-"""True where :meth:`TaskSet.start` runs a coroutine's first step at once (Python 3.12's
-``eager_start``); on 3.11 it makes an ordinary task."""
+"""True where :meth:`TaskSet.start_leaving` runs a coroutine's first step at once (Python
+3.12's ``eager_start``); on 3.11 it makes an ordinary task."""
 
 
 class TaskSet:
@@ -50,26 +51,13 @@ class TaskSet:
         task.add_done_callback(self._done)
         return task
 
-    def start(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Like :meth:`spawn`, but on Python 3.12+ the coroutine runs up to its first
-        suspension now, inside this call (``eager_start``): a handler that never waits
-        finishes without a trip through the loop. The task may already be done on return."""
-        if not EAGER:
-            return self.spawn(coro)
-        task: asyncio.Task[Any] = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]  # 3.12+
-        if task.done():  # finished inline: it never held a place in the set
-            if not task.cancelled() and (exc := task.exception()) is not None:
-                log.error("task %s failed", task.get_name(), exc_info=exc)
-            return task
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
     def start_leaving(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Like :meth:`start`, for a coroutine whose last act is :meth:`leave` (in a
+        """Like :meth:`spawn`, for a coroutine whose last act is :meth:`leave` (in a
         ``finally``) and which lets no exception but cancellation escape: the task needs no
-        done callback, a loop callback per task saved (the responder's coroutine handlers).
-        A task cancelled before it ever ran is dropped by :meth:`cancel` instead."""
+        done callback, a loop callback per task saved (the handler runner's workers). On
+        Python 3.12+ the coroutine runs up to its first suspension inside this call
+        (``eager_start``). A task cancelled before it ever ran is dropped by :meth:`cancel`
+        instead."""
         if not EAGER:
             task = (
                 asyncio.Task(coro, loop=self._loop)

@@ -1,6 +1,6 @@
-"""rpc.handler_runner.HandlerRunner: coroutine handlers run by a few worker tasks.
+"""rpc.handler_runner.HandlerRunner: request handlers run by a few worker tasks.
 
-Handlers that finish without waiting run one after another in one worker; one that waits
+Jobs that finish without waiting run one after another in one worker; one that waits
 keeps its worker (task semantics: current_task, asyncio.timeout, TaskGroup, cancellation)
 while the queue goes on in another; each runs in its own context; a cancelled job alone
 ends; closing cancels the waiting and closes the queued unrun. On both loops."""
@@ -11,12 +11,13 @@ import asyncio
 import contextvars
 import gc
 import warnings
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 
 import rpc
-from rpc.handler_runner import HandlerRunner, Running
+from rpc.handler_runner import HandlerRunner
 from tests.rpc_helpers import served
 
 pytestmark = pytest.mark.both_loops
@@ -25,19 +26,20 @@ MARK: contextvars.ContextVar[str] = contextvars.ContextVar("runner_test_mark", d
 
 
 class Owner:
-    """A runner's owner as the peer is one: serves each job by awaiting it and recording
-    the result (or the exception) by key."""
+    """A runner's owner as the peer is one: each job it submits awaits a handler's
+    coroutine and records the result (or the exception) by key."""
 
     def __init__(self) -> None:
         self.results: dict[int, Any] = {}
         self.done = 0
-        self.runner: HandlerRunner[int] = HandlerRunner(
-            asyncio.get_running_loop(), self.serve, self.on_done
-        )
+        self.runner: HandlerRunner[int] = HandlerRunner(asyncio.get_running_loop(), self.on_done)
 
-    async def serve(self, key: int, running: Running[int], stream: bool) -> None:
+    def submit(self, key: int, handler: Coroutine[Any, Any, Any]) -> None:
+        self.runner.submit(key, self.serve(key, handler), handler)
+
+    async def serve(self, key: int, handler: Coroutine[Any, Any, Any]) -> None:
         try:
-            self.results[key] = await running
+            self.results[key] = await handler
         except asyncio.CancelledError:
             self.results[key] = "cancelled"
             raise
@@ -63,7 +65,7 @@ async def test_handlers_that_do_not_wait_share_one_worker_in_order() -> None:
         return value * 2
 
     for key in range(10):
-        owner.runner.submit(key, quick(key), False)
+        owner.submit(key, quick(key))
     assert owner.runner.jobs == 10 and len(owner.runner.workers()) == 1
     await owner.settled()
     assert owner.results == {key: key * 2 for key in range(10)}
@@ -86,10 +88,10 @@ async def test_a_waiting_handler_keeps_its_worker_and_the_queue_goes_on() -> Non
         seen[key] = asyncio.current_task()
         return key
 
-    owner.runner.submit(0, slow(0), False)
-    owner.runner.submit(1, quick(1), False)
-    owner.runner.submit(2, slow(2), False)
-    owner.runner.submit(3, quick(3), False)
+    owner.submit(0, slow(0))
+    owner.submit(1, quick(1))
+    owner.submit(2, slow(2))
+    owner.submit(3, quick(3))
     async with asyncio.timeout(5):
         while len(owner.results) < 2:
             await asyncio.sleep(0)
@@ -113,7 +115,7 @@ async def test_each_handler_runs_in_its_own_copy_of_the_submitters_context() -> 
     token = MARK.set("submitter")
     try:
         for key in range(4):
-            owner.runner.submit(key, mark(key), False)
+            owner.submit(key, mark(key))
     finally:
         MARK.reset(token)
     await owner.settled()
@@ -137,8 +139,8 @@ async def test_timeout_and_task_group_work_inside_and_leave_the_worker_clean() -
             doubled = group.create_task(asyncio.sleep(0, value * 2))
         return doubled.result()
 
-    owner.runner.submit(0, times_out(), False)
-    owner.runner.submit(1, grouped(21), False)
+    owner.submit(0, times_out())
+    owner.submit(1, grouped(21))
     await owner.settled()
     assert owner.results == {0: "timed out", 1: 42}
 
@@ -160,10 +162,10 @@ async def test_cancel_ends_a_waiting_job_alone_and_its_worker_goes_on() -> None:
         assert task is not None
         return value, task.cancelling()  # the job's cancellation ended with it
 
-    owner.runner.submit(0, waits(), False)
+    owner.submit(0, waits())
     await asyncio.wait_for(started.wait(), 5)
     owner.runner.cancel(0)
-    owner.runner.submit(1, after(1), False)  # queued before the worker wakes up
+    owner.submit(1, after(1))  # queued before the worker wakes up
     await owner.settled()
     assert owner.results == {0: "cancelled", 1: (1, 0)}
     first = workers[0]
@@ -182,7 +184,7 @@ async def test_a_worker_cancelled_from_outside_ends_cancelled() -> None:
         started.set()
         await asyncio.Event().wait()
 
-    owner.runner.submit(0, waits(), False)
+    owner.submit(0, waits())
     await asyncio.wait_for(started.wait(), 5)
     [worker] = owner.runner.workers()
     worker.cancel()
@@ -191,6 +193,7 @@ async def test_a_worker_cancelled_from_outside_ends_cancelled() -> None:
     assert owner.runner.workers() == [] and owner.runner.jobs == 0
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 async def test_cancel_drops_a_queued_job_unrun() -> None:
     owner = Owner()
     ran: list[int] = []
@@ -202,7 +205,7 @@ async def test_cancel_drops_a_queued_job_unrun() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "coroutine ... was never awaited" would fail
         for key in range(3):
-            owner.runner.submit(key, job(key), False)
+            owner.submit(key, job(key))
         owner.runner.cancel(1)  # the worker has not run yet: all three are queued
         await owner.settled()
         gc.collect()
@@ -210,6 +213,7 @@ async def test_cancel_drops_a_queued_job_unrun() -> None:
     assert owner.runner.jobs == 0
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 async def test_close_cancels_waiting_jobs_and_closes_queued_ones_unrun() -> None:
     owner = Owner()
     started = asyncio.Event()
@@ -223,13 +227,13 @@ async def test_close_cancels_waiting_jobs_and_closes_queued_ones_unrun() -> None
         ran.append(key)
         return key
 
-    owner.runner.submit(0, waits(), False)
+    owner.submit(0, waits())
     await asyncio.wait_for(started.wait(), 5)
     workers = owner.runner.workers()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        owner.runner.submit(1, job(1), False)
-        owner.runner.submit(2, job(2), False)
+        owner.submit(1, job(1))
+        owner.submit(2, job(2))
         owner.runner.close()
         await asyncio.wait(workers, timeout=5)
         gc.collect()

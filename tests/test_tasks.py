@@ -1,6 +1,6 @@
-"""rpc.tasks.TaskSet.start: coroutine handlers start eagerly on Python 3.12+ (a handler that
-never waits finishes inside the call), as ordinary tasks on 3.11; either way they behave
-as tasks (asyncio.timeout and TaskGroup work in them) and failures are logged."""
+"""rpc.tasks.TaskSet: tasks that leave the set by themselves (started eagerly on Python
+3.12+, as ordinary tasks on 3.11), and coroutine handlers, run by the peer's workers, that
+behave as tasks (asyncio.timeout and TaskGroup work in them) and see their own context."""
 
 from __future__ import annotations
 
@@ -18,43 +18,14 @@ from rpc.tasks import EAGER, TaskSet
 from tests.rpc_helpers import served
 
 
-async def test_start_runs_to_the_first_suspension_where_eager() -> None:
-    tasks = TaskSet(asyncio.get_running_loop())
-    steps: list[str] = []
-
-    async def quick() -> int:
-        steps.append("quick")
-        return 1
-
-    task = tasks.start(quick())
-    if EAGER:  # ran inside start(), never owned by the set
-        assert steps == ["quick"] and task.done() and len(tasks) == 0
-    else:  # an ordinary task: nothing ran yet
-        assert steps == [] and not task.done() and len(tasks) == 1
-    assert await task == 1
-
-    release = asyncio.Event()
-
-    async def waits() -> int:
-        steps.append("waits")
-        await release.wait()
-        return 2
-
-    task = tasks.start(waits())
-    assert len(tasks) == 1 and not task.done()  # suspended: owned until it ends
-    release.set()
-    assert await task == 2
-    assert await tasks.wait(timeout=5)
-
-
-async def test_start_logs_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+async def test_spawn_logs_a_failure(caplog: pytest.LogCaptureFixture) -> None:
     tasks = TaskSet(asyncio.get_running_loop())
 
     async def fails() -> None:
         raise ValueError("broken")
 
     with caplog.at_level(logging.ERROR, logger="peerwire.rpc"):
-        task = tasks.start(fails())
+        task = tasks.spawn(fails())
         assert await tasks.wait(timeout=5)  # True only once its done callback has run
     assert task.done() and isinstance(task.exception(), ValueError)
     assert "broken" in caplog.text
