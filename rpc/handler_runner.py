@@ -15,7 +15,8 @@ queued in (:func:`contextvars.copy_context`), so a context variable one sets is 
 by another. A handler must not cancel ``asyncio.current_task()`` itself (its worker); the
 peer's cancellation goes through :meth:`HandlerRunner.cancel`.
 
-Bounds: one worker per job that is waiting plus at most one on its way; the queue holds
+Bounds: one worker per job that is waiting plus at most one per queued job on its way
+(see :meth:`HandlerRunner.cover`); the queue holds
 what the owner admits (the peer's ``max_concurrent`` counts :attr:`HandlerRunner.jobs`).
 Freed by :meth:`HandlerRunner.close`: the workers are cancelled and the queued coroutines
 closed unrun.
@@ -106,8 +107,8 @@ class HandlerRunner(Generic[K]):
         self._on_done = on_done
         self._workers = TaskSet(loop)
         self._queue: deque[Job[K]] = deque()
-        self._starting = False
-        """A worker has been made and has not taken its first job yet: it will take the queue."""
+        self._starting = 0
+        """Workers made that have not taken their first job yet: each will take one at least."""
         self._waiting_jobs: dict[K, asyncio.Task[Any]] = {}
         """Jobs that have waited at least once, by key: the worker each one holds."""
         self._dropped: set[K] = set()
@@ -146,9 +147,15 @@ class HandlerRunner(Generic[K]):
             self._dropped.add(key)
 
     def cover(self) -> None:
-        """Called before a worker waits: start another for the queue unless one is on its way."""
-        if self._queue and not self._starting and not self._closed:
-            self._start_worker()
+        """Called before a worker waits: start a worker for each queued job that none on its
+        way will take. A job that waits suggests that those queued behind it (often for the
+        same handler) will wait too: they all start in the next turn of the loop, not one
+        turn after another; if they do not wait, the first new worker runs them all and the
+        others find nothing to do (a task each, as without the runner)."""
+        missing = len(self._queue) - self._starting
+        if missing > 0 and not self._closed:
+            for _ in range(missing):
+                self._start_worker()
 
     def workers(self) -> list[asyncio.Task[Any]]:
         """The worker tasks now (to wait for on a graceful close)."""
@@ -165,9 +172,6 @@ class HandlerRunner(Generic[K]):
         self._cancelled.clear()
         self._workers.cancel_all()
 
-    def __len__(self) -> int:
-        return self.jobs
-
     def _waiting(self, key: K) -> None:
         """Job ``key`` waits for the first time: it keeps this worker; the queue goes on."""
         task = asyncio.current_task()
@@ -176,11 +180,11 @@ class HandlerRunner(Generic[K]):
         self.cover()
 
     def _start_worker(self) -> None:
-        self._starting = True
+        self._starting += 1
         self._workers.start_leaving(self._work())
 
     async def _work(self) -> None:
-        self._starting = False
+        self._starting -= 1
         queue = self._queue
         on_done = self._on_done
         waiting = self._waiting_jobs

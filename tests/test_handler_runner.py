@@ -103,6 +103,59 @@ async def test_a_waiting_handler_keeps_its_worker_and_the_queue_goes_on() -> Non
     assert owner.results == {0: "slow", 1: 1, 2: "slow", 3: 3}
 
 
+async def test_jobs_queued_behind_one_that_waits_all_start_in_the_next_turn() -> None:
+    """Ten jobs that all wait, queued at once: the first worker's job waits, and the nine
+    behind it get a worker each at that moment, so all have started one loop turn later
+    (not one turn after another: ten turns)."""
+    owner = Owner()
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def waits(key: int) -> int:
+        started.append(key)
+        await release.wait()
+        return key
+
+    for key in range(10):
+        owner.submit(key, waits(key))
+    await asyncio.sleep(0)  # turn 1: the first worker runs; its job waits
+    assert started == [0]
+    await asyncio.sleep(0)  # turn 2: the nine new workers run
+    assert started == list(range(10))
+    assert len(owner.runner.workers()) == 10
+    release.set()
+    await owner.settled()
+    assert owner.results == {key: key for key in range(10)}
+    assert owner.runner.workers() == []
+
+
+async def test_workers_started_for_jobs_that_do_not_wait_find_nothing_and_leave() -> None:
+    """One job waits with nine quick ones behind it: nine workers start, the first runs all
+    nine quick jobs, the rest leave at once."""
+    owner = Owner()
+    release = asyncio.Event()
+
+    async def waits() -> str:
+        await release.wait()
+        return "slow"
+
+    async def quick(key: int) -> int:
+        return key
+
+    owner.submit(0, waits())
+    for key in range(1, 10):
+        owner.submit(key, quick(key))
+    async with asyncio.timeout(5):
+        while len(owner.results) < 9:
+            await asyncio.sleep(0)
+    assert owner.results == {key: key for key in range(1, 10)}
+    await asyncio.sleep(0)  # the idle workers' own turn
+    assert len(owner.runner.workers()) == 1  # only the waiting job's worker is left
+    release.set()
+    await owner.settled()
+    assert owner.results[0] == "slow" and owner.runner.workers() == []
+
+
 async def test_each_handler_runs_in_its_own_copy_of_the_submitters_context() -> None:
     owner = Owner()
 
