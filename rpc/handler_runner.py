@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeAlias
 
 from rpc.key import K
 from rpc.tasks import TaskSet
+
+log = logging.getLogger("peerwire.rpc")
 
 Job: TypeAlias = tuple[
     K, Coroutine[Any, Any, Any], contextvars.Context, Coroutine[Any, Any, Any] | None
@@ -40,45 +43,43 @@ Job: TypeAlias = tuple[
 first if the job's owner made that one already (the handler's), closed with an unrun job."""
 
 
-class Running(Generic[K]):
-    """One job as its worker awaits it: each of the job's steps runs in the job's own
-    context, and before it waits its runner makes sure the queue goes on."""
+class _Resumed:
+    """The rest of a job that waited, as its worker awaits it: each of the job's steps runs
+    in the job's own context, and before it waits again its runner makes sure the queue
+    goes on. (A job's first step runs in :meth:`HandlerRunner._work` itself.)"""
 
-    __slots__ = ("_context", "_coro", "_key", "_runner")
+    __slots__ = ("_context", "_coro", "_first", "_runner")
 
     def __init__(
         self,
-        runner: HandlerRunner[K],
-        key: K,
+        runner: HandlerRunner[Any],
         coro: Coroutine[Any, Any, Any],
         context: contextvars.Context,
+        first: Any,
     ) -> None:
         self._runner = runner
-        self._key = key
         self._coro = coro
         self._context = context
+        self._first = first
+        """What the job's first step yielded (the future it waits for), for the task."""
 
-    def __await__(self) -> Generator[Any, Any, Any]:
+    def __await__(self) -> Generator[Any, Any, None]:
         coro = self._coro
         run = self._context.run
-        try:
-            yielded = run(coro.send, None)
-        except StopIteration as stop:  # finished without waiting: the common case
-            return stop.value
-        self._runner._waiting(self._key)
+        yielded, self._first = self._first, None
         while True:
             try:
                 sent = yield yielded  # to the worker's task, which waits for it
             except BaseException as exc:  # cancellation (or close) thrown into the task
                 try:
                     yielded = run(coro.throw, exc)
-                except StopIteration as stop:
-                    return stop.value
+                except StopIteration:
+                    return
             else:
                 try:
                     yielded = run(coro.send, sent)
-                except StopIteration as stop:
-                    return stop.value
+                except StopIteration:
+                    return
             self._runner.cover()
 
 
@@ -200,11 +201,19 @@ class HandlerRunner(Generic[K]):
                     self.jobs -= 1
                     continue
                 try:
-                    await Running(self, key, coro, context)
+                    try:
+                        first = context.run(coro.send, None)
+                    except StopIteration:
+                        pass  # done without waiting: the common case, no more to it
+                    else:  # it waits: it keeps this worker, and the queue goes on
+                        self._waiting(key)
+                        await _Resumed(self, coro, context, first)
                 except asyncio.CancelledError:
                     if key not in cancelled:
                         raise  # the worker itself (closing, or its loop shutting down)
                     # the job alone was cancelled (see cancel): the worker goes on
+                except Exception:  # jobs answer their own errors: this is a bug of ours
+                    log.exception("the job of request %r failed", key)
                 finally:
                     if waiting:
                         worker = waiting.pop(key, None)
@@ -215,7 +224,8 @@ class HandlerRunner(Generic[K]):
                     if on_done is not None:
                         on_done()
         finally:
-            self.cover()
+            if queue:  # left early (cancelled): the queue goes on
+                self.cover()
             self._workers.leave(asyncio.current_task())
 
 
