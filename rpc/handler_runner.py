@@ -4,22 +4,27 @@ Why: on Python 3.11 a task per handler costs more than most handlers do (buildin
 task, a loop callback for its first step, its removal from the owner's set), and most
 coroutine handlers finish without waiting. :class:`HandlerRunner` queues one job per
 request (a coroutine that runs the handler, or the middleware chain, and sends the reply)
-and a worker task runs the queue, one job after another in one step of the loop.
+and a worker task runs the queue, one job after another in one step of the loop. The same
+on every Python version (workers never start eagerly).
 
 A job that waits keeps its worker for the rest of its run, as a task of its own would:
 inside it ``asyncio.current_task()`` stays the same, and ``asyncio.timeout``,
 ``asyncio.TaskGroup`` and cancellation behave as in a task of its own. The queue never
-waits behind it: when a worker is about to wait while jobs are queued and no other worker
-is on its way, a new worker starts. Each job runs in its own copy of the context it was
-queued in (:func:`contextvars.copy_context`), so a context variable one sets is never seen
-by another. A handler must not cancel ``asyncio.current_task()`` itself (its worker); the
-peer's cancellation goes through :meth:`HandlerRunner.cancel`.
+waits behind it: before a worker waits while jobs are queued, a worker starts for each
+queued job that none on its way will take. Each job runs in its own copy of the context it
+was queued in (:func:`contextvars.copy_context`), so a context variable one sets is never
+seen by another; a worker is made in the context of the job it was made for.
+
+What a handler can tell: jobs that do not wait share their worker, so
+``asyncio.current_task()`` is the same task for several requests (a done callback added to
+it runs when the worker ends, not when the request does). A handler must not cancel that
+task itself; the peer's cancellation of one request goes through
+:meth:`HandlerRunner.cancel`.
 
 Bounds: one worker per job that is waiting plus at most one per queued job on its way
-(see :meth:`HandlerRunner.cover`); the queue holds
-what the owner admits (the peer's ``max_concurrent`` counts :attr:`HandlerRunner.jobs`).
-Freed by :meth:`HandlerRunner.close`: the workers are cancelled and the queued coroutines
-closed unrun.
+(see :meth:`HandlerRunner.cover`); the queue holds what the owner admits (the peer's
+``max_concurrent`` counts :attr:`HandlerRunner.jobs`). Freed by :meth:`HandlerRunner.close`:
+the workers are cancelled and the queued coroutines closed unrun.
 """
 
 from __future__ import annotations
@@ -44,54 +49,55 @@ first if the job's owner made that one already (the handler's), closed with an u
 
 
 class _Resumed:
-    """The rest of a job that waited, as its worker awaits it: each of the job's steps runs
-    in the job's own context, and before it waits again its runner makes sure the queue
-    goes on. (A job's first step runs in :meth:`HandlerRunner._work` itself.)"""
+    """The rest of a job whose first step waited, as its worker awaits it: each further
+    step runs in the job's context (``run``; None when that is the worker's own), and
+    before the job waits again its runner makes sure the queue goes on."""
 
-    __slots__ = ("_context", "_coro", "_first", "_runner")
+    __slots__ = ("_coro", "_first", "_run", "_runner")
 
     def __init__(
         self,
         runner: HandlerRunner[Any],
         coro: Coroutine[Any, Any, Any],
-        context: contextvars.Context,
+        run: Callable[..., Any] | None,
         first: Any,
     ) -> None:
         self._runner = runner
         self._coro = coro
-        self._context = context
+        self._run = run
         self._first = first
         """What the job's first step yielded (the future it waits for), for the task."""
 
     def __await__(self) -> Generator[Any, Any, None]:
-        coro = self._coro
-        run = self._context.run
+        coro, run, runner = self._coro, self._run, self._runner
         yielded, self._first = self._first, None
         while True:
+            thrown: BaseException | None = None
             try:
                 sent = yield yielded  # to the worker's task, which waits for it
             except BaseException as exc:  # cancellation (or close) thrown into the task
-                try:
-                    yielded = run(coro.throw, exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    yielded = run(coro.send, sent)
-                except StopIteration:
-                    return
-            self._runner.cover()
+                thrown = exc  # thrown in below, outside this handler (no __context__)
+            try:
+                if thrown is not None:
+                    yielded = coro.throw(thrown) if run is None else run(coro.throw, thrown)
+                else:
+                    yielded = coro.send(sent) if run is None else run(coro.send, sent)
+            except StopIteration:
+                return
+            finally:
+                thrown = None
+            if runner._queue:
+                runner.cover()
 
 
 class HandlerRunner(Generic[K]):
     """Runs one connection's jobs (see the module doc): each a coroutine that serves one
-    request, its handler and its reply. ``on_done`` runs after each job (e.g. to admit
-    more)."""
+    request, its handler and its reply, and handles its own errors. ``on_done`` runs after
+    each job, run or dropped (e.g. to admit more)."""
 
     __slots__ = (
         "_cancelled",
         "_closed",
-        "_dropped",
         "_on_done",
         "_queue",
         "_starting",
@@ -109,13 +115,11 @@ class HandlerRunner(Generic[K]):
         self._workers = TaskSet(loop)
         self._queue: deque[Job[K]] = deque()
         self._starting = 0
-        """Workers made that have not taken their first job yet: each will take one at least."""
+        """Workers made that have not taken their first job yet: each will take one."""
         self._waiting_jobs: dict[K, asyncio.Task[Any]] = {}
-        """Jobs that have waited at least once, by key: the worker each one holds."""
-        self._dropped: set[K] = set()
-        """Queued jobs cancelled before they started: skipped, their coroutines closed."""
+        """Jobs that are running and may wait (or have), by key: the worker each one holds."""
         self._cancelled: set[K] = set()
-        """Waiting jobs whose worker :meth:`cancel` cancelled for them, until they end."""
+        """Running jobs whose worker :meth:`cancel` cancelled for them, until they end."""
         self._closed = False
         self.jobs = 0
         """Jobs queued or running."""
@@ -127,25 +131,34 @@ class HandlerRunner(Generic[K]):
         inner: Coroutine[Any, Any, Any] | None = None,
     ) -> None:
         """Queue the job ``coro`` for request ``key``, to run in a copy of the current
-        context. The job handles its own errors; a CancelledError ends it alone after
-        :meth:`cancel`. ``inner``: a coroutine the job awaits, made before it (the
-        handler's): closed too if the job is dropped unrun, so that it is not reported as
-        never awaited."""
-        self._queue.append((key, coro, contextvars.copy_context(), inner))
+        context. ``inner``: a coroutine the job awaits, made before it (the handler's):
+        closed too if the job is dropped unrun, so that it is not reported as never
+        awaited. After :meth:`close` the job is dropped at once."""
+        job = (key, coro, contextvars.copy_context(), inner)
+        if self._closed:
+            _drop(job)
+            return
+        self._queue.append(job)
         self.jobs += 1
-        if not self._starting:
-            self._start_worker()
+        if not self._starting:  # _start_worker(job[2]) written out: once per job here
+            self._starting = 1
+            self._workers.start_leaving(self._work(job[2]), context=job[2])
 
     def cancel(self, key: K) -> None:
         """Cancel job ``key``: a running one gets CancelledError where it waits (its worker
-        goes on with the queue afterwards); a queued one is dropped unrun."""
+        goes on with the queue afterwards); a queued one is dropped unrun at once."""
         worker = self._waiting_jobs.get(key)
         if worker is not None:
             if key not in self._cancelled:
                 self._cancelled.add(key)
                 worker.cancel()
-        elif any(job[0] == key for job in self._queue):
-            self._dropped.add(key)
+            return
+        for job in self._queue:
+            if job[0] == key:
+                self._queue.remove(job)
+                _drop(job)
+                self._done()
+                return
 
     def cover(self) -> None:
         """Called before a worker waits: start a worker for each queued job that none on its
@@ -153,10 +166,9 @@ class HandlerRunner(Generic[K]):
         same handler) will wait too: they all start in the next turn of the loop, not one
         turn after another; if they do not wait, the first new worker runs them all and the
         others find nothing to do (a task each, as without the runner)."""
-        missing = len(self._queue) - self._starting
-        if missing > 0 and not self._closed:
-            for _ in range(missing):
-                self._start_worker()
+        queue = self._queue
+        while self._starting < len(queue) and not self._closed:
+            self._start_worker(queue[self._starting][2])
 
     def workers(self) -> list[asyncio.Task[Any]]:
         """The worker tasks now (to wait for on a graceful close)."""
@@ -169,64 +181,75 @@ class HandlerRunner(Generic[K]):
         while queue:
             _drop(queue.popleft())
         self.jobs = len(self._waiting_jobs)
-        self._dropped.clear()
         self._cancelled.clear()
         self._workers.cancel_all()
 
-    def _waiting(self, key: K) -> None:
-        """Job ``key`` waits for the first time: it keeps this worker; the queue goes on."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._waiting_jobs[key] = task
-        self.cover()
+    def _done(self) -> None:
+        self.jobs -= 1
+        if self._on_done is not None:
+            self._on_done()
 
-    def _start_worker(self) -> None:
+    def _start_worker(self, context: contextvars.Context) -> None:
+        """A worker in ``context``, the context of the job it will most likely take first."""
         self._starting += 1
-        self._workers.start_leaving(self._work())
+        self._workers.start_leaving(self._work(context), context=context)
 
-    async def _work(self) -> None:
+    async def _work(self, own: contextvars.Context) -> None:
         self._starting -= 1
+        me = asyncio.current_task()
+        if me is None:  # pragma: no cover - a coroutine run as a task always has one
+            raise RuntimeError("a handler runner's worker must run as a task")
         queue = self._queue
-        on_done = self._on_done
         waiting = self._waiting_jobs
-        dropped = self._dropped
         cancelled = self._cancelled
+        on_done = self._on_done
         try:
             while queue and not self._closed:
-                job = queue.popleft()
-                key, coro, context, _ = job
-                if dropped and key in dropped:
-                    dropped.discard(key)
-                    _drop(job)
-                    self.jobs -= 1
-                    continue
+                key, coro, context, _ = queue.popleft()
                 try:
-                    try:
-                        first = context.run(coro.send, None)
-                    except StopIteration:
-                        pass  # done without waiting: the common case, no more to it
-                    else:  # it waits: it keeps this worker, and the queue goes on
-                        self._waiting(key)
-                        await _Resumed(self, coro, context, first)
+                    if context is own and len(queue) <= self._starting:
+                        # the job this worker was made for, and every job queued behind it
+                        # has a worker on its way: awaited as in a task of its own
+                        waiting[key] = me
+                        await coro
+                    else:
+                        run = None if context is own else context.run
+                        try:
+                            first = coro.send(None) if run is None else run(coro.send, None)
+                        except StopIteration:
+                            pass  # done without waiting: the common case, no more to it
+                        else:  # it waits: it keeps this worker, and the queue goes on
+                            waiting[key] = me
+                            if queue:
+                                self.cover()
+                            await _Resumed(self, coro, run, first)
                 except asyncio.CancelledError:
-                    if key not in cancelled:
+                    if key not in cancelled or me.cancelling() > 1:
                         raise  # the worker itself (closing, or its loop shutting down)
                     # the job alone was cancelled (see cancel): the worker goes on
                 except Exception:  # jobs answer their own errors: this is a bug of ours
                     log.exception("the job of request %r failed", key)
                 finally:
-                    if waiting:
-                        worker = waiting.pop(key, None)
-                        if worker is not None and key in cancelled:
+                    worker_cancelled = False
+                    if waiting and waiting.get(key) is me:
+                        del waiting[key]
+                        if key in cancelled:
                             cancelled.discard(key)
-                            worker.uncancel()  # that cancellation ended with the job
-                    self.jobs -= 1
+                            # a cancellation of the worker's own came with the job's: it stands
+                            worker_cancelled = me.uncancel() > 0
+                    self.jobs -= 1  # _done() written out: once per job
                     if on_done is not None:
                         on_done()
-        finally:
-            if queue:  # left early (cancelled): the queue goes on
+                    if worker_cancelled:
+                        raise asyncio.CancelledError
+        except GeneratorExit:
+            raise  # collected unrun or closed with its loop: nothing more may start
+        except BaseException:
+            if queue:  # left early (cancelled): the queue goes on without it
                 self.cover()
-            self._workers.leave(asyncio.current_task())
+            raise
+        finally:
+            self._workers.leave(me)
 
 
 def _drop(job: Job[K]) -> None:

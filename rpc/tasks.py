@@ -10,15 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 log = logging.getLogger("peerwire.rpc")
-
-EAGER = sys.version_info >= (3, 12)
-"""True where :meth:`TaskSet.start_leaving` runs a coroutine's first step at once (Python
-3.12's ``eager_start``); on 3.11 it makes an ordinary task."""
 
 
 class TaskSet:
@@ -51,24 +46,19 @@ class TaskSet:
         task.add_done_callback(self._done)
         return task
 
-    def start_leaving(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    def start_leaving(
+        self, coro: Coroutine[Any, Any, Any], *, context: contextvars.Context | None = None
+    ) -> asyncio.Task[Any]:
         """Like :meth:`spawn`, for a coroutine whose last act is :meth:`leave` (in a
         ``finally``) and which lets no exception but cancellation escape: the task needs no
-        done callback, a loop callback per task saved (the handler runner's workers). On
-        Python 3.12+ the coroutine runs up to its first suspension inside this call
-        (``eager_start``). A task cancelled before it ever ran is dropped by :meth:`cancel`
-        instead."""
-        if not EAGER:
-            task = (
-                asyncio.Task(coro, loop=self._loop)
-                if self._direct
-                else self._loop.create_task(coro)
-            )
-            self._tasks.add(task)
-            return task
-        task = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]  # 3.12+
-        if not task.done():  # finished inline: it left before it could be added
-            self._tasks.add(task)
+        done callback, a loop callback per task saved (the handler runner's workers). Never
+        started eagerly, on any Python version. A task cancelled before it ever ran is
+        dropped by :meth:`cancel` instead."""
+        if self._direct:
+            task = asyncio.Task(coro, loop=self._loop, context=context)
+        else:
+            task = self._loop.create_task(coro, context=context)
+        self._tasks.add(task)
         return task
 
     def leave(self, task: asyncio.Task[Any] | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import logging
 import warnings
 from collections.abc import Coroutine
 from typing import Any
@@ -56,21 +57,31 @@ class Owner:
                 await asyncio.sleep(0)
 
 
+def assert_clean(runner: HandlerRunner[int]) -> None:
+    """Nothing of a finished job is left behind."""
+    assert runner.jobs == 0
+    assert not runner._queue and not runner._waiting_jobs and not runner._cancelled
+
+
 async def test_handlers_that_do_not_wait_share_one_worker_in_order() -> None:
     owner = Owner()
     workers: list[asyncio.Task[Any] | None] = []
+    order: list[int] = []
 
     async def quick(value: int) -> int:
         workers.append(asyncio.current_task())
+        order.append(value)
         return value * 2
 
     for key in range(10):
         owner.submit(key, quick(key))
     assert owner.runner.jobs == 10 and len(owner.runner.workers()) == 1
     await owner.settled()
+    assert order == list(range(10))
     assert owner.results == {key: key * 2 for key in range(10)}
-    assert len(set(map(id, workers))) == 1 and workers[0] is not asyncio.current_task()
+    assert len(set(workers)) == 1 and workers[0] is not asyncio.current_task()
     assert owner.done == 10 and owner.runner.workers() == []  # the worker left when idle
+    assert_clean(owner.runner)
 
 
 async def test_a_waiting_handler_keeps_its_worker_and_the_queue_goes_on() -> None:
@@ -225,6 +236,56 @@ async def test_cancel_ends_a_waiting_job_alone_and_its_worker_goes_on() -> None:
     assert first is not None and workers[1] is first  # the same worker went on
     assert first.done() and not first.cancelled()
     assert owner.runner.workers() == []
+    assert_clean(owner.runner)
+
+
+async def test_a_cancel_of_the_worker_with_a_cancel_of_its_job_ends_the_worker() -> None:
+    """Two cancellations in one turn arrive as one CancelledError: the job's own is taken
+    back, the worker's still stands, and the worker ends instead of going on."""
+    owner = Owner()
+    started = asyncio.Event()
+
+    async def waits() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def after() -> str:
+        return "must not run in the cancelled worker"
+
+    owner.submit(0, waits())
+    await asyncio.wait_for(started.wait(), 5)
+    [worker] = owner.runner.workers()
+    worker.cancel()  # e.g. the loop shutting down
+    owner.runner.cancel(0)
+    owner.submit(1, after())  # queued behind, for whichever worker is alive
+    await asyncio.wait([worker], timeout=5)
+    assert worker.cancelled() and owner.results[0] == "cancelled"
+    await owner.settled()  # a new worker took the queued job
+    assert owner.results[1] == "must not run in the cancelled worker"
+    assert_clean(owner.runner)
+
+
+async def test_a_job_that_raises_is_logged_and_the_worker_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    owner = Owner()
+    workers: list[asyncio.Task[Any] | None] = []
+
+    async def broken() -> None:  # a job, unlike a handler, is not supposed to raise
+        workers.append(asyncio.current_task())
+        raise ValueError("a bug in a job")
+
+    async def fine() -> int:
+        workers.append(asyncio.current_task())
+        return 1
+
+    with caplog.at_level(logging.ERROR, logger="peerwire.rpc"):
+        owner.runner.submit(0, broken())
+        owner.submit(1, fine())
+        await owner.settled()
+    assert "a bug in a job" in caplog.text and owner.results == {1: 1}
+    assert workers[0] is workers[1] and owner.done == 2
+    assert_clean(owner.runner)
 
 
 async def test_a_worker_cancelled_from_outside_ends_cancelled() -> None:
@@ -263,7 +324,8 @@ async def test_cancel_drops_a_queued_job_unrun() -> None:
         await owner.settled()
         gc.collect()
     assert ran == [0, 2] and owner.results == {0: 0, 2: 2}
-    assert owner.runner.jobs == 0
+    assert owner.runner.jobs == 0 and owner.done == 3  # the dropped job freed its slot too
+    assert_clean(owner.runner)
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
@@ -301,12 +363,12 @@ async def test_a_peers_coroutine_handlers_share_workers_and_not_their_context(
     """Over a real connection: 50 requests sent together are served by fewer worker tasks
     than requests, each handler sees its connection and a context of its own."""
     reg = rpc.Registry()
-    workers: set[int] = set()
+    workers: set[asyncio.Task[Any] | None] = set()
     seen: list[str] = []
 
     @reg.handle("mark")
     async def mark(value: int) -> int:
-        workers.add(id(asyncio.current_task()))
+        workers.add(asyncio.current_task())  # held: no id reused by a later task
         seen.append(MARK.get())
         MARK.set(f"set by {value}")
         assert rpc.current_peer.get() is not None
@@ -319,4 +381,4 @@ async def test_a_peers_coroutine_handlers_share_workers_and_not_their_context(
         [server_peer] = server.peers
         assert server_peer.handlers_running == 0
     assert seen == ["unset"] * 50
-    assert 1 <= len(workers) < 50
+    assert None not in workers and 1 <= len(workers) < 50

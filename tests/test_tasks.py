@@ -1,6 +1,6 @@
-"""rpc.tasks.TaskSet: tasks that leave the set by themselves (started eagerly on Python
-3.12+, as ordinary tasks on 3.11), and coroutine handlers, run by the peer's workers, that
-behave as tasks (asyncio.timeout and TaskGroup work in them) and see their own context."""
+"""rpc.tasks.TaskSet: tasks that leave the set by themselves, and coroutine handlers, run by
+the peer's workers, that behave as tasks (asyncio.timeout and TaskGroup work in them) and
+see their own context."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import rpc
-from rpc.tasks import EAGER, TaskSet
+from rpc.tasks import TaskSet
 from tests.rpc_helpers import served
 
 
@@ -50,7 +50,7 @@ async def test_start_leaving_tasks_leave_by_themselves() -> None:
     quick = tasks.start_leaving(leaving(False))
     assert await quick == "ok"
     assert len(tasks) == 0
-    assert done == ([] if EAGER else [0])  # an eager task that ended inline was never owned
+    assert done == [0]
 
     waiting = tasks.start_leaving(leaving(True))
     unstarted = tasks.start_leaving(leaving(True))
@@ -61,7 +61,7 @@ async def test_start_leaving_tasks_leave_by_themselves() -> None:
     with pytest.raises(asyncio.CancelledError):
         await unstarted
     assert await tasks.wait(timeout=5) and len(tasks) == 0
-    assert len(done) == (2 if EAGER else 3)
+    assert len(done) == 3
 
     release.clear()
     for _ in range(3):
@@ -71,9 +71,8 @@ async def test_start_leaving_tasks_leave_by_themselves() -> None:
 
 
 async def test_start_leaving_honours_a_task_factory_set_before_the_set() -> None:
-    """Without a task factory start_leaving builds the task itself; on 3.11 a factory the
-    loop had when the set was made still gets every task (3.12+ starts them eagerly, as
-    :meth:`TaskSet.start` does, never through a factory)."""
+    """Without a task factory start_leaving builds the task itself; a factory the loop had
+    when the set was made still gets every task."""
     loop = asyncio.get_running_loop()
     made: list[object] = []
 
@@ -93,7 +92,7 @@ async def test_start_leaving_honours_a_task_factory_set_before_the_set() -> None
     try:
         with_factory = TaskSet(loop)
         assert await with_factory.start_leaving(leaving(with_factory)) == 1
-        assert len(made) == (0 if EAGER else 1) and len(with_factory) == 0
+        assert len(made) == 1 and len(with_factory) == 0
     finally:
         loop.set_task_factory(None)
 
