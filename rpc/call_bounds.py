@@ -8,8 +8,9 @@ is cancelled and the slot re-armed for the nearest one left. A call that ends fi
 drops its entry (the slot may then fire once early, find nothing due and re-arm), so a
 bounded call costs a dict entry instead of a timer handle made and cancelled (measured with
 ``asyncio.timeout_at`` per call: about 6.5 us of a Gotalk server's CPU per call on 3.11).
-At most one entry per running handler task (``max_concurrent``), freed when the task
-leaves its bound or the connection goes.
+Entries are keyed by the task the handler runs in (a handler runner's worker, held by that
+handler while it waits): at most one per waiting handler (``max_concurrent``), freed when
+the handler leaves its bound or the connection goes.
 """
 
 from __future__ import annotations

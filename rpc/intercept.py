@@ -4,10 +4,11 @@
 (:mod:`rpc.middleware`); its protocol adapter hands over incoming requests that came with
 metadata (:mod:`wire.metadata`: trace context, the caller's time left). A connection with
 neither never comes here. Apart from running the middleware chain (each incoming call as a
-task, so it may await), bounding handlers by the caller's deadline and sending metadata
-before requests, every step is the one of the plain path in :mod:`rpc.peer`, whose
-per-connection state it shares: the same handler slots, incoming streams, running handlers
-(which the cancellation extension cancels), outstanding calls and deadlines.
+job of the peer's :class:`~rpc.handler_runner.HandlerRunner`, so it may await), bounding
+handlers by the caller's deadline and sending metadata before requests, every step is the
+one of the plain path in :mod:`rpc.peer`, whose per-connection state it shares: the same
+handler slots, incoming streams, running handlers (which the cancellation extension
+cancels), outstanding calls and deadlines.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ error result for an overdue handler reaches only callers that could not say so."
 
 
 def _enter(peer: Peer, call: Call) -> None:
-    """Set the context variables of a served call (in its task's own context)."""
+    """Set the context variables of a served call (in its job's own context)."""
     core.current_peer.set(peer)
     mw.current_call.set(call)
 

@@ -18,7 +18,8 @@ in order, so client middleware does not see it).
 
 Limits: requests past ``Options.max_concurrent`` are answered by the core before any
 middleware (as gRPC's ``max_concurrent_rpcs``); with middleware set, every incoming call
-runs as a task. For a streamed result the middleware gets the async iterator of its parts;
+runs as a job of the peer's :class:`~rpc.handler_runner.HandlerRunner` (a task of its own
+once it waits). For a streamed result the middleware gets the async iterator of its parts;
 :func:`on_finish` helps to see its end. With no middleware set nothing of this runs.
 """
 

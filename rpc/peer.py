@@ -5,7 +5,8 @@ Path of a request, in one direction: the transport reads into the thread's buffe
 peer's protocol adapter (:mod:`rpc.gotalk_peer`, :mod:`rpc.chatter_peer`) decodes the bytes
 into codec messages and :meth:`Peer._run` hands each to the adapter's ``dispatch``, which
 calls :meth:`Peer.on_request` (or ``on_result`` ...); the handler runs (inline when it is a
-plain function, as a task when it is a coroutine or async generator); its result goes back
+plain function; as a job of the peer's :class:`~rpc.handler_runner.HandlerRunner` when it
+is a coroutine or async generator); its result goes back
 through the adapter's encoder into the :class:`~rpc.outbox.Outbox`, which writes what one
 read produced at its end, with a write forced every 16 messages or 64 KiB queued.
 
@@ -19,8 +20,10 @@ Everything per connection is bounded and freed when the connection goes:
   stream, a wait per result);
 - incoming streams in ``_streams`` (at most ``max_concurrent``; each queue at most
   ``max_stream_queue`` parts, past which that stream alone fails);
-- handler tasks in a :class:`~rpc.tasks.TaskSet` (at most ``max_concurrent``), and the
-  callers' deadlines of those that came with one in ``call_bounds`` (one entry per task);
+- requests being served in the :class:`~rpc.handler_runner.HandlerRunner` (jobs, queued or
+  running, and a worker task per job that waits) and tasks in a :class:`~rpc.tasks.TaskSet`
+  (notifications, ``on_open``): requests at most ``max_concurrent``; the callers' deadlines
+  of those that came with one in ``call_bounds`` (one entry per waiting handler);
 - decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
   reading stops as soon as the backlog is non-empty); one read's messages past
   ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
@@ -259,7 +262,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             current_peer.reset(token)
 
     def _next_turn(self) -> None:
-        if self._turn is None:  # in the peer's own context, never a handler task's
+        if self._turn is None:  # in the peer's own context, never a handler's
             self._turn = self._loop.call_soon(self._take_turn, context=self._context)
 
     def _take_turn(self) -> None:
@@ -292,9 +295,9 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             self._transport.resume_reading()
 
     def _task_done(self) -> None:
-        """A handler task ended (called from inside it, as it leaves the task set): held-back
-        input waits for a turn of its own, so that it neither runs in that task nor inherits
-        its context variables."""
+        """A handler ended (a task leaving the task set, or a job of the runner, called from
+        inside its task): held-back input waits for a turn of its own, so that it neither
+        runs in that task nor inherits its context variables."""
         if self._backlog and self._transport is not None:
             self._next_turn()
 

@@ -11,8 +11,8 @@ Rows (``--only`` takes one of these names; repeat it for several):
   ``peer.request("echo", payload, raw=True)``: no JSON anywhere.
 - ``peerwire-gotalk``: ``tcp+gotalk://``, same handler and call.
 - ``peerwire-gotalk-async``: ``tcp+gotalk://`` with ``async def echo``: what a coroutine
-  handler costs next to the plain function (a task per call; on Python 3.12+ started
-  eagerly, so one that never waits finishes inline).
+  handler costs next to the plain function (run by the connection's worker tasks, several
+  calls in one worker when they do not wait: :mod:`rpc.handler_runner`).
 - ``peerwire-gotalk-mw``: the same with one pass-through middleware on each side
   (``serve(middleware=...)`` and ``connect(middleware=...)``): what the middleware path
   costs next to the plain one, which has none.
