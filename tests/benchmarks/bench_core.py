@@ -11,7 +11,9 @@ measured in the same run, is the codec alone on the same messages (the server's 
 the encode of its replies), so the difference is what the core adds per request.
 
 Rows: Gotalk and Chatter (``HatChatter``), each with a plain function handler, a coroutine
-handler and a plain handler behind one pass-through middleware; for Gotalk also the
+handler, a coroutine handler that waits once (``coro, waits``: ``await asyncio.sleep(0)``,
+so it holds a worker task of its own until it answers) and a plain handler behind one
+pass-through middleware; for Gotalk also the
 coroutine handler called by a peerwire client that chose a timeout (``coro, timed``: each
 request preceded by its metadata, the handler bounded by the caller's deadline; "core
 adds" there includes decoding the metadata notification).
@@ -24,6 +26,8 @@ client pays, a future per call resolved and its worker woken (``client futures``
 core adds what is left over both. Each figure is the best of
 ``--repeat`` runs (default 5) of ``--requests`` requests (default 20,000); ``--smoke`` (CI)
 is one run of 1,000. ``--loop uvloop`` runs every row on uvloop (default: asyncio's loop).
+``--burst N`` cuts the server rows' requests into reads of N (default 100; 1 is what a
+sequential caller sends).
 """
 
 from __future__ import annotations
@@ -108,6 +112,13 @@ def registry(kind: str) -> rpc.Registry:
         async def async_echo(data: bytes) -> bytes:
             return data
 
+    elif kind == "waits":
+
+        @reg.handle("echo")
+        async def waiting_echo(data: bytes) -> bytes:
+            await asyncio.sleep(0)  # waits once: a task of its own until it answers
+            return data
+
     else:
 
         @reg.handle("echo")
@@ -120,17 +131,17 @@ def registry(kind: str) -> rpc.Registry:
 # --- requests as a client sends them, and the codec-only baseline -------------------------
 
 
-def gotalk_reads(count: int, timed: bool = False) -> tuple[bytes, list[bytes]]:
-    """The client's version, then ``count`` requests cut into reads of BURST. ``timed``: a
+def gotalk_reads(count: int, timed: bool = False, burst: int = BURST) -> tuple[bytes, list[bytes]]:
+    """The client's version, then ``count`` requests cut into reads of ``burst``. ``timed``: a
     peerwire client that chose a timeout (60 s): its hello (extension level 2) goes after
     the version, and each request after its metadata notification."""
     first = gotalk.GotalkConnection().handshake()
     if timed:
         first += gotalk.encode(gotalk.Notification(HELLO, b"2"))
     reads = []
-    for start in range(0, count, BURST):
+    for start in range(0, count, burst):
         parts = []
-        for i in range(start, min(count, start + BURST)):
+        for i in range(start, min(count, start + burst)):
             rid = (i + 1).to_bytes(4, "big")
             if timed:
                 meta = metadata.encode_gotalk(rid, metadata.RequestMeta(60_000, {}))
@@ -140,13 +151,13 @@ def gotalk_reads(count: int, timed: bool = False) -> tuple[bytes, list[bytes]]:
     return first, reads
 
 
-def chatter_reads(count: int) -> tuple[bytes, list[bytes]]:
+def chatter_reads(count: int, burst: int = BURST) -> tuple[bytes, list[bytes]]:
     """``count`` requests of a HatChatter client (each a conversation of its own, token
-    handed over, as peerwire clients send them) cut into reads of BURST."""
+    handed over, as peerwire clients send them) cut into reads of ``burst``."""
     client = ChatterConnection(Dialect.CURRENT)
     reads = []
-    for start in range(0, count, BURST):
-        for _ in range(start, min(count, start + BURST)):
+    for start in range(0, count, burst):
+        for _ in range(start, min(count, start + burst)):
             client.send("echo", PAYLOAD, token=True, last=False)
         reads.append(client.data_to_send())
     return b"", reads
@@ -325,11 +336,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument(
+        "--burst", type=int, default=BURST, help="requests per read, server rows (default 100)"
+    )
     args = parser.parse_args()
     os.environ[rpc.loops.ENV_VAR] = args.loop  # what rpc.loops.run runs every row on
     count, repeat = (1_000, 1) if args.smoke else (args.requests, args.repeat)
 
-    protocols: dict[str, tuple[Any, Callable[[int], tuple[bytes, list[bytes]]], Any]] = {
+    protocols: dict[str, tuple[Any, Callable[..., tuple[bytes, list[bytes]]], Any]] = {
         "gotalk": (lambda reg: GotalkPeer(reg), gotalk_reads, codec_gotalk),
         "chatter": (
             lambda reg: ChatterPeer(reg, dialect=None),
@@ -338,16 +352,20 @@ def main() -> None:
         ),
     }
     print(
-        f"{count:,} requests of {len(PAYLOAD)} bytes in reads of {BURST}, best of {repeat}, "
+        f"{count:,} requests of {len(PAYLOAD)} bytes in reads of {args.burst} (client rows:"
+        f" {BURST}), best of {repeat}, "
         f"on {args.loop}"
     )
     rows: list[tuple[str, str, Callable[[], float]]] = []
     for name, (peer_of, reads_of, codec_only) in protocols.items():
-        first, reads = reads_of(count)
+        first, reads = reads_of(count, burst=args.burst)
         rows.append((name, "codec alone", lambda f=first, r=reads, c=codec_only: _cpu(c, f, r)))
-        cases = [(kind, kind, first, reads) for kind in ("plain", "coroutine", "middleware")]
+        kinds = (("plain", "plain"), ("coroutine", "coroutine"), ("coro, waits", "waits"))
+        cases = [(kind, handlers, first, reads) for kind, handlers in kinds]
+        cases.append(("middleware", "middleware", first, reads))
         if name == "gotalk":  # a coroutine handler called with a timeout: bounded by it
-            cases.append(("coro, timed", "coroutine", *gotalk_reads(count, timed=True)))
+            timed = gotalk_reads(count, timed=True, burst=args.burst)
+            cases.append(("coro, timed", "coroutine", *timed))
         for kind, handlers, case_first, case_reads in cases:
             reg = registry(handlers)
 
