@@ -98,6 +98,7 @@ class HandlerRunner(Generic[K]):
     __slots__ = (
         "_cancelled",
         "_closed",
+        "_loop",
         "_on_done",
         "_queue",
         "_starting",
@@ -112,14 +113,18 @@ class HandlerRunner(Generic[K]):
         on_done: Callable[[], None] | None = None,
     ) -> None:
         self._on_done = on_done
-        self._workers = TaskSet(loop)
-        self._queue: deque[Job[K]] = deque()
+        self._loop = loop
+        self._workers: TaskSet | None = None
+        self._queue: deque[Job[K]] | None = None
+        """Made with the workers' set at the first job: a connection that never serves a
+        coroutine handler holds neither (about 0.9 KiB)."""
         self._starting = 0
         """Workers made that have not taken their first job yet: each will take one."""
         self._waiting_jobs: dict[K, asyncio.Task[Any]] = {}
         """Jobs that are running and may wait (or have), by key: the worker each one holds."""
-        self._cancelled: set[K] = set()
-        """Running jobs whose worker :meth:`cancel` cancelled for them, until they end."""
+        self._cancelled: dict[K, None] = {}
+        """Running jobs whose worker :meth:`cancel` cancelled for them, until they end (a
+        dict: empty, it is smaller than a set)."""
         self._closed = False
         self.jobs = 0
         """Jobs queued or running."""
@@ -138,11 +143,14 @@ class HandlerRunner(Generic[K]):
         if self._closed:
             _drop(job)
             return
-        self._queue.append(job)
+        queue = self._queue
+        if queue is None:
+            queue = self._queue = deque()
+            self._workers = TaskSet(self._loop)
+        queue.append(job)
         self.jobs += 1
-        if not self._starting:  # _start_worker(job[2]) written out: once per job here
-            self._starting = 1
-            self._workers.start_leaving(self._work(job[2]), context=job[2])
+        if not self._starting:
+            self._start_worker(job[2])
 
     def cancel(self, key: K) -> None:
         """Cancel job ``key``: a running one gets CancelledError where it waits (its worker
@@ -150,12 +158,15 @@ class HandlerRunner(Generic[K]):
         worker = self._waiting_jobs.get(key)
         if worker is not None:
             if key not in self._cancelled:
-                self._cancelled.add(key)
+                self._cancelled[key] = None
                 worker.cancel()
             return
-        for job in self._queue:
+        queue = self._queue
+        if queue is None:
+            return  # never a job: nothing to cancel
+        for job in queue:
             if job[0] == key:
-                self._queue.remove(job)
+                queue.remove(job)
                 _drop(job)
                 self._done()
                 return
@@ -167,12 +178,12 @@ class HandlerRunner(Generic[K]):
         turn after another; if they do not wait, the first new worker runs them all and the
         others find nothing to do (a task each, as without the runner)."""
         queue = self._queue
-        while self._starting < len(queue) and not self._closed:
+        while queue and self._starting < len(queue) and not self._closed:
             self._start_worker(queue[self._starting][2])
 
     def workers(self) -> list[asyncio.Task[Any]]:
         """The worker tasks now (to wait for on a graceful close)."""
-        return list(self._workers)
+        return list(self._workers or ())
 
     def close(self) -> None:
         """Cancel the workers (and the jobs they hold); close the queued coroutines unrun."""
@@ -182,7 +193,8 @@ class HandlerRunner(Generic[K]):
             _drop(queue.popleft())
         self.jobs = len(self._waiting_jobs)
         self._cancelled.clear()
-        self._workers.cancel_all()
+        if self._workers is not None:
+            self._workers.cancel_all()
 
     def _done(self) -> None:
         self.jobs -= 1
@@ -191,15 +203,17 @@ class HandlerRunner(Generic[K]):
 
     def _start_worker(self, context: contextvars.Context) -> None:
         """A worker in ``context``, the context of the job it will most likely take first."""
+        queue, workers = self._queue, self._workers
+        if queue is None or workers is None:
+            raise RuntimeError("a worker started before the first job")  # submit makes both
         self._starting += 1
-        self._workers.start_leaving(self._work(context), context=context)
+        workers.start_leaving(self._work(context, queue, workers), context=context)
 
-    async def _work(self, own: contextvars.Context) -> None:
+    async def _work(self, own: contextvars.Context, queue: deque[Job[K]], workers: TaskSet) -> None:
         self._starting -= 1
         me = asyncio.current_task()
-        if me is None:  # pragma: no cover - a coroutine run as a task always has one
+        if me is None:  # a coroutine run as a task always has one
             raise RuntimeError("a handler runner's worker must run as a task")
-        queue = self._queue
         waiting = self._waiting_jobs
         cancelled = self._cancelled
         on_done = self._on_done
@@ -234,7 +248,7 @@ class HandlerRunner(Generic[K]):
                     if waiting and waiting.get(key) is me:
                         del waiting[key]
                         if key in cancelled:
-                            cancelled.discard(key)
+                            del cancelled[key]
                             # a cancellation of the worker's own came with the job's: it stands
                             worker_cancelled = me.uncancel() > 0
                     self.jobs -= 1  # _done() written out: once per job
@@ -249,7 +263,7 @@ class HandlerRunner(Generic[K]):
                 self.cover()
             raise
         finally:
-            self._workers.leave(me)
+            workers.leave(me)
 
 
 def _drop(job: Job[K]) -> None:

@@ -73,6 +73,7 @@ async def test_handlers_that_do_not_wait_share_one_worker_in_order() -> None:
         order.append(value)
         return value * 2
 
+    assert owner.runner._queue is None  # nothing allocated for a connection without jobs
     for key in range(10):
         owner.submit(key, quick(key))
     assert owner.runner.jobs == 10 and len(owner.runner.workers()) == 1
