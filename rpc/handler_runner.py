@@ -42,10 +42,11 @@ from rpc.tasks import TaskSet
 log = logging.getLogger("peerwire.rpc")
 
 Job: TypeAlias = tuple[
-    K, Coroutine[Any, Any, Any], contextvars.Context, Coroutine[Any, Any, Any] | None
+    K, Coroutine[Any, Any, Any], contextvars.Context, Coroutine[Any, Any, Any] | None, int
 ]
-"""A queued job: its request's key, its coroutine, its context, and the coroutine it awaits
-first if the job's owner made that one already (the handler's), closed with an unrun job."""
+"""A queued job: its request's key, its coroutine, its context, the coroutine it awaits
+first if the job's owner made that one already (the handler's, closed with an unrun job),
+and its number (jobs are numbered as submitted, from 1)."""
 
 
 class _Resumed:
@@ -98,10 +99,14 @@ class HandlerRunner(Generic[K]):
     __slots__ = (
         "_cancelled",
         "_closed",
+        "_drain_left",
+        "_drain_upto",
+        "_drained",
         "_loop",
         "_on_done",
         "_queue",
         "_starting",
+        "_submitted",
         "_waiting_jobs",
         "_workers",
         "jobs",
@@ -126,6 +131,11 @@ class HandlerRunner(Generic[K]):
         """Running jobs whose worker :meth:`cancel` cancelled for them, until they end (a
         dict: empty, it is smaller than a set)."""
         self._closed = False
+        self._submitted = 0
+        self._drained: asyncio.Future[None] | None = None
+        """Resolved once every job submitted up to ``_drain_upto`` has ended (see drain)."""
+        self._drain_upto = 0
+        self._drain_left = 0
         self.jobs = 0
         """Jobs queued or running."""
 
@@ -139,7 +149,8 @@ class HandlerRunner(Generic[K]):
         context. ``inner``: a coroutine the job awaits, made before it (the handler's):
         closed too if the job is dropped unrun, so that it is not reported as never
         awaited. After :meth:`close` the job is dropped at once."""
-        job = (key, coro, contextvars.copy_context(), inner)
+        self._submitted += 1
+        job = (key, coro, contextvars.copy_context(), inner, self._submitted)
         if self._closed:
             _drop(job)
             return
@@ -168,8 +179,19 @@ class HandlerRunner(Generic[K]):
             if job[0] == key:
                 queue.remove(job)
                 _drop(job)
-                self._done()
+                self._done(job[4])
                 return
+
+    def drain(self) -> asyncio.Future[None] | None:
+        """A future that resolves once every job submitted so far has ended (None: there is
+        none), for a graceful close: jobs submitted later are not waited for."""
+        if not self.jobs:
+            return None
+        if self._drained is None or self._drained.done():
+            self._drained = self._loop.create_future()
+        self._drain_upto = self._submitted
+        self._drain_left = self.jobs
+        return self._drained
 
     def cover(self) -> None:
         """Called before a worker waits: start a worker for each queued job that none on its
@@ -182,7 +204,7 @@ class HandlerRunner(Generic[K]):
             self._start_worker(queue[self._starting][2])
 
     def workers(self) -> list[asyncio.Task[Any]]:
-        """The worker tasks now (to wait for on a graceful close)."""
+        """The worker tasks now (for tests and diagnostics)."""
         return list(self._workers or ())
 
     def close(self) -> None:
@@ -193,13 +215,24 @@ class HandlerRunner(Generic[K]):
             _drop(queue.popleft())
         self.jobs = len(self._waiting_jobs)
         self._cancelled.clear()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)  # what is left is being cancelled
         if self._workers is not None:
             self._workers.cancel_all()
 
-    def _done(self) -> None:
+    def _done(self, number: int) -> None:
+        """Job ``number`` ended (or was dropped)."""
         self.jobs -= 1
+        if self._drained is not None and number <= self._drain_upto:
+            self._drain_step()
         if self._on_done is not None:
             self._on_done()
+
+    def _drain_step(self) -> None:
+        """One of the jobs a :meth:`drain` waits for has ended."""
+        self._drain_left -= 1
+        if not self._drain_left and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     def _start_worker(self, context: contextvars.Context) -> None:
         """A worker in ``context``, the context of the job it will most likely take first."""
@@ -219,7 +252,7 @@ class HandlerRunner(Generic[K]):
         on_done = self._on_done
         try:
             while queue and not self._closed:
-                key, coro, context, _ = queue.popleft()
+                key, coro, context, _, number = queue.popleft()
                 try:
                     if context is own and len(queue) <= self._starting:
                         # the job this worker was made for, and every job queued behind it
@@ -251,7 +284,9 @@ class HandlerRunner(Generic[K]):
                             del cancelled[key]
                             # a cancellation of the worker's own came with the job's: it stands
                             worker_cancelled = me.uncancel() > 0
-                    self.jobs -= 1  # _done() written out: once per job
+                    self.jobs -= 1  # _done(number) written out: once per job
+                    if self._drained is not None and number <= self._drain_upto:
+                        self._drain_step()
                     if on_done is not None:
                         on_done()
                     if worker_cancelled:

@@ -375,7 +375,9 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             c.future for c in self._calls.values() if c.future is not None and c.queue is None
         ]
         pending += list(self._tasks)
-        pending += self._runner.workers()
+        drained = self._runner.drain()  # the requests being served now, not later ones
+        if drained is not None:
+            pending.append(drained)
         if pending:
             await asyncio.wait(pending, timeout=drain_timeout)
         self.outbox.flush()

@@ -329,6 +329,33 @@ async def test_cancel_drops_a_queued_job_unrun() -> None:
     assert_clean(owner.runner)
 
 
+async def test_drain_waits_for_the_jobs_submitted_so_far_only() -> None:
+    """A graceful close waits for the requests being served when it starts, not for those
+    that arrive while it waits (a worker that takes them must not keep it waiting)."""
+    owner = Owner()
+    assert owner.runner.drain() is None  # nothing to wait for
+    first, later = asyncio.Event(), asyncio.Event()
+
+    async def waits(event: asyncio.Event, value: int) -> int:
+        await event.wait()
+        return value
+
+    owner.submit(0, waits(first, 0))
+    owner.submit(1, waits(first, 1))
+    drained = owner.runner.drain()
+    assert drained is not None
+    owner.submit(2, waits(later, 2))  # arrives while the close waits
+    await asyncio.sleep(0)
+    assert not drained.done()
+    first.set()
+    await asyncio.wait_for(drained, 5)  # without job 2, which still waits
+    assert owner.results == {0: 0, 1: 1} and owner.runner.jobs == 1
+    later.set()
+    await owner.settled()
+    assert owner.results[2] == 2
+    assert_clean(owner.runner)
+
+
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 async def test_close_cancels_waiting_jobs_and_closes_queued_ones_unrun() -> None:
     owner = Owner()
