@@ -199,9 +199,13 @@ class HandlerRunner(Generic[K]):
         same handler) will wait too: they all start in the next turn of the loop, not one
         turn after another; if they do not wait, the first new worker runs them all and the
         others find nothing to do (a task each, as without the runner)."""
-        queue = self._queue
-        while queue and self._starting < len(queue) and not self._closed:
-            self._start_worker(queue[self._starting][2])
+        queue, workers = self._queue, self._workers
+        if queue is None or workers is None or self._closed:
+            return
+        while self._starting < len(queue):  # _start_worker written out: a call per worker
+            context = queue[self._starting][2]
+            self._starting += 1
+            workers.start_leaving(self._work(context, queue, workers), context=context)
 
     def workers(self) -> list[asyncio.Task[Any]]:
         """The worker tasks now (for tests and diagnostics)."""
