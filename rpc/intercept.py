@@ -18,6 +18,7 @@ import inspect
 import logging
 import random
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from rpc import middleware as mw
@@ -34,6 +35,7 @@ from rpc.errors import (
 from rpc.middleware import Call, CallKind
 from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind
+from rpc.responder import PLAIN_RESULTS
 from wire.metadata import RequestMeta
 
 if TYPE_CHECKING:
@@ -162,7 +164,7 @@ async def _serve(
             if peer.is_open:
                 adapter.send_error(key, str(exc) or type(exc).__name__)
             return
-        if inspect.isasyncgen(result):
+        if result.__class__ not in PLAIN_RESULTS and inspect.isasyncgen(result):
             await peer._stream_result(key, result)  # a cancel from now on ends it there
             return
         peer._running.discard(key)
@@ -196,9 +198,9 @@ async def _handle(call: Call, handler: Handler | None, queue: asyncio.Queue[Any]
     else:
         result = handler.fn(peer.adapter.decode_params(handler, call.payload))
     deadline = call.deadline
-    if inspect.isasyncgen(result):
+    if result.__class__ is not CoroutineType and inspect.isasyncgen(result):
         return result if deadline is None else _parts_until(call, result, deadline)
-    if inspect.isawaitable(result):
+    if result.__class__ is CoroutineType or inspect.isawaitable(result):
         if deadline is None:
             return await result
         try:

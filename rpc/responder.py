@@ -45,8 +45,9 @@ ENDED_STREAMS = 256
 """Incoming streams remembered after we stopped taking their parts (refused, failed or
 answered early), so their late parts are dropped instead of counting as parts of an
 unknown stream (a protocol violation for Gotalk). Older ones are forgotten."""
-# result types that are never awaitable: skip inspect.isasyncgen/isawaitable (ABC checks)
-_PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
+PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
+"""Result types that are never awaitable nor async iterators: no ``inspect`` check for
+them (those are ABC checks, slow)."""
 _END = END
 _COROUTINE = types.CoroutineType
 
@@ -120,7 +121,7 @@ class Responder(Generic[K]):
                 result = handler.fn(_parts(queue, handler.decode))
             else:
                 result = handler.fn(adapter.decode_params(handler, payload))
-            if result.__class__ in _PLAIN_RESULTS:
+            if result.__class__ in PLAIN_RESULTS:
                 self._reply(key, result, stream)
                 return
             if result.__class__ is _COROUTINE:
