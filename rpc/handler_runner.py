@@ -199,13 +199,9 @@ class HandlerRunner(Generic[K]):
         same handler) will wait too: they all start in the next turn of the loop, not one
         turn after another; if they do not wait, the first new worker runs them all and the
         others find nothing to do (a task each, as without the runner)."""
-        queue, workers = self._queue, self._workers
-        if queue is None or workers is None or self._closed:
-            return
-        while self._starting < len(queue):  # _start_worker written out: a call per worker
-            context = queue[self._starting][2]
-            self._starting += 1
-            workers.start_leaving(self._work(context, queue, workers), context=context)
+        queue = self._queue
+        while queue and self._starting < len(queue) and not self._closed:
+            self._start_worker(queue[self._starting][2])
 
     def workers(self) -> list[asyncio.Task[Any]]:
         """The worker tasks now (for tests and diagnostics)."""
@@ -253,7 +249,6 @@ class HandlerRunner(Generic[K]):
             raise RuntimeError("a handler runner's worker must run as a task")
         waiting = self._waiting_jobs
         cancelled = self._cancelled
-        on_done = self._on_done
         try:
             while queue and not self._closed:
                 key, coro, context, _, number = queue.popleft()
@@ -288,11 +283,7 @@ class HandlerRunner(Generic[K]):
                             del cancelled[key]
                             # a cancellation of the worker's own came with the job's: it stands
                             worker_cancelled = me.uncancel() > 0
-                    self.jobs -= 1  # _done(number) written out: once per job
-                    if self._drained is not None and number <= self._drain_upto:
-                        self._drain_step()
-                    if on_done is not None:
-                        on_done()
+                    self._done(number)
                     if worker_cancelled:
                         raise asyncio.CancelledError
         except GeneratorExit:
