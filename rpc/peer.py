@@ -223,12 +223,6 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
 
     # --- input flow ----------------------------------------------------------------------
 
-    @property
-    def handlers_running(self) -> int:
-        """Handlers running or queued to run: coroutine handlers, streamed results and
-        notifications' tasks (requests among them: at most ``options.max_concurrent``)."""
-        return len(self._tasks) + self._runner.jobs
-
     def _held(self) -> bool:
         """True when no more input may be handled now: output is backed up, or every
         handler slot is taken and the peer does not understand retry results."""
@@ -239,7 +233,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     def _run(self, messages: list[Any]) -> None:
         """Dispatch one read's messages, with :data:`current_peer` set for them all (the
         handlers they run, and the tasks those start, see it)."""
-        # _held() inlined: this check runs once per message
+        # _held() and handlers_running inlined: this check runs once per message
         dispatch = self.adapter.dispatch
         outbox = self.outbox
         slots = None if self.adapter.retry_results else self.options.max_concurrent

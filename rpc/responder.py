@@ -17,9 +17,9 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import types
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Generic
 
 from rpc import intercept
@@ -49,7 +49,6 @@ PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, 
 """Result types that are never awaitable nor async iterators: no ``inspect`` check for
 them (those are ABC checks, slow)."""
 _END = END
-_COROUTINE = types.CoroutineType
 
 
 class Responder(Generic[K]):
@@ -72,6 +71,12 @@ class Responder(Generic[K]):
 
         @property
         def is_open(self) -> bool: ...
+
+    @property
+    def handlers_running(self) -> int:
+        """Handlers running or queued to run: coroutine handlers, streamed results and
+        notifications' tasks (requests among them: at most ``options.max_concurrent``)."""
+        return len(self._tasks) + self._runner.jobs
 
     # --- requests and notifications from the peer (from the adapter) -----------------------
 
@@ -107,6 +112,7 @@ class Responder(Generic[K]):
             if stream:
                 self._end_stream(key)
             return
+        # handlers_running inlined: once per request
         if len(self._tasks) + self._runner.jobs >= self.options.max_concurrent:
             adapter.send_retry(key, self.options.retry_wait, "request rate limit")
             if stream:
@@ -124,7 +130,7 @@ class Responder(Generic[K]):
             if result.__class__ in PLAIN_RESULTS:
                 self._reply(key, result, stream)
                 return
-            if result.__class__ is _COROUTINE:
+            if result.__class__ is CoroutineType:
                 job, inner = self._serve_result(key, result, stream), result
             elif inspect.isawaitable(result):
                 job, inner = self._serve_result(key, result, stream), None
