@@ -188,7 +188,9 @@ def _parse_fault(data: bytes, pos: int, end: int, max_size: int) -> _ParseResult
         code = _from_bytes(_unhexlify(data[pos + 1 : stop]))
     except _HexError:
         raise _bad_hex("fault code", data[pos + 1 : stop]) from None
-    return Fault(_CODES[code] if code < len(_CODES) else code), stop
+    if code < len(_CODES):  # a branch of its own: compiled, a join with int would unbox it
+        return Fault(_CODES[code]), stop
+    return Fault(code), stop
 
 
 PARSERS: list[_Parser | None] = [None] * 256

@@ -31,7 +31,12 @@ from wire.gotalk.messages import (
     StreamResult,
 )
 
-_IdMessage: TypeAlias = StreamRequestPart | Result | StreamResult | ErrorResult
+_Payload: TypeAlias = Any
+"""A payload as the encoders read it: ``bytes`` or any bytes-like object (:func:`encode_parts`
+sends those as bytes). The compiled build (setup.py) checks declared types at run time, also
+of an attribute read from a typed message, so the encoders that read a payload take their
+message as ``Any`` (the type they are registered for is named in :data:`_ENCODERS`) and it
+takes what the interpreted code takes."""
 
 
 def _check_id(message_id: bytes) -> None:
@@ -39,7 +44,7 @@ def _check_id(message_id: bytes) -> None:
         raise LocalProtocolError(f"request id must be 4 bytes, got {len(message_id)}")
 
 
-def _check_size(payload: bytes) -> int:
+def _check_size(payload: _Payload) -> int:
     size = len(payload)
     if size > MAX_PAYLOAD_SIZE:
         raise LocalProtocolError(f"payload of {size} bytes does not fit 8 hex digits")
@@ -61,10 +66,10 @@ def _check_u32(what: str, value: int) -> None:
         raise LocalProtocolError(f"{what} {value} does not fit an unsigned 32-bit field")
 
 
-def _named_encoder(kind: MessageType) -> Callable[[Request | StreamRequest], tuple[bytes, bytes]]:
+def _named_encoder(kind: MessageType) -> Callable[[Any], tuple[bytes, _Payload]]:
     fmt = kind.encode() + b"%b%03x%b%08x"
 
-    def encode_named(m: Request | StreamRequest) -> tuple[bytes, bytes]:
+    def encode_named(m: Any) -> tuple[bytes, _Payload]:  # Request | StreamRequest
         message_id = m.id
         if len(message_id) != 4:
             _check_id(message_id)
@@ -84,10 +89,10 @@ def _named_encoder(kind: MessageType) -> Callable[[Request | StreamRequest], tup
     return encode_named
 
 
-def _id_encoder(kind: MessageType) -> Callable[[_IdMessage], tuple[bytes, bytes]]:
+def _id_encoder(kind: MessageType) -> Callable[[Any], tuple[bytes, _Payload]]:
     fmt = kind.encode() + b"%b%08x"
 
-    def encode_with_id(m: _IdMessage) -> tuple[bytes, bytes]:
+    def encode_with_id(m: Any) -> tuple[bytes, _Payload]:  # p, R, S or E
         message_id = m.id
         if len(message_id) != 4:
             _check_id(message_id)
@@ -100,14 +105,14 @@ def _id_encoder(kind: MessageType) -> Callable[[_IdMessage], tuple[bytes, bytes]
     return encode_with_id
 
 
-def _encode_retry(m: RetryResult) -> tuple[bytes, bytes]:
+def _encode_retry(m: Any) -> tuple[bytes, _Payload]:  # RetryResult
     _check_id(m.id)
     _check_u32("wait", m.wait)
     payload = m.payload
     return b"e%b%08x%08x" % (m.id, m.wait, _check_size(payload)), payload
 
 
-def _encode_notification(m: Notification) -> tuple[bytes, bytes]:
+def _encode_notification(m: Any) -> tuple[bytes, _Payload]:  # Notification
     name = _encode_name(m.name)
     payload = m.payload
     return b"n%03x%b%08x" % (len(name), name, _check_size(payload)), payload
@@ -126,7 +131,7 @@ def _encode_fault(m: Fault) -> tuple[bytes, bytes]:
 
 
 # Each class maps to its own encoder (a dict keyed by type cannot say so: hence Any).
-_ENCODERS: dict[type, Callable[[Any], tuple[bytes, bytes]]] = {
+_ENCODERS: dict[type, Callable[[Any], tuple[bytes, _Payload]]] = {
     Request: _named_encoder(MessageType.REQUEST),
     StreamRequest: _named_encoder(MessageType.STREAM_REQUEST),
     StreamRequestPart: _id_encoder(MessageType.STREAM_REQUEST_PART),
