@@ -43,20 +43,24 @@ demo: $(VENV)/.core
 	@echo "  $(VENV)/bin/pip install -e '.[spark]'   # for rpc.spark and examples/spark_enrich.py (Java 17)"
 
 # Machine packages the tests need: Debian's chromium (the browser tests drive it through
-# Playwright, which never downloads a browser) and Java 17 (Spark). Installed only where
+# Playwright, which never downloads a browser), Java 17 (Spark), and gcc with Python's
+# headers (tests/test_compiled_build.py builds the compiled codecs). Installed only where
 # missing, as root or through sudo; otherwise the message names what to install.
 system-deps:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
-	if [ -z "$$missing" ]; then echo "== machine packages: chromium and java are there"; exit 0; fi; \
+	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	$(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+	    || missing="$$missing python3-dev"; \
+	if [ -z "$$missing" ]; then echo "== machine packages: chromium, java, gcc and Python's headers are there"; exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null; then sudo="sudo"; \
 	else echo "make test needs the Debian packages:$$missing"; \
 	     echo "install them as root: apt-get install$$missing"; exit 1; fi; \
 	if ! command -v apt-get >/dev/null; then \
 	     echo "make test needs:$$missing (Debian package names); this machine has no apt-get:"; \
-	     echo "install Chromium and a Java 17 runtime with its package manager"; exit 1; fi; \
+	     echo "install Chromium, a Java 17 runtime, gcc and Python's headers with its package manager"; exit 1; fi; \
 	echo "== installing$$missing with $${sudo:-root's} apt-get (a minute or two)"; \
 	$$sudo apt-get update -q && \
 	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$missing

@@ -53,6 +53,7 @@ EXPORTS = {
         "serve",
     ],
     "wire": [
+        "COMPILABLE",
         "DEFAULT_MAX_SIZE",
         "ConversationError",
         "LocalProtocolError",
@@ -60,6 +61,7 @@ EXPORTS = {
         "MessageTooLarge",
         "ProtocolError",
         "UnsupportedVersion",
+        "compiled",
     ],
     "wire.chatter": [
         "PING_TYPES",

@@ -11,6 +11,9 @@ takes messages and returns bytes. Transports move the bytes; :mod:`rpc` owns tim
 
 __peerwire__ = "wire"  # marks this package as peerwire's (see rpc._packages)
 
+import importlib
+import importlib.machinery
+
 from wire.errors import (
     ConversationError,
     LocalProtocolError,
@@ -23,7 +26,34 @@ from wire.errors import (
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024
 """Default largest message body any codec accepts (16 MiB)."""
 
+COMPILABLE = (
+    "wire.gotalk.connection",
+    "wire.gotalk.decoding",
+    "wire.gotalk.encoding",
+    "wire.sbs",
+    "wire.chatter.connection",
+    "wire.chatter.conversations",
+    "wire.chatter.envelope",
+    "wire.chatter.framing",
+)
+"""The codec modules the optional compiled build compiles (``PEERWIRE_COMPILE=1``, see
+docs/install.md); setup.py names the same files."""
+
+
+def compiled() -> tuple[str, ...]:
+    """The modules of :data:`COMPILABLE` this install runs compiled (importing them): all of
+    them for a compiled build, none for the pure-Python one or where the extensions cannot
+    load (a zip on ``sys.path``, another interpreter), which runs the sources instead."""
+    names = []
+    for name in COMPILABLE:
+        spec = importlib.import_module(name).__spec__
+        if spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            names.append(name)
+    return tuple(names)
+
+
 __all__ = [
+    "COMPILABLE",
     "DEFAULT_MAX_SIZE",
     "ConversationError",
     "LocalProtocolError",
@@ -31,4 +61,5 @@ __all__ = [
     "MessageTooLarge",
     "ProtocolError",
     "UnsupportedVersion",
+    "compiled",
 ]
