@@ -1,17 +1,15 @@
 """The optional compiled build (``PEERWIRE_COMPILE=1``, setup.py) behaves as the sources do.
 
-A copy of this tree is built into a wheel as users build it (pip with build isolation, which
-fetches mypy for the build; gcc compiles). The wheel is installed into a fresh venv, which
-serves and calls over Gotalk and Chatter with every codec module compiled; and its extension
-modules are laid over the copy, where the codec and core tests run in a pytest of their own:
-each of them must pass compiled as it does on the sources.
+A copy of this tree is built into a wheel as a user builds it: pip with build isolation, run
+by a venv with no packages at all, so the build gets only what setup.py asks for (mypy,
+msgspec) and gcc compiles. The wheel is installed into a venv and with ``--target`` (zipped
+too), each of which serves and calls over Chatter and Gotalk; its extension modules are laid
+over the copy, where the codec, core and Eventer tests run in a pytest of their own: each of
+them must pass compiled as it does on the sources.
 """
 
 from __future__ import annotations
 
-import ast
-import json
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,116 +18,95 @@ from pathlib import Path
 import pytest
 
 import wire
-from tests.test_install_layouts import env_with, fresh_venv, run
+from tests.packaging import (
+    ECHOED,
+    PIP,
+    build_wheel,
+    copy_tree,
+    env_for,
+    env_with,
+    fresh_venv,
+    overlay,
+    probe,
+    run,
+    zip_packages,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE")
-PACKAGES = ("rpc", "wire", "transports", "schemas_sbs", "tests")
-COMPILED_TESTS = ("test_gotalk_", "test_chatter_", "test_wire_", "test_rpc_")
+COMPILED_TESTS = ("test_gotalk_", "test_chatter_", "test_wire_", "test_rpc_", "test_eventer_")
 """The test files (by name prefix) run against the compiled copy: every codec test, the
-hat-drivers interop ones included, and the core's tests over both protocols."""
-
-PROBE = """\
-import asyncio, json
-import rpc, wire
-
-registry = rpc.Registry()
-
-
-@registry.handle("echo")
-def echo(value):
-    return value
-
-
-async def main():
-    results = []
-    for url in ("tcp+gotalk://127.0.0.1:0", "tcp+sbs://127.0.0.1:0"):
-        async with rpc.serve(url, registry=registry) as server:
-            target = str(server.url) + ("" if "gotalk" in url else "?dialect=HatChatter")
-            async with rpc.connect(target) as peer:
-                results.append(await peer.request("echo", [1, "two"]))
-    print(json.dumps({"compiled": wire.compiled(), "results": results}))
-
-
-asyncio.run(main())
-"""
-
-
-def _module(path: str) -> str:
-    return path.removesuffix(".py").replace("/", ".")
+hat-drivers interop ones included, the core's tests over both protocols, and the Eventer's
+(the other user of ``wire.sbs``)."""
+COMPILED = list(wire.COMPILABLE)
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the tree's sources (no build leftovers, no caches)."""
-    where = tmp_path_factory.mktemp("compiled") / "tree"
-    ignore = shutil.ignore_patterns("__pycache__", "*.so", ".hypothesis")
-    for name in PACKAGES:
-        shutil.copytree(ROOT / name, where / name, ignore=ignore)
-    for name in SOURCES:
-        shutil.copy2(ROOT / name, where / name)
-    return where
+    return copy_tree(tmp_path_factory.mktemp("compiled") / "tree")
 
 
 @pytest.fixture(scope="module")
 def wheel(tree: Path) -> Path:
-    out = tree.parent / "wheel"
-    env = env_with(PEERWIRE_COMPILE="1")
-    done = run([*PIP, "wheel", "--no-deps", "-w", out, tree], timeout=600, env=env)
-    assert done.returncode == 0, done.stderr
-    (built,) = out.glob("peerwire-*.whl")
-    return built
-
-
-def test_setup_compiles_the_modules_wire_names() -> None:
-    """setup.py's list and ``wire.COMPILABLE`` (what ``wire.compiled()`` looks at) agree."""
-    module = ast.parse((ROOT / "setup.py").read_text())
-    (paths,) = [
-        ast.literal_eval(node.value)
-        for node in module.body
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "COMPILED"
-    ]
-    assert sorted(_module(path) for path in paths) == sorted(wire.COMPILABLE)
+    empty = fresh_venv(tree.parent / "empty-venv", deps=False)
+    return build_wheel(tree, tree.parent / "wheel", compiled=True, python=empty)
 
 
 def test_the_sources_report_nothing_compiled() -> None:
     assert wire.compiled() == ()
 
 
+@pytest.mark.timeout(600)  # builds the wheel (about 20 s; pip may fetch mypy)
 def test_wheel_holds_an_extension_per_compiled_module(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as whl:
-        extensions = sorted(name for name in whl.namelist() if name.endswith(".so"))
         names = set(whl.namelist())
-    assert [name.split(".", 1)[0].replace("/", ".") for name in extensions] == sorted(
-        ["peerwire__mypyc", *wire.COMPILABLE]
-    )
-    # the sources ship too: where an extension cannot load, they run
-    assert all(f"{name.replace('.', '/')}.py" in names for name in wire.COMPILABLE)
-    assert wheel.name.endswith("-linux_x86_64.whl") or "cp3" in wheel.name
+    extensions = sorted(name.split(".", 1)[0] for name in names if name.endswith(".so"))
+    assert extensions == sorted(n.replace(".", "/") for n in ["peerwire__mypyc", *COMPILED])
+    # the sources ship too: where the extensions are not found (a zip), they run
+    assert all(f"{name.replace('.', '/')}.py" in names for name in COMPILED)
+    assert "-none-any" not in wheel.name  # a wheel for this interpreter and platform
 
 
-def test_installed_compiled_wheel_serves_and_calls(wheel: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(600)
+def test_compiled_wheel_in_a_venv_serves_and_calls(wheel: Path, tmp_path: Path) -> None:
     python = fresh_venv(tmp_path / "venv")
     done = run([*PIP, "--python", python, "install", "--no-deps", "--no-index", wheel])
     assert done.returncode == 0, done.stderr
-    probe = run([python, "-c", PROBE], env=env_with(), cwd=tmp_path)
-    assert probe.returncode == 0, probe.stderr
-    report = json.loads(probe.stdout.strip().splitlines()[-1])
-    assert report == {"compiled": list(wire.COMPILABLE), "results": [[1, "two"]] * 2}
+    report = probe(python, env_with(), cwd=tmp_path)
+    assert report["results"] == ECHOED and report["compiled"] == COMPILED, report
+
+
+@pytest.mark.timeout(600)
+def test_compiled_target_install_and_its_zip(wheel: Path, tmp_path: Path) -> None:
+    """``--target`` runs the compiled modules; zipped (Spark's ``--py-files``), the same
+    packages run their sources, as zipimport loads no extension modules."""
+    target = tmp_path / "target"
+    done = run([*PIP, "install", "--no-deps", "--no-index", "--target", target, wheel])
+    assert done.returncode == 0, done.stderr
+    report = probe(sys.executable, env_with(PYTHONPATH=str(target)), cwd=tmp_path)
+    assert report["results"] == ECHOED and report["compiled"] == COMPILED, report
+    archive = zip_packages(target, tmp_path / "peerwire.zip")
+    report = probe(sys.executable, env_with(PYTHONPATH=str(archive)), cwd=tmp_path)
+    assert report["results"] == ECHOED and report["compiled"] == [], report
+    assert "/peerwire.zip/wire/" in report["wire"]
+
+
+@pytest.mark.timeout(300)
+def test_editable_install_refuses_to_compile(tmp_path: Path) -> None:
+    tree = copy_tree(tmp_path / "tree")
+    python = fresh_venv(tmp_path / "venv")
+    command = [*PIP, "--python", python, "install", "--no-deps", "-e", tree]
+    done = run(command, timeout=280, env=env_with(PEERWIRE_COMPILE="1"))
+    assert done.returncode != 0
+    assert "PEERWIRE_COMPILE=1 builds wheels, not editable installs" in done.stderr + done.stdout
+    assert not list(tree.rglob("*.so"))
 
 
 @pytest.mark.timeout(900)
 def test_codec_and_core_tests_pass_compiled(wheel: Path, tree: Path) -> None:
-    with zipfile.ZipFile(wheel) as whl:
-        for name in whl.namelist():
-            if name.endswith(".so"):
-                whl.extract(name, tree)
-    env = env_with(PYTHONPATH=str(tree))
-    env.setdefault("PEERWIRE_LEGACY_PYTHON", str(ROOT / ".venv-legacy" / "bin" / "python"))
+    overlay(wheel, tree)
+    env = env_for(tree)
     check = [sys.executable, "-c", "import wire; print(' '.join(wire.compiled()))"]
     reported = run(check, env=env, cwd=tree)
-    assert reported.stdout.split() == list(wire.COMPILABLE), reported.stderr
+    assert reported.stdout.split() == COMPILED, reported.stderr
     files = sorted(
         str(path.relative_to(tree))
         for path in (tree / "tests").glob("test_*.py")

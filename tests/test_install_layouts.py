@@ -4,90 +4,41 @@ One wheel is built from this tree (pip, with build isolation, as users build it)
 installed into a fresh venv, with ``--user``, with ``--target``, and zipped (what Spark's
 ``--py-files`` put on ``sys.path``); the zip also goes to Spark Connect executors with
 ``spark.addArtifacts(..., pyfile=True)``.
-Each layout runs a Chatter request over TCP, which needs the ``.sbs`` schemas, and reports
-where ``wire`` and the schemas came from. peerwire's dependencies come from this venv's
-site-packages through a ``.pth`` line, which does not run this venv's editable-install hook.
+Each layout runs a Chatter request (which needs the ``.sbs`` schemas) and a Gotalk one over
+TCP, and reports where ``wire`` and the schemas came from and that no codec module runs
+compiled (this wheel is pure; tests/test_compiled_build.py builds the other kind).
+peerwire's dependencies come from this venv's site-packages through a ``.pth`` line, which
+does not run this venv's editable-install hook.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
-import sysconfig
 import tomllib
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SITE_PACKAGES = sysconfig.get_paths()["purelib"]
-PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-
-PROBE = """\
-import asyncio, importlib.resources, json
-import rpc, wire
-
-registry = rpc.Registry()
-
-
-@registry.handle("echo")
-def echo(value):
-    return value
-
-
-async def main():
-    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry) as server:
-        async with rpc.connect(f"{server.url}?dialect=HatChatter") as peer:
-            result = await peer.request("echo", [1, "two"])
-    schemas = importlib.resources.files("wire.schemas_sbs")
-    print(json.dumps({"wire": wire.__file__, "schemas": str(schemas), "result": result}))
-
-
-asyncio.run(main())
-"""
-
-
-def run(
-    args: list[str | Path], timeout: float = 120, **kwargs: object
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kwargs
-    )  # type: ignore[call-overload]
-
-
-def probe(python: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
-    done = run([python, "-c", PROBE], env=env, cwd=cwd)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def fresh_venv(where: Path, *, system_site_packages: bool = False) -> Path:
-    """A venv without pip whose dependencies are this venv's (a .pth line, no hooks run)."""
-    venv.EnvBuilder(with_pip=False, system_site_packages=system_site_packages).create(where)
-    python = where / "bin" / "python"
-    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-    Path(purelib.stdout.strip(), "peerwire-test-deps.pth").write_text(SITE_PACKAGES + "\n")
-    return python
-
-
-def env_with(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONUSERBASE")}
-    env.update(extra)
-    return env
+from tests.packaging import (
+    ECHOED,
+    PIP,
+    PROBE,
+    ROOT,
+    build_wheel,
+    env_with,
+    fresh_venv,
+    probe,
+    run,
+    zip_packages,
+)
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    done = run([*PIP, "wheel", "--no-deps", "-w", out, ROOT])
-    assert done.returncode == 0, done.stderr
-    (built,) = out.glob("peerwire-*.whl")
-    return built
+    return build_wheel(ROOT, tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -98,18 +49,8 @@ def target(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
-def zip_packages(target: Path, archive: Path) -> Path:
-    """The installed rpc, wire and transports folders as one zip (no caches)."""
-    with zipfile.ZipFile(archive, "w") as zf:
-        for top in ("rpc", "wire", "transports"):
-            for file in sorted((target / top).rglob("*")):
-                if file.is_file() and "__pycache__" not in file.parts:
-                    zf.write(file, file.relative_to(target).as_posix())
-    return archive
-
-
 def assert_inside(report: dict, root: Path, schemas_in: str) -> None:
-    assert report["result"] == [1, "two"]
+    assert report["results"] == ECHOED and report["compiled"] == [], report
     assert Path(report["wire"]).is_relative_to(root), report
     assert report["schemas"].startswith(str(root)) and report["schemas"].endswith(schemas_in)
 
@@ -203,7 +144,7 @@ def test_zip_as_spark_connect_artifact(target: Path, tmp_path: Path) -> None:
 def test_editable_install_reads_the_source_folder(tmp_path: Path) -> None:
     """This venv's editable install maps wire.schemas_sbs onto the one schemas_sbs/ folder."""
     report = probe(sys.executable, env_with(), cwd=tmp_path)  # not run from the tree
-    assert report["result"] == [1, "two"]
+    assert report["results"] == ECHOED
     assert Path(report["schemas"]) == ROOT / "schemas_sbs"
 
 
