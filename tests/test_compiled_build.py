@@ -4,8 +4,8 @@ A copy of this tree is built into a wheel as a user builds it: pip with build is
 by a venv with no packages at all, so the build gets only what setup.py asks for (mypy,
 msgspec) and gcc compiles. The wheel is installed into a venv and with ``--target`` (zipped
 too), each of which serves and calls over Chatter and Gotalk; its extension modules are laid
-over the copy, where the codec, core and Eventer tests run in a pytest of their own: each of
-them must pass compiled as it does on the sources.
+over the copy, where the codec, core, hostile-peer, WebSocket and Eventer tests run in a
+pytest of their own: each of them must pass compiled as it does on the sources.
 """
 
 from __future__ import annotations
@@ -32,10 +32,18 @@ from tests.packaging import (
     zip_packages,
 )
 
-COMPILED_TESTS = ("test_gotalk_", "test_chatter_", "test_wire_", "test_rpc_", "test_eventer_")
-"""The test files (by name prefix) run against the compiled copy: every codec test, the
-hat-drivers interop ones included, the core's tests over both protocols, and the Eventer's
-(the other user of ``wire.sbs``)."""
+COMPILED_TESTS = (
+    "test_gotalk_",
+    "test_chatter_",
+    "test_wire_",
+    "test_rpc_",
+    "test_eventer_",
+    "test_hostile_core",
+    "test_websocket",
+)
+"""The test files (by name prefix) run against the compiled copy: every codec test (fuzzing
+and the hat-drivers interop ones included), the core's tests over both protocols and under
+hostile peers, WebSocket framing, and the Eventer's (the other user of ``wire.sbs``)."""
 COMPILED = list(wire.COMPILABLE)
 
 
