@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import msgspec
 
 from rpc import intercept
-from rpc.errors import PayloadError, RemoteError, RequestTimeout, RetryLater, StreamOverflow
+from rpc.errors import (
+    ConnectionClosed,
+    PayloadError,
+    RemoteError,
+    RequestTimeout,
+    RetryLater,
+    StreamOverflow,
+)
 from rpc.key import K
 from rpc.payload import encode_value
 
@@ -116,6 +123,7 @@ class Caller(Generic[K]):
     outbox: Outbox
     deadlines: Deadlines
     _loop: asyncio.AbstractEventLoop
+    _transport: Any
     _calls: dict[K, _Call]
     _calls_at: float
     _intercepted: bool
@@ -156,11 +164,18 @@ class Caller(Generic[K]):
         """
         if self._intercepted:
             return await intercept.request(self, op, value, timeout, raw)  # type: ignore[arg-type]
-        adapter = self.adapter
-        payload = self._checked_payload(op, adapter.encode_request(op, value))
+        adapter, options = self.adapter, self.options
+        payload = adapter.encode_request(op, value)
+        if len(payload) > options.max_size:  # bytes: _checked_payload written out
+            self._checked_payload(op, payload)  # raises PayloadError
         # a timeout the caller chose travels to peers that take request metadata
-        timed = (timeout is not None or self.options.timeout is not None) and adapter.metadata
-        timeout = self._timeout(timeout)
+        if timeout is None:  # _timeout written out
+            timeout = options.timeout
+            timed = timeout is not None and adapter.metadata
+            if timeout is None:
+                timeout = adapter.default_timeout
+        else:
+            timed = adapter.metadata
         loop = self._loop
         deadline = loop.time() + timeout
         attempt = 0
@@ -172,11 +187,12 @@ class Caller(Generic[K]):
             try:
                 reply = await future
             finally:
-                self._forget(key)
+                if key in self._calls:  # given up on (_forget written out)
+                    self._forget(key)
             if reply.__class__ is RetryLater:
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
-                if attempt > self.options.retries or loop.time() + wait > deadline:
+                if attempt > options.retries or loop.time() + wait > deadline:
                     raise reply
                 await asyncio.sleep(wait)
                 continue
@@ -217,7 +233,9 @@ class Caller(Generic[K]):
         """Send one attempt of a request and register it until ``deadline``: its key and
         the future its reply (or a RetryLater, or past the deadline a RequestTimeout naming
         ``timeout``) resolves. Raises ConnectionClosed."""
-        self._check_open()
+        transport = self._transport  # _check_open written out: a call per request
+        if transport is None or transport.is_closing():
+            raise ConnectionClosed("connection is closed")
         adapter = self.adapter
         future: asyncio.Future[Any] = self._loop.create_future()
         if metadata is None:

@@ -275,8 +275,11 @@ class GotalkAdapter:
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
         rid = self._new_id()
-        kind = _SREQ if stream else _REQ
-        self._emit_header(gotalk.request_header(kind, rid, op, len(payload)), payload)
+        header = gotalk.request_header(_SREQ if stream else _REQ, rid, op, len(payload))
+        if self._framed:
+            self._emit_header(header, payload)
+        else:  # _emit_header written out for byte streams: a call per request
+            self.peer.outbox.push(header + payload if payload else header)
         return rid
 
     def send_request_meta(
