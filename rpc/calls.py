@@ -139,6 +139,7 @@ class Caller(Generic[K]):
     # --- calls of ours ---------------------------------------------------------------------
 
     def _timeout(self, timeout: float | None) -> float:
+        """The seconds a call waits (also written out in :meth:`request`)."""
         if timeout is not None:
             return timeout
         if self.options.timeout is not None:
@@ -146,6 +147,8 @@ class Caller(Generic[K]):
         return self.adapter.default_timeout
 
     def _checked_payload(self, op: str, payload: T) -> T:
+        """``payload``, or PayloadError past ``max_size`` (the check is written out in
+        :meth:`request`)."""
         if isinstance(payload, bytes) and len(payload) > self.options.max_size:
             raise PayloadError(
                 f"{op}: request of {len(payload)} bytes exceeds max_size {self.options.max_size}"
@@ -192,7 +195,7 @@ class Caller(Generic[K]):
             if reply.__class__ is RetryLater:
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
-                if attempt > options.retries or loop.time() + wait > deadline:
+                if attempt > self.options.retries or loop.time() + wait > deadline:
                     raise reply
                 await asyncio.sleep(wait)
                 continue

@@ -256,7 +256,8 @@ class GotalkAdapter:
     # --- sending ---------------------------------------------------------------------------
 
     def _emit_header(self, header: bytes, payload: bytes) -> None:
-        """Queue one message; over WebSocket its header and payload go in separate frames."""
+        """Queue one message; over WebSocket its header and payload go in separate frames
+        (written out for byte streams in :meth:`send_request`)."""
         push = self.peer.outbox.push
         if self._framed:
             push(header)

@@ -326,6 +326,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         return self._transport is not None and not self._transport.is_closing()
 
     def _check_open(self) -> None:
+        """ConnectionClosed unless open (written out in ``Caller._send``, per request)."""
         if not self.is_open:
             raise ConnectionClosed("connection is closed")
 

@@ -216,14 +216,14 @@ async def test_connection_loss_fails_pending_requests(flavour: str) -> None:
 
 
 async def test_request_over_our_max_size_fails_before_sending(flavour: str) -> None:
-    """A request larger than the caller's max_size is refused locally (nothing sent, no
-    call registered) and the connection goes on."""
+    """A request larger than the caller's max_size is refused locally (nothing sent) and
+    the connection goes on."""
     options = rpc.Options(max_size=1024)
     async with served(flavour, make_registry(), client_options=options) as (_, peer):
-        assert peer.outbox.buffered == 0
+        assert peer.write_buffer_size == 0
         with pytest.raises(rpc.PayloadError, match="request of 2000 bytes exceeds max_size 1024"):
             await peer.request("raw", b"x" * 2000, raw=True)
-        assert peer.outbox.buffered == 0  # a request sent would wait here until the flush
+        assert peer.write_buffer_size == 0  # a request sent would wait here until the flush
         assert await peer.request("raw", b"abc", raw=True) == b"cba"
 
 
