@@ -94,6 +94,8 @@ class GotalkAdapter:
         self.retry_results = retry_results if retry_results is not None else True
         self._retry_choice = retry_results
         self._next_id = 0
+        self._ids_wrapped = False
+        """The id count went past 2**32 - 1 and began again: ids may now clash (see _new_id)."""
         self._last_read = 0.0
         self._framed = False
         self.heartbeats_received = 0
@@ -267,6 +269,14 @@ class GotalkAdapter:
             push(header + payload if payload else header)
 
     def _new_id(self) -> bytes:
+        """A request id none of our calls in flight holds: the count from 1 up, which until
+        it wraps around (2**32 ids) cannot clash; after that each id is checked and skipped
+        while a call still holds it."""
+        if not self._ids_wrapped:
+            self._next_id = next_id = self._next_id + 1
+            if next_id <= 0xFFFFFFFF:
+                return next_id.to_bytes(4, "little")
+            self._ids_wrapped = True
         has_call = self.peer.has_call
         while True:
             self._next_id = (self._next_id + 1) & 0xFFFFFFFF

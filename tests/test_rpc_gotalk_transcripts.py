@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import rpc
-from tests.rpc_helpers import gotalk_peer_registry
+from tests.rpc_helpers import gotalk_peer_registry, served, wait_until
 
 
 async def exchange(port: int, steps: list[tuple[bytes, bytes]]) -> None:
@@ -214,3 +214,30 @@ async def test_our_client_against_go_server_script() -> None:
         # the extension (no cancel notifications) was ever sent to it
         assert SKIPPED_NOTIFICATIONS == [b"peerwire/hello"]
         assert not peer.adapter.cancels
+
+
+async def test_request_ids_skip_one_in_flight_once_the_count_wraps_around() -> None:
+    """Our request ids count up from 1 (little-endian); once the count wraps around after
+    2**32 ids (set here) a new request skips an id that a call in flight still holds, so
+    both calls get their own results."""
+    release = asyncio.Event()
+    registry = rpc.Registry()
+
+    @registry.handle("wait")
+    async def wait(value: object) -> str:
+        await release.wait()
+        return "waited"
+
+    @registry.handle("echo")
+    def echo(value: str) -> str:
+        return value
+
+    async with served("gotalk", registry) as (_, peer):
+        waiting = asyncio.ensure_future(peer.request("wait"))
+        first = (1).to_bytes(4, "little")
+        await wait_until(lambda: peer.has_call(first))
+        peer.adapter._next_id = 0xFFFFFFFF  # as after 2**32 - 1 requests: the next wraps
+        assert await asyncio.wait_for(peer.request("echo", "after"), 5) == "after"
+        assert peer.has_call(first)  # still the waiting call's
+        release.set()
+        assert await asyncio.wait_for(waiting, 5) == "waited"
