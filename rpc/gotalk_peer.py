@@ -94,8 +94,7 @@ class GotalkAdapter:
         self.retry_results = retry_results if retry_results is not None else True
         self._retry_choice = retry_results
         self._next_id = 0
-        self._ids_wrapped = False
-        """The id count went past 2**32 - 1 and began again: ids may now clash (see _new_id)."""
+        """Requests sent so far (it keeps counting past 2**32; an id is its low 32 bits)."""
         self._last_read = 0.0
         self._framed = False
         self.heartbeats_received = 0
@@ -269,20 +268,16 @@ class GotalkAdapter:
             push(header + payload if payload else header)
 
     def _new_id(self) -> bytes:
-        """A request id none of our calls in flight holds: the count from 1 up, which until
-        it wraps around (2**32 ids) cannot clash; after that each id is checked and skipped
-        while a call still holds it."""
-        if not self._ids_wrapped:
-            self._next_id = next_id = self._next_id + 1
-            if next_id <= 0xFFFFFFFF:
-                return next_id.to_bytes(4, "little")
-            self._ids_wrapped = True
+        """A request id none of our calls in flight holds: the count from 1 up, which cannot
+        clash until it passes 2**32; after that each id (the count's low 32 bits) is checked
+        and skipped while a call still holds it."""
+        self._next_id = count = self._next_id + 1
+        if count <= 0xFFFFFFFF:
+            return count.to_bytes(4, "little")
         has_call = self.peer.has_call
-        while True:
-            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-            rid = self._next_id.to_bytes(4, "little")
-            if not has_call(rid):
-                return rid
+        while has_call(rid := (count & 0xFFFFFFFF).to_bytes(4, "little")):
+            self._next_id = count = count + 1
+        return rid
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
         rid = self._new_id()

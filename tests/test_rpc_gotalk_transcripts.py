@@ -236,7 +236,7 @@ async def test_request_ids_skip_one_in_flight_once_the_count_wraps_around() -> N
         waiting = asyncio.ensure_future(peer.request("wait"))
         first = (1).to_bytes(4, "little")
         await wait_until(lambda: peer.has_call(first))
-        peer.adapter._next_id = 0xFFFFFFFF  # as after 2**32 - 1 requests: the next wraps
+        peer.adapter._next_id = 2**32  # as after 2**32 requests: the next id is 1 again
         assert await asyncio.wait_for(peer.request("echo", "after"), 5) == "after"
         assert peer.has_call(first)  # still the waiting call's
         release.set()
