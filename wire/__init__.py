@@ -37,7 +37,7 @@ COMPILABLE = (
     "wire.chatter.framing",
 )
 """The codec modules the optional compiled build compiles (``PEERWIRE_COMPILE=1``, see
-docs/install.md); setup.py names the same files."""
+docs/install.md); setup.py reads this tuple."""
 
 
 def compiled() -> tuple[str, ...]:
