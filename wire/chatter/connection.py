@@ -175,18 +175,23 @@ class ChatterConnection:
         dialect = self.dialect
         if dialect is None:
             raise LocalProtocolError("Chatter dialect not known yet; nothing received")
-        msg_id = self._tracker.next_id
-        first, owner = _origin(conversation, msg_id)
-        head = envelope_head(msg_id, first, owner, token, last, type, module, len(data), dialect)
-        size = len(head) + len(data)
+        tracker = self._tracker
+        msg_id = tracker.next_id
+        if conversation is None:
+            first, owner = msg_id, True
+        else:
+            owner, first = conversation
+        data_size = len(data)
+        head = envelope_head(msg_id, first, owner, token, last, type, module, data_size, dialect)
+        size = len(head) + data_size
         if size > self.max_size:
             raise MessageTooLarge(f"Chatter message of {size} bytes exceeds max_size")
         if self.strict:
-            self._tracker.outgoing(conversation, token, last)
+            tracker.outgoing(conversation, token, last)
         else:
-            self._tracker.outgoing_unchecked(conversation)
+            tracker.outgoing_unchecked(conversation)
         if size <= JOINED_FRAME:  # one piece: cheaper to queue and to join at the flush
-            return msg_id, [frame_header(size) + head + data]
+            return msg_id, [b"".join((frame_header(size), head, data))]
         return msg_id, [frame_header(size) + head, data]
 
     def send_ping(self, data: bytes = b"") -> Msg:

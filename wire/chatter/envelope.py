@@ -90,12 +90,12 @@ def envelope_head(
     """The SBS bytes of one envelope up to its data (which follows as it is), from the
     fields themselves: a sender need not build a :class:`Msg`, and a large payload is
     copied only once, when written."""
-    if dialect is Dialect.LEGACY:
-        encoded_module = _NONE_MODULE if module is None else _SOME_MODULE + _encode_text(module)
-    elif module is not None:
-        raise LocalProtocolError("the current Chatter dialect has no module field")
+    if module is None:
+        encoded_module = _NONE_MODULE if dialect is Dialect.LEGACY else b""
+    elif dialect is Dialect.LEGACY:
+        encoded_module = _SOME_MODULE + _encode_text(module)
     else:
-        encoded_module = b""
+        raise LocalProtocolError("the current Chatter dialect has no module field")
     encoded_id = encode_integer(msg_id)
     return b"".join(
         (
@@ -103,7 +103,7 @@ def envelope_head(
             encoded_id if first == msg_id else encode_integer(first),
             _FLAGS[owner << 2 | token << 1 | last],
             encoded_module,
-            _encode_text(type_name),
+            _TEXT_CACHE.get(type_name) or _encode_text(type_name),
             encode_integer(data_size),
         )
     )
