@@ -211,14 +211,19 @@ class ChatterAdapter:
                 return
             if msg.module is not None and msg.module != RPC_MODULE:
                 self._foreign.add(conv)
-            payload = self._incoming_payload(op, msg.data) if msg.token else msg.data
+            payload: _Incoming = msg.data
+            if msg.token and op in self._sbs_names:  # else _incoming_payload keeps the bytes
+                payload = self._incoming_payload(op, msg.data)
             if self._meta is None:
                 peer.on_request(conv, op, payload, not msg.token)
             else:
                 self._with_meta(conv, op, payload, not msg.token)
             return
         if conv.owner:  # a reply in a conversation we started
-            self._on_reply(conv, op, msg)
+            if op == _RESULT:  # the common reply, without a call more
+                peer.on_result(conv, msg.data)
+            else:
+                self._on_reply(conv, op, msg)
         elif op == _PART:
             peer.on_request_part(conv, msg.data)
         elif op == _END_TYPE:
@@ -244,10 +249,9 @@ class ChatterAdapter:
             self.peer.on_request(conv, op, payload, stream)
 
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
+        """A reply other than ``PeerwireRpc.Result`` (which :meth:`dispatch` hands over)."""
         peer = self.peer
-        if op == _RESULT:
-            peer.on_result(conv, msg.data)
-        elif op == _ERROR:
+        if op == _ERROR:
             peer.on_error(conv, self._sbs_decode(op, msg.data, _undecodable))
         elif op == _RETRY:
             retry = self._sbs_decode(op, msg.data, None)
@@ -369,7 +373,8 @@ class ChatterAdapter:
             self._waits.release(key)
 
     def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
-        if not self._our_turn(key, self.send_result, key, payload, stream):
+        if not self.codec.holds_token(key):  # _our_turn, written out: once per request
+            self._our_turn(key, self.send_result, key, payload, stream)
             return
         if isinstance(payload, Reply):
             self._foreign.discard(key)
@@ -383,7 +388,7 @@ class ChatterAdapter:
                 self.send_error(key, f"cannot encode {payload.type} as SBS: {exc}")
                 return
             self._send_last(key, payload.type, data)
-        elif self._answerable(key, "a PeerwireRpc.Result"):
+        elif key not in self._foreign or self._answerable(key, "a PeerwireRpc.Result"):
             self._send_last(key, _RESULT, payload)
 
     def _send_last(self, key: Conversation, type_name: str, data: bytes) -> None:
