@@ -246,9 +246,12 @@ class Caller(Generic[K]):
         else:
             left = deadline - self._loop.time()
             key = adapter.send_request_meta(op, payload, False, metadata, left)
-        self._calls[key] = _Call(future, None, deadline, op, timeout)
+        calls = self._calls
+        calls[key] = _Call(future, None, deadline, op, timeout)
         if deadline < self._calls_at:
             self._watch_calls(deadline)
+        if len(calls) == 1:  # alone in flight: nothing is coming to join it (expedite)
+            self.outbox.expedite()
         return key, future
 
     def _forget(self, key: K) -> None:

@@ -219,12 +219,39 @@ async def test_request_over_our_max_size_fails_before_sending(flavour: str) -> N
     """A request larger than the caller's max_size is refused locally (nothing sent) and
     the connection goes on."""
     options = rpc.Options(max_size=1024)
-    async with served(flavour, make_registry(), client_options=options) as (_, peer):
-        assert peer.write_buffer_size == 0
+    served_sizes: list[int] = []
+    reg = rpc.Registry()
+
+    @reg.handle("raw")
+    def raw(data: bytes) -> bytes:
+        served_sizes.append(len(data))
+        return data[::-1]
+
+    async with served(flavour, reg, client_options=options) as (_, peer):
         with pytest.raises(rpc.PayloadError, match="request of 2000 bytes exceeds max_size 1024"):
             await peer.request("raw", b"x" * 2000, raw=True)
-        assert peer.write_buffer_size == 0  # a request sent would wait here until the flush
         assert await peer.request("raw", b"abc", raw=True) == b"cba"
+    assert served_sizes == [3]  # the server takes up to 1 MiB: a request sent is served
+
+
+async def test_lone_request_is_written_at_once(flavour: str) -> None:
+    """A request with no other call in flight is written by the call itself, not by a flush
+    at the end of the loop iteration; requests made together still share a write."""
+    loop = asyncio.get_running_loop()
+    async with served(flavour, make_registry()) as (_, peer):
+        queued: list[int] = []
+
+        def look() -> None:  # runs after the steps scheduled before it, before any flush
+            queued.append(peer.write_buffer_size)
+
+        alone = asyncio.create_task(peer.request("raw", b"abc", raw=True))
+        loop.call_soon(look)
+        assert await alone == b"cba"
+        together = [asyncio.create_task(peer.request("raw", b"abc", raw=True)) for _ in range(5)]
+        loop.call_soon(look)
+        assert await asyncio.gather(*together) == [b"cba"] * 5
+        assert queued[0] == 0  # written (and taken by the socket) in the task's first step
+        assert queued[1] > 0  # the first of five went at once, four wait for the flush
 
 
 async def test_on_connect_and_connection_limit(flavour: str) -> None:
