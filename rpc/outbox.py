@@ -5,8 +5,8 @@ end of every ``data_received`` and, for output produced later (async handlers, r
 once per loop iteration. A flush is forced earlier when ``FLUSH_EVERY`` pieces or
 ``FLUSH_BYTES`` bytes are queued, so a burst of replies reaches the wire while the rest are
 being encoded, and a large result never sits in two buffers at once. A request with no
-other call in flight, and the reply of the last handler running, are written at once
-(:meth:`Outbox.expedite`), since nothing would join them but the wait.
+other call in flight is written at once (:meth:`Outbox.expedite`, called by the caller's
+side of the core), since nothing would join it but the wait.
 
 Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
 marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). The
@@ -124,12 +124,10 @@ class Outbox:
         holder flushes before it returns to the loop anyway (:meth:`hold`).
 
         For output that nothing else is likely to join: a request with no other call in
-        flight, the reply of the last handler running (one that waited: replies made while
-        a read is handled go out at its end). Its peer waits for it, so the loop iteration
-        a scheduled flush costs is added to every round trip of a caller making one call at
-        a time (asyncio's own loop: about 4% of a sequential round trip here,
-        docs/benchmarks.md). Calls made together from idle go out in two writes instead of
-        one: the first, then the rest.
+        flight. Its caller waits for the reply, so the loop iteration a scheduled flush
+        costs is added to every round trip of a caller making one call at a time (asyncio's
+        own loop: sequential round trips 2-10% faster, docs/benchmarks.md). Calls made
+        together from idle go out in two writes instead of one: the first, then the rest.
         """
         if not self._held:
             self.flush()

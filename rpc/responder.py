@@ -227,8 +227,6 @@ class Responder(Generic[K]):
                 await self.outbox.wait_writable()
             if self.is_open:
                 self._reply(key, result, stream)
-                if len(self._tasks) + self._runner.jobs == 1:  # the last handler running:
-                    self.outbox.expedite()  # no other reply is coming to join this one
         except ConnectionClosed:
             return  # gone while waiting to write: nothing to answer to
         except Exception:  # a bug of ours: no done callback would report it

@@ -254,38 +254,6 @@ async def test_lone_request_is_written_at_once(flavour: str) -> None:
         assert queued[1] > 0  # the first of five went at once, four wait for the flush
 
 
-async def test_last_running_handler_reply_is_written_at_once(flavour: str) -> None:
-    """The reply of a coroutine handler that waited is written at once when no other
-    handler runs; while another still runs, it waits for the iteration's flush."""
-    loop = asyncio.get_running_loop()
-    gates = {n: asyncio.Event() for n in (1, 2, 3)}
-    waiting: list[int] = []
-    queued: list[tuple[int, int]] = []
-    reg = rpc.Registry()
-
-    @reg.handle("gated")
-    async def gated(n: int) -> int:
-        waiting.append(n)
-        await gates[n].wait()  # answered later, from the handler runner's worker
-        server_side = rpc.current_peer.get()
-
-        def look() -> None:  # runs after this step (which sends the reply), before a flush
-            queued.append((n, server_side.write_buffer_size))
-
-        loop.call_soon(look)
-        return n
-
-    async with served(flavour, reg) as (_, peer):
-        calls = [asyncio.create_task(peer.request("gated", n)) for n in (1, 2, 3)]
-        await wait_until(lambda: sorted(waiting) == [1, 2, 3])
-        for n, call in zip((2, 3, 1), (calls[1], calls[2], calls[0]), strict=True):
-            gates[n].set()  # one at a time: 2 and 3 end while others still run, 1 last
-            assert await call == n
-    assert queued[0][0] == 2 and queued[0][1] > 0  # others ran: it waited for the flush
-    assert queued[1][0] == 3 and queued[1][1] > 0
-    assert queued[2] == (1, 0)  # the last one running: written in its handler's last step
-
-
 async def test_on_connect_and_connection_limit(flavour: str) -> None:
     scheme, query = FLAVOURS[flavour]
     opened: list[rpc.Peer] = []
