@@ -241,17 +241,23 @@ class Caller(Generic[K]):
             raise ConnectionClosed("connection is closed")
         adapter = self.adapter
         future: asyncio.Future[Any] = self._loop.create_future()
-        if metadata is None:
-            key = adapter.send_request(op, payload, False)
-        else:
-            left = deadline - self._loop.time()
-            key = adapter.send_request_meta(op, payload, False, metadata, left)
         calls = self._calls
+        outbox = self.outbox
+        # alone in flight: no reply is coming to bring requests to join this one, so it is
+        # written here, not by a flush scheduled for the next loop iteration (Outbox.hold)
+        alone = not calls and outbox.hold()
+        try:
+            if metadata is None:
+                key = adapter.send_request(op, payload, False)
+            else:
+                left = deadline - self._loop.time()
+                key = adapter.send_request_meta(op, payload, False, metadata, left)
+        finally:
+            if alone:
+                outbox.release()
         calls[key] = _Call(future, None, deadline, op, timeout)
         if deadline < self._calls_at:
             self._watch_calls(deadline)
-        if len(calls) == 1:  # alone in flight: nothing is coming to join it (expedite)
-            self.outbox.expedite()
         return key, future
 
     def _forget(self, key: K) -> None:

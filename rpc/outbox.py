@@ -5,8 +5,8 @@ end of every ``data_received`` and, for output produced later (async handlers, r
 once per loop iteration. A flush is forced earlier when ``FLUSH_EVERY`` pieces or
 ``FLUSH_BYTES`` bytes are queued, so a burst of replies reaches the wire while the rest are
 being encoded, and a large result never sits in two buffers at once. A request with no
-other call in flight is written at once (:meth:`Outbox.expedite`, called by the caller's
-side of the core), since nothing would join it but the wait.
+other call in flight is written by the call itself (see :meth:`Outbox.hold`), since nothing
+would join it but the wait.
 
 Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
 marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). The
@@ -106,11 +106,21 @@ class Outbox:
             self._size += sum(map(len, head))
         self.push(pieces[-1])
 
-    def hold(self) -> None:
-        """The caller flushes before it returns to the loop (the peer, around each read):
-        until :meth:`release`, pushes schedule no flush of their own (a loop callback
-        made and cancelled per read, for nothing)."""
+    def hold(self) -> bool:
+        """The caller flushes before it returns to the loop: until :meth:`release`, pushes
+        schedule no flush of their own. True when this call took the hold; False when it
+        was held already, and then the outer holder releases it (the caller must not).
+
+        Held by the peer around each read (a loop callback made and cancelled per read,
+        for nothing, otherwise), and by a request with no other call in flight
+        (:meth:`rpc.calls.Caller`): nothing is coming to join it, and its caller waits for
+        the reply, so it is written at once instead of by a flush one loop iteration later,
+        which every round trip of a caller making one call at a time would pay.
+        """
+        if self._held:
+            return False
         self._held = True
+        return True
 
     def release(self, *, flush: bool = True) -> None:
         """End :meth:`hold` and write what is queued; ``flush=False`` when the caller is
@@ -119,18 +129,10 @@ class Outbox:
         if flush:
             self.flush()
 
-    def expedite(self) -> None:
-        """Write what is queued now rather than at the end of this loop iteration, unless a
-        holder flushes before it returns to the loop anyway (:meth:`hold`).
-
-        For output that nothing else is likely to join: a request with no other call in
-        flight. Its caller waits for the reply, so the loop iteration a scheduled flush
-        costs is added to every round trip of a caller making one call at a time (asyncio's
-        own loop: sequential round trips 2-10% faster, docs/benchmarks.md). Calls made
-        together from idle go out in two writes instead of one: the first, then the rest.
-        """
-        if not self._held:
-            self.flush()
+    @property
+    def queued(self) -> int:
+        """Bytes pushed and not yet handed to the transport."""
+        return self._size
 
     def flush(self) -> None:
         """Write everything queued, in one call to the transport."""

@@ -242,7 +242,7 @@ async def test_lone_request_is_written_at_once(flavour: str) -> None:
         queued: list[int] = []
 
         def look() -> None:  # runs after the steps scheduled before it, before any flush
-            queued.append(peer.write_buffer_size)
+            queued.append(peer.outbox.queued)
 
         alone = asyncio.create_task(peer.request("raw", b"abc", raw=True))
         loop.call_soon(look)
@@ -250,7 +250,7 @@ async def test_lone_request_is_written_at_once(flavour: str) -> None:
         together = [asyncio.create_task(peer.request("raw", b"abc", raw=True)) for _ in range(5)]
         loop.call_soon(look)
         assert await asyncio.gather(*together) == [b"cba"] * 5
-        assert queued[0] == 0  # written (and taken by the socket) in the task's first step
+        assert queued[0] == 0  # handed to the transport in the task's first step
         assert queued[1] > 0  # the first of five went at once, four wait for the flush
 
 
