@@ -211,9 +211,8 @@ class ChatterAdapter:
                 return
             if msg.module is not None and msg.module != RPC_MODULE:
                 self._foreign.add(conv)
-            payload: _Incoming = msg.data
-            if msg.token and op in self._sbs_names:  # else _incoming_payload keeps the bytes
-                payload = self._incoming_payload(op, msg.data)
+            sbs = msg.token and op in self._sbs_names  # else _incoming_payload keeps the bytes
+            payload = self._incoming_payload(op, msg.data) if sbs else msg.data
             if self._meta is None:
                 peer.on_request(conv, op, payload, not msg.token)
             else:

@@ -2,13 +2,15 @@
 
 Not collected by pytest. One request at a time (``bench_rpc.py``'s ``sequential`` mode)
 leaves both processes idle between messages, so every message is handled by code that runs
-right after its process woke from a wait. This script times the same piece of work two ways
+right after its process woke from a wait. This script times the same piece of work three ways
 in one run, in this process:
 
 - ``hot``: the piece run back to back, each run timed on its own;
-- ``after a wake-up``: the piece run once after each blocking read that a partner process
-  (forked here, a socket pair between the two) answers at once, which is how a sequential
-  client or server runs it.
+- ``after a syscall``: once after each pair of system calls that do not sleep (``getppid``,
+  ``stat``): what entering the kernel alone costs the code after it;
+- ``after a wake-up``: once after each blocking read that a partner process (forked here,
+  a socket pair between the two) answers at once, which is how a sequential client or
+  server runs it.
 
 The pieces are what a server does with one small request besides the socket calls, from
 the cheapest to the dearest: ``bare frame`` (split a 4-byte length-prefixed frame and
@@ -16,13 +18,13 @@ build its echo: ``bench_rpc.py``'s bare echo server), ``gotalk`` and ``chatter``
 one request and encode its result with the sans-I/O codecs of :mod:`wire`). Each run takes
 a fresh message, so nothing is answered from a cache.
 
-The figures are medians of ``--count`` runs (default 20,000; ``--smoke``: 300, CI), what a
-wake-up adds, and the ratio of the two. On a machine whose caches and branch predictors
-keep their state across a short idle, a wake-up adds next to nothing; where they do not
-(virtual machines lose some of that state when a virtual CPU idles and comes back), it adds
-more the more code and data a piece touches, so a sequential benchmark measures how much a
-request's path touches as much as how fast it runs hot. docs/benchmarks.md reads these
-figures next to the sequential rows of ``bench_rpc.py``.
+The figures are medians of ``--count`` runs of each (default 20,000; ``--smoke``: 300, CI),
+what a wake-up adds to the hot figure, and their ratio. On a machine whose caches and branch
+predictors keep their state across a short idle, a wake-up adds next to nothing; where they
+do not (virtual machines lose some of that state when a virtual CPU idles and comes back),
+it adds more the more code and data a piece touches, so a sequential benchmark measures how
+much a request's path touches as much as how fast it runs hot. docs/benchmarks.md reads
+these figures next to the sequential rows of ``bench_rpc.py``.
 """
 
 from __future__ import annotations
@@ -83,12 +85,12 @@ def gotalk_piece(count: int) -> Piece:
 
 def chatter_piece(count: int) -> Piece:
     """Decode one HatChatter request, encode its result in the conversation."""
-    client = ChatterConnection(Dialect.CURRENT)
+    client = ChatterConnection(Dialect.CURRENT, max_conversations=count)  # none answered
     requests = []
     for _ in range(count):
         client.send("echo", PAYLOAD, token=True, last=False)
         requests.append(client.data_to_send())
-    server = ChatterConnection(Dialect.CURRENT)
+    server = ChatterConnection(Dialect.CURRENT, max_conversations=count)
     feed = iter(requests)
     out: list[list[bytes]] = []
 
@@ -112,6 +114,19 @@ def hot(piece: Piece, count: int) -> list[int]:
     clock = time.perf_counter_ns
     times = []
     for _ in range(count):
+        start = clock()
+        piece()
+        times.append(clock() - start)
+    return times
+
+
+def after_syscalls(piece: Piece, count: int) -> list[int]:
+    """Each run right after two system calls that return at once (no sleep)."""
+    clock = time.perf_counter_ns
+    times = []
+    for _ in range(count):
+        os.getppid()
+        os.stat("/")
         start = clock()
         piece()
         times.append(clock() - start)
@@ -147,22 +162,28 @@ def main() -> None:
     ours, theirs = socket.socketpair()
     child = os.fork()
     if child == 0:  # the partner: nothing but blocking reads and writes
-        ours.close()
-        partner(theirs)
-        os._exit(0)
+        status = 1
+        try:
+            ours.close()
+            partner(theirs)
+            status = 0
+        finally:
+            os._exit(status)  # never back into the parent's code
     theirs.close()
     try:
         print(f"{count:,} runs of each piece, medians (microseconds)")
-        print(f"{'piece':<12}{'hot':>9}{'after a wake-up':>18}{'added':>10}{'ratio':>8}")
+        print(
+            f"{'piece':<12}{'hot':>9}{'after a syscall':>17}{'after a wake-up':>17}"
+            f"{'wake-up adds':>14}{'ratio':>7}"
+        )
         for name, make in PIECES.items():
-            warm = make(count)
-            hot(warm, min(count, 1000))  # first calls: imports, caches, specialisation
+            hot(make(1000), 1000)  # first calls: imports, caches, specialisation
             hot_us = statistics.median(hot(make(count), count)) / 1000
+            syscall_us = statistics.median(after_syscalls(make(count), count)) / 1000
             woken_us = statistics.median(after_wakeups(make(count), count, ours)) / 1000
-            added = woken_us - hot_us
             print(
-                f"{name:<12}{hot_us:>6.2f} us{woken_us:>15.2f} us{added:>7.2f} us"
-                f"{woken_us / hot_us:>7.1f}x"
+                f"{name:<12}{hot_us:>6.2f} us{syscall_us:>14.2f} us{woken_us:>14.2f} us"
+                f"{woken_us - hot_us:>11.2f} us{woken_us / hot_us:>6.1f}x"
             )
     finally:
         ours.close()
