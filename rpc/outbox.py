@@ -113,7 +113,7 @@ class Outbox:
 
         Held by the peer around each read (a loop callback made and cancelled per read,
         for nothing, otherwise), and by a request with no other call in flight
-        (:meth:`rpc.calls.Caller`): nothing is coming to join it, and its caller waits for
+        (:class:`rpc.calls.Caller`): nothing is coming to join it, and its caller waits for
         the reply, so it is written at once instead of by a flush one loop iteration later,
         which every round trip of a caller making one call at a time would pay.
         """
