@@ -144,7 +144,7 @@ async def _serve(
         except asyncio.CancelledError:
             _end(peer, key, stream)
             if key not in peer._running and peer.is_open:  # the caller cancelled (on_cancel)
-                adapter.send_error(key, "cancelled by the caller")  # ends the conversation
+                peer._answer(adapter.send_error, key, "cancelled by the caller")  # ends it
             peer._running.discard(key)
             raise
         except RetryLater as exc:
@@ -152,9 +152,9 @@ async def _serve(
             _end(peer, key, stream)
             if peer.is_open:
                 if adapter.retry_results:
-                    adapter.send_retry(key, exc.wait, str(exc))
+                    peer._answer(adapter.send_retry, key, exc.wait, str(exc))
                 else:
-                    adapter.send_error(key, str(exc) or "retry later")
+                    peer._answer(adapter.send_error, key, str(exc) or "retry later")
             return
         except Exception as exc:
             peer._running.discard(key)
@@ -162,7 +162,7 @@ async def _serve(
             if not isinstance(exc, Rejected | UnknownOperation | PayloadError):
                 log.debug("handler %r failed", call.op, exc_info=True)
             if peer.is_open:
-                adapter.send_error(key, str(exc) or type(exc).__name__)
+                peer._answer(adapter.send_error, key, str(exc) or type(exc).__name__)
             return
         if result.__class__ not in PLAIN_RESULTS and inspect.isasyncgen(result):
             await peer._stream_result(key, result)  # a cancel from now on ends it there
@@ -171,7 +171,7 @@ async def _serve(
         if peer.outbox.blocked:
             await peer.outbox.wait_writable()
         if peer.is_open:
-            peer._reply(key, result, stream)
+            peer._answer(peer._reply, key, result, stream)
         else:
             _end(peer, key, stream)
     except ConnectionClosed:

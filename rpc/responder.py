@@ -18,7 +18,7 @@ import contextvars
 import inspect
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Generic
 
@@ -212,12 +212,12 @@ class Responder(Generic[K]):
                 result = await awaitable
             except asyncio.CancelledError:
                 if key not in self._running and self.is_open:  # the caller's (on_cancel)
-                    self.adapter.send_error(key, "cancelled by the caller")  # ends it
+                    self._answer(self.adapter.send_error, key, "cancelled by the caller")
                 raise
             except Exception as exc:
                 log.debug("handler failed", exc_info=True)
                 if self.is_open:
-                    self.adapter.send_error(key, str(exc) or type(exc).__name__)
+                    self._answer(self.adapter.send_error, key, str(exc) or type(exc).__name__)
                 return
             finally:
                 self._running.discard(key)
@@ -225,7 +225,11 @@ class Responder(Generic[K]):
                     self._end_stream(key)
             if self.outbox.blocked:
                 await self.outbox.wait_writable()
-            if self.is_open:
+            if not self.is_open:
+                return
+            if len(self._tasks) + self._runner.jobs == 1:  # the last job: see _answer
+                self._answer(self._reply, key, result, stream)
+            else:
                 self._reply(key, result, stream)
         except ConnectionClosed:
             return  # gone while waiting to write: nothing to answer to
@@ -256,6 +260,18 @@ class Responder(Generic[K]):
                 self._end_stream(key)
         if self.is_open:
             adapter.send_result_end(key, False)
+
+    def _answer(self, send: Callable[..., None], *args: Any) -> None:
+        """Send a job's outcome, ``send(*args)``. When no other handler runs or waits in the
+        queue, nothing is coming to join it: it is written at once, under the outbox's hold
+        (:meth:`~rpc.outbox.Outbox.hold`), not by a flush scheduled for the next loop
+        iteration, which a caller making one call at a time would wait for every time."""
+        held = len(self._tasks) + self._runner.jobs == 1 and self.outbox.hold()
+        try:
+            send(*args)
+        finally:
+            if held:
+                self.outbox.release()
 
     def _encoded_result(self, value: Any) -> Any:
         payload = self.adapter.encode_result(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -252,6 +253,44 @@ async def test_lone_request_is_written_at_once(flavour: str) -> None:
         assert await asyncio.gather(*together) == [b"cba"] * 5
         assert queued[0] == 0  # handed to the transport in the task's first step
         assert queued[1] > 0  # the first of five went at once, four wait for the flush
+
+
+@pytest.mark.parametrize("middleware", [False, True])
+async def test_last_job_reply_is_written_at_once(flavour: str, middleware: bool) -> None:
+    """The reply of a coroutine handler is written at once when no other handler runs or
+    waits (with middleware too: that path sends its own replies); while others run, it
+    waits for the loop iteration's flush, to share a write with theirs."""
+    loop = asyncio.get_running_loop()
+    gates = {n: asyncio.Event() for n in (1, 2, 3)}
+    waiting: list[int] = []
+    queued: list[tuple[int, int]] = []
+    reg = rpc.Registry()
+
+    @reg.handle("gated")
+    async def gated(n: int) -> int:
+        waiting.append(n)
+        await gates[n].wait()
+        server_side = rpc.current_peer.get()
+
+        def look() -> None:  # runs after this step (which sends the reply), before a flush
+            queued.append((n, server_side.outbox.queued))
+
+        loop.call_soon(look)
+        return n
+
+    async def pass_through(call: rpc.Call, call_next: Any) -> Any:
+        return await call_next(call)
+
+    chain = {"middleware": [pass_through]} if middleware else {}
+    async with served(flavour, reg, **chain) as (_, peer):
+        calls = {n: asyncio.create_task(peer.request("gated", n)) for n in (1, 2, 3)}
+        await wait_until(lambda: sorted(waiting) == [1, 2, 3])
+        for n in (2, 3, 1):
+            gates[n].set()  # one at a time: 2 and 3 end while others still run, 1 last
+            assert await calls[n] == n
+    assert [n for n, _ in queued] == [2, 3, 1]
+    assert queued[0][1] > 0 and queued[1][1] > 0  # others ran: these waited for the flush
+    assert queued[2][1] == 0  # the last job: handed to the transport in its last step
 
 
 async def test_on_connect_and_connection_limit(flavour: str) -> None:
