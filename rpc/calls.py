@@ -252,10 +252,10 @@ class Caller(Generic[K]):
             else:
                 left = deadline - self._loop.time()
                 key = adapter.send_request_meta(op, payload, False, metadata, left)
+            calls[key] = _Call(future, None, deadline, op, timeout)  # before it is written
         finally:
             if alone:
                 outbox.release()
-        calls[key] = _Call(future, None, deadline, op, timeout)
         if deadline < self._calls_at:
             self._watch_calls(deadline)
         return key, future

@@ -5,8 +5,8 @@ end of every ``data_received`` and, for output produced later (async handlers, r
 once per loop iteration. A flush is forced earlier when ``FLUSH_EVERY`` pieces or
 ``FLUSH_BYTES`` bytes are queued, so a burst of replies reaches the wire while the rest are
 being encoded, and a large result never sits in two buffers at once. A request with no
-other call in flight, and a coroutine handler's reply when no other handler runs, are
-written at once (see :meth:`Outbox.hold`), since nothing would join them but the wait.
+other call in flight, and a coroutine handler's single reply when its job is the only
+one, are written at once (see :meth:`Outbox.hold`): nothing would join them but the wait.
 
 Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
 marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). The
@@ -113,8 +113,8 @@ class Outbox:
 
         Held by the peer around each read (a loop callback made and cancelled per read,
         for nothing, otherwise), by a request with no other call in flight
-        (:class:`rpc.calls.Caller`), and by the reply of a coroutine handler when no other
-        handler runs or waits (:class:`rpc.responder.Responder`): nothing is coming to join
+        (:class:`rpc.calls.Caller`), and by the single reply of a coroutine handler whose
+        job is the only one (:class:`rpc.responder.Responder`): nothing is coming to join
         those, and the other side waits for them, so they are written at once instead of
         by a flush one loop iteration later, which every round trip of a caller making one
         call at a time would pay.

@@ -164,7 +164,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         """Bytes from the peer: what a stream transport read into the thread's shared
         buffer (:mod:`transports.read_buffer`), or a WebSocket message."""
         outbox = self.outbox
-        outbox.hold()  # one flush at the end: what handlers answer now goes out together
+        held = outbox.hold()  # one flush at the end: what handlers answer now goes together
         try:
             messages = self.adapter.decode(data)
             if self._backlog:
@@ -172,15 +172,18 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             elif messages:
                 self._run(messages)
         except ProtocolError as exc:
-            outbox.release(flush=False)
+            if held:
+                outbox.release(flush=False)
             self._violation(exc)
             return
         except Exception:  # a bug of ours must not leave a half-dead connection behind
-            outbox.release(flush=False)
+            if held:
+                outbox.release(flush=False)
             log.exception("%s: unexpected error handling input; closing", self.protocol_name)
             self.abort()
             return
-        outbox.release()
+        if held:
+            outbox.release()
 
     def eof_received(self) -> bool:
         return False  # half-closed peers are closed: nothing more can be answered to them

@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Generic
@@ -62,6 +62,7 @@ class Responder(Generic[K]):
     remote_address: Any
     _tasks: TaskSet
     _runner: HandlerRunner[K]
+    _backlog: deque[Any]
     _streams: dict[K, asyncio.Queue[Any]]
     _ended: OrderedDict[K, None]
     _running: set[K]
@@ -225,12 +226,8 @@ class Responder(Generic[K]):
                     self._end_stream(key)
             if self.outbox.blocked:
                 await self.outbox.wait_writable()
-            if not self.is_open:
-                return
-            if len(self._tasks) + self._runner.jobs == 1:  # the last job: see _answer
+            if self.is_open:
                 self._answer(self._reply, key, result, stream)
-            else:
-                self._reply(key, result, stream)
         except ConnectionClosed:
             return  # gone while waiting to write: nothing to answer to
         except Exception:  # a bug of ours: no done callback would report it
@@ -262,11 +259,13 @@ class Responder(Generic[K]):
             adapter.send_result_end(key, False)
 
     def _answer(self, send: Callable[..., None], *args: Any) -> None:
-        """Send a job's outcome, ``send(*args)``. When no other handler runs or waits in the
-        queue, nothing is coming to join it: it is written at once, under the outbox's hold
+        """Send the single reply (result, error, retry result) of a coroutine handler's job,
+        ``send(*args)``. When it is the runner's only job and no read waits to be handled,
+        nothing is coming to join it: it is written at once, under the outbox's hold
         (:meth:`~rpc.outbox.Outbox.hold`), not by a flush scheduled for the next loop
-        iteration, which a caller making one call at a time would wait for every time."""
-        held = len(self._tasks) + self._runner.jobs == 1 and self.outbox.hold()
+        iteration, which a caller making one call at a time would wait for every time.
+        Streamed results and notification tasks do not take part."""
+        held = self._runner.jobs == 1 and not self._backlog and self.outbox.hold()
         try:
             send(*args)
         finally:

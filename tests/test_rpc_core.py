@@ -255,11 +255,14 @@ async def test_lone_request_is_written_at_once(flavour: str) -> None:
         assert queued[1] > 0  # the first of five went at once, four wait for the flush
 
 
-@pytest.mark.parametrize("middleware", [False, True])
-async def test_last_job_reply_is_written_at_once(flavour: str, middleware: bool) -> None:
-    """The reply of a coroutine handler is written at once when no other handler runs or
-    waits (with middleware too: that path sends its own replies); while others run, it
-    waits for the loop iteration's flush, to share a write with theirs."""
+@pytest.mark.parametrize("fails", [False, True], ids=["result", "error"])
+@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
+async def test_last_job_reply_is_written_at_once(
+    flavour: str, middleware: bool, fails: bool
+) -> None:
+    """The reply (result or error) of a coroutine handler is written at once when its job
+    is the only one (with middleware too: that path sends its own replies); while others
+    run, it waits for the loop iteration's flush, to share a write with theirs."""
     loop = asyncio.get_running_loop()
     gates = {n: asyncio.Event() for n in (1, 2, 3)}
     waiting: list[int] = []
@@ -276,6 +279,8 @@ async def test_last_job_reply_is_written_at_once(flavour: str, middleware: bool)
             queued.append((n, server_side.outbox.queued))
 
         loop.call_soon(look)
+        if fails:
+            raise ValueError(f"failed {n}")
         return n
 
     async def pass_through(call: rpc.Call, call_next: Any) -> Any:
@@ -287,10 +292,14 @@ async def test_last_job_reply_is_written_at_once(flavour: str, middleware: bool)
         await wait_until(lambda: sorted(waiting) == [1, 2, 3])
         for n in (2, 3, 1):
             gates[n].set()  # one at a time: 2 and 3 end while others still run, 1 last
-            assert await calls[n] == n
+            if fails:
+                with pytest.raises(rpc.RemoteError, match=f"failed {n}"):
+                    await calls[n]
+            else:
+                assert await calls[n] == n
     assert [n for n, _ in queued] == [2, 3, 1]
     assert queued[0][1] > 0 and queued[1][1] > 0  # others ran: these waited for the flush
-    assert queued[2][1] == 0  # the last job: handed to the transport in its last step
+    assert queued[2][1] == 0  # the only job: handed to the transport in its last step
 
 
 async def test_on_connect_and_connection_limit(flavour: str) -> None:
