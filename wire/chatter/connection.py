@@ -177,10 +177,7 @@ class ChatterConnection:
             raise LocalProtocolError("Chatter dialect not known yet; nothing received")
         tracker = self._tracker
         msg_id = tracker.next_id
-        if conversation is None:
-            first, owner = msg_id, True
-        else:
-            owner, first = conversation
+        first, owner = _origin(conversation, msg_id)
         data_size = len(data)
         head = envelope_head(msg_id, first, owner, token, last, type, module, data_size, dialect)
         size = len(head) + data_size
