@@ -16,9 +16,11 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 BUILD_REQUIRES = ["mypy>=2.4,<3", "msgspec>=0.18"]
@@ -39,6 +41,23 @@ def compilable() -> list[str]:
     raise SystemExit("setup.py: wire/__init__.py defines no COMPILABLE")
 
 
+class BuildExtensions(build_ext):
+    """setuptools' ``build_ext`` that also deletes the extension modules an earlier build
+    left in the build directory and this one did not make (a module since dropped from
+    ``wire.COMPILABLE``, or a ``build/`` kept across a ``git pull``): the wheel packs that
+    whole directory, and such a module, whose code is not in the new ``peerwire__mypyc``,
+    would fail at import."""
+
+    def run(self) -> None:
+        super().run()
+        made = {Path(output).resolve() for output in self.get_outputs()}
+        suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+        for path in Path(self.build_lib).rglob(f"*{suffix}"):
+            if path.resolve() not in made:
+                print(f"setup.py: removing {path}, left by an earlier build")
+                path.unlink()
+
+
 def compiled_setup() -> None:
     if "editable_wheel" in sys.argv or "develop" in sys.argv:
         raise SystemExit(
@@ -57,7 +76,10 @@ def compiled_setup() -> None:
             f"--no-build-isolation install {' '.join(BUILD_REQUIRES)} first"
         ) from None
     options = [*compilable(), "--config-file", "pyproject.toml"]
-    setup(ext_modules=mypycify(options, opt_level="3", group_name=GROUP))
+    setup(
+        ext_modules=mypycify(options, opt_level="3", group_name=GROUP),
+        cmdclass={"build_ext": BuildExtensions},
+    )
 
 
 if os.environ.get("PEERWIRE_COMPILE", "") not in ("", "0"):

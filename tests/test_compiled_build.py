@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -52,8 +53,23 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_tree(tmp_path_factory.mktemp("compiled") / "tree")
 
 
+STALE = "wire/gotalk/retired"
+"""An extension module an earlier build of the tree made and this one does not (a module
+since dropped from ``wire.COMPILABLE``): the build must delete it, not ship it."""
+
+
+def stale_extension(tree: Path) -> Path:
+    """Where setuptools keeps this interpreter's build of ``tree``, and the stale module in
+    it."""
+    build = f"lib.{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+    return tree / "build" / build / f"{STALE}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
 @pytest.fixture(scope="module")
 def wheel(tree: Path) -> Path:
+    stale = stale_extension(tree)
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"left by an earlier build")
     empty = fresh_venv(tree.parent / "empty-venv", deps=False)
     return build_wheel(tree, tree.parent / "wheel", compiled=True, python=empty)
 
@@ -71,6 +87,13 @@ def test_wheel_holds_an_extension_per_compiled_module(wheel: Path) -> None:
     # the sources ship too: where the extensions are not found (a zip), they run
     assert all(f"{name.replace('.', '/')}.py" in names for name in COMPILED)
     assert "-none-any" not in wheel.name  # a wheel for this interpreter and platform
+
+
+@pytest.mark.timeout(600)
+def test_build_deletes_extensions_an_earlier_build_left(wheel: Path, tree: Path) -> None:
+    with zipfile.ZipFile(wheel) as whl:
+        assert not [name for name in whl.namelist() if name.startswith(STALE)]
+    assert not stale_extension(tree).exists()  # deleted where it was: the seed was found
 
 
 @pytest.mark.timeout(600)
