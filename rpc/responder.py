@@ -237,34 +237,40 @@ class Responder(Generic[K]):
         adapter = self.adapter
         try:
             async for item in agen:
-                await self.outbox.wait_writable()
+                if self.outbox.blocked:
+                    await self.outbox.wait_writable()
                 if not self.is_open:
                     return
                 adapter.send_result_part(key, self._encoded_result(item))
         except asyncio.CancelledError:
             if self.is_open and key not in self._running:  # the caller cancelled it
-                adapter.send_error(key, "cancelled by the caller")
-                adapter.send_result_end(key, True)
+                self._answer(self._fail_stream, key, "cancelled by the caller")
             raise
         except Exception as exc:
             if self.is_open:
-                adapter.send_error(key, str(exc) or type(exc).__name__)
-                adapter.send_result_end(key, True)
+                self._answer(self._fail_stream, key, str(exc) or type(exc).__name__)
             return
         finally:
             self._running.discard(key)
             if key in self._streams:
                 self._end_stream(key)
         if self.is_open:
-            adapter.send_result_end(key, False)
+            self._answer(adapter.send_result_end, key, False)
+
+    def _fail_stream(self, key: K, message: str) -> None:
+        """End our streamed result ``key`` with an error."""
+        self.adapter.send_error(key, message)
+        self.adapter.send_result_end(key, True)
 
     def _answer(self, send: Callable[..., None], *args: Any) -> None:
-        """Send the single reply (result, error, retry result) of a coroutine handler's job,
-        ``send(*args)``. When it is the runner's only job and no read waits to be handled,
-        nothing is coming to join it: it is written at once, under the outbox's hold
-        (:meth:`~rpc.outbox.Outbox.hold`), not by a flush scheduled for the next loop
+        """Send the last word of a handler's job, ``send(*args)``: a coroutine handler's
+        single reply (result, error, retry result) or the end of a streamed result (with
+        the parts still queued). When it is the runner's only job and no read waits to be
+        handled, nothing is coming to join it: it is written at once, under the outbox's
+        hold (:meth:`~rpc.outbox.Outbox.hold`), not by a flush scheduled for the next loop
         iteration, which a caller making one call at a time would wait for every time.
-        Streamed results and notification tasks do not take part."""
+        Notification tasks do not take part; a streamed result's parts go out with the
+        loop iteration's flush as they come."""
         held = self._runner.jobs == 1 and not self._backlog and self.outbox.hold()
         try:
             send(*args)
