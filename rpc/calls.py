@@ -90,12 +90,17 @@ class ResultWait:
             raise self._overdue() from None
 
     async def next(self, queue: asyncio.Queue[Any]) -> Any:
-        """The next item of ``queue``, within ``item`` seconds and the deadline."""
+        """The next item of ``queue``, within ``item`` seconds and the deadline. An item
+        already queued (results that came in one read) is taken without a timer; a wait
+        arms one timer and makes no task."""
         wait, deadline = self.item, self.deadline
         if deadline is not None:
             wait = min(wait, self._left(deadline))
+        if queue.qsize():
+            return queue.get_nowait()
         try:
-            return await asyncio.wait_for(queue.get(), wait)
+            async with asyncio.timeout(wait):
+                return await queue.get()
         except TimeoutError:
             if wait < self.item:  # the deadline came first
                 raise self._overdue() from None
@@ -260,6 +265,19 @@ class Caller(Generic[K]):
             self._watch_calls(deadline)
         return key, future
 
+    def open_results(self, send: Callable[[], K], queue: asyncio.Queue[Any]) -> K:
+        """``send()`` a request that sends no parts, and register ``queue`` for its results
+        (a streamed result, or a single one); its key. With no other call in flight the
+        request is written at once, as :meth:`_send` writes a lone request."""
+        alone = not self._calls and self.outbox.hold()
+        try:
+            key = send()
+            self._calls[key] = _Call(None, queue, None)
+        finally:
+            if alone:
+                self.outbox.release()
+        return key
+
     def _forget(self, key: K) -> None:
         """We stop waiting for ``key``'s result: a call still registered was given up on
         (timeout, cancellation, an error of ours), which the adapter tells the peer."""
@@ -292,7 +310,8 @@ class Caller(Generic[K]):
             async for item in intercept.stream(self, op, parts, value, wait, raw):  # type: ignore[arg-type]
                 yield item
             return
-        await wait.bounded(self.outbox.wait_writable())
+        if self.outbox.blocked:
+            await wait.bounded(self.outbox.wait_writable())
         self._check_open()
         adapter = self.adapter
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -300,8 +319,7 @@ class Caller(Generic[K]):
         try:
             if parts is None:
                 payload = self._checked_payload(op, adapter.encode_request(op, value))
-                key = adapter.send_request(op, payload, False)
-                self._calls[key] = _Call(None, queue, None)
+                key = self.open_results(lambda: adapter.send_request(op, payload, False), queue)
             else:
                 iterator = _aiter(parts)
                 first = await wait.bounded(anext(iterator, _END))

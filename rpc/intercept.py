@@ -345,8 +345,8 @@ async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIte
     metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
-        key = call.id = _send_request(call, payload, False, metadata)
-        peer._calls[key] = core._Call(None, queue, None)
+        key = peer.open_results(lambda: _send_request(call, payload, False, metadata), queue)
+        call.id = key
     else:
         iterator = core._aiter(call.payload)
         first = await wait.bounded(anext(iterator, core._END))

@@ -243,11 +243,26 @@ class ReconnectingPeer:
             self._answered(peer)
             return reply
 
-    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    def stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """:meth:`Peer.stream <rpc.peer.Peer.stream>` (same arguments) on the current
         connection, waiting for one within the stream's ``timeout`` (a deadline for the
         whole stream, the wait included; without one, ``item_timeout`` or the request
-        timeout); never sent again."""
+        timeout); never sent again.
+
+        On a connection that is open and has answered, this is the connection's own
+        ``stream`` (as :meth:`request` is), without a generator of ours around it that
+        every result would pass through."""
+        peer = self._peer
+        if (
+            self._proven
+            and peer is not None
+            and peer.is_open
+            and self._states.last.state is ConnectionState.OPEN
+        ):
+            return cast(AsyncGenerator[Any, None], peer.stream(*args, **kwargs))
+        return self._stream(*args, **kwargs)
+
+    async def _stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         loop = self._loop
         timeout = kwargs.get("timeout")
         wait = timeout if timeout is not None else self._timeout(kwargs.get("item_timeout"))

@@ -1,4 +1,5 @@
-"""rpc.deadlines: coarse liveness deadlines and re-arming for a slot that moved later."""
+"""rpc.deadlines: coarse liveness deadlines and re-arming for a slot that moved later; the
+wait for a stream's next result (rpc.calls.ResultWait)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import pytest
 
 import rpc
+from rpc.calls import ResultWait
 from rpc.deadlines import COARSE_FROM, COARSE_TICK, Deadlines
 from wire import gotalk
 
@@ -78,3 +80,21 @@ async def test_a_deadline_just_past_a_millisecond_wakes_its_timer_once() -> None
     finally:
         await peer.close(drain_timeout=0)
         server.close()
+
+
+async def test_a_stream_result_already_queued_is_taken_without_a_wait() -> None:
+    """Results that came in one read are queued before the caller asks: they are taken at
+    once, even with no time left to wait for one; an empty queue still times out, and the
+    whole stream's deadline still holds with results queued."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in (1, 2):
+        queue.put_nowait(n)
+    wait = ResultWait(loop, "op", None, 0.0)
+    assert [await wait.next(queue), await wait.next(queue)] == [1, 2]
+    with pytest.raises(rpc.RequestTimeout, match=r"op: no result within 0\.0 s"):
+        await wait.next(queue)
+    queue.put_nowait(3)
+    overdue = ResultWait(loop, "op", 0.0, 10.0)
+    with pytest.raises(rpc.RequestTimeout, match=r"op: stream not done within 0\.0 s"):
+        await overdue.next(queue)

@@ -235,9 +235,11 @@ async def test_request_over_our_max_size_fails_before_sending(flavour: str) -> N
     assert served_sizes == [3]  # the server takes up to 1 MiB: a request sent is served
 
 
-async def test_lone_request_is_written_at_once(flavour: str) -> None:
-    """A request with no other call in flight is written by the call itself, not by a flush
-    at the end of the loop iteration; requests made together still share a write."""
+@pytest.mark.parametrize("kind", ["request", "stream"])
+async def test_lone_request_is_written_at_once(flavour: str, kind: str) -> None:
+    """A request (or a stream's, without parts) with no other call in flight is written by
+    the call itself, not by a flush at the end of the loop iteration; requests made
+    together still share a write."""
     loop = asyncio.get_running_loop()
     async with served(flavour, make_registry()) as (_, peer):
         queued: list[int] = []
@@ -245,12 +247,18 @@ async def test_lone_request_is_written_at_once(flavour: str) -> None:
         def look() -> None:  # runs after the steps scheduled before it, before any flush
             queued.append(peer.outbox.queued)
 
-        alone = asyncio.create_task(peer.request("raw", b"abc", raw=True))
+        async def call() -> Any:
+            if kind == "request":
+                return await peer.request("raw", b"abc", raw=True)
+            return [x async for x in peer.stream("count", value=2)]
+
+        expected = b"cba" if kind == "request" else [1, 2]
+        alone = asyncio.create_task(call())
         loop.call_soon(look)
-        assert await alone == b"cba"
-        together = [asyncio.create_task(peer.request("raw", b"abc", raw=True)) for _ in range(5)]
+        assert await alone == expected
+        together = [asyncio.create_task(call()) for _ in range(5)]
         loop.call_soon(look)
-        assert await asyncio.gather(*together) == [b"cba"] * 5
+        assert await asyncio.gather(*together) == [expected] * 5
         assert queued[0] == 0  # handed to the transport in the task's first step
         assert queued[1] > 0  # the first of five went at once, four wait for the flush
 
@@ -300,6 +308,55 @@ async def test_last_job_reply_is_written_at_once(
     assert [n for n, _ in queued] == [2, 3, 1]
     assert queued[0][1] > 0 and queued[1][1] > 0  # others ran: these waited for the flush
     assert queued[2][1] == 0  # the only job: handed to the transport in its last step
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["end", "error"])
+@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
+async def test_last_job_stream_end_is_written_at_once(
+    flavour: str, middleware: bool, fails: bool
+) -> None:
+    """A streamed result's end (or its error) is written at once, with the parts still
+    queued, when its job is the only one; while others run, it waits for the flush."""
+    loop = asyncio.get_running_loop()
+    gates = {n: asyncio.Event() for n in (1, 2, 3)}
+    waiting: list[int] = []
+    queued: list[tuple[int, int]] = []
+    reg = rpc.Registry()
+
+    @reg.handle("gated_stream")
+    async def gated_stream(n: int):
+        waiting.append(n)
+        await gates[n].wait()
+        server_side = rpc.current_peer.get()
+
+        def look() -> None:  # scheduled before this step pushes its part and the end
+            queued.append((n, server_side.outbox.queued))
+
+        loop.call_soon(look)
+        yield n
+        if fails:
+            raise ValueError(f"failed {n}")
+
+    async def pass_through(call: rpc.Call, call_next: Any) -> Any:
+        return await call_next(call)
+
+    async def collect(n: int) -> list[int]:
+        return [x async for x in peer.stream("gated_stream", value=n)]
+
+    chain = {"middleware": [pass_through]} if middleware else {}
+    async with served(flavour, reg, **chain) as (_, peer):
+        calls = {n: asyncio.create_task(collect(n)) for n in (1, 2, 3)}
+        await wait_until(lambda: sorted(waiting) == [1, 2, 3])
+        for n in (2, 3, 1):
+            gates[n].set()  # one at a time: 2 and 3 end while others still run, 1 last
+            if fails:
+                with pytest.raises(rpc.RemoteError, match=f"failed {n}"):
+                    await calls[n]
+            else:
+                assert await calls[n] == [n]
+    assert [n for n, _ in queued] == [2, 3, 1]
+    assert queued[0][1] > 0 and queued[1][1] > 0  # others ran: these waited for the flush
+    assert queued[2][1] == 0  # the only job: part and end handed to the transport at once
 
 
 async def test_on_connect_and_connection_limit(flavour: str) -> None:
