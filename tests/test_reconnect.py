@@ -573,3 +573,51 @@ async def test_requests_on_an_answering_connection_go_straight_to_it(scheme: str
             assert await after_drop == "b"  # waited for the new connection
     finally:
         await server.close()
+
+
+@pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
+async def test_streams_on_an_answering_connection_go_straight_to_it(scheme: str, pki: Pki) -> None:
+    """As requests do: once the connection has answered, a stream is the connection's own
+    generator (no generator of the client's for every result to pass through), with the
+    same results and errors; the first stream, and streams after a drop, take the client's
+    path, which waits for the new connection."""
+
+    def counting(name: str) -> rpc.Registry:
+        reg = named(name)
+
+        @reg.handle("count")
+        async def count(n: int) -> AsyncIterator[str]:
+            for i in range(n):
+                yield f"{name}{i}"
+
+        @reg.handle("broken")
+        async def broken(_value: Any) -> AsyncIterator[str]:
+            yield "first"
+            raise ValueError("stream broke")
+
+        return reg
+
+    server = await serve(scheme, counting("a"), pki)
+    port = server.url.port
+    try:
+        async with rpc.connect(f"{scheme}://127.0.0.1:{port}", reconnect=FAST) as client:
+            first = client.stream("count", value=2)
+            assert first.ag_code.co_qualname == "ReconnectingPeer._stream"
+            assert [x async for x in first] == ["a0", "a1"]
+            direct = client.stream("count", value=2)
+            assert direct.ag_code.co_qualname == "Caller.stream"
+            assert [x async for x in direct] == ["a0", "a1"]
+            seen = []
+            with pytest.raises(rpc.RemoteError, match="stream broke"):
+                async for x in client.stream("broken"):
+                    seen.append(x)
+            assert seen == ["first"]
+
+            await server.close()
+            await wait_until(lambda: client.connection_state is not OPEN)
+            after_drop = client.stream("count", value=1, timeout=10)
+            assert after_drop.ag_code.co_qualname == "ReconnectingPeer._stream"
+            server = await serve(scheme, counting("b"), pki, port)
+            assert [x async for x in after_drop] == ["b0"]  # waited for the new connection
+    finally:
+        await server.close()
