@@ -10,6 +10,7 @@ of ours, freed when its result, error, deadline or the connection's end comes) a
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -42,13 +43,59 @@ _END = END
 _NO_ENTRIES: Mapping[str, str] = {}
 
 
+class ResultQueue:
+    """The results of one stream of ours, in arrival order, until its generator reads
+    them: a deque and at most one waiting reader, lighter than an ``asyncio.Queue`` (which
+    every result passed through twice). Unbounded here: :meth:`Caller.on_result_part`
+    fails the stream past ``options.max_stream_queue`` unread results."""
+
+    __slots__ = ("_items", "_loop", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: asyncio.Future[bool] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+    def take(self) -> Any:
+        """The oldest item; IndexError when there is none."""
+        return self._items.popleft()
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for an item (one timer, no task); False when
+        none came. One reader at a time."""
+        if self._items:
+            return True
+        loop = self._loop
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _time_up, waiter)
+        try:
+            return await waiter or bool(self._items)
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _time_up(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
 class _Call(msgspec.Struct):
     """One outstanding request of ours: a future (single result) or a queue (stream).
     A msgspec Struct: one is made per call, and it is built in C (about half the time of a
     class with ``__slots__``)."""
 
     future: asyncio.Future[Any] | None
-    queue: asyncio.Queue[Any] | None
+    queue: ResultQueue | None
     deadline: float | None
     op: str = ""
     timeout: float = 0.0
@@ -89,22 +136,17 @@ class ResultWait:
         except TimeoutError:
             raise self._overdue() from None
 
-    async def next(self, queue: asyncio.Queue[Any]) -> Any:
+    async def next(self, queue: ResultQueue) -> Any:
         """The next item of ``queue``, within ``item`` seconds and the deadline. An item
-        already queued (results that came in one read) is taken without a timer; a wait
-        arms one timer and makes no task."""
+        already queued (results that came in one read) is taken without a timer."""
         wait, deadline = self.item, self.deadline
         if deadline is not None:
             wait = min(wait, self._left(deadline))
-        if queue.qsize():
-            return queue.get_nowait()
-        try:
-            async with asyncio.timeout(wait):
-                return await queue.get()
-        except TimeoutError:
-            if wait < self.item:  # the deadline came first
-                raise self._overdue() from None
-            raise RequestTimeout(f"{self.op}: no result within {self.item} s") from None
+        if len(queue) or await queue.wait(wait):
+            return queue.take()
+        if wait < self.item:  # the deadline came first
+            raise self._overdue()
+        raise RequestTimeout(f"{self.op}: no result within {self.item} s")
 
 
 def legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple[Any, Any]:
@@ -265,7 +307,7 @@ class Caller(Generic[K]):
             self._watch_calls(deadline)
         return key, future
 
-    def open_results(self, send: Callable[[], K], queue: asyncio.Queue[Any]) -> K:
+    def open_results(self, send: Callable[[], K], queue: ResultQueue) -> K:
         """``send()`` a request that sends no parts, and register ``queue`` for its results
         (a streamed result, or a single one); its key. With no other call in flight the
         request is written at once, as :meth:`_send` writes a lone request."""
@@ -314,7 +356,7 @@ class Caller(Generic[K]):
             await wait.bounded(self.outbox.wait_writable())
         self._check_open()
         adapter = self.adapter
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue = ResultQueue(self._loop)
         key = None
         try:
             if parts is None:
@@ -385,8 +427,8 @@ class Caller(Generic[K]):
         if call is None:
             return  # late or unknown: ignored, as Go peers do
         if call.queue is not None:
-            call.queue.put_nowait(payload)
-            call.queue.put_nowait(_END)
+            call.queue.put(payload)
+            call.queue.put(_END)
         elif call.future is not None and not call.future.done():
             call.future.set_result(payload)
 
@@ -396,8 +438,8 @@ class Caller(Generic[K]):
         call = self._calls.get(key)
         if call is None or call.queue is None:
             return
-        if call.queue.qsize() < self.options.max_stream_queue:
-            call.queue.put_nowait(payload)
+        if len(call.queue) < self.options.max_stream_queue:
+            call.queue.put(payload)
             return
         limit = self.options.max_stream_queue
         self._fail_call(key, StreamOverflow(f"more than {limit} unread stream results"))
@@ -406,7 +448,7 @@ class Caller(Generic[K]):
     def on_result_end(self, key: K) -> None:
         call = self._calls.pop(key, None)
         if call is not None and call.queue is not None:
-            call.queue.put_nowait(_END)
+            call.queue.put(_END)
 
     def on_error(self, key: K, message: str) -> None:
         self._fail_call(key, RemoteError(message))
@@ -425,7 +467,7 @@ class Caller(Generic[K]):
         if call is None:
             return
         if call.queue is not None:
-            call.queue.put_nowait(exc)
+            call.queue.put(exc)
         elif call.future is not None and not call.future.done():
             call.future.set_exception(exc)
 

@@ -341,7 +341,7 @@ async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIte
     adapter = peer.adapter
     await wait.bounded(peer.outbox.wait_writable())
     peer._check_open()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+    queue = core.ResultQueue(peer.loop)
     metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
@@ -370,7 +370,7 @@ def _send_request(
 
 
 async def _results(
-    call: Call, queue: asyncio.Queue[Any], wait: core.ResultWait, raw: bool
+    call: Call, queue: core.ResultQueue, wait: core.ResultWait, raw: bool
 ) -> AsyncIterator[Any]:
     adapter = call.peer.adapter
     while True:

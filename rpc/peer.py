@@ -45,6 +45,7 @@ from typing import Any
 from rpc.call_bounds import CallBounds
 from rpc.calls import _END as _END
 from rpc.calls import Caller, ResultWait
+from rpc.calls import ResultQueue as ResultQueue
 from rpc.calls import _aiter as _aiter
 from rpc.calls import _Call as _Call
 from rpc.deadlines import Deadlines
@@ -200,7 +201,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
                 call.future.set_exception(error)
                 call.future.exception()  # retrieved: no "never retrieved" noise
             if call.queue is not None:
-                call.queue.put_nowait(error)
+                call.queue.put(error)
         self._calls.clear()
         for queue in self._streams.values():
             queue.put_nowait(error)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import rpc
-from rpc.calls import ResultWait
+from rpc.calls import ResultQueue, ResultWait
 from rpc.deadlines import COARSE_FROM, COARSE_TICK, Deadlines
 from wire import gotalk
 
@@ -87,14 +87,16 @@ async def test_a_stream_result_already_queued_is_taken_without_a_wait() -> None:
     once, even with no time left to wait for one; an empty queue still times out, and the
     whole stream's deadline still holds with results queued."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[int] = asyncio.Queue()
+    queue = ResultQueue(loop)
     for n in (1, 2):
-        queue.put_nowait(n)
+        queue.put(n)
     wait = ResultWait(loop, "op", None, 0.0)
     assert [await wait.next(queue), await wait.next(queue)] == [1, 2]
     with pytest.raises(rpc.RequestTimeout, match=r"op: no result within 0\.0 s"):
         await wait.next(queue)
-    queue.put_nowait(3)
+    loop.call_soon(queue.put, 4)  # a result that comes while the caller waits
+    assert await ResultWait(loop, "op", None, 10.0).next(queue) == 4
+    queue.put(3)
     overdue = ResultWait(loop, "op", 0.0, 10.0)
     with pytest.raises(rpc.RequestTimeout, match=r"op: stream not done within 0\.0 s"):
         await overdue.next(queue)
