@@ -263,76 +263,40 @@ async def test_lone_request_is_written_at_once(flavour: str, kind: str) -> None:
         assert queued[1] > 0  # the first of five went at once, four wait for the flush
 
 
+@pytest.mark.parametrize("kind", ["single", "stream"])
 @pytest.mark.parametrize("fails", [False, True], ids=["result", "error"])
 @pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
 async def test_last_job_reply_is_written_at_once(
-    flavour: str, middleware: bool, fails: bool
+    flavour: str, middleware: bool, fails: bool, kind: str
 ) -> None:
-    """The reply (result or error) of a coroutine handler is written at once when its job
-    is the only one (with middleware too: that path sends its own replies); while others
-    run, it waits for the loop iteration's flush, to share a write with theirs."""
+    """The last word of a handler's job (a coroutine's result or error, a streamed result's
+    end or error, with its part) is written at once when the job is the only one (with
+    middleware too: that path sends its own replies); while others run, it waits for the
+    loop iteration's flush, to share a write with theirs."""
     loop = asyncio.get_running_loop()
     gates = {n: asyncio.Event() for n in (1, 2, 3)}
     waiting: list[int] = []
     queued: list[tuple[int, int]] = []
     reg = rpc.Registry()
 
-    @reg.handle("gated")
-    async def gated(n: int) -> int:
+    async def gate(n: int) -> None:
+        """Wait for ``n``'s gate, then look at the server's queued bytes once this step
+        (which sends the reply or the part and the end) is done, before any flush."""
         waiting.append(n)
         await gates[n].wait()
         server_side = rpc.current_peer.get()
+        loop.call_soon(lambda: queued.append((n, server_side.outbox.queued)))
 
-        def look() -> None:  # runs after this step (which sends the reply), before a flush
-            queued.append((n, server_side.outbox.queued))
-
-        loop.call_soon(look)
+    @reg.handle("gated")
+    async def gated(n: int) -> int:
+        await gate(n)
         if fails:
             raise ValueError(f"failed {n}")
         return n
 
-    async def pass_through(call: rpc.Call, call_next: Any) -> Any:
-        return await call_next(call)
-
-    chain = {"middleware": [pass_through]} if middleware else {}
-    async with served(flavour, reg, **chain) as (_, peer):
-        calls = {n: asyncio.create_task(peer.request("gated", n)) for n in (1, 2, 3)}
-        await wait_until(lambda: sorted(waiting) == [1, 2, 3])
-        for n in (2, 3, 1):
-            gates[n].set()  # one at a time: 2 and 3 end while others still run, 1 last
-            if fails:
-                with pytest.raises(rpc.RemoteError, match=f"failed {n}"):
-                    await calls[n]
-            else:
-                assert await calls[n] == n
-    assert [n for n, _ in queued] == [2, 3, 1]
-    assert queued[0][1] > 0 and queued[1][1] > 0  # others ran: these waited for the flush
-    assert queued[2][1] == 0  # the only job: handed to the transport in its last step
-
-
-@pytest.mark.parametrize("fails", [False, True], ids=["end", "error"])
-@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
-async def test_last_job_stream_end_is_written_at_once(
-    flavour: str, middleware: bool, fails: bool
-) -> None:
-    """A streamed result's end (or its error) is written at once, with the parts still
-    queued, when its job is the only one; while others run, it waits for the flush."""
-    loop = asyncio.get_running_loop()
-    gates = {n: asyncio.Event() for n in (1, 2, 3)}
-    waiting: list[int] = []
-    queued: list[tuple[int, int]] = []
-    reg = rpc.Registry()
-
     @reg.handle("gated_stream")
     async def gated_stream(n: int):
-        waiting.append(n)
-        await gates[n].wait()
-        server_side = rpc.current_peer.get()
-
-        def look() -> None:  # scheduled before this step pushes its part and the end
-            queued.append((n, server_side.outbox.queued))
-
-        loop.call_soon(look)
+        await gate(n)
         yield n
         if fails:
             raise ValueError(f"failed {n}")
@@ -340,12 +304,14 @@ async def test_last_job_stream_end_is_written_at_once(
     async def pass_through(call: rpc.Call, call_next: Any) -> Any:
         return await call_next(call)
 
-    async def collect(n: int) -> list[int]:
+    async def call(n: int) -> Any:
+        if kind == "single":
+            return await peer.request("gated", n)
         return [x async for x in peer.stream("gated_stream", value=n)]
 
     chain = {"middleware": [pass_through]} if middleware else {}
     async with served(flavour, reg, **chain) as (_, peer):
-        calls = {n: asyncio.create_task(collect(n)) for n in (1, 2, 3)}
+        calls = {n: asyncio.create_task(call(n)) for n in (1, 2, 3)}
         await wait_until(lambda: sorted(waiting) == [1, 2, 3])
         for n in (2, 3, 1):
             gates[n].set()  # one at a time: 2 and 3 end while others still run, 1 last
@@ -353,10 +319,10 @@ async def test_last_job_stream_end_is_written_at_once(
                 with pytest.raises(rpc.RemoteError, match=f"failed {n}"):
                     await calls[n]
             else:
-                assert await calls[n] == [n]
+                assert await calls[n] == (n if kind == "single" else [n])
     assert [n for n, _ in queued] == [2, 3, 1]
     assert queued[0][1] > 0 and queued[1][1] > 0  # others ran: these waited for the flush
-    assert queued[2][1] == 0  # the only job: part and end handed to the transport at once
+    assert queued[2][1] == 0  # the only job: handed to the transport in its last step
 
 
 async def test_on_connect_and_connection_limit(flavour: str) -> None:
