@@ -50,6 +50,8 @@ class BuildExtensions(build_ext):
 
     def run(self) -> None:
         super().run()
+        if self.inplace or self.dry_run:  # nothing was written to the build directory
+            return
         made = {Path(output).resolve() for output in self.get_outputs()}
         suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
         for path in Path(self.build_lib).rglob(f"*{suffix}"):

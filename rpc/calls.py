@@ -124,6 +124,12 @@ class ResultWait:
             raise self._overdue()
         return left
 
+    def check(self) -> None:
+        """Raise RequestTimeout once the whole stream's deadline has passed (checked before
+        a request is sent: an overdue stream sends nothing)."""
+        if self.deadline is not None:
+            self._left(self.deadline)
+
     def _overdue(self) -> RequestTimeout:
         return RequestTimeout(f"{self.op}: stream not done within {self.timeout} s")
 
@@ -354,6 +360,7 @@ class Caller(Generic[K]):
             return
         if self.outbox.blocked:
             await wait.bounded(self.outbox.wait_writable())
+        wait.check()
         self._check_open()
         adapter = self.adapter
         queue = ResultQueue(self._loop)

@@ -339,7 +339,9 @@ async def stream(
 async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIterator[Any]:
     peer = call.peer
     adapter = peer.adapter
-    await wait.bounded(peer.outbox.wait_writable())
+    if peer.outbox.blocked:
+        await wait.bounded(peer.outbox.wait_writable())
+    wait.check()
     peer._check_open()
     queue = core.ResultQueue(peer.loop)
     metadata = _metadata(call, call.deadline is not None)

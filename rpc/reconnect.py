@@ -251,7 +251,9 @@ class ReconnectingPeer:
 
         On a connection that is open and has answered, this is the connection's own
         ``stream`` (as :meth:`request` is), without a generator of ours around it that
-        every result would pass through."""
+        every result would pass through. The connection is then the one open when
+        ``stream`` was called: should it drop before the stream is first read, the stream
+        raises ConnectionClosed as one in flight would, instead of waiting for the next."""
         peer = self._peer
         if (
             self._proven

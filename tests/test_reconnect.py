@@ -579,8 +579,9 @@ async def test_requests_on_an_answering_connection_go_straight_to_it(scheme: str
 async def test_streams_on_an_answering_connection_go_straight_to_it(scheme: str, pki: Pki) -> None:
     """As requests do: once the connection has answered, a stream is the connection's own
     generator (no generator of the client's for every result to pass through), with the
-    same results and errors; the first stream, and streams after a drop, take the client's
-    path, which waits for the new connection."""
+    same results and errors (one created before a drop and read after it raises
+    ConnectionClosed); the first stream, and streams after a drop, take the client's path,
+    which waits for the new connection."""
 
     def counting(name: str) -> rpc.Registry:
         reg = named(name)
@@ -613,8 +614,12 @@ async def test_streams_on_an_answering_connection_go_straight_to_it(scheme: str,
                     seen.append(x)
             assert seen == ["first"]
 
+            created = client.stream("count", value=1)  # the connection's own, not yet read
             await server.close()
             await wait_until(lambda: client.connection_state is not OPEN)
+            with pytest.raises(rpc.ConnectionClosed):  # as a request made then would
+                async for _ in created:
+                    pass
             after_drop = client.stream("count", value=1, timeout=10)
             assert after_drop.ag_code.co_qualname == "ReconnectingPeer._stream"
             server = await serve(scheme, counting("b"), pki, port)

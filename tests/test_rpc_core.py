@@ -325,6 +325,25 @@ async def test_last_job_reply_is_written_at_once(
     assert queued[2][1] == 0  # the only job: handed to the transport in its last step
 
 
+async def test_a_stream_past_its_deadline_sends_nothing(flavour: str) -> None:
+    """A stream whose whole-stream deadline has passed before it is sent raises
+    RequestTimeout and sends nothing (peers without request metadata would run it)."""
+    ran: list[int] = []
+    reg = rpc.Registry()
+
+    @reg.handle("noted")
+    async def noted(n: int):
+        ran.append(n)
+        yield n
+
+    async with served(flavour, reg) as (_, peer):
+        with pytest.raises(rpc.RequestTimeout, match="noted: stream not done within 0 s"):
+            async for _ in peer.stream("noted", value=1, timeout=0):
+                pass
+        assert [x async for x in peer.stream("noted", value=2)] == [2]
+    assert ran == [2]  # the server saw the second stream only
+
+
 async def test_on_connect_and_connection_limit(flavour: str) -> None:
     scheme, query = FLAVOURS[flavour]
     opened: list[rpc.Peer] = []
