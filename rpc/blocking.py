@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 from rpc import loops
 from rpc.api import connect as async_connect
-from rpc.calls import legacy_stream_args
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
+from rpc.streaming import legacy_stream_args
 
 T = TypeVar("T")
 

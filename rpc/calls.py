@@ -10,10 +10,8 @@ of ours, freed when its result, error, deadline or the connection's end comes) a
 from __future__ import annotations
 
 import asyncio
-import collections
 import random
-import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
@@ -29,6 +27,7 @@ from rpc.errors import (
 )
 from rpc.key import K
 from rpc.payload import encode_value
+from rpc.streaming import END, PartSource, ResultWait, StreamQueue, legacy_stream_args
 
 if TYPE_CHECKING:
     from rpc.deadlines import Deadlines
@@ -37,56 +36,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-END = object()
-"""Ends the queue of a stream's results (ours) or of a stream request's parts (served)."""
 _END = END
 _NO_ENTRIES: Mapping[str, str] = {}
-
-
-class ResultQueue:
-    """The results of one stream of ours, in arrival order, until its generator reads
-    them: a deque and at most one waiting reader, lighter than an ``asyncio.Queue`` (which
-    every result passed through twice). Unbounded here: :meth:`Caller.on_result_part`
-    fails the stream past ``options.max_stream_queue`` unread results."""
-
-    __slots__ = ("_items", "_loop", "_waiter")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: collections.deque[Any] = collections.deque()
-        self._waiter: asyncio.Future[bool] | None = None
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, item: Any) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(True)
-
-    def take(self) -> Any:
-        """The oldest item; IndexError when there is none."""
-        return self._items.popleft()
-
-    async def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for an item (one timer, no task); False when
-        none came. One reader at a time."""
-        if self._items:
-            return True
-        loop = self._loop
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _time_up, waiter)
-        try:
-            return await waiter or bool(self._items)
-        finally:
-            timer.cancel()
-            self._waiter = None
-
-
-def _time_up(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
 
 
 class _Call(msgspec.Struct):
@@ -95,76 +46,11 @@ class _Call(msgspec.Struct):
     class with ``__slots__``)."""
 
     future: asyncio.Future[Any] | None
-    queue: ResultQueue | None
+    queue: StreamQueue | None
     deadline: float | None
     op: str = ""
     timeout: float = 0.0
     """The operation and timeout a single call's RequestTimeout names."""
-
-
-class ResultWait:
-    """How long a stream of ours waits: ``item`` seconds for each next result, and never
-    past ``timeout`` seconds from its start (None: no deadline for the whole stream)."""
-
-    __slots__ = ("deadline", "item", "loop", "op", "timeout")
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, op: str, timeout: float | None, item: float
-    ) -> None:
-        self.loop = loop
-        self.op = op
-        self.timeout = timeout
-        self.item = item
-        self.deadline = None if timeout is None else loop.time() + timeout
-
-    def _left(self, deadline: float) -> float:
-        """Seconds left before ``deadline``; raises RequestTimeout once it passed."""
-        left = deadline - self.loop.time()
-        if left <= 0:
-            raise self._overdue()
-        return left
-
-    def check(self) -> None:
-        """Raise RequestTimeout once the whole stream's deadline has passed (checked before
-        a request is sent: an overdue stream sends nothing)."""
-        if self.deadline is not None:
-            self._left(self.deadline)
-
-    def _overdue(self) -> RequestTimeout:
-        return RequestTimeout(f"{self.op}: stream not done within {self.timeout} s")
-
-    async def bounded(self, awaitable: Awaitable[T]) -> T:
-        """``await awaitable``, within the stream's deadline."""
-        if self.deadline is None:
-            return await awaitable
-        try:
-            return await asyncio.wait_for(awaitable, self._left(self.deadline))
-        except TimeoutError:
-            raise self._overdue() from None
-
-    async def next(self, queue: ResultQueue) -> Any:
-        """The next item of ``queue``, within ``item`` seconds and the deadline. An item
-        already queued (results that came in one read) is taken without a timer."""
-        wait, deadline = self.item, self.deadline
-        if deadline is not None:
-            wait = min(wait, self._left(deadline))
-        if len(queue) or await queue.wait(wait):
-            return queue.take()
-        if wait < self.item:  # the deadline came first
-            raise self._overdue()
-        raise RequestTimeout(f"{self.op}: no result within {self.item} s")
-
-
-def legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple[Any, Any]:
-    """``stream(op, parts, value)``, the positional form before keyword-only arguments."""
-    if len(legacy) > 2 or (parts is not None) or (len(legacy) == 2 and value is not None):
-        raise TypeError("stream() takes parts and value as keywords (parts=, value=)")
-    warnings.warn(
-        "stream(op, parts, value) is deprecated: pass parts= and value= as keywords",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return legacy[0], legacy[1] if len(legacy) == 2 else value
 
 
 class Caller(Generic[K]):
@@ -313,7 +199,7 @@ class Caller(Generic[K]):
             self._watch_calls(deadline)
         return key, future
 
-    def open_results(self, send: Callable[[], K], queue: ResultQueue) -> K:
+    def open_results(self, send: Callable[[], K], queue: StreamQueue) -> K:
         """``send()`` a request that sends no parts, and register ``queue`` for its results
         (a streamed result, or a single one); its key. With no other call in flight the
         request is written at once, as :meth:`_send` writes a lone request."""
@@ -363,20 +249,20 @@ class Caller(Generic[K]):
         wait.check()
         self._check_open()
         adapter = self.adapter
-        queue = ResultQueue(self._loop)
+        queue = StreamQueue(self._loop)
         key = None
         try:
             if parts is None:
                 payload = self._checked_payload(op, adapter.encode_request(op, value))
                 key = self.open_results(lambda: adapter.send_request(op, payload, False), queue)
             else:
-                iterator = _aiter(parts)
-                first = await wait.bounded(anext(iterator, _END))
+                source = PartSource(parts, wait)
+                first = await source.next()
                 data = b"" if first is _END else encode_value(first)
                 key = adapter.send_request(op, self._checked_payload(op, data), True)
                 self._calls[key] = _Call(None, queue, None)
                 if first is not _END:
-                    await self.send_parts(op, key, iterator, wait)
+                    await self.send_parts(op, key, source, wait)
                 adapter.send_request_end(key)
             while True:
                 item = await wait.next(queue)
@@ -389,13 +275,12 @@ class Caller(Generic[K]):
             if key is not None:
                 self._forget(key)
 
-    async def send_parts(
-        self, op: str, key: K, iterator: AsyncIterator[Any], wait: ResultWait
-    ) -> None:
+    async def send_parts(self, op: str, key: K, source: PartSource, wait: ResultWait) -> None:
         """Send the remaining parts of our stream request ``key`` (not its end)."""
         adapter = self.adapter
-        while (part := await wait.bounded(anext(iterator, _END))) is not _END:
-            await wait.bounded(self.outbox.wait_writable())
+        while (part := await source.next()) is not _END:
+            if self.outbox.blocked:
+                await wait.bounded(self.outbox.wait_writable())
             self._check_open()
             adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
 
@@ -477,12 +362,3 @@ class Caller(Generic[K]):
             call.queue.put(exc)
         elif call.future is not None and not call.future.done():
             call.future.set_exception(exc)
-
-
-async def _aiter(items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
-    if isinstance(items, AsyncIterable):
-        async for item in items:
-            yield item
-    else:
-        for item in items:
-            yield item

@@ -112,13 +112,13 @@ def serve_request(
         return
     if handler is None:
         handler = peer.registry.get(op)
-    queue: asyncio.Queue[Any] | None = None
+    queue: core.StreamQueue | None = None
     if stream:
         if handler is not None and handler.kind is HandlerKind.STREAM:
-            queue = asyncio.Queue()
+            queue = core.StreamQueue(peer.loop)
             peer._streams[key] = queue
             if payload:
-                queue.put_nowait(payload)
+                queue.put(payload)
         else:
             peer._end_stream(key)  # its parts are dropped; the chain says why
     kind: CallKind = "stream" if stream else "request"
@@ -129,7 +129,7 @@ def serve_request(
 
 
 async def _serve(
-    peer: Peer, call: Call, handler: Handler | None, queue: asyncio.Queue[Any] | None
+    peer: Peer, call: Call, handler: Handler | None, queue: core.StreamQueue | None
 ) -> None:
     """Run the chain for one incoming call and send its outcome: a job of the peer's
     :class:`~rpc.handler_runner.HandlerRunner`."""
@@ -185,7 +185,7 @@ def _end(peer: Peer, key: Any, stream: bool) -> None:
         peer._end_stream(key)
 
 
-async def _handle(call: Call, handler: Handler | None, queue: asyncio.Queue[Any] | None) -> Any:
+async def _handle(call: Call, handler: Handler | None, queue: core.StreamQueue | None) -> Any:
     """The innermost step: the handler itself (a streamed result is returned unread)."""
     peer = call.peer
     if handler is None:
@@ -343,20 +343,20 @@ async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIte
         await wait.bounded(peer.outbox.wait_writable())
     wait.check()
     peer._check_open()
-    queue = core.ResultQueue(peer.loop)
+    queue = core.StreamQueue(peer.loop)
     metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
         key = peer.open_results(lambda: _send_request(call, payload, False, metadata), queue)
         call.id = key
     else:
-        iterator = core._aiter(call.payload)
-        first = await wait.bounded(anext(iterator, core._END))
+        source = core.PartSource(call.payload, wait)
+        first = await source.next()
         data = _encoded(peer, call, b"" if first is core._END else encode_value(first))
         key = call.id = _send_request(call, data, True, metadata)
         peer._calls[key] = core._Call(None, queue, None)
         if first is not core._END:
-            await peer.send_parts(call.op, key, iterator, wait)
+            await peer.send_parts(call.op, key, source, wait)
         adapter.send_request_end(key)
     return _results(call, queue, wait, raw)
 
@@ -372,7 +372,7 @@ def _send_request(
 
 
 async def _results(
-    call: Call, queue: core.ResultQueue, wait: core.ResultWait, raw: bool
+    call: Call, queue: core.StreamQueue, wait: core.ResultWait, raw: bool
 ) -> AsyncIterator[Any]:
     adapter = call.peer.adapter
     while True:

@@ -44,9 +44,7 @@ from typing import Any
 
 from rpc.call_bounds import CallBounds
 from rpc.calls import _END as _END
-from rpc.calls import Caller, ResultWait
-from rpc.calls import ResultQueue as ResultQueue
-from rpc.calls import _aiter as _aiter
+from rpc.calls import Caller
 from rpc.calls import _Call as _Call
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
@@ -58,6 +56,9 @@ from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
 from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
 from rpc.responder import _parts as _parts
+from rpc.streaming import PartSource as PartSource
+from rpc.streaming import ResultWait
+from rpc.streaming import StreamQueue as StreamQueue
 from rpc.tasks import TaskSet
 from transports.read_buffer import SharedBufferProtocol
 from wire.errors import ProtocolError
@@ -98,7 +99,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         counted with the tasks."""
         self._calls: dict[K, _Call] = {}
         self._calls_at = float("inf")
-        self._streams: dict[K, asyncio.Queue[Any]] = {}
+        self._streams: dict[K, StreamQueue] = {}
         self._ended: OrderedDict[K, None] = OrderedDict()
         self._running: set[K] = set()
         """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
@@ -204,7 +205,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
                 call.queue.put(error)
         self._calls.clear()
         for queue in self._streams.values():
-            queue.put_nowait(error)
+            queue.put(error)
         self._streams.clear()
         self._ended.clear()
         self._running.clear()

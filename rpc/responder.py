@@ -23,11 +23,11 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Generic
 
 from rpc import intercept
-from rpc.calls import END
 from rpc.errors import ConnectionClosed, PayloadError, RemoteError
 from rpc.key import K
 from rpc.notifications import run_notification
 from rpc.registry import HandlerKind, Registry
+from rpc.streaming import END, StreamQueue
 
 if TYPE_CHECKING:
     from rpc.handler_runner import HandlerRunner
@@ -60,10 +60,11 @@ class Responder(Generic[K]):
     options: Options
     outbox: Outbox
     remote_address: Any
+    _loop: asyncio.AbstractEventLoop
     _tasks: TaskSet
     _runner: HandlerRunner[K]
     _backlog: deque[Any]
-    _streams: dict[K, asyncio.Queue[Any]]
+    _streams: dict[K, StreamQueue]
     _ended: OrderedDict[K, None]
     _running: set[K]
     _intercepted: bool
@@ -121,10 +122,10 @@ class Responder(Generic[K]):
             return
         try:  # current_peer is set: the peer sets it around every batch it dispatches
             if stream:
-                queue: asyncio.Queue[Any] = asyncio.Queue()
+                queue = StreamQueue(self._loop)
                 self._streams[key] = queue
                 if payload:
-                    queue.put_nowait(payload)
+                    queue.put(payload)
                 result = handler.fn(_parts(queue, handler.decode))
             else:
                 result = handler.fn(adapter.decode_params(handler, payload))
@@ -166,16 +167,16 @@ class Responder(Generic[K]):
         queue = self._streams.get(key)
         if queue is None:
             return key in self._ended  # refused, failed or answered: dropped
-        if queue.qsize() >= self.options.max_stream_queue:
+        if len(queue) >= self.options.max_stream_queue:
             self._end_stream(key)
-            queue.put_nowait(
+            queue.put(
                 RemoteError(
                     f"stream request parts arrive faster than handled "
                     f"(more than {self.options.max_stream_queue} queued)"
                 )
             )
             return True
-        queue.put_nowait(payload)
+        queue.put(payload)
         return True
 
     def on_request_end(self, key: K) -> bool:
@@ -186,7 +187,7 @@ class Responder(Generic[K]):
                 return False
             del self._ended[key]
             return True
-        queue.put_nowait(_END)
+        queue.put(_END)
         return True
 
     def has_stream(self, key: K) -> bool:
@@ -306,10 +307,12 @@ async def _awaited(awaitable: Any) -> None:
     await awaitable
 
 
-async def _parts(queue: asyncio.Queue[Any], decode: Any) -> AsyncIterator[Any]:
+async def _parts(queue: StreamQueue, decode: Any) -> AsyncIterator[Any]:
     """The async iterator a stream handler reads its request parts from."""
     while True:
-        item = await queue.get()
+        if not len(queue):
+            await queue.wait()
+        item = queue.take()
         if item is _END:
             return
         if isinstance(item, BaseException):

@@ -1,5 +1,5 @@
 """rpc.deadlines: coarse liveness deadlines and re-arming for a slot that moved later; the
-wait for a stream's next result (rpc.calls.ResultWait)."""
+wait for a stream's next result (rpc.streaming.ResultWait)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 import rpc
-from rpc.calls import ResultQueue, ResultWait
 from rpc.deadlines import COARSE_FROM, COARSE_TICK, Deadlines
+from rpc.streaming import ResultWait, StreamQueue
 from wire import gotalk
 
 
@@ -87,7 +87,7 @@ async def test_a_stream_result_already_queued_is_taken_without_a_wait() -> None:
     once, even with no time left to wait for one; an empty queue still times out, and the
     whole stream's deadline still holds with results queued."""
     loop = asyncio.get_running_loop()
-    queue = ResultQueue(loop)
+    queue = StreamQueue(loop)
     for n in (1, 2):
         queue.put(n)
     wait = ResultWait(loop, "op", None, 0.0)

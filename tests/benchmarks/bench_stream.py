@@ -1,4 +1,4 @@
-"""Streamed results next to single ones: ``python tests/benchmarks/bench_stream.py
+"""Streams next to single calls: ``python tests/benchmarks/bench_stream.py
 [--seconds S] [--rounds N] [--loop asyncio|uvloop] [--smoke]``.
 
 Not collected by pytest. The two-process harness of ``bench_rpc.py`` (``harness.py``): this
@@ -10,13 +10,16 @@ process is the client, each row's server a subprocess of this script. Rows, over
 - ``<protocol>-stream``: ``peer.stream("halves", value=payload, raw=True)`` answered by an
   async generator that yields the payload's two halves, which the caller joins: a request
   whose result comes as two parts and an end (the parts of one step go out together).
+- ``<protocol>-upload``: ``peer.stream("joined", parts=halves, raw=True)``: a stream request
+  whose two parts (the payload's halves) a stream handler reads and returns joined as a
+  single result: the request's parts and its end, then one result.
 
 Each row runs ``sequential`` (one call at a time) and ``inflight100`` (100 workers, one call
 each at a time) on a fresh connection, 16-byte payloads, after a warm-up of 0.5 s; every
 worker checks what it got back. Every row runs ``--rounds`` times (default 3, rows
 interleaved, a new server each time); the table shows median rates, the slowest..fastest
-round, the median CPU per call of each side, and each stream row's rate as a share of its
-protocol's request row. ``--smoke`` (CI): ``--seconds 0.2 --rounds 1``, rough figures.
+round, the median CPU per call of each side, and each stream and upload row's rate as a
+share of its protocol's request row. ``--smoke`` (CI): ``--seconds 0.2 --rounds 1``, rough figures.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from tests.benchmarks.harness import (
 )
 
 HOST = "127.0.0.1"
-ROWS = ("gotalk-request", "gotalk-stream", "chatter-request", "chatter-stream")
+KINDS = ("request", "stream", "upload")
+ROWS = tuple(f"{protocol}-{kind}" for protocol in ("gotalk", "chatter") for kind in KINDS)
 MODES = (("sequential", 1), ("inflight100", 100))
 URLS = {"gotalk": "tcp+gotalk://{}:{}", "chatter": "tcp+sbs://{}:{}?dialect=HatChatter"}
 
@@ -60,6 +64,10 @@ def _registry() -> rpc.Registry:
         middle = len(data) // 2
         yield data[:middle]
         yield data[middle:]
+
+    @registry.handle_stream("joined")
+    async def joined(parts: AsyncIterator[bytes]) -> bytes:
+        return b"".join([part async for part in parts])
 
     return registry
 
@@ -81,7 +89,14 @@ async def _connect(name: str, port: int) -> tuple[Call, Close]:
     async def call_stream() -> bytes:
         return b"".join([part async for part in stream("halves", value=PAYLOAD, raw=True)])
 
-    return (call_request if kind == "request" else call_stream), peer.close
+    halves = (PAYLOAD[:8], PAYLOAD[8:])
+
+    async def call_upload() -> bytes:
+        (result,) = [result async for result in stream("joined", parts=halves, raw=True)]
+        return result  # type: ignore[no-any-return]
+
+    calls = {"request": call_request, "stream": call_stream, "upload": call_upload}
+    return calls[kind], peer.close
 
 
 async def _row(name: str, server: ServerProcess, seconds: float) -> dict[str, Sample]:
@@ -117,15 +132,15 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
                 f"{name:<17}{mode:<13}{median:>9,.0f}/s  {low:>9,.0f}..{high:<10,.0f}"
                 f"  {client:>6.1f} us  {server:>6.1f} us"
             )
-    print("\nstreamed result (two parts) vs single result, same protocol, this run:")
+    print("\nvs a single request, same protocol, this run (stream: two result parts;")
+    print("upload: two request parts):")
     for protocol in URLS:
-        for mode, _ in MODES:
-            stream, single = (
-                rate.get((f"{protocol}-stream", mode)),
-                rate.get((f"{protocol}-request", mode)),
-            )
-            share = f"{stream / single:.2f}" if stream and single else "n/a"
-            print(f"  {protocol:<8}{mode:<13}{share}")
+        for kind in KINDS[1:]:
+            for mode, _ in MODES:
+                row = rate.get((f"{protocol}-{kind}", mode))
+                single = rate.get((f"{protocol}-request", mode))
+                share = f"{row / single:.2f}" if row and single else "n/a"
+                print(f"  {protocol:<8}{kind:<8}{mode:<13}{share}")
 
 
 def main() -> None:

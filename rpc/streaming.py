@@ -1,0 +1,161 @@
+"""What streams are made of: the queue a stream's items wait in until their one reader
+takes them, the waits that bound a stream of ours, and the parts of a stream request of
+ours. :class:`~rpc.calls.Caller` and :class:`~rpc.responder.Responder` build on these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import warnings
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator
+from typing import Any, TypeVar, cast
+
+from rpc.errors import RequestTimeout
+
+T = TypeVar("T")
+
+END = object()
+"""Ends the queue of a stream's results (ours) or of a stream request's parts (served)."""
+_END = END
+
+
+class StreamQueue:
+    """One stream's items in arrival order until its one reader takes them: the results
+    of a stream of ours (read by :meth:`~rpc.calls.Caller.stream`), or the parts of a stream request
+    to us (read by its handler). A deque and at most one waiting reader, lighter than an
+    ``asyncio.Queue``, which every item passed through twice. Unbounded here: the writers
+    fail the stream past ``options.max_stream_queue`` unread items
+    (:meth:`~rpc.calls.Caller.on_result_part`,
+    :meth:`~rpc.responder.Responder.on_request_part`)."""
+
+    __slots__ = ("_items", "_loop", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: asyncio.Future[bool] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+    def take(self) -> Any:
+        """The oldest item; IndexError when there is none."""
+        return self._items.popleft()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for as long as it takes) for an item; one
+        timer, no task. False when none came. One reader at a time."""
+        if self._items:
+            return True
+        loop = self._loop
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _time_up, waiter)
+        try:
+            return await waiter or bool(self._items)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._waiter = None
+
+
+def _time_up(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class ResultWait:
+    """How long a stream of ours waits: ``item`` seconds for each next result, and never
+    past ``timeout`` seconds from its start (None: no deadline for the whole stream)."""
+
+    __slots__ = ("deadline", "item", "loop", "op", "timeout")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, op: str, timeout: float | None, item: float
+    ) -> None:
+        self.loop = loop
+        self.op = op
+        self.timeout = timeout
+        self.item = item
+        self.deadline = None if timeout is None else loop.time() + timeout
+
+    def _left(self, deadline: float) -> float:
+        """Seconds left before ``deadline``; raises RequestTimeout once it passed."""
+        left = deadline - self.loop.time()
+        if left <= 0:
+            raise self._overdue()
+        return left
+
+    def check(self) -> None:
+        """Raise RequestTimeout once the whole stream's deadline has passed (checked before
+        a request is sent: an overdue stream sends nothing)."""
+        if self.deadline is not None:
+            self._left(self.deadline)
+
+    def _overdue(self) -> RequestTimeout:
+        return RequestTimeout(f"{self.op}: stream not done within {self.timeout} s")
+
+    async def bounded(self, awaitable: Awaitable[T]) -> T:
+        """``await awaitable``, within the stream's deadline (in the caller's task: a
+        timer, no task of its own)."""
+        if self.deadline is None:
+            return await awaitable
+        left = self._left(self.deadline)
+        try:
+            async with asyncio.timeout(left):
+                return await awaitable
+        except TimeoutError:
+            raise self._overdue() from None
+
+    async def next(self, queue: StreamQueue) -> Any:
+        """The next item of ``queue``, within ``item`` seconds and the deadline. An item
+        already queued (results that came in one read) is taken without a timer."""
+        wait, deadline = self.item, self.deadline
+        if deadline is not None:
+            wait = min(wait, self._left(deadline))
+        if len(queue) or await queue.wait(wait):
+            return queue.take()
+        if wait < self.item:  # the deadline came first
+            raise self._overdue()
+        raise RequestTimeout(f"{self.op}: no result within {self.item} s")
+
+
+def legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple[Any, Any]:
+    """``stream(op, parts, value)``, the positional form before keyword-only arguments."""
+    if len(legacy) > 2 or (parts is not None) or (len(legacy) == 2 and value is not None):
+        raise TypeError("stream() takes parts and value as keywords (parts=, value=)")
+    warnings.warn(
+        "stream(op, parts, value) is deprecated: pass parts= and value= as keywords",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return legacy[0], legacy[1] if len(legacy) == 2 else value
+
+
+class PartSource:
+    """The parts of a stream request of ours: an iterable's are taken as they are, an
+    async iterable's each awaited within the stream's deadline. (No async generator around
+    an iterable: the loop tracks every one made, and each part would pass through it.)"""
+
+    __slots__ = ("_async", "_sync", "_wait")
+
+    def __init__(self, parts: Iterable[Any] | AsyncIterable[Any], wait: ResultWait) -> None:
+        self._wait = wait
+        if isinstance(parts, AsyncIterable):
+            self._async: AsyncIterator[Any] | None = aiter(parts)
+            self._sync: Iterator[Any] | None = None
+        else:
+            self._async, self._sync = None, iter(parts)
+
+    async def next(self) -> Any:
+        """The next part, or ``END`` after the last."""
+        sync = self._sync
+        if sync is not None:
+            return next(sync, _END)
+        return await self._wait.bounded(anext(cast(AsyncIterator[Any], self._async), _END))
