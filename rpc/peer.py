@@ -43,7 +43,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rpc.call_bounds import CallBounds
-from rpc.calls import _END as _END
 from rpc.calls import Caller
 from rpc.calls import _Call as _Call
 from rpc.deadlines import Deadlines
@@ -56,6 +55,7 @@ from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
 from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
 from rpc.responder import _parts as _parts
+from rpc.streaming import _END as _END
 from rpc.streaming import PartSource as PartSource
 from rpc.streaming import ResultWait
 from rpc.streaming import StreamQueue as StreamQueue

@@ -310,7 +310,7 @@ async def _awaited(awaitable: Any) -> None:
 async def _parts(queue: StreamQueue, decode: Any) -> AsyncIterator[Any]:
     """The async iterator a stream handler reads its request parts from."""
     while True:
-        if not len(queue):
+        while not len(queue):
             await queue.wait()
         item = queue.take()
         if item is _END:

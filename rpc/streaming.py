@@ -27,7 +27,9 @@ class StreamQueue:
     ``asyncio.Queue``, which every item passed through twice. Unbounded here: the writers
     fail the stream past ``options.max_stream_queue`` unread items
     (:meth:`~rpc.calls.Caller.on_result_part`,
-    :meth:`~rpc.responder.Responder.on_request_part`)."""
+    :meth:`~rpc.responder.Responder.on_request_part`). One reader: a second waiting at
+    the same time would replace the first's waiter (each stream has one generator reading
+    it, and a generator cannot be run by two tasks at once)."""
 
     __slots__ = ("_items", "_loop", "_waiter")
 
@@ -103,15 +105,20 @@ class ResultWait:
 
     async def bounded(self, awaitable: Awaitable[T]) -> T:
         """``await awaitable``, within the stream's deadline (in the caller's task: a
-        timer, no task of its own)."""
+        timer, no task of its own). Call :meth:`check` first where the awaitable is a
+        coroutine: past the deadline this raises without awaiting it. A TimeoutError of
+        the awaitable's own goes through as it is."""
         if self.deadline is None:
             return await awaitable
         left = self._left(self.deadline)
+        timeout = asyncio.timeout(left)
         try:
-            async with asyncio.timeout(left):
+            async with timeout:
                 return await awaitable
         except TimeoutError:
-            raise self._overdue() from None
+            if timeout.expired():
+                raise self._overdue() from None
+            raise
 
     async def next(self, queue: StreamQueue) -> Any:
         """The next item of ``queue``, within ``item`` seconds and the deadline. An item
@@ -154,7 +161,9 @@ class PartSource:
             self._async, self._sync = None, iter(parts)
 
     async def next(self) -> Any:
-        """The next part, or ``END`` after the last."""
+        """The next part, or ``END`` after the last; RequestTimeout once the stream's
+        deadline has passed (checked before each part is taken, from either kind)."""
+        self._wait.check()
         sync = self._sync
         if sync is not None:
             return next(sync, _END)

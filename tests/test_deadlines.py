@@ -103,3 +103,20 @@ async def test_a_stream_result_already_queued_is_taken_without_a_wait() -> None:
         await reader
     queue.put(5)
     assert await ResultWait(loop, "op", None, 10.0).next(queue) == 5
+
+
+async def test_a_bounded_await_past_the_deadline_is_overdue_and_its_own_timeout_is_not() -> None:
+    """A stream's deadline turns the wait it ends into the stream's RequestTimeout; a
+    TimeoutError of the awaited source's own goes through as it is."""
+    loop = asyncio.get_running_loop()
+
+    async def own_timeout() -> None:
+        raise TimeoutError("the source's own")
+
+    wait = ResultWait(loop, "op", 10.0, 10.0)
+    with pytest.raises(TimeoutError, match="the source's own") as raised:
+        await wait.bounded(own_timeout())
+    assert raised.type is TimeoutError
+    short = ResultWait(loop, "op", 0.01, 10.0)
+    with pytest.raises(rpc.RequestTimeout, match=r"op: stream not done within 0\.01 s"):
+        await short.bounded(asyncio.Event().wait())

@@ -125,3 +125,54 @@ async def test_cancel_reaches_a_handler_behind_middleware(flavour: str) -> None:
         await asyncio.wait_for(parts_stopped.wait(), 5)
         await wait_until(lambda: not server_peer._running and server_peer.handlers_running == 0)
         assert await peer.request("echo", 2) == 2
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_handler_waiting_for_parts_is_cancelled_then_freed(flavour: str) -> None:
+    """A stream handler waiting for its request's next part: the caller giving up
+    cancels it, its state goes, a late part is dropped, and the connection serves on;
+    when the connection drops, a handler waiting for parts is cancelled too."""
+    waiting = asyncio.Queue[str]()
+    cancelled = asyncio.Queue[str]()
+    reg = rpc.Registry()
+
+    @reg.handle_stream("collect")
+    async def collect(parts) -> list[str]:
+        got = []
+        try:
+            async for part in parts:
+                got.append(part)
+                waiting.put_nowait(part)
+        except asyncio.CancelledError:
+            cancelled.put_nowait(",".join(got))
+            raise
+        return got
+
+    @reg.handle("echo")
+    def echo(value: object) -> object:
+        return value
+
+    gate = asyncio.Event()
+
+    async def parts(tag: str):
+        yield tag
+        await gate.wait()
+        yield "late"
+
+    async with served(flavour, reg) as (server, peer):
+        assert await peer.request("echo", 1) == 1  # the announcement has been answered
+        call = asyncio.create_task(anext(peer.stream("collect", parts=parts("first"))))
+        assert await asyncio.wait_for(waiting.get(), 5) == "first"
+        call.cancel()
+        assert await asyncio.wait_for(cancelled.get(), 5) == "first"
+        [server_peer] = server.peers
+        await wait_until(lambda: not server_peer._streams and server_peer.handlers_running == 0)
+        assert await peer.request("echo", 2) == 2
+
+        dropped = asyncio.create_task(anext(peer.stream("collect", parts=parts("second"))))
+        assert await asyncio.wait_for(waiting.get(), 5) == "second"
+        server_peer.transport.abort()  # the connection drops while the handler waits
+        assert await asyncio.wait_for(cancelled.get(), 5) == "second"
+        gate.set()  # the caller's next part finds the connection gone
+        with pytest.raises(rpc.ConnectionClosed):
+            await asyncio.wait_for(dropped, 5)

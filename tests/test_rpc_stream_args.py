@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -110,6 +111,25 @@ async def test_deadline_covers_sending_the_parts(path: str) -> None:
     async with served("gotalk", make_registry(), client_options=PATHS[path]) as (_, peer):
         with pytest.raises(rpc.RequestTimeout, match=r"sum: stream not done within 0\.1 s"):
             [x async for x in peer.stream("sum", parts=stalling(), timeout=0.1)]
+        assert not peer._calls
+        assert await peer.request("echo", "after") == "after"
+
+
+async def test_deadline_covers_parts_from_a_slow_iterable(path: str) -> None:
+    """Parts from a plain iterable are taken as they come, without an await each, and the
+    deadline still ends the stream request while it is sending them."""
+    taken: list[int] = []
+
+    def slow() -> Iterator[int]:
+        for n in range(10):
+            time.sleep(0.05)  # a source that blocks the loop while it makes each part
+            taken.append(n)
+            yield n
+
+    async with served("gotalk", make_registry(), client_options=PATHS[path]) as (_, peer):
+        with pytest.raises(rpc.RequestTimeout, match=r"sum: stream not done within 0\.12 s"):
+            [x async for x in peer.stream("sum", parts=slow(), timeout=0.12)]
+        assert len(taken) < 10  # stopped at the deadline, not after the last part
         assert not peer._calls
         assert await peer.request("echo", "after") == "after"
 
