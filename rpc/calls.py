@@ -51,6 +51,10 @@ class _Call(msgspec.Struct):
     op: str = ""
     timeout: float = 0.0
     """The operation and timeout a single call's RequestTimeout names."""
+    feeder: asyncio.Task[Any] | None = None
+    """While a stream request of ours takes parts from its source: the task doing so, which
+    the connection's loss cancels (``cut``), since the source may never yield again."""
+    cut: bool = False
 
 
 class Caller(Generic[K]):
@@ -276,13 +280,42 @@ class Caller(Generic[K]):
                 self._forget(key)
 
     async def send_parts(self, op: str, key: K, source: PartSource, wait: ResultWait) -> None:
-        """Send the remaining parts of our stream request ``key`` (not its end)."""
+        """Send the remaining parts of our stream request ``key`` (not its end). Should the
+        connection be lost while the source is awaited, the wait ends with
+        ConnectionClosed (see :meth:`fail_calls`), not when the source next yields."""
         adapter = self.adapter
-        while (part := await source.next()) is not _END:
-            if self.outbox.blocked:
-                await wait.bounded(self.outbox.wait_writable())
-            self._check_open()
-            adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
+        call = self._calls.get(key)
+        task = asyncio.current_task()
+        if call is not None:
+            call.feeder = task
+        try:
+            while (part := await source.next()) is not _END:
+                if self.outbox.blocked:
+                    await wait.bounded(self.outbox.wait_writable())
+                self._check_open()
+                adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
+        except asyncio.CancelledError:
+            if call is not None and call.cut and task is not None and task.uncancel() == 0:
+                raise ConnectionClosed("connection lost while sending a stream's parts") from None
+            raise
+        finally:
+            if call is not None:
+                call.feeder = None
+
+    def fail_calls(self, error: ConnectionClosed) -> None:
+        """The connection is gone: every call of ours fails with ``error``, and a stream
+        request still awaiting parts from its source stops waiting (its task is cancelled
+        and :meth:`send_parts` raises ``ConnectionClosed`` instead)."""
+        for call in self._calls.values():
+            if call.future is not None and not call.future.done():
+                call.future.set_exception(error)
+                call.future.exception()  # retrieved: no "never retrieved" noise
+            if call.queue is not None:
+                call.queue.put(error)
+            if call.feeder is not None:
+                call.cut = True
+                call.feeder.cancel()
+        self._calls.clear()
 
     def notify(self, name: str, value: Any = None) -> None:
         """Send a notification (no reply)."""

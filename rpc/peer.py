@@ -197,13 +197,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self.adapter.stop()
         error = ConnectionClosed(f"connection closed: {exc}" if exc else "connection closed")
         self.outbox.lost(error)
-        for call in self._calls.values():
-            if call.future is not None and not call.future.done():
-                call.future.set_exception(error)
-                call.future.exception()  # retrieved: no "never retrieved" noise
-            if call.queue is not None:
-                call.queue.put(error)
-        self._calls.clear()
+        self.fail_calls(error)
         for queue in self._streams.values():
             queue.put(error)
         self._streams.clear()
