@@ -153,6 +153,11 @@ class PartSource:
     __slots__ = ("_async", "_sync", "_wait")
 
     def __init__(self, parts: Iterable[Any] | AsyncIterable[Any], wait: ResultWait) -> None:
+        """TypeError for a ``str`` or bytes-like ``parts``: one part per character or
+        byte is never what the caller meant (``[data]`` is one part)."""
+        if isinstance(parts, str | bytes | bytearray | memoryview):
+            kind = type(parts).__name__
+            raise TypeError(f"parts: an iterable of parts, not a {kind} (one part: [{kind}])")
         self._wait = wait
         if isinstance(parts, AsyncIterable):
             self._async: AsyncIterator[Any] | None = aiter(parts)

@@ -115,6 +115,16 @@ async def test_deadline_covers_sending_the_parts(path: str) -> None:
         assert await peer.request("echo", "after") == "after"
 
 
+async def test_parts_as_one_str_or_bytes_is_refused(path: str) -> None:
+    """``parts=b"..."`` would send a part per byte: a TypeError, before anything is sent."""
+    async with served("gotalk", make_registry(), client_options=PATHS[path]) as (_, peer):
+        for parts in ("ab", b"ab"):
+            with pytest.raises(TypeError, match=r"parts: an iterable of parts, not a"):
+                [x async for x in peer.stream("sum", parts=parts)]
+        assert not peer._calls
+        assert [x async for x in peer.stream("sum", parts=[1, 2])] == [3]
+
+
 async def test_deadline_covers_parts_from_a_slow_iterable(path: str) -> None:
     """Parts from a plain iterable are taken as they come, without an await each, and the
     deadline still ends the stream request while it is sending them."""
