@@ -262,6 +262,7 @@ class Caller(Generic[K]):
             else:
                 source = PartSource(parts, wait)
                 first = await source.next()
+                self._check_open()  # the connection may have gone while the source waited
                 data = b"" if first is _END else encode_value(first)
                 key = adapter.send_request(op, self._checked_payload(op, data), True)
                 self._calls[key] = _Call(None, queue, None)
@@ -286,6 +287,7 @@ class Caller(Generic[K]):
         adapter = self.adapter
         call = self._calls.get(key)
         task = asyncio.current_task()
+        cancelling = 0 if task is None else task.cancelling()  # cancels on record before ours
         if call is not None:
             call.feeder = task
         try:
@@ -295,7 +297,7 @@ class Caller(Generic[K]):
                 self._check_open()
                 adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
         except asyncio.CancelledError:
-            if call is not None and call.cut and task is not None and task.uncancel() == 0:
+            if call is not None and call.cut and task is not None and task.uncancel() <= cancelling:
                 raise ConnectionClosed("connection lost while sending a stream's parts") from None
             raise
         finally:
@@ -306,13 +308,14 @@ class Caller(Generic[K]):
         """The connection is gone: every call of ours fails with ``error``, and a stream
         request still awaiting parts from its source stops waiting (its task is cancelled
         and :meth:`send_parts` raises ``ConnectionClosed`` instead)."""
+        current = asyncio.current_task()  # None: the loop calls connection_lost itself
         for call in self._calls.values():
             if call.future is not None and not call.future.done():
                 call.future.set_exception(error)
                 call.future.exception()  # retrieved: no "never retrieved" noise
             if call.queue is not None:
                 call.queue.put(error)
-            if call.feeder is not None:
+            if call.feeder is not None and call.feeder is not current:
                 call.cut = True
                 call.feeder.cancel()
         self._calls.clear()

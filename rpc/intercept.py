@@ -352,6 +352,7 @@ async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIte
     else:
         source = core.PartSource(call.payload, wait)
         first = await source.next()
+        peer._check_open()  # the connection may have gone while the source waited
         data = _encoded(peer, call, b"" if first is core._END else encode_value(first))
         key = call.id = _send_request(call, data, True, metadata)
         peer._calls[key] = core._Call(None, queue, None)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 import pytest
 
@@ -176,3 +178,77 @@ async def test_a_handler_waiting_for_parts_is_cancelled_then_freed(flavour: str)
         assert await asyncio.wait_for(cancelled.get(), 5) == "second"
         with pytest.raises(rpc.ConnectionClosed):  # the caller's source stalls: not waited for
             await asyncio.wait_for(dropped, 5)
+
+
+async def _pass_through(call: rpc.Call, call_next: Any) -> Any:
+    return await call_next(call)
+
+
+@pytest.mark.parametrize("path", ["plain", "middleware", "deadline", "cancel-on-record"])
+async def test_a_stalled_part_source_ends_with_connection_closed(path: str) -> None:
+    """The connection drops while our stream request waits for its source's next part:
+    ConnectionClosed at once, on every path (middleware, a whole-stream deadline, a task
+    that caught an earlier cancel of its own without uncancelling it), and the task is
+    left with exactly the cancels it had before."""
+    started = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle_stream("collect")
+    async def collect(parts: Any) -> list[Any]:
+        got = []
+        async for part in parts:
+            got.append(part)
+            started.set()
+        return got
+
+    async def stalling():
+        yield 1
+        await asyncio.Event().wait()
+        yield 2
+
+    options = rpc.Options(middleware=(_pass_through,)) if path == "middleware" else None
+    timeout = 30 if path == "deadline" else None
+
+    async def send() -> tuple[type[BaseException], int]:
+        task = asyncio.current_task()
+        assert task is not None
+        if path == "cancel-on-record":
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):  # caught, not uncancelled:
+                await asyncio.sleep(10)  # one cancel stays on record
+        before = task.cancelling()
+        try:
+            await anext(peer.stream("collect", parts=stalling(), timeout=timeout))
+        except BaseException as exc:
+            return type(exc), task.cancelling() - before
+        return type(None), 0
+
+    async with served("gotalk", reg, client_options=options) as (server, peer):
+        sending = asyncio.create_task(send())
+        await asyncio.wait_for(started.wait(), 5)
+        [server_peer] = server.peers
+        server_peer.transport.abort()
+        kind, cancels_added = await asyncio.wait_for(sending, 5)
+    assert kind is rpc.ConnectionClosed and cancels_added == 0
+
+
+async def test_a_first_part_after_the_connection_dropped_is_not_sent() -> None:
+    """The connection drops while the source makes the first part (nothing sent yet): once
+    it comes, the stream raises ConnectionClosed rather than sending into a closed
+    connection and waiting for a result until its timeout."""
+    asked, go_on = asyncio.Event(), asyncio.Event()
+
+    async def late_first():
+        asked.set()
+        await go_on.wait()
+        yield 1
+
+    async with served("gotalk", rpc.Registry()) as (server, peer):
+        sending = asyncio.create_task(anext(peer.stream("collect", parts=late_first())))
+        await asyncio.wait_for(asked.wait(), 5)
+        [server_peer] = server.peers
+        server_peer.transport.abort()
+        await wait_until(lambda: not peer.is_open)
+        go_on.set()
+        with pytest.raises(rpc.ConnectionClosed):
+            await asyncio.wait_for(sending, 5)
