@@ -282,11 +282,13 @@ class Caller(Generic[K]):
 
     async def send_parts(self, op: str, key: K, source: PartSource, wait: ResultWait) -> None:
         """Send the remaining parts of our stream request ``key`` (not its end). Should the
-        connection be lost while the source is awaited, the wait ends with
-        ConnectionClosed (see :meth:`fail_calls`), not when the source next yields."""
+        connection be lost while an async source is awaited, the wait ends with
+        ConnectionClosed (see :meth:`fail_calls`), not when the source next yields. (A
+        plain iterable's parts come without a wait; a wait for the transport to drain
+        ends with the loss anyway.)"""
         adapter = self.adapter
-        call = self._calls.get(key)
-        task = asyncio.current_task()
+        call = self._calls.get(key) if source.awaits else None
+        task = None if call is None else asyncio.current_task()
         cancelling = 0 if task is None else task.cancelling()  # cancels on record before ours
         if call is not None:
             call.feeder = task

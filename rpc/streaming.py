@@ -145,17 +145,21 @@ def legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple
     return legacy[0], legacy[1] if len(legacy) == 2 else value
 
 
+_NOT_PARTS = (str, bytes, bytearray, memoryview)
+"""What ``parts`` may not be: iterable, but one part per character or byte."""
+
+
 class PartSource:
     """The parts of a stream request of ours: an iterable's are taken as they are, an
     async iterable's each awaited within the stream's deadline. (No async generator around
     an iterable: the loop tracks every one made, and each part would pass through it.)"""
 
-    __slots__ = ("_async", "_sync", "_wait")
+    __slots__ = ("_async", "_sync", "_wait", "awaits")
 
     def __init__(self, parts: Iterable[Any] | AsyncIterable[Any], wait: ResultWait) -> None:
         """TypeError for a ``str`` or bytes-like ``parts``: one part per character or
         byte is never what the caller meant (``[data]`` is one part)."""
-        if isinstance(parts, str | bytes | bytearray | memoryview):
+        if isinstance(parts, _NOT_PARTS):
             kind = type(parts).__name__
             raise TypeError(f"parts: an iterable of parts, not a {kind} (one part: [{kind}])")
         self._wait = wait
@@ -164,12 +168,16 @@ class PartSource:
             self._sync: Iterator[Any] | None = None
         else:
             self._async, self._sync = None, iter(parts)
+        self.awaits = self._async is not None
+        """True when taking a part may wait (an async iterable's)."""
 
     async def next(self) -> Any:
         """The next part, or ``END`` after the last; RequestTimeout once the stream's
         deadline has passed (checked before each part is taken, from either kind)."""
-        self._wait.check()
+        wait = self._wait
+        if wait.deadline is not None:
+            wait.check()
         sync = self._sync
         if sync is not None:
             return next(sync, _END)
-        return await self._wait.bounded(anext(cast(AsyncIterator[Any], self._async), _END))
+        return await wait.bounded(anext(cast(AsyncIterator[Any], self._async), _END))
