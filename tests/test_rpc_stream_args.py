@@ -127,19 +127,23 @@ async def test_parts_as_one_str_or_bytes_is_refused(path: str) -> None:
 
 async def test_deadline_covers_parts_from_a_slow_iterable(path: str) -> None:
     """Parts from a plain iterable are taken as they come, without an await each, and the
-    deadline still ends the stream request while it is sending them."""
+    deadline still ends the stream request while it is sending them: the part made past
+    the deadline is the last one taken."""
+    loop = asyncio.get_running_loop()
     taken: list[int] = []
 
-    def slow() -> Iterator[int]:
+    def slow(past_deadline: float) -> Iterator[int]:
         for n in range(10):
-            time.sleep(0.05)  # a source that blocks the loop while it makes each part
+            if n == 1:  # a source that blocks the loop until the stream's deadline passed
+                time.sleep(max(0.0, past_deadline - loop.time()))
             taken.append(n)
             yield n
 
     async with served("gotalk", make_registry(), client_options=PATHS[path]) as (_, peer):
+        parts = slow(loop.time() + 0.2)  # the deadline below is 0.12 s from the call
         with pytest.raises(rpc.RequestTimeout, match=r"sum: stream not done within 0\.12 s"):
-            [x async for x in peer.stream("sum", parts=slow(), timeout=0.12)]
-        assert len(taken) < 10  # stopped at the deadline, not after the last part
+            [x async for x in peer.stream("sum", parts=parts, timeout=0.12)]
+        assert taken == [0, 1]  # no part taken past the deadline but the one made across it
         assert not peer._calls
         assert await peer.request("echo", "after") == "after"
 
