@@ -260,15 +260,13 @@ class Caller(Generic[K]):
                 payload = self._checked_payload(op, adapter.encode_request(op, value))
                 key = self.open_results(lambda: adapter.send_request(op, payload, False), queue)
             else:
-                source = PartSource(parts, wait)
-                first = await source.next()
-                self._check_open()  # the connection may have gone while the source waited
-                data = b"" if first is _END else encode_value(first)
-                key = adapter.send_request(op, self._checked_payload(op, data), True)
-                self._calls[key] = _Call(None, queue, None)
-                if first is not _END:
-                    await self.send_parts(op, key, source, wait)
-                adapter.send_request_end(key)
+                key = await self.send_stream_request(
+                    op,
+                    parts,
+                    queue,
+                    wait,
+                    lambda data: adapter.send_request(op, self._checked_payload(op, data), True),
+                )
             while True:
                 item = await wait.next(queue)
                 if item is _END:
@@ -280,31 +278,54 @@ class Caller(Generic[K]):
             if key is not None:
                 self._forget(key)
 
-    async def send_parts(self, op: str, key: K, source: PartSource, wait: ResultWait) -> None:
-        """Send the remaining parts of our stream request ``key`` (not its end). Should the
-        connection be lost while an async source is awaited, the wait ends with
+    async def send_stream_request(
+        self,
+        op: str,
+        parts: Iterable[Any] | AsyncIterable[Any],
+        queue: StreamQueue,
+        wait: ResultWait,
+        send: Callable[[bytes], K],
+    ) -> K:
+        """Send a stream request of ours and register ``queue`` for its results; its key.
+        ``send(data)`` sends the request with its first part (the plain and the middleware
+        paths encode and check it their own ways); the other parts and the end follow. A
+        failure on the way forgets the call (which tells the peer) before it raises.
+
+        Should the connection be lost while an async source is awaited, the wait ends with
         ConnectionClosed (see :meth:`fail_calls`), not when the source next yields. (A
         plain iterable's parts come without a wait; a wait for the transport to drain
         ends with the loss anyway.)"""
+        source = PartSource(parts, wait)
+        first = await source.next()
+        self._check_open()  # the connection may have gone while the source waited
+        key = send(b"" if first is _END else encode_value(first))
+        call = self._calls[key] = _Call(None, queue, None)
+        task = None
+        cancelling = 0
+        if source.awaits:  # the loss may have to cut a wait for the source (fail_calls)
+            task = call.feeder = asyncio.current_task()
+            cancelling = 0 if task is None else task.cancelling()  # cancels before ours
         adapter = self.adapter
-        call = self._calls.get(key) if source.awaits else None
-        task = None if call is None else asyncio.current_task()
-        cancelling = 0 if task is None else task.cancelling()  # cancels on record before ours
-        if call is not None:
-            call.feeder = task
         try:
-            while (part := await source.next()) is not _END:
-                if self.outbox.blocked:
-                    await wait.bounded(self.outbox.wait_writable())
-                self._check_open()
-                adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
+            if first is not _END:
+                while (part := await source.next()) is not _END:
+                    if self.outbox.blocked:
+                        await wait.bounded(self.outbox.wait_writable())
+                    self._check_open()
+                    adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
+            adapter.send_request_end(key)
         except asyncio.CancelledError:
-            if call is not None and call.cut and task is not None and task.uncancel() <= cancelling:
+            self._forget(key)
+            if call.cut and task is not None and task.uncancel() <= cancelling:
                 raise ConnectionClosed("connection lost while sending a stream's parts") from None
             raise
+        except BaseException:
+            self._forget(key)
+            raise
         finally:
-            if call is not None:
+            if task is not None:
                 call.feeder = None
+        return key
 
     def fail_calls(self, error: ConnectionClosed) -> None:
         """The connection is gone: every call of ours fails with ``error``, and a stream

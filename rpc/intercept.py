@@ -33,7 +33,6 @@ from rpc.errors import (
     UnknownOperation,
 )
 from rpc.middleware import Call, CallKind
-from rpc.payload import encode_value
 from rpc.registry import Handler, HandlerKind
 from rpc.responder import PLAIN_RESULTS
 from wire.metadata import RequestMeta
@@ -347,18 +346,15 @@ async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIte
     metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
-        key = peer.open_results(lambda: _send_request(call, payload, False, metadata), queue)
-        call.id = key
+        call.id = peer.open_results(lambda: _send_request(call, payload, False, metadata), queue)
     else:
-        source = core.PartSource(call.payload, wait)
-        first = await source.next()
-        peer._check_open()  # the connection may have gone while the source waited
-        data = _encoded(peer, call, b"" if first is core._END else encode_value(first))
-        key = call.id = _send_request(call, data, True, metadata)
-        peer._calls[key] = core._Call(None, queue, None)
-        if first is not core._END:
-            await peer.send_parts(call.op, key, source, wait)
-        adapter.send_request_end(key)
+        call.id = await peer.send_stream_request(
+            call.op,
+            call.payload,
+            queue,
+            wait,
+            lambda data: _send_request(call, _encoded(peer, call, data), True, metadata),
+        )
     return _results(call, queue, wait, raw)
 
 

@@ -56,7 +56,6 @@ from rpc.registry import Registry, default_registry
 from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
 from rpc.responder import _parts as _parts
 from rpc.streaming import _END as _END
-from rpc.streaming import PartSource as PartSource
 from rpc.streaming import ResultWait
 from rpc.streaming import StreamQueue as StreamQueue
 from rpc.tasks import TaskSet
