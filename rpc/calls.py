@@ -294,37 +294,55 @@ class Caller(Generic[K]):
         Should the connection be lost while an async source is awaited, the wait ends with
         ConnectionClosed (see :meth:`fail_calls`), not when the source next yields. (A
         plain iterable's parts come without a wait; a wait for the transport to drain
-        ends with the loss anyway.)"""
+        ends with the loss anyway.)
+
+        A plain iterable's parts, with no other call in flight, are written at once with
+        the request and its end, as :meth:`_send` writes a lone request: nothing else
+        could join them before the loop's next turn (the hold ends before a wait for the
+        transport to drain)."""
         source = PartSource(parts, wait)
         first = await source.next()
         self._check_open()  # the connection may have gone while the source waited
-        key = send(b"" if first is _END else encode_value(first))
-        call = self._calls[key] = _Call(None, queue, None)
-        task = None
-        cancelling = 0
-        if source.awaits:  # the loss may have to cut a wait for the source (fail_calls)
-            task = call.feeder = asyncio.current_task()
-            cancelling = 0 if task is None else task.cancelling()  # cancels before ours
-        adapter = self.adapter
+        outbox = self.outbox
+        # taking a plain iterable's part never returns to the loop: the hold is kept
+        held = not source.awaits and not self._calls and outbox.hold()
         try:
-            if first is not _END:
-                while (part := await source.next()) is not _END:
-                    if self.outbox.blocked:
-                        await wait.bounded(self.outbox.wait_writable())
-                    self._check_open()
-                    adapter.send_request_part(key, self._checked_payload(op, encode_value(part)))
-            adapter.send_request_end(key)
-        except asyncio.CancelledError:
-            self._forget(key)
-            if call.cut and task is not None and task.uncancel() <= cancelling:
-                raise ConnectionClosed("connection lost while sending a stream's parts") from None
-            raise
-        except BaseException:
-            self._forget(key)
-            raise
+            key = send(b"" if first is _END else encode_value(first))
+            call = self._calls[key] = _Call(None, queue, None)
+            task = None
+            cancelling = 0
+            if source.awaits:  # the loss may have to cut a wait for the source (fail_calls)
+                task = call.feeder = asyncio.current_task()
+                cancelling = 0 if task is None else task.cancelling()  # cancels before ours
+            adapter = self.adapter
+            try:
+                if first is not _END:
+                    while (part := await source.next()) is not _END:
+                        if outbox.blocked:
+                            if held:  # never held across a wait
+                                held = False
+                                outbox.release()
+                            await wait.bounded(outbox.wait_writable())
+                        self._check_open()
+                        payload = self._checked_payload(op, encode_value(part))
+                        adapter.send_request_part(key, payload)
+                adapter.send_request_end(key)
+            except asyncio.CancelledError:
+                self._forget(key)
+                if call.cut and task is not None and task.uncancel() <= cancelling:
+                    raise ConnectionClosed(
+                        "connection lost while sending a stream's parts"
+                    ) from None
+                raise
+            except BaseException:
+                self._forget(key)
+                raise
+            finally:
+                if task is not None:
+                    call.feeder = None
         finally:
-            if task is not None:
-                call.feeder = None
+            if held:
+                outbox.release()
         return key
 
     def fail_calls(self, error: ConnectionClosed) -> None:

@@ -5,9 +5,10 @@ end of every ``data_received`` and, for output produced later (async handlers, r
 once per loop iteration. A flush is forced earlier when ``FLUSH_EVERY`` pieces or
 ``FLUSH_BYTES`` bytes are queued, so a burst of replies reaches the wire while the rest are
 being encoded, and a large result never sits in two buffers at once. A request (or a
-stream's) with no other call in flight, and the last word of a handler's job when it is
-the only one (a coroutine's single reply, a streamed result's end), are written at once
-(see :meth:`Outbox.hold`): nothing would join them but the wait.
+stream's, with a plain iterable's parts and its end) with no other call in flight, and the
+last word of a handler's job when it is the only one (a coroutine's single reply, a
+streamed result's end), are written at once (see :meth:`Outbox.hold`): nothing would join
+them but the wait.
 
 Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
 marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). The
@@ -113,8 +114,10 @@ class Outbox:
         was held already, and then the outer holder releases it (the caller must not).
 
         Held by the peer around each read (a loop callback made and cancelled per read,
-        for nothing, otherwise), by a request or a stream's request with no other call in
-        flight (:class:`rpc.calls.Caller`), and by the last word of a handler's job that is
+        for nothing, otherwise), by a request or a stream's request (with a plain
+        iterable's parts and its end, until it would wait for the transport to drain) with
+        no other call in flight (:class:`rpc.calls.Caller`), and by the last word of a
+        handler's job that is
         the only one, a coroutine's single reply or a streamed result's end
         (:class:`rpc.responder.Responder`): nothing is coming to join those, and the other
         side waits for them, so they are written at once instead of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,11 +236,11 @@ async def test_request_over_our_max_size_fails_before_sending(flavour: str) -> N
     assert served_sizes == [3]  # the server takes up to 1 MiB: a request sent is served
 
 
-@pytest.mark.parametrize("kind", ["request", "stream"])
+@pytest.mark.parametrize("kind", ["request", "stream", "upload"])
 async def test_lone_request_is_written_at_once(flavour: str, kind: str) -> None:
-    """A request (or a stream's, without parts) with no other call in flight is written by
-    the call itself, not by a flush at the end of the loop iteration; requests made
-    together still share a write."""
+    """A request (or a stream's, without parts or with a list's parts and their end) with
+    no other call in flight is written by the call itself, not by a flush at the end of
+    the loop iteration; requests made together still share a write."""
     loop = asyncio.get_running_loop()
     async with served(flavour, make_registry()) as (_, peer):
         queued: list[int] = []
@@ -250,9 +251,11 @@ async def test_lone_request_is_written_at_once(flavour: str, kind: str) -> None:
         async def call() -> Any:
             if kind == "request":
                 return await peer.request("raw", b"abc", raw=True)
+            if kind == "upload":
+                return [x async for x in peer.stream("sum", parts=[1, 2])]
             return [x async for x in peer.stream("count", value=2)]
 
-        expected = b"cba" if kind == "request" else [1, 2]
+        expected = {"request": b"cba", "stream": [1, 2], "upload": [3]}[kind]
         alone = asyncio.create_task(call())
         loop.call_soon(look)
         assert await alone == expected
@@ -261,6 +264,29 @@ async def test_lone_request_is_written_at_once(flavour: str, kind: str) -> None:
         assert await asyncio.gather(*together) == [expected] * 5
         assert queued[0] == 0  # handed to the transport in the task's first step
         assert queued[1] > 0  # the first of five went at once, four wait for the flush
+
+
+async def test_lone_upload_waits_for_the_transport_to_drain(flavour: str) -> None:
+    """A lone upload of a plain iterable's parts, written under the outbox's hold, lets go
+    of it when the transport pushes back and waits there: every part arrives."""
+    reg = rpc.Registry()
+
+    @reg.handle_stream("size")
+    async def size(parts: AsyncIterator[bytes]) -> int:
+        return sum([len(part) async for part in parts])
+
+    chunk = b"x" * (128 * 1024)
+    seen_blocked: list[bool] = []
+    async with served(flavour, reg) as (_, peer):
+
+        def parts():  # a plain generator: taking a part never returns to the loop
+            for _ in range(64):  # 8 MiB: far past the transport's high-water mark
+                seen_blocked.append(peer.outbox.blocked)
+                yield chunk
+
+        results = [x async for x in peer.stream("size", parts=parts())]
+    assert results == [64 * len(chunk)]
+    assert any(seen_blocked)  # the upload did wait for the server to read
 
 
 @pytest.mark.parametrize("kind", ["single", "stream"])
