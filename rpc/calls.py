@@ -248,9 +248,9 @@ class Caller(Generic[K]):
             async for item in intercept.stream(self, op, parts, value, wait, raw):  # type: ignore[arg-type]
                 yield item
             return
+        wait.check()
         if self.outbox.blocked:
             await wait.bounded(self.outbox.wait_writable())
-        wait.check()
         self._check_open()
         adapter = self.adapter
         queue = StreamQueue(self._loop)
@@ -322,6 +322,7 @@ class Caller(Generic[K]):
                             if held:  # never held across a wait
                                 held = False
                                 outbox.release()
+                            wait.check()  # past the deadline: no coroutine made
                             await wait.bounded(outbox.wait_writable())
                         self._check_open()
                         payload = self._checked_payload(op, encode_value(part))
@@ -348,7 +349,7 @@ class Caller(Generic[K]):
     def fail_calls(self, error: ConnectionClosed) -> None:
         """The connection is gone: every call of ours fails with ``error``, and a stream
         request still awaiting parts from its source stops waiting (its task is cancelled
-        and :meth:`send_parts` raises ``ConnectionClosed`` instead)."""
+        and :meth:`send_stream_request` raises ``ConnectionClosed`` instead)."""
         current = asyncio.current_task()  # None: the loop calls connection_lost itself
         for call in self._calls.values():
             if call.future is not None and not call.future.done():

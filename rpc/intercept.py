@@ -338,9 +338,9 @@ async def stream(
 async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIterator[Any]:
     peer = call.peer
     adapter = peer.adapter
+    wait.check()
     if peer.outbox.blocked:
         await wait.bounded(peer.outbox.wait_writable())
-    wait.check()
     peer._check_open()
     queue = core.StreamQueue(peer.loop)
     metadata = _metadata(call, call.deadline is not None)

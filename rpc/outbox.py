@@ -4,11 +4,11 @@ Bytes pushed here go out with the next :meth:`Outbox.flush`: the peer flushes on
 end of every ``data_received`` and, for output produced later (async handlers, requests),
 once per loop iteration. A flush is forced earlier when ``FLUSH_EVERY`` pieces or
 ``FLUSH_BYTES`` bytes are queued, so a burst of replies reaches the wire while the rest are
-being encoded, and a large result never sits in two buffers at once. A request (or a
-stream's, with a plain iterable's parts and its end) with no other call in flight, and the
-last word of a handler's job when it is the only one (a coroutine's single reply, a
-streamed result's end), are written at once (see :meth:`Outbox.hold`): nothing would join
-them but the wait.
+being encoded, and a large result never sits in two buffers at once. A request with no
+other call in flight (a stream's too, and a stream request's parts from a plain iterable
+with its end), and the last word of a handler's job when it is the only one (a
+coroutine's single reply, a streamed result's end), are written at once (see
+:meth:`Outbox.hold`): nothing would join them but the wait.
 
 Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
 marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). The
@@ -114,15 +114,14 @@ class Outbox:
         was held already, and then the outer holder releases it (the caller must not).
 
         Held by the peer around each read (a loop callback made and cancelled per read,
-        for nothing, otherwise), by a request or a stream's request (with a plain
-        iterable's parts and its end, until it would wait for the transport to drain) with
-        no other call in flight (:class:`rpc.calls.Caller`), and by the last word of a
-        handler's job that is
-        the only one, a coroutine's single reply or a streamed result's end
-        (:class:`rpc.responder.Responder`): nothing is coming to join those, and the other
-        side waits for them, so they are written at once instead of
-        by a flush one loop iteration later, which every round trip of a caller making one
-        call at a time would pay.
+        for nothing, otherwise), by a request or a stream's request with no other call in
+        flight, and for a stream request with a plain iterable's parts until its end is
+        queued or it must wait for the transport to drain (:class:`rpc.calls.Caller`),
+        and by the last word of a handler's job that is the only one, a coroutine's single
+        reply or a streamed result's end (:class:`rpc.responder.Responder`): nothing is
+        coming to join those, and the other side waits for them, so they are written at
+        once instead of by a flush one loop iteration later, which every round trip of a
+        caller making one call at a time would pay.
         """
         if self._held:
             return False
@@ -135,6 +134,11 @@ class Outbox:
         self._held = False
         if flush:
             self.flush()
+
+    @property
+    def held(self) -> bool:
+        """True between a :meth:`hold` that took the hold and its :meth:`release`."""
+        return self._held
 
     @property
     def queued(self) -> int:

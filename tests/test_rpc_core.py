@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,12 +238,19 @@ async def test_request_over_our_max_size_fails_before_sending(flavour: str) -> N
 
 
 @pytest.mark.parametrize("kind", ["request", "stream", "upload"])
-async def test_lone_request_is_written_at_once(flavour: str, kind: str) -> None:
+@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
+async def test_lone_request_is_written_at_once(flavour: str, kind: str, middleware: bool) -> None:
     """A request (or a stream's, without parts or with a list's parts and their end) with
     no other call in flight is written by the call itself, not by a flush at the end of
-    the loop iteration; requests made together still share a write."""
+    the loop iteration; requests made together still share a write. The same through
+    middleware, whose path sends its own requests."""
     loop = asyncio.get_running_loop()
-    async with served(flavour, make_registry()) as (_, peer):
+
+    async def pass_through(call: rpc.Call, call_next: Any) -> Any:
+        return await call_next(call)
+
+    chain = {"middleware": [pass_through]} if middleware else {}
+    async with served(flavour, make_registry(), **chain) as (_, peer):
         queued: list[int] = []
 
         def look() -> None:  # runs after the steps scheduled before it, before any flush
@@ -267,26 +275,38 @@ async def test_lone_request_is_written_at_once(flavour: str, kind: str) -> None:
 
 
 async def test_lone_upload_waits_for_the_transport_to_drain(flavour: str) -> None:
-    """A lone upload of a plain iterable's parts, written under the outbox's hold, lets go
-    of it when the transport pushes back and waits there: every part arrives."""
+    """A lone upload of a plain iterable's parts is written under the outbox's hold, which
+    it lets go of before it waits for the transport to drain: the server, which runs only
+    while the caller waits, never finds the hold taken, and every part arrives."""
     reg = rpc.Registry()
+    held_while_served: list[bool] = []
 
-    @reg.handle_stream("size")
-    async def size(parts: AsyncIterator[bytes]) -> int:
-        return sum([len(part) async for part in parts])
-
-    chunk = b"x" * (128 * 1024)
-    seen_blocked: list[bool] = []
     async with served(flavour, reg) as (_, peer):
 
-        def parts():  # a plain generator: taking a part never returns to the loop
-            for _ in range(64):  # 8 MiB: far past the transport's high-water mark
-                seen_blocked.append(peer.outbox.blocked)
+        @reg.handle_stream("size")
+        async def size(parts: AsyncIterator[bytes]) -> int:
+            total = 0
+            async for part in parts:
+                held_while_served.append(peer.outbox.held)
+                total += len(part)
+            return total
+
+        # a small send buffer: the transport pushes back after a few parts on any host
+        sock = peer.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        chunk = b"x" * (128 * 1024)
+        seen: list[tuple[bool, bool]] = []  # (held, blocked) as each part is taken
+
+        def parts() -> Iterator[bytes]:  # a plain generator: never returns to the loop
+            for _ in range(64):
+                seen.append((peer.outbox.held, peer.outbox.blocked))
                 yield chunk
 
         results = [x async for x in peer.stream("size", parts=parts())]
     assert results == [64 * len(chunk)]
-    assert any(seen_blocked)  # the upload did wait for the server to read
+    assert seen[1] == (True, False)  # the hold was taken for the parts
+    assert any(blocked for _, blocked in seen)  # and the upload had to wait
+    assert len(held_while_served) == 64 and not any(held_while_served)
 
 
 @pytest.mark.parametrize("kind", ["single", "stream"])
