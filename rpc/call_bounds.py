@@ -25,7 +25,8 @@ T = TypeVar("T")
 
 
 class BoundPassed(Exception):
-    """Raised by :meth:`CallBounds.within` when the bound, not anything else, ended the wait."""
+    """Raised by :meth:`CallBounds.within` when the bound, not anything else, ended the wait;
+    its message is the error result the caller gets."""
 
 
 class CallBounds:
@@ -45,10 +46,10 @@ class CallBounds:
     def __len__(self) -> int:
         return len(self._due)
 
-    async def within(self, awaitable: Awaitable[T], when: float) -> T:
+    async def within(self, awaitable: Awaitable[T], when: float, op: str) -> T:
         """Await ``awaitable`` in the current task, cancelling it at loop time ``when``;
-        then raise :class:`BoundPassed`. A cancellation from anywhere else goes through as it
-        is, as with ``asyncio.timeout_at``."""
+        then raise :class:`BoundPassed` naming ``op``. A cancellation from anywhere else
+        goes through as it is, as with ``asyncio.timeout_at``."""
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("CallBounds.within needs a task")
@@ -63,7 +64,7 @@ class CallBounds:
         except asyncio.CancelledError:
             expired = self._release(task)
             if expired and task.uncancel() <= pending:
-                raise BoundPassed from None
+                raise BoundPassed(f"{op}: the caller's deadline passed") from None
             raise
         finally:
             if not expired and self._release(task):  # cancelled as it finished: it stands

@@ -71,9 +71,10 @@ def serve_with_meta(
     Past the caller's deadline already (it waited in our input while reading was paused,
     or the caller sent no time at all), it gets an error result at once, before any
     middleware, and its handler never runs. Otherwise an async handler runs bounded by
-    that deadline (plus :data:`DEADLINE_GRACE`); on a connection without middleware, a
-    plain function (which cannot be interrupted) and a request with trace context alone
-    are served on the plain path."""
+    that deadline (plus :data:`DEADLINE_GRACE`). On a connection without middleware the
+    plain path serves a plain function (which cannot be interrupted) and a request with
+    trace context alone, and an ``async def`` handler's single request too, bounded there
+    (:meth:`~rpc.responder.Responder.serve_bounded`): no chain to run."""
     deadline = None
     if meta.timeout_ms is not None:
         deadline = received_at + meta.timeout_ms / 1000
@@ -84,9 +85,16 @@ def serve_with_meta(
             peer.adapter.send_error(key, f"{op}: the caller's deadline passed before it ran")
             return
     handler = peer.registry.get(op)
-    if not peer.middleware and (deadline is None or handler is None or not handler.is_async):
-        peer.on_request(key, op, payload, stream)  # nothing to bound: the plain path
-        return
+    if not peer.middleware:
+        if deadline is None or handler is None or not handler.is_async:
+            peer.on_request(key, op, payload, stream)  # nothing to bound: the plain path
+            return
+        if handler.coroutine and not stream and handler.kind is HandlerKind.REQUEST:
+            call = Call(
+                op, "request", "server", peer, payload, key, dict(meta.entries), deadline=deadline
+            )
+            peer.serve_bounded(key, handler, payload, call, deadline + DEADLINE_GRACE)
+            return
     serve_request(peer, key, op, payload, stream, dict(meta.entries), deadline, handler)
 
 
@@ -150,10 +158,7 @@ async def _serve(
             peer._running.discard(key)
             _end(peer, key, stream)
             if peer.is_open:
-                if adapter.retry_results:
-                    peer._answer(adapter.send_retry, key, exc.wait, str(exc))
-                else:
-                    peer._answer(adapter.send_error, key, str(exc) or "retry later")
+                peer._answer(peer.send_retry_later, key, exc)
             return
         except Exception as exc:
             peer._running.discard(key)
@@ -203,14 +208,10 @@ async def _handle(call: Call, handler: Handler | None, queue: core.StreamQueue |
         if deadline is None:
             return await result
         try:
-            return await peer.call_bounds.within(result, deadline + DEADLINE_GRACE)
-        except BoundPassed:
-            raise _overdue(call) from None
+            return await peer.call_bounds.within(result, deadline + DEADLINE_GRACE, call.op)
+        except BoundPassed as exc:  # middleware see a RequestTimeout
+            raise RequestTimeout(str(exc)) from None
     return result
-
-
-def _overdue(call: Call) -> RequestTimeout:
-    return RequestTimeout(f"{call.op}: the caller's deadline passed")
 
 
 async def _parts_until(call: Call, parts: Any, deadline: float) -> AsyncIterator[Any]:
@@ -219,11 +220,11 @@ async def _parts_until(call: Call, parts: Any, deadline: float) -> AsyncIterator
     try:
         while True:
             try:
-                part = await bounds.within(anext(parts), deadline + DEADLINE_GRACE)
+                part = await bounds.within(anext(parts), deadline + DEADLINE_GRACE, call.op)
             except StopAsyncIteration:
                 return
-            except BoundPassed:
-                raise _overdue(call) from None
+            except BoundPassed as exc:
+                raise RequestTimeout(str(exc)) from None
             yield part
     finally:
         await parts.aclose()

@@ -33,6 +33,10 @@ class Handler:
     annotation: Any
     decode: Callable[[bytes], Any]
     is_async: bool
+    """An ``async def`` or an async generator function."""
+    coroutine: bool = False
+    """An ``async def`` (its call returns a coroutine): a request with its caller's
+    deadline runs on the plain path (:meth:`rpc.responder.Responder.serve_bounded`)."""
 
 
 def _first_param_annotation(fn: Callable[..., Any]) -> Any:
@@ -69,6 +73,7 @@ class Registry:
             annotation,
             decode,
             inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn),
+            inspect.iscoroutinefunction(fn),
         )
         table = self._notifications if kind is HandlerKind.NOTIFICATION else self._handlers
         table[name] = handler

@@ -23,13 +23,15 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Generic
 
 from rpc import intercept
-from rpc.errors import ConnectionClosed, PayloadError, RemoteError
+from rpc.errors import ConnectionClosed, PayloadError, RemoteError, RetryLater
 from rpc.key import K
+from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
-from rpc.registry import HandlerKind, Registry
+from rpc.registry import Handler, HandlerKind, Registry
 from rpc.streaming import END, StreamQueue
 
 if TYPE_CHECKING:
+    from rpc.call_bounds import CallBounds
     from rpc.handler_runner import HandlerRunner
     from rpc.options import Adapter, Options
     from rpc.outbox import Outbox
@@ -68,6 +70,7 @@ class Responder(Generic[K]):
     _ended: OrderedDict[K, None]
     _running: set[K]
     _intercepted: bool
+    call_bounds: CallBounds
 
     if TYPE_CHECKING:
 
@@ -148,11 +151,50 @@ class Responder(Generic[K]):
             if stream:
                 self._end_stream(key)
             adapter.send_error(key, str(exc))
+        except RetryLater as exc:
+            if stream:
+                self._end_stream(key)
+            self.send_retry_later(key, exc)
         except Exception as exc:
             if stream:
                 self._end_stream(key)
             log.debug("handler %r failed", op, exc_info=True)
             adapter.send_error(key, str(exc) or type(exc).__name__)
+
+    def serve_bounded(
+        self, key: K, handler: Handler, payload: Any, call: Call, when: float
+    ) -> None:
+        """A single request for an ``async def`` handler that came with its caller's
+        deadline, on a connection without middleware: served as :meth:`on_request` serves
+        one, with ``call`` as the handler's :data:`rpc.current_call` and its coroutine
+        cancelled at loop time ``when`` (the caller then gets an error result saying its
+        deadline passed). The middleware path would cost a job running a chain of one, a
+        frame more per step and a context it sets itself."""
+        adapter = self.adapter
+        if len(self._tasks) + self._runner.jobs >= self.options.max_concurrent:
+            adapter.send_retry(key, self.options.retry_wait, "request rate limit")
+            return
+        token = current_call.set(call)  # the job's context is a copy of this one
+        try:
+            coro = handler.fn(adapter.decode_params(handler, payload))
+            if adapter.cancels:  # before the job can run (and end)
+                self._running.add(key)
+            self._runner.submit(key, self._serve_result(key, coro, False, when, call.op), coro)
+        except PayloadError as exc:
+            adapter.send_error(key, str(exc))
+        except Exception as exc:
+            log.debug("handler %r failed", call.op, exc_info=True)
+            adapter.send_error(key, str(exc) or type(exc).__name__)
+        finally:
+            current_call.reset(token)
+
+    def send_retry_later(self, key: K, exc: RetryLater) -> None:
+        """Answer ``key`` with a retry result for a handler's (or middleware's)
+        RetryLater, or with an error where the protocol has none."""
+        if self.adapter.retry_results:
+            self.adapter.send_retry(key, exc.wait, str(exc))
+        else:
+            self.adapter.send_error(key, str(exc) or "retry later")
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
@@ -205,17 +247,27 @@ class Responder(Generic[K]):
         if key in self._streams:
             self._end_stream(key)
 
-    async def _serve_result(self, key: K, awaitable: Any, stream: bool) -> None:
+    async def _serve_result(
+        self, key: K, awaitable: Any, stream: bool, until: float | None = None, op: str = ""
+    ) -> None:
         """The runner's job for a handler that returned an awaitable: await its result
-        and send it. Raises CancelledError when cancelled (by the caller: after telling it
+        (cancelled at loop time ``until``, if given: the caller's deadline for ``op``) and
+        send it. Raises CancelledError when cancelled (by the caller: after telling it
         so); every other exception is answered or logged here."""
         try:
             try:
-                result = await awaitable
+                if until is None:
+                    result = await awaitable
+                else:
+                    result = await self.call_bounds.within(awaitable, until, op)
             except asyncio.CancelledError:
                 if key not in self._running and self.is_open:  # the caller's (on_cancel)
                     self._answer(self.adapter.send_error, key, "cancelled by the caller")
                 raise
+            except RetryLater as exc:
+                if self.is_open:
+                    self._answer(self.send_retry_later, key, exc)
+                return
             except Exception as exc:
                 log.debug("handler failed", exc_info=True)
                 if self.is_open:

@@ -21,13 +21,14 @@ async def test_only_the_calls_past_their_bound_end_and_one_timer_serves_them_all
     now = loop.time()
     never = asyncio.Event()
     quick, slow = (
-        asyncio.ensure_future(bounds.within(never.wait(), now + delay)) for delay in (0.5, 30)
+        asyncio.ensure_future(bounds.within(never.wait(), now + delay, "wait"))
+        for delay in (0.5, 30)
     )
     # bounds far enough apart that a busy machine's late timer cannot fire for both at once
-    done = asyncio.ensure_future(bounds.within(asyncio.sleep(0, "answer"), now + 0.05))
+    done = asyncio.ensure_future(bounds.within(asyncio.sleep(0, "answer"), now + 0.05, "answer"))
     assert await done == "answer"  # finished first: its bound is dropped, nothing fires
     assert len(bounds) == 2 and deadlines.when("served") == pytest.approx(now + 0.05)
-    with pytest.raises(BoundPassed):
+    with pytest.raises(BoundPassed, match=r"^wait: the caller's deadline passed$"):
         await quick
     assert not slow.done() and len(bounds) == 1
     assert deadlines.when("served") == pytest.approx(now + 30)  # re-armed for what is left
@@ -51,7 +52,7 @@ async def test_a_cancel_from_elsewhere_stays_a_cancel() -> None:
         await asyncio.Event().wait()
 
     async def served(when: float) -> None:
-        await bounds.within(handler(), when)
+        await bounds.within(handler(), when, "handler")
 
     task = asyncio.ensure_future(served(loop.time() + 30))
     await started.wait()
@@ -82,7 +83,7 @@ async def test_a_handler_that_swallows_the_cancel_keeps_its_result() -> None:
         return "never"
 
     async def served() -> tuple[str, int]:
-        result = await bounds.within(stubborn(), loop.time() + 0.01)
+        result = await bounds.within(stubborn(), loop.time() + 0.01, "stubborn")
         task = asyncio.current_task()
         assert task is not None
         return result, task.cancelling()
@@ -94,7 +95,7 @@ async def test_a_handler_that_swallows_the_cancel_keeps_its_result() -> None:
 async def test_clear_forgets_every_bound() -> None:
     bounds, deadlines = bounds_on_loop()
     loop = asyncio.get_running_loop()
-    waiting = asyncio.ensure_future(bounds.within(asyncio.Event().wait(), loop.time() + 30))
+    waiting = asyncio.ensure_future(bounds.within(asyncio.Event().wait(), loop.time() + 30, "wait"))
     await asyncio.sleep(0)
     assert len(bounds) == 1
     deadlines.close()

@@ -83,6 +83,65 @@ async def test_handler_sees_the_callers_time_left(flavour: str) -> None:
         assert 2.0 < await peer.request("left") <= 3.0
 
 
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_deadline_seen_by_one_handler_is_not_seen_by_the_next(flavour: str) -> None:
+    """Requests read together, the first with a deadline: only its handler sees a
+    ``current_call``; the next one's, served on the plain path, sees none."""
+    handlers = Handlers()
+    async with served(flavour, handlers.registry) as (_server, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        timed, untimed = await asyncio.gather(
+            peer.request("left", timeout=2.0), peer.request("left")
+        )
+        assert 1.0 < timed <= 2.0
+        assert untimed is None
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+@pytest.mark.parametrize("timeout", [None, 5.0], ids=["plain", "with-deadline"])
+async def test_a_handler_raising_retry_later_gives_a_retry_result(
+    flavour: str, timeout: float | None
+) -> None:
+    """RetryLater raised by a handler (a plain function or an ``async def``) is answered
+    with a retry result, as one raised by middleware is, with or without a deadline."""
+    reg = rpc.Registry()
+    tries: list[str] = []
+
+    @reg.handle("busy")
+    async def busy(_: Any = None) -> str:
+        tries.append("async")
+        if len(tries) == 1:
+            raise rpc.RetryLater("busy now", 0.01)
+        return "done"
+
+    @reg.handle("busy_sync")
+    def busy_sync(_: Any = None) -> str:
+        raise rpc.RetryLater("busy too", 0.01)
+
+    async with served(flavour, reg) as (_server, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        assert await peer.request("busy", timeout=timeout) == "done"  # retried once
+        assert tries == ["async", "async"]
+        peer.options = rpc.Options(retries=0)
+        with pytest.raises(rpc.RetryLater, match="busy too"):
+            await peer.request("busy_sync", timeout=timeout)
+
+
+async def test_a_request_with_a_deadline_past_the_handler_limit_gets_a_retry_result() -> None:
+    handlers = Handlers()
+    options = rpc.Options(max_concurrent=1)
+    async with served("gotalk", handlers.registry, options=options) as (_server, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        first = asyncio.create_task(peer.request("wait", "first", timeout=5.0))
+        await wait_until(lambda: handlers.ran == ["first"])
+        peer.options = rpc.Options(retries=0)
+        with pytest.raises(rpc.RetryLater, match="request rate limit"):
+            await peer.request("wait", "second", timeout=5.0)
+        handlers.release.set()
+        assert await first == "first"
+        assert handlers.ran == ["first"]
+
+
 async def test_request_waiting_past_its_deadline_is_dropped() -> None:
     """A request that waited in the server's input (reading paused: every handler slot
     taken, a peer without retry results) past its caller's deadline is answered without

@@ -144,6 +144,7 @@ class LocalHandler:
             annotation=annotation,
             decode=decoder_for(annotation),  # not pickled: built here
             is_async=inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn),
+            coroutine=inspect.iscoroutinefunction(fn),
         )
 
     def open(self) -> _HandlerBatches:
