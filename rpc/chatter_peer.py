@@ -230,9 +230,8 @@ class ChatterAdapter:
             self._token_back(conv)
 
     def _on_meta(self, data: bytes) -> None:
-        value = self._sbs_decode(_META, data, None)
         try:
-            first, meta = metadata.from_sbs(value)
+            first, meta = metadata.decode_sbs(data)
         except ProtocolError as exc:
             violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
             return
@@ -332,8 +331,8 @@ class ChatterAdapter:
         :mod:`wire.metadata`'s limits. Only once :attr:`metadata` is on."""
         ms = None if timeout is None else metadata.timeout_ms(timeout)
         # the Meta message takes the next id, the request the one after it
-        value = metadata.to_sbs(self.codec.next_id + 1, metadata.RequestMeta(ms, entries))
-        self._send(_META, self.sbs_repo.encode(_META, value), None, True, True)
+        data = metadata.encode_sbs(self.codec.next_id + 1, metadata.RequestMeta(ms, entries))
+        self._send(_META, data, None, True, True)
         return self.send_request(op, payload, stream)
 
     def send_request_part(self, key: Conversation, payload: bytes) -> None:

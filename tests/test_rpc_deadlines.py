@@ -281,7 +281,11 @@ async def test_chatter_deadline_on_the_wire() -> None:
 
         def request(op: str, payload: bytes, timeout_ms: int | None) -> int:
             meta = metadata.RequestMeta(timeout_ms, {"k": "v"})
-            value = metadata.to_sbs(conn.next_id + 1, meta)
+            value = {  # the record as hat-sbs writes it (our encoder is checked against it)
+                "first": conn.next_id + 1,
+                "timeoutMs": ("none", None) if timeout_ms is None else ("value", timeout_ms),
+                "entries": [{"key": k, "value": v} for k, v in meta.entries.items()],
+            }
             conn.send("PeerwireRpc.Meta", repo.encode("PeerwireRpc.Meta", value))
             msg = conn.send(op, payload, last=False)
             sock.flush()
@@ -326,6 +330,7 @@ def test_gotalk_metadata_round_trip_and_malformed() -> None:
         b"abcd\x00\x00\x00\x01\x40",  # too many entries
         b"abcd\x00\x00\x00\x01\x00x",  # trailing bytes
         b"abcd\x00\x00\x00\x01\x01\x00\x00\x00",  # empty key
+        b"abcd\x00\x00\x00\x01\x02\x01k\x00\x00\x01k\x00\x00",  # a repeated key
     ):
         with pytest.raises(MalformedMessage):
             metadata.decode_gotalk(bad)
@@ -338,22 +343,44 @@ def test_gotalk_metadata_round_trip_and_malformed() -> None:
 
 
 def test_chatter_metadata_round_trip_and_malformed() -> None:
+    """Our SBS codec of ``PeerwireRpc.Meta`` against hat-sbs' on the same records (the
+    property tests in test_metadata_fuzz.py cover arbitrary ones)."""
     repo = schemas.repository()
     meta = metadata.RequestMeta(250, {"traceparent": "00-abc-def-01"})
-    encoded = repo.encode("PeerwireRpc.Meta", metadata.to_sbs(7, meta))
-    assert metadata.from_sbs(repo.decode("PeerwireRpc.Meta", encoded)) == (7, meta)
-    empty = metadata.to_sbs(8, metadata.RequestMeta())
-    assert metadata.from_sbs(empty) == (8, metadata.RequestMeta(None, {}))
-    for bad in (
-        None,
-        {"first": 1},
-        {"first": 1, "timeoutMs": ("none", None), "entries": [{"key": "", "value": ""}]},
-        {"first": 1, "timeoutMs": ("value", -5), "entries": []},
+    encoded = repo.encode(
+        "PeerwireRpc.Meta",
         {
-            "first": 1,
-            "timeoutMs": ("none", None),
-            "entries": [{"key": "a", "value": "1"}, {"key": "a", "value": "2"}],
+            "first": 7,
+            "timeoutMs": ("value", 250),
+            "entries": [{"key": "traceparent", "value": "00-abc-def-01"}],
         },
+    )
+    assert metadata.encode_sbs(7, meta) == encoded
+    assert metadata.decode_sbs(encoded) == (7, meta)
+    empty = metadata.encode_sbs(8, metadata.RequestMeta())
+    assert metadata.decode_sbs(empty) == (8, metadata.RequestMeta(None, {}))
+    assert repo.decode("PeerwireRpc.Meta", empty) == {
+        "first": 8,
+        "timeoutMs": ("none", None),
+        "entries": [],
+    }
+
+    def record(timeout: tuple[str, Any], entries: list[dict[str, str]]) -> bytes:
+        value = {"first": 1, "timeoutMs": timeout, "entries": entries}
+        return bytes(repo.encode("PeerwireRpc.Meta", value))
+
+    for bad in (
+        b"",
+        b"\x81",  # no timeout
+        record(("none", None), [])[:-1],  # no entry count
+        record(("none", None), [{"key": "", "value": ""}]),  # empty key
+        record(("value", -5), []),
+        record(("none", None), [{"key": "a", "value": "1"}, {"key": "a", "value": "2"}]),
+        record(("none", None), []) + b"\x00",  # trailing bytes
+        b"\x81\x82\x80",  # Optional index 2
+        b"\x81\x80\x81\x81\xff\x80",  # a key that is not UTF-8
     ):
         with pytest.raises(MalformedMessage):
-            metadata.from_sbs(bad)
+            metadata.decode_sbs(bad)
+    with pytest.raises(ValueError):
+        metadata.encode_sbs(1, metadata.RequestMeta(None, {"": "empty key"}))
