@@ -1,5 +1,6 @@
-"""Streams next to single calls: ``python tests/benchmarks/bench_stream.py
-[--seconds S] [--rounds N] [--loop asyncio|uvloop] [--smoke]``.
+"""Streams, coroutine handlers and calls with a timeout next to single calls:
+``python tests/benchmarks/bench_stream.py [--seconds S] [--rounds N] [--loop asyncio|uvloop]
+[--smoke]``.
 
 Not collected by pytest. The two-process harness of ``bench_rpc.py`` (``harness.py``): this
 process is the client, each row's server a subprocess of this script. Rows, over
@@ -7,6 +8,11 @@ process is the client, each row's server a subprocess of this script. Rows, over
 
 - ``<protocol>-request``: ``peer.request("echo", payload, raw=True)`` answered by a plain
   ``echo(data: bytes)``: the baseline, measured in the same run.
+- ``<protocol>-async``: the same request answered by ``async def echo_async``.
+- ``<protocol>-timed``: ``peer.request("echo_async", payload, raw=True, timeout=60)``: a
+  caller that chose a timeout, so each request goes with its metadata (the time left),
+  and the server bounds the handler by it and gives it ``rpc.current_call``; compared with
+  the ``async`` row of the same run.
 - ``<protocol>-stream``: ``peer.stream("halves", value=payload, raw=True)`` answered by an
   async generator that yields the payload's two halves, which the caller joins: a request
   whose result comes as two parts and an end (the parts of one step go out together).
@@ -18,8 +24,9 @@ Each row runs ``sequential`` (one call at a time) and ``inflight100`` (100 worke
 each at a time) on a fresh connection, 16-byte payloads, after a warm-up of 0.5 s; every
 worker checks what it got back. Every row runs ``--rounds`` times (default 3, rows
 interleaved, a new server each time); the table shows median rates, the slowest..fastest
-round, the median CPU per call of each side, and each stream and upload row's rate as a
-share of its protocol's request row. ``--smoke`` (CI): ``--seconds 0.2 --rounds 1``, rough figures.
+round, the median CPU per call of each side, and each row's rate as a share of its
+protocol's request row (the timed row's: of its async row). ``--smoke`` (CI):
+``--seconds 0.2 --rounds 1``, rough figures.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from tests.benchmarks.harness import (
 )
 
 HOST = "127.0.0.1"
-KINDS = ("request", "stream", "upload")
+KINDS = ("request", "async", "timed", "stream", "upload")
 ROWS = tuple(f"{protocol}-{kind}" for protocol in ("gotalk", "chatter") for kind in KINDS)
 MODES = (("sequential", 1), ("inflight100", 100))
 URLS = {"gotalk": "tcp+gotalk://{}:{}", "chatter": "tcp+sbs://{}:{}?dialect=HatChatter"}
@@ -57,6 +64,10 @@ def _registry() -> rpc.Registry:
 
     @registry.handle("echo")
     def echo(data: bytes) -> bytes:
+        return data
+
+    @registry.handle("echo_async")
+    async def echo_async(data: bytes) -> bytes:
         return data
 
     @registry.handle("halves")
@@ -86,6 +97,13 @@ async def _connect(name: str, port: int) -> tuple[Call, Close]:
     async def call_request() -> bytes:
         return await request("echo", PAYLOAD, raw=True)  # type: ignore[no-any-return]
 
+    async def call_async() -> bytes:
+        return await request("echo_async", PAYLOAD, raw=True)  # type: ignore[no-any-return]
+
+    async def call_timed() -> bytes:
+        result = await request("echo_async", PAYLOAD, raw=True, timeout=60)
+        return result  # type: ignore[no-any-return]
+
     async def call_stream() -> bytes:
         return b"".join([part async for part in stream("halves", value=PAYLOAD, raw=True)])
 
@@ -95,7 +113,13 @@ async def _connect(name: str, port: int) -> tuple[Call, Close]:
         (result,) = [result async for result in stream("joined", parts=halves, raw=True)]
         return result  # type: ignore[no-any-return]
 
-    calls = {"request": call_request, "stream": call_stream, "upload": call_upload}
+    calls = {
+        "request": call_request,
+        "async": call_async,
+        "timed": call_timed,
+        "stream": call_stream,
+        "upload": call_upload,
+    }
     return calls[kind], peer.close
 
 
@@ -133,12 +157,13 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
                 f"  {client:>6.1f} us  {server:>6.1f} us"
             )
     print("\nvs a single request, same protocol, this run (stream: two result parts;")
-    print("upload: two request parts):")
+    print("upload: two request parts; timed: vs the async row):")
     for protocol in URLS:
         for kind in KINDS[1:]:
+            base = "async" if kind == "timed" else "request"
             for mode, _ in MODES:
                 row = rate.get((f"{protocol}-{kind}", mode))
-                single = rate.get((f"{protocol}-request", mode))
+                single = rate.get((f"{protocol}-{base}", mode))
                 share = f"{row / single:.2f}" if row and single else "n/a"
                 print(f"  {protocol:<8}{kind:<8}{mode:<13}{share}")
 
