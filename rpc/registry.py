@@ -35,8 +35,9 @@ class Handler:
     is_async: bool
     """An ``async def`` or an async generator function."""
     coroutine: bool = False
-    """An ``async def`` (its call returns a coroutine): a request with its caller's
-    deadline runs on the plain path (:meth:`rpc.responder.Responder.serve_bounded`)."""
+    """An ``async def`` (its call returns a coroutine): on a connection without
+    middleware, a single request for it with its caller's deadline runs on the plain path
+    (:meth:`rpc.responder.Responder.serve_bounded`)."""
 
 
 def _first_param_annotation(fn: Callable[..., Any]) -> Any:

@@ -2,7 +2,9 @@
 run by the registry's handlers, and their results sent back.
 
 :class:`Responder` is the half of :class:`~rpc.peer.Peer` that does this (calls with
-middleware or request metadata go through :mod:`rpc.intercept` instead). Its state,
+middleware or request metadata go through :mod:`rpc.intercept` instead, which hands a
+single request for an ``async def`` with its caller's deadline back, when there is no
+middleware, to :meth:`Responder.serve_bounded`). Its state,
 set up by the peer: incoming streams in ``_streams`` (at most ``max_concurrent``; each
 queue at most ``max_stream_queue`` parts, past which that stream alone fails), streams
 ended early in ``_ended`` (the last :data:`ENDED_STREAMS`), and the keys of the requests
@@ -47,6 +49,8 @@ ENDED_STREAMS = 256
 """Incoming streams remembered after we stopped taking their parts (refused, failed or
 answered early), so their late parts are dropped instead of counting as parts of an
 unknown stream (a protocol violation for Gotalk). Older ones are forgotten."""
+MAX_RETRY_WAIT = 0xFFFFFFFF / 1000
+"""The longest wait a retry result carries, in seconds (Gotalk's: 2**32 - 1 ms)."""
 PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 """Result types that are never awaitable nor async iterators: no ``inspect`` check for
 them (those are ABC checks, slow)."""
@@ -176,10 +180,14 @@ class Responder(Generic[K]):
             return
         token = current_call.set(call)  # the job's context is a copy of this one
         try:
-            coro = handler.fn(adapter.decode_params(handler, payload))
+            result = handler.fn(adapter.decode_params(handler, payload))
+            inner = result if result.__class__ is CoroutineType else None
+            if inner is None and not inspect.isawaitable(result):
+                self._reply(key, result, False)  # marked a coroutine function, yet is not
+                return
             if adapter.cancels:  # before the job can run (and end)
                 self._running.add(key)
-            self._runner.submit(key, self._serve_result(key, coro, False, when, call.op), coro)
+            self._runner.submit(key, self._serve_result(key, result, False, when, call.op), inner)
         except PayloadError as exc:
             adapter.send_error(key, str(exc))
         except Exception as exc:
@@ -190,11 +198,15 @@ class Responder(Generic[K]):
 
     def send_retry_later(self, key: K, exc: RetryLater) -> None:
         """Answer ``key`` with a retry result for a handler's (or middleware's)
-        RetryLater, or with an error where the protocol has none."""
-        if self.adapter.retry_results:
-            self.adapter.send_retry(key, exc.wait, str(exc))
-        else:
+        RetryLater, or with an error where the protocol has none. Its ``wait`` is taken
+        within 0..:data:`MAX_RETRY_WAIT` seconds (NaN: 0), what the wire can carry."""
+        if not self.adapter.retry_results:
             self.adapter.send_error(key, str(exc) or "retry later")
+            return
+        wait = exc.wait
+        if not 0 <= wait <= MAX_RETRY_WAIT:
+            wait = MAX_RETRY_WAIT if wait > MAX_RETRY_WAIT else 0.0
+        self.adapter.send_retry(key, wait, str(exc))
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""

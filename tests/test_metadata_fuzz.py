@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from wire.errors import MalformedMessage
 from wire.metadata import RequestMeta
 
 timeouts = st.none() | st.integers(min_value=0, max_value=metadata.MAX_TIMEOUT_MS)
-keys = st.text(min_size=1, max_size=20).filter(lambda k: len(k.encode()) <= metadata.MAX_KEY)
+keys = st.text(min_size=1, max_size=90).filter(lambda k: len(k.encode()) <= metadata.MAX_KEY)
 entries = st.dictionaries(keys, st.text(max_size=40), max_size=metadata.MAX_ENTRIES)
 metas = st.builds(RequestMeta, timeouts, entries)
 firsts = st.integers(min_value=0, max_value=2**63 - 1)
@@ -37,6 +38,15 @@ def test_sbs_meta_matches_hat_sbs_and_round_trips(first: int, meta: RequestMeta)
 @given(st.binary(min_size=4, max_size=4), metas)
 def test_gotalk_meta_round_trips(request_id: bytes, meta: RequestMeta) -> None:
     assert metadata.decode_gotalk(metadata.encode_gotalk(request_id, meta)) == (request_id, meta)
+
+
+@given(firsts, metas, st.binary(min_size=1, max_size=8))
+def test_meta_decoders_refuse_trailing_bytes(first: int, meta: RequestMeta, extra: bytes) -> None:
+    """hat-sbs reads past trailing bytes; we refuse them (a frame holds one record)."""
+    with pytest.raises(MalformedMessage):
+        metadata.decode_sbs(metadata.encode_sbs(first, meta) + extra)
+    with pytest.raises(MalformedMessage):
+        metadata.decode_gotalk(metadata.encode_gotalk(b"abcd", meta) + extra)
 
 
 @given(st.binary(max_size=200))

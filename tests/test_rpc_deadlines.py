@@ -127,6 +127,42 @@ async def test_a_handler_raising_retry_later_gives_a_retry_result(
             await peer.request("busy_sync", timeout=timeout)
 
 
+@pytest.mark.parametrize("wait", [-0.5, float("inf"), float("nan"), 1e12])
+async def test_a_retry_later_with_any_wait_is_answered(wait: float) -> None:
+    """A wait the wire cannot carry (negative, endless, not a number) is taken within its
+    range: the caller gets its retry result and the connection goes on."""
+    reg = rpc.Registry()
+
+    @reg.handle("busy")
+    def busy(_: Any = None) -> str:
+        raise rpc.RetryLater("later", wait)
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    options = rpc.Options(retries=0)
+    for flavour in ("gotalk", "chatter-current"):
+        async with served(flavour, reg, client_options=options) as (_server, peer):
+            with pytest.raises(rpc.RetryLater, match="later") as caught:
+                await peer.request("busy", timeout=5.0)
+            assert 0 <= caught.value.wait <= 0xFFFFFFFF / 1000
+            assert await peer.request("echo", "after") == "after"
+
+
+async def test_a_retry_later_is_an_error_result_where_there_are_no_retry_results() -> None:
+    reg = rpc.Registry()
+
+    @reg.handle("busy")
+    async def busy(_: Any = None) -> str:
+        raise rpc.RetryLater("busy now", 0.01)
+
+    async with served("gotalk", reg, retry_results=False) as (_server, peer):
+        for timeout in (None, 5.0):
+            with pytest.raises(rpc.RemoteError, match="busy now"):
+                await peer.request("busy", timeout=timeout)
+
+
 async def test_a_request_with_a_deadline_past_the_handler_limit_gets_a_retry_result() -> None:
     handlers = Handlers()
     options = rpc.Options(max_concurrent=1)
@@ -136,7 +172,7 @@ async def test_a_request_with_a_deadline_past_the_handler_limit_gets_a_retry_res
         await wait_until(lambda: handlers.ran == ["first"])
         peer.options = rpc.Options(retries=0)
         with pytest.raises(rpc.RetryLater, match="request rate limit"):
-            await peer.request("wait", "second", timeout=5.0)
+            await peer.request("wait", "second", timeout=2.0)  # not a RequestTimeout
         handlers.release.set()
         assert await first == "first"
         assert handlers.ran == ["first"]
@@ -234,7 +270,7 @@ async def test_gotalk_deadline_on_the_wire() -> None:
             raw.request(b"0002", "wait", b'"bounded"', 300)
             reply = await raw.next()
             assert isinstance(reply, gotalk.ErrorResult) and reply.id == b"0002"
-            assert b"deadline passed" in reply.payload
+            assert reply.payload == b"wait: the caller's deadline passed"
             assert 0.25 < loop.time() - started < 5
             assert handlers.ran == ["bounded"] and handlers.cancelled.is_set()
 
@@ -303,7 +339,8 @@ async def test_chatter_deadline_on_the_wire() -> None:
             first = request("wait", b'"bounded"', 300)
             reply = await sock.receive()
             assert (reply.first, reply.type) == (first, "PeerwireRpc.Error")
-            assert "deadline passed" in repo.decode("PeerwireRpc.Error", reply.data)
+            error = repo.decode("PeerwireRpc.Error", reply.data)
+            assert error == "wait: the caller's deadline passed"
             assert handlers.ran == ["bounded"] and handlers.cancelled.is_set()
 
             first = request("echo", b'"ok"', None)
