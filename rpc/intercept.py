@@ -201,6 +201,8 @@ async def _handle(call: Call, handler: Handler | None, queue: core.StreamQueue |
         result = handler.fn(core._parts(queue, handler.decode))
     else:
         result = handler.fn(peer.adapter.decode_params(handler, call.payload))
+    if result.__class__ in PLAIN_RESULTS:  # no inspect checks (ABC checks, slow)
+        return result
     deadline = call.deadline
     if result.__class__ is not CoroutineType and inspect.isasyncgen(result):
         return result if deadline is None else _parts_until(call, result, deadline)

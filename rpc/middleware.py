@@ -99,17 +99,20 @@ class Call:
 
 
 def run(middleware: tuple[Middleware, ...], call: Call, innermost: CallNext) -> Awaitable[Any]:
-    """Run ``call`` through ``middleware`` (first outermost), ending in ``innermost``."""
+    """Run ``call`` through ``middleware`` (first outermost), ending in ``innermost``: the
+    outermost is called here, each other one through a ``call_next`` made per call (none
+    for a chain of one)."""
     if not middleware:  # no chain to build (our calls when only served calls have middleware)
         return innermost(call)
+    following = innermost
+    for index in range(len(middleware) - 1, 0, -1):
+        following = _link(middleware[index], following)
+    return middleware[0](call, following)
 
-    def step(index: int) -> CallNext:
-        if index == len(middleware):
-            return innermost
-        mw, following = middleware[index], step(index + 1)
-        return lambda c: mw(c, following)
 
-    return step(0)(call)
+def _link(mw: Middleware, following: CallNext) -> CallNext:
+    """``call_next`` for the middleware before ``mw``: ``mw`` with ``following`` after it."""
+    return lambda call: mw(call, following)
 
 
 def on_finish(result: Any, finished: Callable[[BaseException | None], None]) -> Any:
