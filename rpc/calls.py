@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_END = END
 _NO_ENTRIES: Mapping[str, str] = {}
 
 
@@ -269,7 +268,7 @@ class Caller(Generic[K]):
                 )
             while True:
                 item = await wait.next(queue)
-                if item is _END:
+                if item is END:
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -307,7 +306,7 @@ class Caller(Generic[K]):
         # taking a plain iterable's part never returns to the loop: the hold is kept
         held = not source.awaits and not self._calls and outbox.hold()
         try:
-            key = send(b"" if first is _END else encode_value(first))
+            key = send(b"" if first is END else encode_value(first))
             call = self._calls[key] = _Call(None, queue, None)
             task = None
             cancelling = 0
@@ -316,8 +315,8 @@ class Caller(Generic[K]):
                 cancelling = 0 if task is None else task.cancelling()  # cancels before ours
             adapter = self.adapter
             try:
-                if first is not _END:
-                    while (part := await source.next()) is not _END:
+                if first is not END:
+                    while (part := await source.next()) is not END:
                         if outbox.blocked:
                             if held:  # never held across a wait
                                 held = False
@@ -398,7 +397,7 @@ class Caller(Generic[K]):
             return  # late or unknown: ignored, as Go peers do
         if call.queue is not None:
             call.queue.put(payload)
-            call.queue.put(_END)
+            call.queue.put(END)
         elif call.future is not None and not call.future.done():
             call.future.set_result(payload)
 
@@ -418,7 +417,7 @@ class Caller(Generic[K]):
     def on_result_end(self, key: K) -> None:
         call = self._calls.pop(key, None)
         if call is not None and call.queue is not None:
-            call.queue.put(_END)
+            call.queue.put(END)
 
     def on_error(self, key: K, message: str) -> None:
         self._fail_call(key, RemoteError(message))

@@ -35,6 +35,7 @@ from rpc.errors import (
 from rpc.middleware import Call, CallKind
 from rpc.registry import Handler, HandlerKind
 from rpc.responder import PLAIN_RESULTS
+from rpc.streaming import END, ResultWait, StreamQueue
 from wire.metadata import RequestMeta
 
 if TYPE_CHECKING:
@@ -119,10 +120,10 @@ def serve_request(
         return
     if handler is None:
         handler = peer.registry.get(op)
-    queue: core.StreamQueue | None = None
+    queue: StreamQueue | None = None
     if stream:
         if handler is not None and handler.kind is HandlerKind.STREAM:
-            queue = core.StreamQueue(peer.loop)
+            queue = StreamQueue(peer.loop)
             peer._streams[key] = queue
             if payload:
                 queue.put(payload)
@@ -136,7 +137,7 @@ def serve_request(
 
 
 async def _serve(
-    peer: Peer, call: Call, handler: Handler | None, queue: core.StreamQueue | None
+    peer: Peer, call: Call, handler: Handler | None, queue: StreamQueue | None
 ) -> None:
     """Run the chain for one incoming call and send its outcome: a job of the peer's
     :class:`~rpc.handler_runner.HandlerRunner`."""
@@ -189,7 +190,7 @@ def _end(peer: Peer, key: Any, stream: bool) -> None:
         peer._end_stream(key)
 
 
-async def _handle(call: Call, handler: Handler | None, queue: core.StreamQueue | None) -> Any:
+async def _handle(call: Call, handler: Handler | None, queue: StreamQueue | None) -> Any:
     """The innermost step: the handler itself (a streamed result is returned unread)."""
     peer = call.peer
     if handler is None:
@@ -321,7 +322,7 @@ async def stream(
     op: str,
     parts: Iterable[Any] | AsyncIterable[Any] | None,
     value: Any,
-    wait: core.ResultWait,
+    wait: ResultWait,
     raw: bool,
 ) -> AsyncIterator[Any]:
     """:meth:`Peer.stream` through the chain: the innermost step sends the request (and
@@ -338,14 +339,14 @@ async def stream(
             peer._forget(call.id)
 
 
-async def _open_stream(call: Call, wait: core.ResultWait, raw: bool) -> AsyncIterator[Any]:
+async def _open_stream(call: Call, wait: ResultWait, raw: bool) -> AsyncIterator[Any]:
     peer = call.peer
     adapter = peer.adapter
     wait.check()
     if peer.outbox.blocked:
         await wait.bounded(peer.outbox.wait_writable())
     peer._check_open()
-    queue = core.StreamQueue(peer.loop)
+    queue = StreamQueue(peer.loop)
     metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))
@@ -372,12 +373,12 @@ def _send_request(
 
 
 async def _results(
-    call: Call, queue: core.StreamQueue, wait: core.ResultWait, raw: bool
+    call: Call, queue: StreamQueue, wait: ResultWait, raw: bool
 ) -> AsyncIterator[Any]:
     adapter = call.peer.adapter
     while True:
         item = await wait.next(queue)
-        if item is core._END:
+        if item is END:
             return
         if isinstance(item, BaseException):
             raise item

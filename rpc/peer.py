@@ -55,9 +55,7 @@ from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
 from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
 from rpc.responder import _parts as _parts
-from rpc.streaming import _END as _END
-from rpc.streaming import ResultWait
-from rpc.streaming import StreamQueue as StreamQueue
+from rpc.streaming import ResultWait, StreamQueue
 from rpc.tasks import TaskSet
 from transports.read_buffer import SharedBufferProtocol
 from wire.errors import ProtocolError

@@ -54,7 +54,6 @@ MAX_RETRY_WAIT = 0xFFFFFFFF / 1000
 PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 """Result types that are never awaitable nor async iterators: no ``inspect`` check for
 them (those are ABC checks, slow)."""
-_END = END
 
 
 class Responder(Generic[K]):
@@ -241,7 +240,7 @@ class Responder(Generic[K]):
                 return False
             del self._ended[key]
             return True
-        queue.put(_END)
+        queue.put(END)
         return True
 
     def has_stream(self, key: K) -> bool:
@@ -377,7 +376,7 @@ async def _parts(queue: StreamQueue, decode: Any) -> AsyncIterator[Any]:
         while not len(queue):
             await queue.wait()
         item = queue.take()
-        if item is _END:
+        if item is END:
             return
         if isinstance(item, BaseException):
             raise item

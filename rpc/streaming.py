@@ -17,7 +17,6 @@ T = TypeVar("T")
 
 END = object()
 """Ends the queue of a stream's results (ours) or of a stream request's parts (served)."""
-_END = END
 
 
 class StreamQueue:
@@ -179,5 +178,5 @@ class PartSource:
             wait.check()
         sync = self._sync
         if sync is not None:
-            return next(sync, _END)
-        return await wait.bounded(anext(cast(AsyncIterator[Any], self._async), _END))
+            return next(sync, END)
+        return await wait.bounded(anext(cast(AsyncIterator[Any], self._async), END))
