@@ -34,10 +34,19 @@ class Handler:
     decode: Callable[[bytes], Any]
     is_async: bool
     """An ``async def`` or an async generator function."""
-    coroutine: bool = False
+    coroutine: bool
     """An ``async def`` (its call returns a coroutine): on a connection without
     middleware, a single request for it with its caller's deadline runs on the plain path
     (:meth:`rpc.responder.Responder.serve_bounded`)."""
+
+    @classmethod
+    def of(cls, name: str, fn: Callable[..., Any], kind: HandlerKind, annotation: Any) -> Handler:
+        """The handler ``fn`` for ``name``: its decoder made for ``annotation`` (the type
+        of its parameter, or of each part for a stream handler), and what kind of
+        function it is read from ``fn``."""
+        coroutine = inspect.iscoroutinefunction(fn)
+        is_async = coroutine or inspect.isasyncgenfunction(fn)
+        return cls(name, fn, kind, annotation, decoder_for(annotation), is_async, coroutine)
 
 
 def _first_param_annotation(fn: Callable[..., Any]) -> Any:
@@ -66,16 +75,7 @@ class Registry:
             # parts: AsyncIterator[X] / AsyncIterable[X] -> each part decoded as X
             args = typing.get_args(annotation)
             annotation = args[0] if args else inspect.Parameter.empty
-        decode = decoder_for(annotation)
-        handler = Handler(
-            name,
-            fn,
-            kind,
-            annotation,
-            decode,
-            inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn),
-            inspect.iscoroutinefunction(fn),
-        )
+        handler = Handler.of(name, fn, kind, annotation)
         table = self._notifications if kind is HandlerKind.NOTIFICATION else self._handlers
         table[name] = handler
         return handler

@@ -36,7 +36,7 @@ from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame
 
 from rpc.chatter_peer import Reply
-from rpc.payload import PayloadError, convert, decoder_for
+from rpc.payload import PayloadError, convert
 from rpc.registry import Handler, HandlerKind, Registry
 from rpc.spark.frames import (
     ResultShape,
@@ -137,15 +137,7 @@ class LocalHandler:
         if isinstance(self.source, str):
             return resolve(self.source, self.op)
         fn, annotation = pickle.loads(self.source)
-        return Handler(
-            name=self.op,
-            fn=fn,
-            kind=HandlerKind.REQUEST,
-            annotation=annotation,
-            decode=decoder_for(annotation),  # not pickled: built here
-            is_async=inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn),
-            coroutine=inspect.iscoroutinefunction(fn),
-        )
+        return Handler.of(self.op, fn, HandlerKind.REQUEST, annotation)  # decoder built here
 
     def open(self) -> _HandlerBatches:
         return _HandlerBatches(self.handler(), self.max_concurrency, self.typed)
