@@ -13,8 +13,8 @@ import pytest
 
 import rpc
 from tests.certs import Pki
+from tests.reconnect_helpers import FAST, OPEN, named, serve
 from tests.rpc_helpers import wait_until
-from tests.test_reconnect import FAST, OPEN, named, serve
 
 
 @pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
