@@ -38,6 +38,7 @@ import hat.sbs
 
 from rpc import intercept
 from rpc.chatter_pings import ChatterPings
+from rpc.errors import retry_wait_ms
 from rpc.logs import violations
 from rpc.payload import PayloadError, convert, decode_any, encode_value
 from rpc.peer import Options, Peer
@@ -417,7 +418,7 @@ class ChatterAdapter:
         if self._our_turn(key, self.send_retry, key, wait, message) and self._answerable(
             key, "a retry result"
         ):
-            data = self.sbs_repo.encode(_RETRY, {"waitMs": int(wait * 1000), "message": message})
+            data = self.sbs_repo.encode(_RETRY, {"waitMs": retry_wait_ms(wait), "message": message})
             self._send(_RETRY, data, key, token=True, last=True)
 
     def send_notification(self, name: str, payload: bytes) -> None:

@@ -19,11 +19,24 @@ class RemoteError(RpcError):
 
 
 class RetryLater(RpcError):
-    """The peer answered with a retry result and we ran out of retries or time."""
+    """The peer answered with a retry result and we ran out of retries or time (raised by a
+    handler or middleware: answer with a retry result asking to wait ``wait`` seconds)."""
 
     def __init__(self, message: str, wait: float) -> None:
         super().__init__(message)
         self.wait = wait
+
+
+MAX_RETRY_WAIT_MS = 0xFFFFFFFF
+"""The longest wait a retry result carries (Gotalk's field: 32 bits of milliseconds)."""
+
+
+def retry_wait_ms(wait: float) -> int:
+    """A retry result's ``wait`` (seconds) in whole milliseconds for the wire, taken within
+    0..:data:`MAX_RETRY_WAIT_MS` (NaN: 0): a handler's wait of any value is answered."""
+    if not 0 <= wait <= MAX_RETRY_WAIT_MS / 1000:
+        return MAX_RETRY_WAIT_MS if wait > 0 else 0
+    return int(wait * 1000)
 
 
 class RequestTimeout(RpcError, TimeoutError):

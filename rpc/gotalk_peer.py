@@ -31,6 +31,7 @@ from typing import Any
 
 from rpc import intercept
 from rpc.deadlines import ANSWERER_SLACK, next_beat
+from rpc.errors import retry_wait_ms
 from rpc.logs import violations
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
@@ -334,7 +335,7 @@ class GotalkAdapter:
         self._emit_header(_id_header(_E, key, len(data)), data)
 
     def send_retry(self, key: bytes, wait: float, message: str) -> None:
-        retry = gotalk.RetryResult(key, int(wait * 1000), message.encode())
+        retry = gotalk.RetryResult(key, retry_wait_ms(wait), message.encode())
         self._emit_header(*gotalk.encode_parts(retry))
 
     def send_notification(self, name: str, payload: bytes) -> None:

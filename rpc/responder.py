@@ -49,8 +49,6 @@ ENDED_STREAMS = 256
 """Incoming streams remembered after we stopped taking their parts (refused, failed or
 answered early), so their late parts are dropped instead of counting as parts of an
 unknown stream (a protocol violation for Gotalk). Older ones are forgotten."""
-MAX_RETRY_WAIT = 0xFFFFFFFF / 1000
-"""The longest wait a retry result carries, in seconds (Gotalk's: 2**32 - 1 ms)."""
 PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 """Result types that are never awaitable nor async iterators: no ``inspect`` check for
 them (those are ABC checks, slow)."""
@@ -197,15 +195,11 @@ class Responder(Generic[K]):
 
     def send_retry_later(self, key: K, exc: RetryLater) -> None:
         """Answer ``key`` with a retry result for a handler's (or middleware's)
-        RetryLater, or with an error where the protocol has none. Its ``wait`` is taken
-        within 0..:data:`MAX_RETRY_WAIT` seconds (NaN: 0), what the wire can carry."""
-        if not self.adapter.retry_results:
+        RetryLater, or with an error where the protocol has none."""
+        if self.adapter.retry_results:
+            self.adapter.send_retry(key, exc.wait, str(exc))
+        else:
             self.adapter.send_error(key, str(exc) or "retry later")
-            return
-        wait = exc.wait
-        if not 0 <= wait <= MAX_RETRY_WAIT:
-            wait = MAX_RETRY_WAIT if wait > MAX_RETRY_WAIT else 0.0
-        self.adapter.send_retry(key, wait, str(exc))
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
