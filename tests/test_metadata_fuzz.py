@@ -100,3 +100,33 @@ def test_gotalk_meta_decoder_near_valid_records(
     except MalformedMessage:
         return
     assert metadata.encode_gotalk(request_id, meta) == damaged
+
+
+# --- the default timeout (level 3) ---------------------------------------------------------------
+
+
+def as_sbs_timeout(timeout: int | None) -> tuple[str, int | None]:
+    return ("none", None) if timeout is None else ("value", timeout)
+
+
+@given(timeouts)
+def test_timeout_codecs_round_trip_and_sbs_matches_hat_sbs(timeout: int | None) -> None:
+    sbs = metadata.encode_timeout_sbs(timeout)
+    assert sbs == REPO.encode("PeerwireRpc.Timeout", as_sbs_timeout(timeout))
+    assert metadata.decode_timeout_sbs(sbs) == timeout
+    assert metadata.decode_timeout_gotalk(metadata.encode_timeout_gotalk(timeout)) == timeout
+
+
+@given(st.binary(max_size=16))
+def test_timeout_decoders_take_any_bytes(data: bytes) -> None:
+    try:
+        timeout = metadata.decode_timeout_sbs(data)
+    except MalformedMessage:
+        pass
+    else:  # a value hat-sbs reads the same
+        assert REPO.decode("PeerwireRpc.Timeout", data) == as_sbs_timeout(timeout)
+    try:
+        timeout = metadata.decode_timeout_gotalk(data)
+    except MalformedMessage:
+        return
+    assert metadata.encode_timeout_gotalk(timeout) == data

@@ -1,6 +1,6 @@
 """peerwire's request metadata, sans-I/O: trace context and the caller's time left, per request.
 
-Part of peerwire's extension (level 2), exchanged only between peers that both announced
+Part of peerwire's extension (levels 2 and 3), exchanged only between peers that both announced
 it at connect. A request's metadata travels in a message of its own, sent right before the
 request it belongs to and naming it:
 
@@ -17,6 +17,22 @@ request it belongs to and naming it:
 two clocks need not agree). Limits, the same on both protocols: at most 32 entries, keys
 1-255 bytes and values at most 65535 bytes of UTF-8; encoding past them raises ValueError,
 decoding raises :class:`~wire.errors.MalformedMessage`.
+
+Level 3 adds a connection-wide default, so that a caller whose requests all carry the same
+timeout (a client with ``Options.timeout``, every call of a Spark UDF) sends one message
+per request instead of two. The caller announces the time left of each request it sends
+afterwards without metadata of its own, until it announces another:
+
+- Gotalk: the notification ``peerwire/timeout`` whose payload is ``timeout_ms:u32be``
+  (0xFFFFFFFF: no timeout, as at the start);
+- Chatter: a one-message conversation of type ``PeerwireRpc.Timeout``, the SBS
+  ``Optional(Integer)`` (:func:`encode_timeout_sbs`).
+
+A caller may send a request without metadata only while the default it announced
+:func:`covers` that request's time left: never less than the caller has, at most
+:data:`TIMEOUT_SLACK_MS` more (the server then bounds the handler up to that much later
+than the caller's deadline; it lets handlers run 100 ms past a deadline anyway). A request
+with entries always has metadata of its own, which overrides the default.
 """
 
 from __future__ import annotations
@@ -45,9 +61,30 @@ class RequestMeta(msgspec.Struct, frozen=True):
     entries: Mapping[str, str] = {}
 
 
+TIMEOUT_SLACK_MS = 5
+"""How much more than a request's time left the connection's default may grant it (see
+:func:`covers`): a few ms against the 100 ms a server lets a handler run past a deadline."""
+
+
 def timeout_ms(seconds: float) -> int:
     """Seconds left -> whole milliseconds for the wire (rounded down, at least 0)."""
     return min(max(int(seconds * 1000), 0), MAX_TIMEOUT_MS)
+
+
+def covers(default_ms: int | None, left_ms: int | None) -> bool:
+    """True when a request whose caller has ``left_ms`` left (None: no timeout) may go
+    without metadata on a connection whose announced default is ``default_ms`` (level 3):
+    ``left_ms <= default_ms <= left_ms + TIMEOUT_SLACK_MS``; None covers None alone."""
+    if default_ms is None or left_ms is None:
+        return default_ms is left_ms
+    return 0 <= default_ms - left_ms <= TIMEOUT_SLACK_MS
+
+
+def default_for(left_ms: int | None) -> int | None:
+    """The default a caller announces for a request with ``left_ms`` left: 1 ms more, so
+    that it also covers the requests sent after it with as much time or up to 4 ms less
+    (a fixed timeout's calls, whose time left rounds down to one ms or the next)."""
+    return None if left_ms is None else min(left_ms + 1, MAX_TIMEOUT_MS)
 
 
 def _check(meta: RequestMeta) -> list[tuple[bytes, bytes]]:
@@ -125,8 +162,7 @@ def encode_sbs(first: int, meta: RequestMeta) -> bytes:
     """The SBS ``PeerwireRpc.Meta`` bytes for the request whose first message id is
     ``first`` (the bytes hat-sbs writes for the same record); ValueError past the limits."""
     entries = _check(meta)
-    timeout = meta.timeout_ms
-    head = encode_integer(first) + (_NONE if timeout is None else _SOME + encode_integer(timeout))
+    head = encode_integer(first) + encode_timeout_sbs(meta.timeout_ms)
     if not entries:  # the common case, a timeout alone
         return head + _NO_ENTRIES
     out = [head, encode_integer(len(entries))]
@@ -142,15 +178,7 @@ def decode_sbs(data: bytes) -> tuple[int, RequestMeta]:
     end = len(data)
     try:
         first, pos = read_integer(data, 0)
-        index, pos = read_integer(data, pos)
-        if index == 0:
-            timeout = None
-        elif index == 1:
-            timeout, pos = read_integer(data, pos)
-            if not 0 <= timeout <= MAX_TIMEOUT_MS:
-                raise MalformedMessage(f"PeerwireRpc.Meta timeout {timeout} out of range")
-        else:
-            raise MalformedMessage(f"bad Optional index {index} in PeerwireRpc.Meta")
+        timeout, pos = _read_timeout(data, pos, "PeerwireRpc.Meta")
         count, pos = read_integer(data, pos)
         if not 0 <= count <= MAX_ENTRIES:
             raise MalformedMessage(f"PeerwireRpc.Meta with {count} entries")
@@ -171,3 +199,56 @@ def decode_sbs(data: bytes) -> tuple[int, RequestMeta]:
     if pos != end:
         raise MalformedMessage(f"{end - pos} bytes after PeerwireRpc.Meta")
     return first, RequestMeta(timeout, entries)
+
+
+def encode_timeout_gotalk(timeout_ms: int | None) -> bytes:
+    """The payload of a ``peerwire/timeout`` notification (level 3): the default time left
+    of the requests that follow without metadata (None: none)."""
+    if timeout_ms is None:
+        return _NO_TIMEOUT.to_bytes(4, "big")
+    if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+        raise ValueError(f"timeout_ms {timeout_ms} out of range")
+    return timeout_ms.to_bytes(4, "big")
+
+
+def decode_timeout_gotalk(payload: bytes) -> int | None:
+    """The default of a ``peerwire/timeout`` payload; MalformedMessage unless 4 bytes."""
+    if len(payload) != 4:
+        raise MalformedMessage(f"peerwire/timeout payload of {len(payload)} bytes, not 4")
+    timeout = int.from_bytes(payload, "big")
+    return None if timeout == _NO_TIMEOUT else timeout
+
+
+def encode_timeout_sbs(timeout_ms: int | None) -> bytes:
+    """The SBS ``PeerwireRpc.Timeout`` bytes (``Optional(Integer)``, as hat-sbs writes it)."""
+    if timeout_ms is None:
+        return _NONE
+    if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+        raise ValueError(f"timeout_ms {timeout_ms} out of range")
+    return _SOME + encode_integer(timeout_ms)
+
+
+def decode_timeout_sbs(data: bytes) -> int | None:
+    """The default of SBS ``PeerwireRpc.Timeout`` bytes; MalformedMessage if they are not
+    one (truncated, trailing bytes, a bad Optional index, out of range)."""
+    try:
+        timeout, pos = _read_timeout(data, 0, "PeerwireRpc.Timeout")
+    except IndexError:
+        raise MalformedMessage("PeerwireRpc.Timeout truncated") from None
+    if pos != len(data):
+        raise MalformedMessage(f"{len(data) - pos} bytes after PeerwireRpc.Timeout")
+    return timeout
+
+
+def _read_timeout(data: bytes, pos: int, what: str) -> tuple[int | None, int]:
+    """An SBS ``Optional(Integer)`` of milliseconds at ``pos``: (timeout or None, next
+    position); IndexError when truncated."""
+    index, pos = read_integer(data, pos)
+    if index == 0:
+        return None, pos
+    if index != 1:
+        raise MalformedMessage(f"bad Optional index {index} in {what}")
+    timeout, pos = read_integer(data, pos)
+    if not 0 <= timeout <= MAX_TIMEOUT_MS:
+        raise MalformedMessage(f"{what} timeout {timeout} out of range")
+    return timeout, pos
