@@ -27,7 +27,8 @@ schemas.schema_texts()
 from rpc import blocking
 from rpc.api import Server, connect, serve
 from rpc.backoff import Backoff, Reconnect
-from rpc.chatter_peer import ChatterPeer, Reply
+from rpc.chatter_payloads import Reply
+from rpc.chatter_peer import ChatterPeer
 from rpc.errors import (
     ConnectionClosed,
     Rejected,

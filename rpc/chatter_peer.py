@@ -28,21 +28,21 @@ for non-bytes values). Pings and the silence limits: :mod:`rpc.chatter_pings`.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeAlias, final
+from typing import Any
 
 import hat.sbs
 
 from rpc import intercept
+from rpc.chatter_payloads import Incoming, Reply, Sbs, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
 from rpc.errors import retry_wait_ms
 from rpc.logs import violations
 from rpc.payload import PayloadError, convert, decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
+from rpc.request_meta import MetaState
 from rpc.token_waits import TokenWaits
 from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
@@ -56,43 +56,17 @@ _PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
 )
 _CANCEL = f"{RPC_MODULE}.Cancel"
 _META = f"{RPC_MODULE}.Meta"
-LEVEL = 2
-"""The extension level we speak: 1 cancellation, 2 also request metadata."""
+_TIMEOUT = f"{RPC_MODULE}.Timeout"
+LEVEL = 3
+"""The extension level we speak: 1 cancellation, 2 also request metadata, 3 also a default
+timeout."""
 HELLO = b"peerwire-ext/%d" % LEVEL
 """Extension announcement, as the data of a Ping (current dialect only). Hat peers answer
 with an empty Pong and never see anything else of the extension; a peerwire peer echoes it,
-and from then on each side may send ``PeerwireRpc.Cancel`` and (level 2)
-``PeerwireRpc.Meta`` before a request. A peer announcing ``peerwire-ext/1`` gets level 1."""
-_LEVELS = {b"peerwire-ext/1": 1, HELLO: LEVEL}
-
-
-@dataclass(slots=True, frozen=True)
-class Reply:
-    """A result with a message type of its own (e.g. ``HatEventer.MsgQueryRes``): ``value``
-    is SBS-encoded when ``type`` is in the schema repository, else as usual."""
-
-    type: str
-    value: Any
-
-
-@final
-@dataclass(slots=True, frozen=True)
-class _Sbs:
-    """A payload already decoded from SBS (as opposed to raw bytes)."""
-
-    value: Any
-
-
-@final
-@dataclass(slots=True, frozen=True)
-class _Undecodable:
-    """A payload whose SBS did not decode: a PayloadError for whoever reads it."""
-
-    reason: str
-
-
-_Incoming: TypeAlias = bytes | _Sbs | _Undecodable
-"""A received payload as the peer holds it until a handler or caller reads it."""
+and from then on each side may send ``PeerwireRpc.Cancel``, (level 2)
+``PeerwireRpc.Meta`` before a request and (level 3) ``PeerwireRpc.Timeout``. A peer
+announcing a lower level gets that level."""
+_LEVELS = {b"peerwire-ext/%d" % level: level for level in range(1, LEVEL + 1)}
 
 
 class ChatterAdapter:
@@ -118,12 +92,13 @@ class ChatterAdapter:
         self.cancels = False
         self.metadata = False
         """True once both sides speak extension level 2 (request metadata)."""
-        self._meta: tuple[int, metadata.RequestMeta, float] | None = None
-        """The last metadata received, until the next request takes it (first id, meta,
-        read at)."""
+        self.timeout_defaults = False
+        """True once both sides speak extension level 3 (a default timeout)."""
+        self.meta: MetaState[int] = MetaState()
+        """Request metadata; keyed by the id of a request's first message."""
         self.codec = ChatterConnection(dialect, max_size=peer.options.max_size, strict=strict)
         self.sbs_repo = sbs_repo or schemas.repository()
-        self._sbs_names = _sbs_type_names(self.sbs_repo)
+        self.payloads = SbsPayloads(self.sbs_repo)
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
         self._foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types."""
@@ -192,6 +167,7 @@ class ChatterAdapter:
             if level:  # Pongs for the Pings among them are queued already
                 self.cancels = True
                 self.metadata = level >= 2
+                self.timeout_defaults = level >= 3
         return messages
 
     def dispatch(self, msg: Msg) -> None:
@@ -208,13 +184,17 @@ class ChatterAdapter:
                 if op == _META and self.metadata:
                     self._on_meta(msg.data)
                     return
-                peer.on_notification(op, self._incoming_payload(op, msg.data))
+                if op == _TIMEOUT and self.timeout_defaults:
+                    self._on_timeout(msg.data)
+                    return
+                peer.on_notification(op, self.payloads.incoming(op, msg.data))
                 return
             if msg.module is not None and msg.module != RPC_MODULE:
                 self._foreign.add(conv)
-            sbs = msg.token and op in self._sbs_names  # else _incoming_payload keeps the bytes
-            payload = self._incoming_payload(op, msg.data) if sbs else msg.data
-            if self._meta is None:
+            sbs = msg.token and op in self.payloads.names  # else incoming() keeps the bytes
+            payload = self.payloads.incoming(op, msg.data) if sbs else msg.data
+            meta = self.meta
+            if meta.pending is None and meta.default is None:
                 peer.on_request(conv, op, payload, not msg.token)
             else:
                 self._with_meta(conv, op, payload, not msg.token)
@@ -232,20 +212,23 @@ class ChatterAdapter:
 
     def _on_meta(self, data: bytes) -> None:
         try:
-            first, meta = metadata.decode_sbs(data)
+            self.meta.received(*metadata.decode_sbs(data), self.pings.last_read)
         except ProtocolError as exc:
             violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
-            return
-        self._meta = (first, meta, self.pings.last_read)
+
+    def _on_timeout(self, data: bytes) -> None:
+        try:
+            self.meta.received_default(metadata.decode_timeout_sbs(data))
+        except ProtocolError as exc:
+            violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
 
     def _with_meta(self, conv: Conversation, op: str, payload: Any, stream: bool) -> None:
-        """A request arrives while metadata waits: it is this request's if the ids match."""
-        first, meta, received_at = self._meta or (0, None, 0.0)
-        self._meta = None
-        if first == conv.first and meta is not None:
-            intercept.serve_with_meta(self.peer, conv, op, payload, stream, meta, received_at)
-        else:
+        """A request arrives while metadata waits or a default is set."""
+        taken = self.meta.take(conv.first, self.pings.last_read)
+        if taken is None:
             self.peer.on_request(conv, op, payload, stream)
+        else:
+            intercept.serve_with_meta(self.peer, conv, op, payload, stream, *taken)
 
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
         """A reply other than ``PeerwireRpc.Result`` (which :meth:`dispatch` hands over)."""
@@ -263,9 +246,9 @@ class ChatterAdapter:
         elif op == _END_TYPE:
             peer.on_result_end(conv)
         elif msg.last:
-            peer.on_result(conv, self._incoming_payload(op, msg.data))
+            peer.on_result(conv, self.payloads.incoming(op, msg.data))
         else:
-            peer.on_result_part(conv, self._incoming_payload(op, msg.data))
+            peer.on_result_part(conv, self.payloads.incoming(op, msg.data))
 
     def _sbs_decode(self, op: str, data: bytes, fallback: Any) -> Any:
         try:
@@ -274,49 +257,38 @@ class ChatterAdapter:
             log.warning("undecodable %s from %s: %s", op, self.peer.remote_address, exc)
             return fallback(data) if callable(fallback) else fallback
 
-    def _incoming_payload(self, op: str, data: bytes) -> _Incoming:
-        """SBS-typed payloads are decoded here (lazily failing as a PayloadError for that
-        message alone); the rest stay bytes for the handler."""
-        if op in self._sbs_names:
-            try:
-                return _Sbs(self.sbs_repo.decode(op, data))
-            except schemas.SBS_ERRORS as exc:
-                return _Undecodable(f"invalid {op} SBS payload: {exc}")
-        return data
-
     # --- payloads --------------------------------------------------------------------------
 
     def encode_request(self, op: str, value: Any) -> bytes:
-        if op in self._sbs_names:
-            try:
-                data: bytes = self.sbs_repo.encode(op, value)
-            except schemas.SBS_ERRORS as exc:
-                raise PayloadError(f"cannot encode {op} as SBS: {exc}") from None
-            return data
-        return encode_value(value)
+        return self.payloads.encode(op, value)
 
     def encode_result(self, value: Any) -> bytes | Reply:
         if isinstance(value, Reply):
             return value
         return encode_value(value)
 
-    def decode_params(self, handler: Handler, payload: _Incoming) -> Any:
-        if type(payload) is _Sbs:
+    def decode_params(self, handler: Handler, payload: Incoming) -> Any:
+        if type(payload) is Sbs:
             return convert(payload.value, handler.annotation)
-        if type(payload) is _Undecodable:
+        if type(payload) is Undecodable:
             raise PayloadError(payload.reason)
         return handler.decode(payload)
 
-    def decode_result(self, payload: _Incoming) -> Any:
-        if type(payload) is _Sbs:
+    def decode_result(self, payload: Incoming) -> Any:
+        if type(payload) is Sbs:
             return payload.value
-        if type(payload) is _Undecodable:
+        if type(payload) is Undecodable:
             raise PayloadError(payload.reason)
         return decode_any(payload)
 
     # --- sending ---------------------------------------------------------------------------
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
+        if self.meta.sent_default is not None and self.meta.cover(None):
+            self._announce()  # it goes without a timeout: say so first
+        return self._write_request(op, payload, stream)
+
+    def _write_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
         return Conversation.ours(self._send(op, payload, None, not stream, False))
 
     def send_request_meta(
@@ -329,12 +301,23 @@ class ChatterAdapter:
     ) -> Conversation:
         """:meth:`send_request` preceded by its ``PeerwireRpc.Meta`` (``entries``, and
         ``timeout``, the seconds the caller has left); ValueError for entries past
-        :mod:`wire.metadata`'s limits. Only once :attr:`metadata` is on."""
+        :mod:`wire.metadata`'s limits. Only once :attr:`metadata` is on. At level 3 a request
+        with a timeout alone goes without metadata under the default announced for it (once
+        per timeout)."""
         ms = None if timeout is None else metadata.timeout_ms(timeout)
+        if not entries and self.timeout_defaults:
+            if self.meta.cover(ms):
+                self._announce()
+            return self._write_request(op, payload, stream)
         # the Meta message takes the next id, the request the one after it
         data = metadata.encode_sbs(self.codec.next_id + 1, metadata.RequestMeta(ms, entries))
         self._send(_META, data, None, True, True)
-        return self.send_request(op, payload, stream)
+        return self._write_request(op, payload, stream)
+
+    def _announce(self) -> None:
+        """Tell the peer the time left of the requests we send without metadata from now on
+        (the default :meth:`MetaState.cover` chose)."""
+        self._send(_TIMEOUT, metadata.encode_timeout_sbs(self.meta.sent_default), None, True, True)
 
     def send_request_part(self, key: Conversation, payload: bytes) -> None:
         self._send(_PART, payload, key, token=False, last=False)
@@ -378,13 +361,9 @@ class ChatterAdapter:
         if isinstance(payload, Reply):
             self._foreign.discard(key)
             try:
-                data = (
-                    self.sbs_repo.encode(payload.type, payload.value)
-                    if payload.type in self._sbs_names
-                    else encode_value(payload.value)
-                )
-            except schemas.SBS_ERRORS as exc:
-                self.send_error(key, f"cannot encode {payload.type} as SBS: {exc}")
+                data = self.payloads.encode(payload.type, payload.value)
+            except PayloadError as exc:
+                self.send_error(key, str(exc))
                 return
             self._send_last(key, payload.type, data)
         elif key not in self._foreign or self._answerable(key, "a PeerwireRpc.Result"):
@@ -486,15 +465,3 @@ class ChatterPeer(Peer[Conversation]):
     @property
     def sbs_repo(self) -> hat.sbs.Repository:
         return self.chatter.sbs_repo
-
-
-@functools.lru_cache(maxsize=32)
-def _sbs_type_names(repo: hat.sbs.Repository) -> frozenset[str]:
-    """Every ``Module.Type`` name the repository defines; once per repository (a
-    repository hashes by identity and does not change), not per connection: it walks the
-    repository's JSON form, about 0.2-0.4 ms."""
-    return frozenset(
-        f"{module['name']}.{type_name}"
-        for module in repo.to_json()
-        for type_name in module["type_defs"]
-    )

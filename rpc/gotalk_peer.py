@@ -36,6 +36,7 @@ from rpc.logs import violations
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
+from rpc.request_meta import MetaState
 from wire import gotalk, metadata
 from wire.errors import ProtocolError
 
@@ -50,7 +51,8 @@ _id_header = gotalk.id_header
 
 HELLO = "peerwire/hello"
 """Extension announcement: a client sends it after the version, its payload the level it
-speaks (ASCII digits: 1 cancellation, 2 also request metadata); a peerwire server answers
+speaks (ASCII digits: 1 cancellation, 2 also request metadata, 3 also a default timeout);
+a peerwire server answers
 with the level both speak, and from then on both sides use that level. Go and gotalk.js
 peers ignore notifications they have no handler for, and a server never sends it first,
 so they never see anything else of the extension."""
@@ -58,11 +60,16 @@ CANCEL = "peerwire/cancel"
 """The caller gave up on the request whose 4-byte id is the payload."""
 META = "peerwire/meta"
 """Level 2: the metadata of the request sent right after it (:mod:`wire.metadata`)."""
+TIMEOUT = "peerwire/timeout"
+"""Level 3: the time left of the requests that follow without metadata, until the next one
+(:mod:`wire.metadata`)."""
 _META_HEADER = gotalk.encode_parts(gotalk.Notification(META, b""))[0][:-8] + b"%08x"
 """The header of a ``peerwire/meta`` notification, its payload size left to fill in: one is
 sent before every request that carries metadata."""
+_TIMEOUT_HEADER = gotalk.encode_parts(gotalk.Notification(TIMEOUT, bytes(4)))[0]
+"""The header of a ``peerwire/timeout`` notification (its payload is always 4 bytes)."""
 _EXTENSION_PREFIX = "peerwire/"
-LEVEL = 2
+LEVEL = 3
 """The extension level we speak."""
 _LEVEL = str(LEVEL).encode()
 
@@ -87,8 +94,9 @@ class GotalkAdapter:
         self.cancels = False
         self.metadata = False
         """True once both sides speak extension level 2 (request metadata)."""
-        self._meta: tuple[bytes, metadata.RequestMeta, float] | None = None
-        """The last metadata received, until the next request takes it (id, meta, read at)."""
+        self.timeout_defaults = False
+        """True once both sides speak extension level 3 (a default timeout)."""
+        self.meta: MetaState[bytes] = MetaState()
         self.codec = gotalk.GotalkConnection(max_size=peer.options.max_size)
         self.heartbeat_interval = heartbeat_interval
         self.read_timeout = read_timeout
@@ -181,10 +189,10 @@ class GotalkAdapter:
         return self.codec.receive_data(data)
 
     def dispatch(self, msg: Any) -> None:
-        peer = self.peer
+        peer, meta = self.peer, self.meta
         cls = msg.__class__
         if cls is gotalk.Request:
-            if self._meta is None:
+            if meta.pending is None and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, False)
             else:
                 self._with_meta(msg.id, msg.op, msg.payload, False)
@@ -219,7 +227,7 @@ class GotalkAdapter:
                 raise ProtocolError(
                     "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
-            if self._meta is None:
+            if meta.pending is None and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, True)
             else:
                 self._with_meta(msg.id, msg.op, msg.payload, True)
@@ -236,24 +244,27 @@ class GotalkAdapter:
                 self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, answer)))
             self.cancels = True
             self.metadata = level >= 2
+            self.timeout_defaults = level >= 3
         elif name == CANCEL and self.cancels and len(payload) == 4:
             self.peer.on_cancel(payload)
         elif name == META and self.metadata:
             try:
-                request_id, meta = metadata.decode_gotalk(payload)
+                self.meta.received(*metadata.decode_gotalk(payload), self._last_read)
             except ProtocolError as exc:
                 violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
-                return
-            self._meta = (request_id, meta, self._last_read)
+        elif name == TIMEOUT and self.timeout_defaults:
+            try:
+                self.meta.received_default(metadata.decode_timeout_gotalk(payload))
+            except ProtocolError as exc:
+                violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
 
     def _with_meta(self, key: bytes, op: str, payload: bytes, stream: bool) -> None:
-        """A request arrives while metadata waits: it is this request's if the ids match."""
-        request_id, meta, received_at = self._meta or (b"", None, 0.0)
-        self._meta = None
-        if request_id == key and meta is not None:
-            intercept.serve_with_meta(self.peer, key, op, payload, stream, meta, received_at)
-        else:
+        """A request arrives while metadata waits or a default is set."""
+        taken = self.meta.take(key, self._last_read)
+        if taken is None:
             self.peer.on_request(key, op, payload, stream)
+        else:
+            intercept.serve_with_meta(self.peer, key, op, payload, stream, *taken)
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -281,6 +292,11 @@ class GotalkAdapter:
         return rid
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> bytes:
+        if self.meta.sent_default is not None and self.meta.cover(None):
+            self._announce()  # it goes without a timeout: say so first
+        return self._write_request(op, payload, stream)
+
+    def _write_request(self, op: str, payload: bytes, stream: bool) -> bytes:
         rid = self._new_id()
         header = gotalk.request_header(_SREQ if stream else _REQ, rid, op, len(payload))
         if self._framed:
@@ -299,14 +315,25 @@ class GotalkAdapter:
     ) -> bytes:
         """:meth:`send_request` preceded by its metadata (``entries``, and ``timeout``, the
         seconds the caller has left); ValueError for entries past :mod:`wire.metadata`'s
-        limits. Only once :attr:`metadata` is on."""
-        rid = self._new_id()
+        limits. Only once :attr:`metadata` is on. At level 3 a request with a timeout alone
+        goes without metadata under the default announced for it (once per timeout)."""
         ms = None if timeout is None else metadata.timeout_ms(timeout)
+        if not entries and self.timeout_defaults:
+            if self.meta.cover(ms):
+                self._announce()
+            return self._write_request(op, payload, stream)
+        rid = self._new_id()
         data = metadata.encode_gotalk(rid, metadata.RequestMeta(ms, entries))
         self._emit_header(_META_HEADER % len(data), data)
         kind = _SREQ if stream else _REQ
         self._emit_header(gotalk.request_header(kind, rid, op, len(payload)), payload)
         return rid
+
+    def _announce(self) -> None:
+        """Tell the peer the time left of the requests we send without metadata from now on
+        (the default :meth:`MetaState.cover` chose)."""
+        payload = metadata.encode_timeout_gotalk(self.meta.sent_default)
+        self._emit_header(_TIMEOUT_HEADER, payload)
 
     def send_request_part(self, key: bytes, payload: bytes) -> None:
         if payload:

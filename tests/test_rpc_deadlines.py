@@ -11,6 +11,7 @@ import pytest
 import rpc
 from rpc import chatter_peer, gotalk_peer
 from tests.chatter_socket import ChatterSocket
+from tests.gotalk_raw import RawGotalk
 from tests.rpc_helpers import served, wait_until
 from wire import gotalk, metadata, schemas
 from wire.chatter import Dialect
@@ -207,44 +208,6 @@ async def test_request_waiting_past_its_deadline_is_dropped() -> None:
 
 
 # --- raw peers speaking the extension --------------------------------------------------------
-
-
-class RawGotalk:
-    """A Gotalk client written by hand: the announcement, metadata and requests as bytes."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.codec = gotalk.GotalkConnection()
-        self.pending: list[Any] = []
-
-    @classmethod
-    async def connect(cls, port: int, level: bytes = b"2") -> RawGotalk:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        raw = cls(reader, writer)
-        writer.write(raw.codec.handshake() + raw.notification(gotalk_peer.HELLO, level))
-        return raw
-
-    @staticmethod
-    def notification(name: str, payload: bytes) -> bytes:
-        return b"".join(gotalk.encode_parts(gotalk.Notification(name, payload)))
-
-    def request(self, rid: bytes, op: str, payload: bytes, timeout_ms: int | None) -> None:
-        meta = metadata.encode_gotalk(rid, metadata.RequestMeta(timeout_ms, {"k": "v"}))
-        header = gotalk.request_header(gotalk.MessageType.REQUEST, rid, op, len(payload))
-        self.writer.write(self.notification(gotalk_peer.META, meta) + header + payload)
-
-    async def next(self) -> Any:
-        while not self.pending:
-            data = await asyncio.wait_for(self.reader.read(65536), 10)
-            assert data, "server closed"
-            self.pending += [
-                m for m in self.codec.receive_data(data) if not isinstance(m, gotalk.Heartbeat)
-            ]
-        return self.pending.pop(0)
-
-    async def close(self) -> None:
-        self.writer.close()
-        await self.writer.wait_closed()
 
 
 async def test_gotalk_deadline_on_the_wire() -> None:

@@ -35,7 +35,7 @@ import msgspec
 from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame
 
-from rpc.chatter_peer import Reply
+from rpc.chatter_payloads import Reply
 from rpc.payload import PayloadError, convert
 from rpc.registry import Handler, HandlerKind, Registry
 from rpc.spark.frames import (

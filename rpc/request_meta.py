@@ -1,0 +1,60 @@
+"""What one connection knows of request metadata, whichever protocol carries it.
+
+peerwire's extension (levels 2 and 3, :mod:`wire.metadata`) sends a request's metadata in a
+message of its own right before it, or (level 3) a connection-wide default for the requests
+that come without any. Each adapter encodes and decodes those messages for its protocol;
+:class:`MetaState` keeps what they mean, both ways: the metadata the peer sent for its
+next request, the default it announced, and the default we announced. Bounds: one pending
+metadata record (the next one replaces it) and two defaults per connection, freed with it.
+"""
+
+from __future__ import annotations
+
+from typing import Generic
+
+from rpc.key import K
+from wire.metadata import RequestMeta, covers, default_for
+
+
+class MetaState(Generic[K]):
+    """One connection's request metadata state (see the module doc)."""
+
+    __slots__ = ("default", "pending", "sent_default")
+
+    def __init__(self) -> None:
+        self.pending: tuple[K, RequestMeta, float] | None = None
+        """The metadata the peer sent for its next request: (that request's key, the
+        metadata, the loop time it was read at); taken by the next request."""
+        self.default: RequestMeta | None = None
+        """The peer's announced default (level 3) as the metadata of its requests that come
+        without their own; None: it announced none (or no timeout)."""
+        self.sent_default: int | None = None
+        """The default we announced (ms; None: none, as at the start)."""
+
+    def received(self, key: K, meta: RequestMeta, read_at: float) -> None:
+        """The peer sent ``meta`` for its request ``key`` (read at loop time ``read_at``)."""
+        self.pending = (key, meta, read_at)
+
+    def received_default(self, timeout_ms: int | None) -> None:
+        """The peer announced the time left of its requests without metadata from now on."""
+        self.default = None if timeout_ms is None else RequestMeta(timeout_ms)
+
+    def take(self, key: K, read_at: float) -> tuple[RequestMeta, float] | None:
+        """The metadata of the peer's request ``key``, which arrived in a read at loop time
+        ``read_at``, and the time it counts from: what the peer sent for it, else the
+        default; None: neither. Metadata sent for another request is dropped."""
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] == key:
+            return pending[1], pending[2]
+        if self.default is not None:
+            return self.default, read_at
+        return None
+
+    def cover(self, left_ms: int | None) -> bool:
+        """Make the default we announce cover a request of ours with ``left_ms`` left (None:
+        no timeout) that goes without metadata: True when that takes a new announcement,
+        whose default (:func:`wire.metadata.default_for`) :attr:`sent_default` then is."""
+        if covers(self.sent_default, left_ms):
+            return False
+        self.sent_default = default_for(left_ms)
+        return True

@@ -1,0 +1,373 @@
+"""Level 3 of peerwire's extension: a default timeout per connection, so that calls with one
+timeout go as one message each instead of metadata and request. Real servers and clients on
+127.0.0.1; peers written by hand where the messages on the wire are the point."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import pytest
+
+import rpc
+from rpc import gotalk_peer
+from rpc.request_meta import MetaState
+from tests.chatter_socket import ChatterSocket
+from tests.gotalk_raw import RawGotalk
+from tests.rpc_helpers import served, wait_until
+from wire import gotalk, metadata, schemas
+from wire.chatter import ChatterConnection, Conversation, Dialect
+from wire.errors import MalformedMessage
+
+pytestmark = pytest.mark.timeout(30)
+
+REPO = schemas.repository()
+SLACK = metadata.TIMEOUT_SLACK_MS / 1000
+"""How much later than its caller's deadline the default may put a handler's."""
+
+
+def registry() -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("left")
+    async def left(_: Any = None) -> float | None:
+        call = rpc.current_call.get(None)  # set for async handlers given a deadline
+        return None if call is None else call.time_left()
+
+    @reg.handle("wait")
+    async def wait(_: Any = None) -> None:
+        await asyncio.Event().wait()  # until its bound cancels it
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    return reg
+
+
+# --- our client and our server ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_every_call_gets_its_own_time_left(flavour: str) -> None:
+    """Calls with one timeout, another, none, and the client's default, all in flight at
+    once: each handler sees its own caller's time left, whichever default is announced."""
+    client_options = rpc.Options(timeout=7.0)
+    async with served(flavour, registry(), client_options=client_options) as (server, peer):
+        await wait_until(lambda: peer.adapter.timeout_defaults)
+
+        async def call(timeout: float | None) -> tuple[float | None, Any]:
+            return timeout, await peer.request("left", timeout=timeout)
+
+        timeouts = [2.0, 2.0, 5.0, None, 2.0, 5.0, 5.0, None, 2.0] * 4
+        for timeout, left in await asyncio.gather(*(call(t) for t in timeouts)):
+            expected = 7.0 if timeout is None else timeout  # the client's Options.timeout
+            assert expected - 1.0 < left <= expected + SLACK
+        untimed = rpc.Options()
+        peer.options = untimed
+        assert await peer.request("left") is None  # no timeout chosen: none travels
+        assert peer.adapter.meta.sent_default is None
+        [server_peer] = server.peers
+        assert server_peer.adapter.meta.default is None
+
+
+# --- what our client writes: a peer written by hand serves it ------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def raw_gotalk_server(level: bytes) -> AsyncIterator[tuple[str, asyncio.Queue[RawGotalk]]]:
+    """A Gotalk server written by hand that answers the announcement with ``level``."""
+    accepted: asyncio.Queue[RawGotalk] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raw = RawGotalk.accept(reader, writer)
+        hello = await raw.next()
+        assert hello == gotalk.Notification(gotalk_peer.HELLO, b"3")  # what we speak
+        raw.write(gotalk.Notification(gotalk_peer.HELLO, level))
+        await accepted.put(raw)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    async with server:
+        yield f"tcp+gotalk://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted
+
+
+async def answered(raw: RawGotalk, call: Awaitable[Any], count: int) -> list[Any]:
+    """What the client writes for ``call`` (which makes ``count`` requests), each request
+    answered with a result; the call must then return."""
+    task = asyncio.ensure_future(call)
+    seen: list[Any] = []
+    for _ in range(count):
+        while True:
+            message = await raw.next()
+            seen.append(message)
+            if isinstance(message, gotalk.Request):
+                raw.write(gotalk.Result(message.id, b"1"))
+                break
+    await task
+    return seen
+
+
+def described(messages: list[Any]) -> list[Any]:
+    """Requests as ``"request"``, defaults as their ms, metadata as ``("meta", ms)``."""
+    out: list[Any] = []
+    for message in messages:
+        if isinstance(message, gotalk.Request):
+            out.append("request")
+        elif message.name == gotalk_peer.TIMEOUT:
+            out.append(metadata.decode_timeout_gotalk(message.payload))
+        else:
+            assert message.name == gotalk_peer.META
+            out.append(("meta", metadata.decode_gotalk(message.payload)[1].timeout_ms))
+    return out
+
+
+async def test_our_gotalk_client_announces_each_timeout_once() -> None:
+    async with raw_gotalk_server(b"3") as (url, accepted):
+        async with rpc.connect(url, reconnect=False) as peer:
+            raw = await accepted.get()
+            await wait_until(lambda: peer.adapter.timeout_defaults)
+
+            async def three() -> None:
+                for _ in range(3):
+                    await peer.request("op", timeout=2.0)
+
+            first, again, second = described(await answered(raw, three(), 3))[:3]
+            assert 1995 <= first <= 2001 and (again, second) == ("request", "request")
+            seen = described(await answered(raw, three(), 3))
+            assert seen == ["request"] * 3  # the default still holds
+            assert described(await answered(raw, peer.request("op"), 1)) == [None, "request"]
+            five = described(await answered(raw, peer.request("op", timeout=5.0), 1))
+            assert 4995 <= five[0] <= 5001 and five[1:] == ["request"]
+
+
+async def test_our_gotalk_client_sends_metadata_to_a_level_2_server() -> None:
+    async with raw_gotalk_server(b"2") as (url, accepted):
+        async with rpc.connect(url, reconnect=False) as peer:
+            raw = await accepted.get()
+            await wait_until(lambda: peer.adapter.metadata)
+            assert not peer.adapter.timeout_defaults
+            for _ in range(2):  # metadata before each request, no default
+                [meta, request] = described(await answered(raw, peer.request("op", timeout=2.0), 1))
+                assert meta[0] == "meta" and 1990 <= meta[1] <= 2000 and request == "request"
+            assert described(await answered(raw, peer.request("op"), 1)) == ["request"]
+
+
+async def test_our_chatter_client_announces_each_timeout_once() -> None:
+    accepted: asyncio.Queue[ChatterSocket] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accepted.put(ChatterSocket(reader, writer, ChatterConnection(None)))
+
+    async def answered_chatter(sock: ChatterSocket, call: Awaitable[Any]) -> list[Any]:
+        task = asyncio.ensure_future(call)
+        seen: list[Any] = []
+        while True:
+            msg = await sock.receive()
+            if msg.type == "PeerwireRpc.Timeout":
+                seen.append(metadata.decode_timeout_sbs(msg.data))
+                continue
+            seen.append(msg.type)
+            sock.conn.send("PeerwireRpc.Result", b"1", conversation=Conversation.of_received(msg))
+            sock.flush()
+            await task
+            return seen
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        url = f"tcp+sbs://127.0.0.1:{port}?dialect=HatChatter"
+        async with rpc.connect(url, reconnect=False) as peer:
+            sock = await accepted.get()
+            await sock.pump_until(lambda: sock.conn.pings_received)  # the announcement
+            await wait_until(lambda: peer.adapter.timeout_defaults)  # our Pong echoed it
+            [first, op] = await answered_chatter(sock, peer.request("op", timeout=2.0))
+            assert 1995 <= first <= 2001 and op == "op"
+            assert await answered_chatter(sock, peer.request("op", timeout=2.0)) == ["op"]
+            assert await answered_chatter(sock, peer.request("op")) == [None, "op"]
+            await sock.close()
+
+
+# --- what our server takes: clients written by hand -----------------------------------------------
+
+
+async def test_our_gotalk_server_bounds_requests_by_the_default() -> None:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as server:
+        raw = await RawGotalk.connect(server.url.port, level=b"3")
+        try:
+            assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, b"3")
+            raw.default(300)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            raw.request_alone(b"0001", "wait", b"null")
+            reply = await raw.next()
+            assert reply == gotalk.ErrorResult(b"0001", b"wait: the caller's deadline passed")
+            assert 0.25 < loop.time() - started < 5
+            raw.request_alone(b"0002", "left", b"null")
+            left = await raw.next()
+            assert isinstance(left, gotalk.Result) and 0 < float(left.payload) <= 0.3 + 1e-6
+            raw.request(b"0003", "left", b"null", 5000)  # its own metadata wins
+            left = await raw.next()
+            assert isinstance(left, gotalk.Result) and 4 < float(left.payload) <= 5
+            raw.default(0)
+            raw.request_alone(b"0004", "echo", b'"late"')
+            reply = await raw.next()
+            assert isinstance(reply, gotalk.ErrorResult) and b"before it ran" in reply.payload
+            raw.default(None)
+            raw.write(gotalk.Notification(gotalk_peer.TIMEOUT, b"\x00\x01"))  # malformed: ignored
+            raw.request_alone(b"0005", "left", b"null")
+            assert await raw.next() == gotalk.Result(b"0005", b"null")
+        finally:
+            await raw.close()
+
+
+async def test_a_level_2_gotalk_client_gets_no_defaults() -> None:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as server:
+        raw = await RawGotalk.connect(server.url.port, level=b"2")
+        try:
+            assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, b"2")
+            raw.default(0)  # not part of level 2: an ordinary notification
+            raw.request_alone(b"0001", "echo", b'"served"')
+            assert await raw.next() == gotalk.Result(b"0001", b'"served"')
+            [server_peer] = server.peers
+            assert server_peer.adapter.metadata and not server_peer.adapter.timeout_defaults
+        finally:
+            await raw.close()
+
+
+@pytest.mark.parametrize("level", [3, 2])
+async def test_our_chatter_server_bounds_requests_by_the_default(level: int) -> None:
+    """At level 3 the default bounds the requests without metadata; a peer at level 2 has
+    its ``PeerwireRpc.Timeout`` taken as an ordinary notification."""
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as server:
+        sock = await ChatterSocket.connect("127.0.0.1", server.url.port, Dialect.CURRENT)
+        conn = sock.conn
+
+        def send(op: str, data: bytes, **kwargs: Any) -> int:
+            msg = conn.send(op, data, **kwargs)
+            sock.flush()
+            return msg.id
+
+        async def reply_to(first: int) -> tuple[str, Any]:
+            msg = await sock.receive()
+            assert msg.first == first and msg.last
+            if msg.type == "PeerwireRpc.Error":
+                return msg.type, REPO.decode(msg.type, msg.data)
+            return msg.type, msg.data
+
+        try:
+            send("HatChatter.Ping", b"peerwire-ext/%d" % level, token=True, last=False)
+            await sock.pump_until(lambda: conn.pongs_received)
+            send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(300))
+            if level == 2:  # served as if no default had come
+                assert await reply_to(send("left", b"null", last=False)) == (
+                    "PeerwireRpc.Result",
+                    b"null",
+                )
+                return
+            error = await reply_to(send("wait", b"null", last=False))
+            assert error == ("PeerwireRpc.Error", "wait: the caller's deadline passed")
+            left_type, left = await reply_to(send("left", b"null", last=False))
+            assert left_type == "PeerwireRpc.Result" and 0 < float(left) <= 0.3 + 1e-6
+            send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(None))
+            assert await reply_to(send("left", b"null", last=False)) == (
+                "PeerwireRpc.Result",
+                b"null",
+            )
+        finally:
+            await sock.close()
+
+
+# --- the parts ------------------------------------------------------------------------------------
+
+
+def test_covers_grants_no_less_than_the_caller_has() -> None:
+    assert metadata.covers(None, None)
+    assert not metadata.covers(None, 5) and not metadata.covers(5, None)
+    assert metadata.covers(2000, 2000) and metadata.covers(2000, 1995)
+    assert not metadata.covers(2000, 2001)  # the server would cancel before the caller gives up
+    assert not metadata.covers(2000, 1994)  # more than TIMEOUT_SLACK_MS too generous
+    assert metadata.default_for(None) is None and metadata.default_for(1999) == 2000
+    assert metadata.default_for(metadata.MAX_TIMEOUT_MS) == metadata.MAX_TIMEOUT_MS
+    for left in (1995, 1996, 1999, 2000):  # a fixed timeout's calls share one default
+        assert metadata.covers(metadata.default_for(1999), left)
+
+
+def test_meta_state_takes_metadata_for_its_request_else_the_default() -> None:
+    state: MetaState[bytes] = MetaState()
+    assert state.take(b"0001", 1.0) is None
+    meta = metadata.RequestMeta(500, {"k": "v"})
+    state.received(b"0002", meta, 2.0)
+    assert state.take(b"0002", 3.0) == (meta, 2.0)
+    state.received(b"0003", meta, 2.0)
+    assert state.take(b"0004", 3.0) is None  # for another request: dropped
+    assert state.pending is None
+    state.received_default(250)
+    assert state.take(b"0005", 3.0) == (metadata.RequestMeta(250), 3.0)
+    state.received_default(None)
+    assert state.default is None
+    assert not state.cover(None)  # nothing announced yet: none holds
+    assert state.cover(1999) and state.sent_default == 2000
+    assert not state.cover(1998)
+    assert state.cover(None) and state.sent_default is None
+
+
+def test_timeout_codecs_round_trip_and_refuse_the_malformed() -> None:
+    for ms in (None, 0, 1, 2000, metadata.MAX_TIMEOUT_MS):
+        assert metadata.decode_timeout_gotalk(metadata.encode_timeout_gotalk(ms)) == ms
+        sbs = metadata.encode_timeout_sbs(ms)
+        assert sbs == REPO.encode(
+            "PeerwireRpc.Timeout", ("none", None) if ms is None else ("value", ms)
+        )
+        assert metadata.decode_timeout_sbs(sbs) == ms
+    for bad in (b"", b"\x00\x00\x01", b"\x00\x00\x00\x01\x00"):
+        with pytest.raises(MalformedMessage):
+            metadata.decode_timeout_gotalk(bad)
+    for bad_sbs in (
+        b"",
+        b"\x81",
+        b"\x82",
+        b"\x80\x80",
+        b"\x81\xff",
+        REPO.encode("PeerwireRpc.Timeout", ("value", -1)),
+    ):
+        with pytest.raises(MalformedMessage):
+            metadata.decode_timeout_sbs(bad_sbs)
+    for out_of_range in (-1, metadata.MAX_TIMEOUT_MS + 1):
+        with pytest.raises(ValueError):
+            metadata.encode_timeout_gotalk(out_of_range)
+        with pytest.raises(ValueError):
+            metadata.encode_timeout_sbs(out_of_range)
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_metadata_of_its_own_overrides_the_default(flavour: str) -> None:
+    """Calls with entries (trace context, here a middleware's) among calls under a default:
+    each handler sees its own entries and its own caller's time left."""
+    reg = rpc.Registry()
+
+    @reg.handle("seen")
+    async def seen(_: Any = None) -> list[Any]:
+        call = rpc.current_call.get()
+        return [call.time_left(), call.metadata.get("n")]
+
+    async def tag_odd(call: rpc.Call, call_next: rpc.CallNext) -> Any:
+        if call.payload % 2:
+            call.metadata["n"] = str(call.payload)
+        return await call_next(call)
+
+    options = rpc.Options(middleware=(tag_odd,))
+    async with served(flavour, reg, client_options=options) as (_server, peer):
+        await wait_until(lambda: peer.adapter.timeout_defaults)
+
+        async def call(n: int) -> None:
+            timeout = 2.0 if n % 3 else 4.0
+            left, tag = await peer.request("seen", n, timeout=timeout)
+            assert timeout - 1.0 < left <= timeout + SLACK
+            assert tag == (str(n) if n % 2 else None)
+
+        for _ in range(2):  # in flight together, then one after another
+            await asyncio.gather(*(call(n) for n in range(12)))
+        for n in range(12):
+            await call(n)
