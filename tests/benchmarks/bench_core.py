@@ -16,7 +16,9 @@ so it holds a worker task of its own until it answers) and a plain handler behin
 pass-through middleware; for Gotalk also the
 coroutine handler called by a peerwire client that chose a timeout (``coro, timed``: each
 request preceded by its metadata, the handler bounded by the caller's deadline; "core
-adds" there includes decoding the metadata notification).
+adds" there includes decoding the metadata notification) and by one that announced that
+timeout as the connection's default (``timed, default``, extension level 3: the requests go
+alone).
 
 The client side, Gotalk and Chatter: 100 worker tasks each make one ``request(...,
 raw=True)`` at a time on a client peer, as ``bench_rpc.py``'s inflight100 does, and each
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import rpc
 import rpc.loops
 from rpc.chatter_peer import ChatterPeer
-from rpc.gotalk_peer import HELLO, META, GotalkPeer
+from rpc.gotalk_peer import HELLO, META, TIMEOUT, GotalkPeer
 from rpc.peer import Peer
 from wire import gotalk, metadata
 from wire.chatter import ChatterConnection, Conversation, Dialect
@@ -131,13 +133,20 @@ def registry(kind: str) -> rpc.Registry:
 # --- requests as a client sends them, and the codec-only baseline -------------------------
 
 
-def gotalk_reads(count: int, timed: bool = False, burst: int = BURST) -> tuple[bytes, list[bytes]]:
+def gotalk_reads(
+    count: int, timed: bool = False, burst: int = BURST, default: bool = False
+) -> tuple[bytes, list[bytes]]:
     """The client's version, then ``count`` requests cut into reads of ``burst``. ``timed``: a
     peerwire client that chose a timeout (60 s): its hello (extension level 2) goes after
-    the version, and each request after its metadata notification."""
+    the version, and each request after its metadata notification; with ``default``, one
+    announcement of the timeout after a hello of level 3, and the requests alone."""
     first = gotalk.GotalkConnection().handshake()
     if timed:
-        first += gotalk.encode(gotalk.Notification(HELLO, b"2"))
+        first += gotalk.encode(gotalk.Notification(HELLO, b"3" if default else b"2"))
+    if timed and default:
+        default_timeout = metadata.encode_timeout_gotalk(60_000)
+        first += gotalk.encode(gotalk.Notification(TIMEOUT, default_timeout))
+        timed = False  # the requests go alone
     reads = []
     for start in range(0, count, burst):
         parts = []
@@ -366,6 +375,8 @@ def main() -> None:
         if name == "gotalk":  # a coroutine handler called with a timeout: bounded by it
             timed = gotalk_reads(count, timed=True, burst=args.burst)
             cases.append(("coro, timed", "coroutine", *timed))
+            by_default = gotalk_reads(count, timed=True, burst=args.burst, default=True)
+            cases.append(("timed, default", "coroutine", *by_default))
         for kind, handlers, case_first, case_reads in cases:
             reg = registry(handlers)
 
