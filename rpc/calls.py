@@ -151,15 +151,17 @@ class Caller(Generic[K]):
         timeout: float,
         sent: Callable[[Any], None] | None = None,
         metadata: Mapping[str, str] | None = None,
+        timed: bool = True,
     ) -> Any:
         """One attempt of a request: send the encoded ``payload`` and return the raw reply
         (or a RetryLater) by loop time ``deadline``; ``sent(key)`` learns the request's key.
-        ``metadata`` (only for a peer whose adapter takes it) goes before the request with
-        the time left. A call given up on (timeout, cancellation) is abandoned, which tells
-        a peer that took the cancellation extension."""
+        ``metadata`` (only for a peer whose adapter takes it) goes before the request, with
+        the time left if the caller chose its timeout (``timed``). A call given up on
+        (timeout, cancellation) is abandoned, which tells a peer that took the cancellation
+        extension."""
         if self.outbox.blocked:
             await self.outbox.wait_writable()
-        key, future = self._send(op, payload, deadline, timeout, metadata)
+        key, future = self._send(op, payload, deadline, timeout, metadata, timed)
         try:
             if sent is not None:
                 sent(key)
@@ -174,10 +176,12 @@ class Caller(Generic[K]):
         deadline: float,
         timeout: float,
         metadata: Mapping[str, str] | None,
+        timed: bool = True,
     ) -> tuple[K, asyncio.Future[Any]]:
         """Send one attempt of a request and register it until ``deadline``: its key and
         the future its reply (or a RetryLater, or past the deadline a RequestTimeout naming
-        ``timeout``) resolves. Raises ConnectionClosed."""
+        ``timeout``) resolves; ``metadata`` as in :meth:`send_and_wait`. Raises
+        ConnectionClosed."""
         transport = self._transport  # _check_open written out: a call per request
         if transport is None or transport.is_closing():
             raise ConnectionClosed("connection is closed")
@@ -191,8 +195,8 @@ class Caller(Generic[K]):
         try:
             if metadata is None:
                 key = adapter.send_request(op, payload, False)
-            else:
-                left = deadline - self._loop.time()
+            else:  # the time left travels only when the caller chose the timeout
+                left = deadline - self._loop.time() if timed else None
                 key = adapter.send_request_meta(op, payload, False, metadata, left)
             calls[key] = _Call(future, None, deadline, op, timeout)  # before it is written
         finally:

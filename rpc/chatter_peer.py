@@ -60,13 +60,26 @@ _TIMEOUT = f"{RPC_MODULE}.Timeout"
 LEVEL = 3
 """The extension level we speak: 1 cancellation, 2 also request metadata, 3 also a default
 timeout."""
-HELLO = b"peerwire-ext/%d" % LEVEL
-"""Extension announcement, as the data of a Ping (current dialect only). Hat peers answer
-with an empty Pong and never see anything else of the extension; a peerwire peer echoes it,
-and from then on each side may send ``PeerwireRpc.Cancel``, (level 2)
-``PeerwireRpc.Meta`` before a request and (level 3) ``PeerwireRpc.Timeout``. A peer
-announcing a lower level gets that level."""
-_LEVELS = {b"peerwire-ext/%d" % level: level for level in range(1, LEVEL + 1)}
+_HELLO_PREFIX = b"peerwire-ext/"
+HELLO = b"peerwire-ext/2"
+"""A client's extension announcement, the data of its first Ping (current dialect only):
+level 2, which every peerwire server since level 2 takes. Hat peers answer with an empty
+Pong and never see anything else of the extension. A peerwire server echoes it (its codec
+echoes every Ping's data, whatever level it speaks) and takes level 2 (``peerwire-ext/1``:
+level 1); a server at a higher level then offers it in a Ping of its own
+(``peerwire-ext/3``), and a client at that level takes it and confirms it with a Ping of the
+same data, which moves the server up too. The echo alone never takes a client above level
+2. From then on each side may send ``PeerwireRpc.Cancel``, (level 2) ``PeerwireRpc.Meta``
+before a request and (level 3) ``PeerwireRpc.Timeout``."""
+
+
+def _level_of(data: bytes) -> int | None:
+    """The level a Ping's data announces (``peerwire-ext/<digits>``, at most 16 bytes), else
+    None."""
+    digits = data[len(_HELLO_PREFIX) :]
+    if len(data) <= 16 and data.startswith(_HELLO_PREFIX) and digits.isdigit():
+        return int(digits)
+    return None
 
 
 class ChatterAdapter:
@@ -89,6 +102,8 @@ class ChatterAdapter:
     ) -> None:
         self.peer = peer
         self.extensions = extensions
+        self.level = 0
+        """The extension level both sides speak (0: none; see ``HELLO``)."""
         self.cancels = False
         self.metadata = False
         """True once both sides speak extension level 2 (request metadata)."""
@@ -160,15 +175,40 @@ class ChatterAdapter:
         pings, pongs = codec.pings_received, codec.pongs_received
         messages = codec.receive_data(data)
         self._take_codec_output()
-        if codec.pongs_received != pongs or codec.pings_received != pings:
-            self.pings.heard_liveness(ponged=codec.pongs_received != pongs)
-        if not self.cancels:
-            level = _LEVELS.get(codec.last_ping_data) or _LEVELS.get(codec.last_pong_data)
-            if level:  # Pongs for the Pings among them are queued already
-                self.cancels = True
-                self.metadata = level >= 2
-                self.timeout_defaults = level >= 3
+        pinged, ponged = codec.pings_received != pings, codec.pongs_received != pongs
+        if pinged or ponged:
+            self.pings.heard_liveness(ponged=ponged)
+            self._negotiate(pinged, ponged)
         return messages
+
+    def _negotiate(self, pinged: bool, ponged: bool) -> None:
+        """The extension level from this read's Pings and Pongs (see ``HELLO``); the
+        messages of the read are dispatched after it, so a Ping that moves the level up
+        comes before anything the peer sends at that level."""
+        codec = self.codec
+        asked = _level_of(codec.last_ping_data) if pinged else None
+        if self.extensions:  # a client: its hello echoed, then perhaps the server's offer
+            if ponged and not self.level and codec.last_pong_data == HELLO:
+                self._speak(2)
+            if asked is not None and self.level and min(asked, LEVEL) > self.level:
+                self._speak(min(asked, LEVEL))
+                codec.send_ping(b"%s%d" % (_HELLO_PREFIX, self.level))  # it confirms
+                self._take_codec_output()
+        elif asked is not None:  # a server: a client's hello, then perhaps its confirmation
+            level = min(asked, LEVEL)
+            if not self.level and level:
+                self._speak(level)
+                if level == 2 < LEVEL:  # a client that may speak more: offer ours
+                    codec.send_ping(b"%s%d" % (_HELLO_PREFIX, LEVEL))
+                    self._take_codec_output()
+            elif self.level and level > self.level:
+                self._speak(level)
+
+    def _speak(self, level: int) -> None:
+        self.level = level
+        self.cancels = True
+        self.metadata = level >= 2
+        self.timeout_defaults = level >= 3
 
     def dispatch(self, msg: Msg) -> None:
         peer = self.peer
@@ -309,10 +349,16 @@ class ChatterAdapter:
             if self.meta.cover(ms):
                 self._announce()
             return self._write_request(op, payload, stream)
-        # the Meta message takes the next id, the request the one after it
-        data = metadata.encode_sbs(self.codec.next_id + 1, metadata.RequestMeta(ms, entries))
-        self._send(_META, data, None, True, True)
-        return self._write_request(op, payload, stream)
+        # The Meta takes the next id and names the one after it, the request's. Both are
+        # encoded before either is queued: a request too large to send (MessageTooLarge)
+        # leaves no Meta behind naming the id the next request will get.
+        codec = self.codec
+        data = metadata.encode_sbs(codec.next_id + 1, metadata.RequestMeta(ms, entries))
+        _, meta_frame = codec.encode(_META, data)
+        msg_id, frame = codec.encode(op, payload, token=not stream, last=False)
+        self.peer.outbox.push_message(meta_frame)
+        self.peer.outbox.push_message(frame)
+        return Conversation.ours(msg_id)
 
     def _announce(self) -> None:
         """Tell the peer the time left of the requests we send without metadata from now on

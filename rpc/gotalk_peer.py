@@ -238,8 +238,11 @@ class GotalkAdapter:
 
     def _on_extension(self, name: str, payload: bytes) -> None:
         if name == HELLO:
-            level = min(int(payload) if payload.isdigit() else 1, LEVEL)
-            if not self.cancels and not self.extensions:  # a server: answer once
+            if self.cancels:
+                return  # taken once per connection: a repeated one changes nothing
+            spoken = int(payload) if payload.isdigit() and len(payload) <= 9 else 1
+            level = min(max(spoken, 1), LEVEL)
+            if not self.extensions:  # a server: answer with the level both speak
                 answer = str(level).encode()
                 self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, answer)))
             self.cancels = True

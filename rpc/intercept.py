@@ -311,7 +311,7 @@ async def _attempt(call: Call, deadline: float, timeout: float, raw: bool, timed
         call.id = key
 
     metadata = _metadata(call, timed)
-    reply = await peer.send_and_wait(call.op, payload, deadline, timeout, sent, metadata)
+    reply = await peer.send_and_wait(call.op, payload, deadline, timeout, sent, metadata, timed)
     if reply.__class__ is RetryLater:
         raise reply
     return reply if raw else adapter.decode_result(reply)

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 import rpc
-from rpc import gotalk_peer
+from rpc import chatter_peer, gotalk_peer
 from rpc.request_meta import MetaState
 from tests.chatter_socket import ChatterSocket
 from tests.gotalk_raw import RawGotalk
 from tests.rpc_helpers import served, wait_until
 from wire import gotalk, metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect
-from wire.errors import MalformedMessage
+from wire.errors import MalformedMessage, MessageTooLarge
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,6 +35,11 @@ def registry() -> rpc.Registry:
     async def left(_: Any = None) -> float | None:
         call = rpc.current_call.get(None)  # set for async handlers given a deadline
         return None if call is None else call.time_left()
+
+    @reg.handle("left_parts")
+    async def left_parts(_: Any = None) -> Any:
+        call = rpc.current_call.get(None)
+        yield None if call is None else call.time_left()
 
     @reg.handle("wait")
     async def wait(_: Any = None) -> None:
@@ -52,45 +57,72 @@ def registry() -> rpc.Registry:
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
 async def test_every_call_gets_its_own_time_left(flavour: str) -> None:
-    """Calls with one timeout, another, none, and the client's default, all in flight at
-    once: each handler sees its own caller's time left, whichever default is announced."""
-    client_options = rpc.Options(timeout=7.0)
-    async with served(flavour, registry(), client_options=client_options) as (server, peer):
+    """Calls with one timeout, another, none, and (both ways: a server calls its client too)
+    all in flight at once: each handler sees its own caller's time left, whichever default
+    is announced, and a call without a timeout sees none."""
+    async with served(flavour, registry(), client_registry=registry()) as (server, peer):
         await wait_until(lambda: peer.adapter.timeout_defaults)
+        [server_peer] = server.peers
+        await wait_until(lambda: server_peer.adapter.timeout_defaults)
 
-        async def call(timeout: float | None) -> tuple[float | None, Any]:
-            return timeout, await peer.request("left", timeout=timeout)
+        async def call(caller: rpc.Peer, timeout: float | None) -> None:
+            left = await caller.request("left", timeout=timeout)
+            if timeout is None:
+                assert left is None
+            else:
+                assert timeout - 1.0 < left <= timeout + SLACK
 
         timeouts = [2.0, 2.0, 5.0, None, 2.0, 5.0, 5.0, None, 2.0] * 4
-        for timeout, left in await asyncio.gather(*(call(t) for t in timeouts)):
-            expected = 7.0 if timeout is None else timeout  # the client's Options.timeout
-            assert expected - 1.0 < left <= expected + SLACK
-        untimed = rpc.Options()
-        peer.options = untimed
-        assert await peer.request("left") is None  # no timeout chosen: none travels
-        assert peer.adapter.meta.sent_default is None
-        [server_peer] = server.peers
-        assert server_peer.adapter.meta.default is None
+        for caller in (peer, server_peer):
+            await asyncio.gather(*(call(caller, t) for t in timeouts))
+            for timeout in timeouts[:9]:  # one after another
+                await call(caller, timeout)
+            [left] = [x async for x in caller.stream("left_parts", timeout=2.0)]
+            assert 1.0 < left <= 2.0 + SLACK  # a stream request under the default too
+        await call(peer, None)  # it announced none first
+        assert peer.adapter.meta.sent_default is None and server_peer.adapter.meta.default is None
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_retried_request_has_the_time_it_has_left(flavour: str) -> None:
+    """A retry result's wait (past the default's slack) makes the retried request announce
+    the shorter time it has left, not ride on the first attempt's default."""
+    reg = registry()
+    tries: list[float | None] = []
+
+    @reg.handle("busy_once")
+    async def busy_once(_: Any = None) -> float | None:
+        tries.append(rpc.current_call.get().time_left())
+        if len(tries) == 1:
+            raise rpc.RetryLater("busy", 0.2)
+        return tries[-1]
+
+    async with served(flavour, reg) as (_server, peer):
+        await wait_until(lambda: peer.adapter.timeout_defaults)
+        left = await peer.request("busy_once", timeout=2.0)
+        assert len(tries) == 2 and 1.0 < left <= 2.0 - 0.2 + SLACK
 
 
 # --- what our client writes: a peer written by hand serves it ------------------------------------
 
 
 @contextlib.asynccontextmanager
-async def raw_gotalk_server(level: bytes) -> AsyncIterator[tuple[str, asyncio.Queue[RawGotalk]]]:
+async def raw_gotalk_server(
+    level: bytes,
+) -> AsyncIterator[tuple[str, asyncio.Queue[RawGotalk], list[Any]]]:
     """A Gotalk server written by hand that answers the announcement with ``level``."""
     accepted: asyncio.Queue[RawGotalk] = asyncio.Queue()
+    hellos: list[Any] = []
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raw = RawGotalk.accept(reader, writer)
-        hello = await raw.next()
-        assert hello == gotalk.Notification(gotalk_peer.HELLO, b"3")  # what we speak
+        hellos.append(await raw.next())  # checked by the test, not here (it would hang)
         raw.write(gotalk.Notification(gotalk_peer.HELLO, level))
         await accepted.put(raw)
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     async with server:
-        yield f"tcp+gotalk://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted
+        yield f"tcp+gotalk://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted, hellos
 
 
 async def answered(raw: RawGotalk, call: Awaitable[Any], count: int) -> list[Any]:
@@ -124,17 +156,18 @@ def described(messages: list[Any]) -> list[Any]:
 
 
 async def test_our_gotalk_client_announces_each_timeout_once() -> None:
-    async with raw_gotalk_server(b"3") as (url, accepted):
+    async with raw_gotalk_server(b"3") as (url, accepted, hellos):
         async with rpc.connect(url, reconnect=False) as peer:
             raw = await accepted.get()
+            assert hellos == [gotalk.Notification(gotalk_peer.HELLO, b"3")]  # what we speak
             await wait_until(lambda: peer.adapter.timeout_defaults)
 
             async def three() -> None:
                 for _ in range(3):
                     await peer.request("op", timeout=2.0)
 
-            first, again, second = described(await answered(raw, three(), 3))[:3]
-            assert 1995 <= first <= 2001 and (again, second) == ("request", "request")
+            first, *rest = described(await answered(raw, three(), 3))
+            assert 1995 <= first <= 2001 and rest == ["request"] * 3
             seen = described(await answered(raw, three(), 3))
             assert seen == ["request"] * 3  # the default still holds
             assert described(await answered(raw, peer.request("op"), 1)) == [None, "request"]
@@ -143,7 +176,7 @@ async def test_our_gotalk_client_announces_each_timeout_once() -> None:
 
 
 async def test_our_gotalk_client_sends_metadata_to_a_level_2_server() -> None:
-    async with raw_gotalk_server(b"2") as (url, accepted):
+    async with raw_gotalk_server(b"2") as (url, accepted, _):
         async with rpc.connect(url, reconnect=False) as peer:
             raw = await accepted.get()
             await wait_until(lambda: peer.adapter.metadata)
@@ -154,7 +187,11 @@ async def test_our_gotalk_client_sends_metadata_to_a_level_2_server() -> None:
             assert described(await answered(raw, peer.request("op"), 1)) == ["request"]
 
 
-async def test_our_chatter_client_announces_each_timeout_once() -> None:
+@pytest.mark.parametrize("offer", [True, False], ids=["level-3-server", "level-2-server"])
+async def test_our_chatter_client_takes_level_3_only_when_offered(offer: bool) -> None:
+    """A server written by hand: its codec echoes our hello, as every peerwire server's does,
+    whatever level it speaks. Only a server that offers level 3 in a Ping of its own gets
+    the default (and our confirmation); one that only echoes gets metadata per request."""
     accepted: asyncio.Queue[ChatterSocket] = asyncio.Queue()
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -167,12 +204,15 @@ async def test_our_chatter_client_announces_each_timeout_once() -> None:
             msg = await sock.receive()
             if msg.type == "PeerwireRpc.Timeout":
                 seen.append(metadata.decode_timeout_sbs(msg.data))
-                continue
-            seen.append(msg.type)
-            sock.conn.send("PeerwireRpc.Result", b"1", conversation=Conversation.of_received(msg))
-            sock.flush()
-            await task
-            return seen
+            elif msg.type == "PeerwireRpc.Meta":
+                seen.append(("meta", metadata.decode_sbs(msg.data)[1].timeout_ms))
+            else:
+                seen.append(msg.type)
+                reply_in = Conversation.of_received(msg)
+                sock.conn.send("PeerwireRpc.Result", b"1", conversation=reply_in)
+                sock.flush()
+                await task
+                return seen
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     async with server:
@@ -180,12 +220,24 @@ async def test_our_chatter_client_announces_each_timeout_once() -> None:
         url = f"tcp+sbs://127.0.0.1:{port}?dialect=HatChatter"
         async with rpc.connect(url, reconnect=False) as peer:
             sock = await accepted.get()
-            await sock.pump_until(lambda: sock.conn.pings_received)  # the announcement
-            await wait_until(lambda: peer.adapter.timeout_defaults)  # our Pong echoed it
-            [first, op] = await answered_chatter(sock, peer.request("op", timeout=2.0))
-            assert 1995 <= first <= 2001 and op == "op"
-            assert await answered_chatter(sock, peer.request("op", timeout=2.0)) == ["op"]
-            assert await answered_chatter(sock, peer.request("op")) == [None, "op"]
+            await sock.pump_until(lambda: sock.conn.pings_received)
+            assert sock.conn.last_ping_data == chatter_peer.HELLO == b"peerwire-ext/2"
+            await wait_until(lambda: peer.adapter.metadata)  # our hello echoed: level 2
+            if offer:
+                sock.conn.send_ping(b"peerwire-ext/3")
+                sock.flush()
+                await sock.pump_until(lambda: sock.conn.pings_received == 2)
+                assert sock.conn.last_ping_data == b"peerwire-ext/3"  # our confirmation
+                assert peer.adapter.timeout_defaults
+                [first, op] = await answered_chatter(sock, peer.request("op", timeout=2.0))
+                assert 1995 <= first <= 2001 and op == "op"
+                assert await answered_chatter(sock, peer.request("op", timeout=2.0)) == ["op"]
+                assert await answered_chatter(sock, peer.request("op")) == [None, "op"]
+            else:
+                assert not peer.adapter.timeout_defaults
+                for _ in range(2):
+                    [meta, op] = await answered_chatter(sock, peer.request("op", timeout=2.0))
+                    assert meta[0] == "meta" and 1990 <= meta[1] <= 2000 and op == "op"
             await sock.close()
 
 
@@ -214,10 +266,14 @@ async def test_our_gotalk_server_bounds_requests_by_the_default() -> None:
             raw.request_alone(b"0004", "echo", b'"late"')
             reply = await raw.next()
             assert isinstance(reply, gotalk.ErrorResult) and b"before it ran" in reply.payload
-            raw.default(None)
+            raw.default(300)
             raw.write(gotalk.Notification(gotalk_peer.TIMEOUT, b"\x00\x01"))  # malformed: ignored
             raw.request_alone(b"0005", "left", b"null")
-            assert await raw.next() == gotalk.Result(b"0005", b"null")
+            left = await raw.next()  # the 300 ms still hold
+            assert isinstance(left, gotalk.Result) and 0 < float(left.payload) <= 0.3 + 1e-6
+            raw.default(None)
+            raw.request_alone(b"0006", "left", b"null")
+            assert await raw.next() == gotalk.Result(b"0006", b"null")
         finally:
             await raw.close()
 
@@ -227,19 +283,41 @@ async def test_a_level_2_gotalk_client_gets_no_defaults() -> None:
         raw = await RawGotalk.connect(server.url.port, level=b"2")
         try:
             assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, b"2")
-            raw.default(0)  # not part of level 2: an ordinary notification
+            raw.default(0)  # not part of level 2: dropped
             raw.request_alone(b"0001", "echo", b'"served"')
             assert await raw.next() == gotalk.Result(b"0001", b'"served"')
+            raw.write(gotalk.Notification(gotalk_peer.HELLO, b"3"))  # taken once: no change
+            raw.default(0)
+            raw.request_alone(b"0002", "echo", b'"still"')
+            assert await raw.next() == gotalk.Result(b"0002", b'"still"')
             [server_peer] = server.peers
             assert server_peer.adapter.metadata and not server_peer.adapter.timeout_defaults
         finally:
             await raw.close()
 
 
+@pytest.mark.parametrize(
+    ("announced", "answer"),
+    [(b"4", b"3"), (b"10", b"3"), (b"1", b"1"), (b"0", b"1"), (b"x", b"1"), (b"9" * 5000, b"1")],
+)
+async def test_a_gotalk_client_gets_the_level_both_speak(announced: bytes, answer: bytes) -> None:
+    """Later levels get ours; junk, and digits too long to read as a level, get level 1."""
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as server:
+        raw = await RawGotalk.connect(server.url.port, level=announced)
+        try:
+            assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, answer)
+            raw.request_alone(b"0001", "echo", b'"served"')
+            assert await raw.next() == gotalk.Result(b"0001", b'"served"')
+        finally:
+            await raw.close()
+
+
 @pytest.mark.parametrize("level", [3, 2])
 async def test_our_chatter_server_bounds_requests_by_the_default(level: int) -> None:
-    """At level 3 the default bounds the requests without metadata; a peer at level 2 has
-    its ``PeerwireRpc.Timeout`` taken as an ordinary notification."""
+    """Our server takes a client's hello (level 2) and offers level 3 in a Ping of its own;
+    a client that confirms it has its requests without metadata bounded by its default. One
+    that does not (a level-2 client: its codec only echoes the offer) has its
+    ``PeerwireRpc.Timeout`` taken as an ordinary notification."""
     async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as server:
         sock = await ChatterSocket.connect("127.0.0.1", server.url.port, Dialect.CURRENT)
         conn = sock.conn
@@ -257,8 +335,12 @@ async def test_our_chatter_server_bounds_requests_by_the_default(level: int) -> 
             return msg.type, msg.data
 
         try:
-            send("HatChatter.Ping", b"peerwire-ext/%d" % level, token=True, last=False)
-            await sock.pump_until(lambda: conn.pongs_received)
+            conn.send_ping(chatter_peer.HELLO)
+            sock.flush()
+            await sock.pump_until(lambda: conn.pongs_received and conn.pings_received)
+            assert conn.last_ping_data == b"peerwire-ext/3"  # the server's offer
+            if level == 3:
+                conn.send_ping(b"peerwire-ext/3")  # the confirmation
             send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(300))
             if level == 2:  # served as if no default had come
                 assert await reply_to(send("left", b"null", last=False)) == (
@@ -305,6 +387,8 @@ def test_meta_state_takes_metadata_for_its_request_else_the_default() -> None:
     assert state.pending is None
     state.received_default(250)
     assert state.take(b"0005", 3.0) == (metadata.RequestMeta(250), 3.0)
+    state.received(b"0006", meta, 2.0)
+    assert state.take(b"0007", 4.0) == (metadata.RequestMeta(250), 4.0)  # not 0006's
     state.received_default(None)
     assert state.default is None
     assert not state.cover(None)  # nothing announced yet: none holds
@@ -371,3 +455,63 @@ async def test_metadata_of_its_own_overrides_the_default(flavour: str) -> None:
             await asyncio.gather(*(call(n) for n in range(12)))
         for n in range(12):
             await call(n)
+
+
+def test_a_chatter_hello_names_a_level() -> None:
+    level_of = chatter_peer._level_of
+    assert [level_of(b"peerwire-ext/%d" % n) for n in (1, 2, 3, 10)] == [1, 2, 3, 10]
+    for junk in (b"", b"peerwire-ext/", b"peerwire-ext/x", b"peerwire-ext/" + b"9" * 5000):
+        assert level_of(junk) is None
+
+
+async def test_a_request_too_large_to_send_leaves_no_metadata_behind() -> None:
+    """Chatter: a request with metadata whose message comes out past ``max_size`` (its
+    payload alone fits) is refused, and its ``PeerwireRpc.Meta``, naming the id the next
+    request gets, is not sent either: the next request, under the default, is not taken
+    for it."""
+    reg = registry()
+
+    @reg.handle("seen")
+    async def seen(_: Any = None) -> list[Any]:
+        call = rpc.current_call.get()
+        return [call.time_left(), call.metadata.get("tag")]
+
+    async def tag_big(call: rpc.Call, call_next: rpc.CallNext) -> Any:
+        if isinstance(call.payload, str):
+            call.metadata["tag"] = "big"
+        return await call_next(call)
+
+    options = rpc.Options(max_size=4096, middleware=(tag_big,))
+    async with served("chatter-current", reg, client_options=options) as (_server, peer):
+        await wait_until(lambda: peer.adapter.timeout_defaults)
+        left, tag = await peer.request("seen", 1, timeout=2.0)  # announces 2 s
+        assert 1.0 < left <= 2.0 + SLACK and tag is None
+        with pytest.raises(MessageTooLarge):
+            await peer.request("seen", "x" * 4094, timeout=9.0)  # its JSON: 4096 bytes
+        left, tag = await peer.request("seen", 2, timeout=2.0)  # alone, under the default
+        assert 1.0 < left <= 2.0 + SLACK and tag is None
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_traced_call_without_a_timeout_sends_none(flavour: str) -> None:
+    """Entries from middleware, no timeout chosen: the metadata carries no time left (it
+    carried the protocol's default the caller waits for), before and after timed calls."""
+    reg = rpc.Registry()
+
+    @reg.handle("seen")
+    async def seen(_: Any = None) -> list[Any]:
+        call = rpc.current_call.get(None)
+        return [None, None] if call is None else [call.time_left(), call.metadata.get("tag")]
+
+    async def tag(call: rpc.Call, call_next: rpc.CallNext) -> Any:
+        call.metadata["tag"] = "t"
+        return await call_next(call)
+
+    options = rpc.Options(middleware=(tag,))
+    async with served(flavour, reg, client_options=options) as (_server, peer):
+        await wait_until(lambda: peer.adapter.timeout_defaults)
+        # no time left: served on the plain path (entries alone are for middleware)
+        assert await peer.request("seen") == [None, None]
+        left, tagged = await peer.request("seen", timeout=2.0)
+        assert 1.0 < left <= 2.0 and tagged == "t"
+        assert await peer.request("seen") == [None, None]
