@@ -189,9 +189,10 @@ class GotalkAdapter:
         return self.codec.receive_data(data)
 
     def dispatch(self, msg: Any) -> None:
-        peer, meta = self.peer, self.meta
+        peer = self.peer
         cls = msg.__class__
         if cls is gotalk.Request:
+            meta = self.meta
             if meta.pending is None and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, False)
             else:
@@ -227,6 +228,7 @@ class GotalkAdapter:
                 raise ProtocolError(
                     "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
+            meta = self.meta
             if meta.pending is None and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, True)
             else:
@@ -252,9 +254,11 @@ class GotalkAdapter:
             self.peer.on_cancel(payload)
         elif name == META and self.metadata:
             try:
-                self.meta.received(*metadata.decode_gotalk(payload), self._last_read)
+                request_id, meta = metadata.decode_gotalk(payload)
             except ProtocolError as exc:
                 violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
+                return
+            self.meta.received(request_id, meta, self._last_read)
         elif name == TIMEOUT and self.timeout_defaults:
             try:
                 self.meta.received_default(metadata.decode_timeout_gotalk(payload))
@@ -267,7 +271,8 @@ class GotalkAdapter:
         if taken is None:
             self.peer.on_request(key, op, payload, stream)
         else:
-            intercept.serve_with_meta(self.peer, key, op, payload, stream, *taken)
+            meta, received_at = taken
+            intercept.serve_with_meta(self.peer, key, op, payload, stream, meta, received_at)
 
     # --- sending ---------------------------------------------------------------------------
 
