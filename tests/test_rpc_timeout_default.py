@@ -515,3 +515,20 @@ async def test_a_traced_call_without_a_timeout_sends_none(flavour: str) -> None:
         left, tagged = await peer.request("seen", timeout=2.0)
         assert 1.0 < left <= 2.0 and tagged == "t"
         assert await peer.request("seen") == [None, None]
+
+
+async def test_over_websocket_too() -> None:
+    """Gotalk over WebSocket: the announcement and its payload go in frames of their own,
+    as every message's header and payload do."""
+    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry()) as server:
+        async with rpc.connect(str(server.url), reconnect=False) as peer:
+            await wait_until(lambda: peer.adapter.timeout_defaults)
+            for timeout in (2.0, 2.0, None, 5.0):
+                left = await peer.request("left", timeout=timeout)
+                if timeout is None:
+                    assert left is None
+                else:
+                    assert timeout - 1.0 < left <= timeout + SLACK
+            [server_peer] = server.peers
+            default = server_peer.adapter.meta.default
+            assert default is not None and 4995 <= default.timeout_ms <= 5001
