@@ -258,7 +258,9 @@ class Responder(Generic[K]):
         """The runner's job for a handler that returned an awaitable: await its result
         (cancelled at loop time ``until``, if given: the caller's deadline for ``op``) and
         send it. Raises CancelledError when cancelled (by the caller: after telling it
-        so); every other exception is answered or logged here."""
+        so); every other exception is answered or logged here. An async generator it
+        returns (an ``async def`` that returns one) is streamed, as through middleware."""
+        result: Any = None
         try:
             try:
                 if until is None:
@@ -278,10 +280,15 @@ class Responder(Generic[K]):
                 if self.is_open:
                     self._answer(self.adapter.send_error, key, str(exc) or type(exc).__name__)
                 return
-            finally:
-                self._running.discard(key)
-                if stream and key in self._streams:
-                    self._end_stream(key)
+            finally:  # a streamed result stays cancellable, its stream open, until it ends
+                streamed = result.__class__ not in PLAIN_RESULTS and inspect.isasyncgen(result)
+                if not streamed:
+                    self._running.discard(key)
+                    if stream and key in self._streams:
+                        self._end_stream(key)
+            if streamed:
+                await self._stream_result(key, result)
+                return
             if self.outbox.blocked:
                 await self.outbox.wait_writable()
             if self.is_open:
