@@ -64,13 +64,15 @@ _HELLO_PREFIX = b"peerwire-ext/"
 HELLO = b"peerwire-ext/2"
 """A client's extension announcement, the data of its first Ping (current dialect only):
 level 2, which every peerwire server since level 2 takes. Hat peers answer with an empty
-Pong and never see anything else of the extension. A peerwire server echoes it (its codec
-echoes every Ping's data, whatever level it speaks) and takes level 2 (``peerwire-ext/1``:
-level 1); a server at a higher level then offers it in a Ping of its own
-(``peerwire-ext/3``), and a client at that level takes it and confirms it with a Ping of the
-same data, which moves the server up too. The echo alone never takes a client above level
-2. From then on each side may send ``PeerwireRpc.Cancel``, (level 2) ``PeerwireRpc.Meta``
-before a request and (level 3) ``PeerwireRpc.Timeout``."""
+Pong and never see anything else of the extension. A peerwire peer that did not send a
+hello itself (a server) echoes it (its codec echoes every Ping's data, whatever level it
+speaks) and takes level 2 (``peerwire-ext/1``: level 1); at a higher level it then offers
+that level in a Ping of its own (``peerwire-ext/3``). A client takes level 2 from the echo
+of its hello, and an offered level (up to its own) from the offer, which it confirms with a
+Ping naming the level it took; the server moves up to it on that Ping. The echo alone never
+takes a client above level 2. From then on each side may send ``PeerwireRpc.Cancel``,
+(level 2) ``PeerwireRpc.Meta`` before a request and (level 3) ``PeerwireRpc.Timeout``.
+Current dialect only: the legacy one has no room for Ping data."""
 
 
 def _level_of(data: bytes) -> int | None:
@@ -103,7 +105,11 @@ class ChatterAdapter:
         self.peer = peer
         self.extensions = extensions
         self.level = 0
-        """The extension level both sides speak (0: none; see ``HELLO``)."""
+        """The extension level this side speaks to the peer (0: none; see ``HELLO``)."""
+        self._said_hello = False
+        """We sent the hello (a client): we take levels from the server's echo and offer."""
+        self._offered = 0
+        """The level we offered a client that said hello (a server), 0: none."""
         self.cancels = False
         self.metadata = False
         """True once both sides speak extension level 2 (request metadata)."""
@@ -150,6 +156,7 @@ class ChatterAdapter:
         if self.extensions and self.codec.dialect is Dialect.CURRENT:
             self.codec.send_ping(HELLO)
             self._take_codec_output()
+            self._said_hello = True
         self.pings.start()
 
     def stop(self) -> None:
@@ -178,31 +185,33 @@ class ChatterAdapter:
         pinged, ponged = codec.pings_received != pings, codec.pongs_received != pongs
         if pinged or ponged:
             self.pings.heard_liveness(ponged=ponged)
-            self._negotiate(pinged, ponged)
+            ping_data, pong_data = codec.take_ping_data()
+            if codec.dialect is Dialect.CURRENT:
+                self._negotiate(ping_data, pong_data)
         return messages
 
-    def _negotiate(self, pinged: bool, ponged: bool) -> None:
-        """The extension level from this read's Pings and Pongs (see ``HELLO``); the
-        messages of the read are dispatched after it, so a Ping that moves the level up
-        comes before anything the peer sends at that level."""
+    def _negotiate(self, ping_data: list[bytes], pong_data: list[bytes]) -> None:
+        """The extension level from the data of this read's Pings and Pongs (see
+        ``HELLO``). The messages of the read are dispatched after it, so a Ping that moves
+        the level up comes before anything the peer sends at that level."""
+        levels = [level for data in ping_data if (level := _level_of(data)) is not None]
+        asked = min(max(levels, default=0), LEVEL)
         codec = self.codec
-        asked = _level_of(codec.last_ping_data) if pinged else None
-        if self.extensions:  # a client: its hello echoed, then perhaps the server's offer
-            if ponged and not self.level and codec.last_pong_data == HELLO:
+        if self._said_hello:  # a client: its hello echoed, then perhaps the server's offer
+            if not self.level and HELLO in pong_data:
                 self._speak(2)
-            if asked is not None and self.level and min(asked, LEVEL) > self.level:
-                self._speak(min(asked, LEVEL))
-                codec.send_ping(b"%s%d" % (_HELLO_PREFIX, self.level))  # it confirms
+            if self.level and asked > self.level:
+                self._speak(asked)
+                codec.send_ping(b"%s%d" % (_HELLO_PREFIX, asked))  # it confirms
                 self._take_codec_output()
-        elif asked is not None:  # a server: a client's hello, then perhaps its confirmation
-            level = min(asked, LEVEL)
-            if not self.level and level:
-                self._speak(level)
-                if level == 2 < LEVEL:  # a client that may speak more: offer ours
-                    codec.send_ping(b"%s%d" % (_HELLO_PREFIX, LEVEL))
-                    self._take_codec_output()
-            elif self.level and level > self.level:
-                self._speak(level)
+        elif asked and not self.level:  # a server: a client's hello
+            self._speak(asked)
+            if asked == 2 < LEVEL:  # a client that may speak more: offer ours
+                self._offered = LEVEL
+                codec.send_ping(b"%s%d" % (_HELLO_PREFIX, LEVEL))
+                self._take_codec_output()
+        elif self.level < asked <= self._offered:  # the client confirms our offer
+            self._speak(asked)
 
     def _speak(self, level: int) -> None:
         self.level = level
@@ -351,7 +360,9 @@ class ChatterAdapter:
             return self._write_request(op, payload, stream)
         # The Meta takes the next id and names the one after it, the request's. Both are
         # encoded before either is queued: a request too large to send (MessageTooLarge)
-        # leaves no Meta behind naming the id the next request will get.
+        # leaves no Meta behind naming the id the next request will get, only a gap in the
+        # ids (which need only increase). Current dialect only (metadata is never on in
+        # the legacy one): no ``module.type`` split.
         codec = self.codec
         data = metadata.encode_sbs(codec.next_id + 1, metadata.RequestMeta(ms, entries))
         _, meta_frame = codec.encode(_META, data)

@@ -86,3 +86,30 @@ def gotalk_peer_registry() -> rpc.Registry:
             yield part
 
     return reg
+
+
+def timing_registry() -> rpc.Registry:
+    """Handlers that tell what deadline they got: ``left`` (the caller's time left, None
+    without one), ``left_parts`` (the same as a streamed result), ``wait`` (until its bound
+    cancels it) and the plain function ``echo``."""
+    reg = rpc.Registry()
+
+    @reg.handle("left")
+    async def left(_: Any = None) -> float | None:
+        call = rpc.current_call.get(None)  # set for async handlers given a deadline
+        return None if call is None else call.time_left()
+
+    @reg.handle("left_parts")
+    async def left_parts(_: Any = None) -> Any:
+        call = rpc.current_call.get(None)
+        yield None if call is None else call.time_left()
+
+    @reg.handle("wait")
+    async def wait(_: Any = None) -> None:
+        await asyncio.Event().wait()  # until its bound cancels it
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    return reg

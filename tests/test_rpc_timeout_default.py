@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 
 import rpc
-from rpc import chatter_peer, gotalk_peer
+from rpc import gotalk_peer
 from rpc.request_meta import MetaState
-from tests.chatter_socket import ChatterSocket
 from tests.gotalk_raw import RawGotalk
-from tests.rpc_helpers import served, wait_until
+from tests.rpc_helpers import served, timing_registry, wait_until
 from wire import gotalk, metadata, schemas
-from wire.chatter import ChatterConnection, Conversation, Dialect
 from wire.errors import MalformedMessage, MessageTooLarge
 
 pytestmark = pytest.mark.timeout(30)
@@ -26,30 +24,6 @@ pytestmark = pytest.mark.timeout(30)
 REPO = schemas.repository()
 SLACK = metadata.TIMEOUT_SLACK_MS / 1000
 """How much later than its caller's deadline the default may put a handler's."""
-
-
-def registry() -> rpc.Registry:
-    reg = rpc.Registry()
-
-    @reg.handle("left")
-    async def left(_: Any = None) -> float | None:
-        call = rpc.current_call.get(None)  # set for async handlers given a deadline
-        return None if call is None else call.time_left()
-
-    @reg.handle("left_parts")
-    async def left_parts(_: Any = None) -> Any:
-        call = rpc.current_call.get(None)
-        yield None if call is None else call.time_left()
-
-    @reg.handle("wait")
-    async def wait(_: Any = None) -> None:
-        await asyncio.Event().wait()  # until its bound cancels it
-
-    @reg.handle("echo")
-    def echo(value: Any) -> Any:
-        return value
-
-    return reg
 
 
 # --- our client and our server ------------------------------------------------------------------
@@ -60,7 +34,10 @@ async def test_every_call_gets_its_own_time_left(flavour: str) -> None:
     """Calls with one timeout, another, none, and (both ways: a server calls its client too)
     all in flight at once: each handler sees its own caller's time left, whichever default
     is announced, and a call without a timeout sees none."""
-    async with served(flavour, registry(), client_registry=registry()) as (server, peer):
+    async with served(flavour, timing_registry(), client_registry=timing_registry()) as (
+        server,
+        peer,
+    ):
         await wait_until(lambda: peer.adapter.timeout_defaults)
         [server_peer] = server.peers
         await wait_until(lambda: server_peer.adapter.timeout_defaults)
@@ -87,7 +64,7 @@ async def test_every_call_gets_its_own_time_left(flavour: str) -> None:
 async def test_a_retried_request_has_the_time_it_has_left(flavour: str) -> None:
     """A retry result's wait (past the default's slack) makes the retried request announce
     the shorter time it has left, not ride on the first attempt's default."""
-    reg = registry()
+    reg = timing_registry()
     tries: list[float | None] = []
 
     @reg.handle("busy_once")
@@ -187,65 +164,11 @@ async def test_our_gotalk_client_sends_metadata_to_a_level_2_server() -> None:
             assert described(await answered(raw, peer.request("op"), 1)) == ["request"]
 
 
-@pytest.mark.parametrize("offer", [True, False], ids=["level-3-server", "level-2-server"])
-async def test_our_chatter_client_takes_level_3_only_when_offered(offer: bool) -> None:
-    """A server written by hand: its codec echoes our hello, as every peerwire server's does,
-    whatever level it speaks. Only a server that offers level 3 in a Ping of its own gets
-    the default (and our confirmation); one that only echoes gets metadata per request."""
-    accepted: asyncio.Queue[ChatterSocket] = asyncio.Queue()
-
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await accepted.put(ChatterSocket(reader, writer, ChatterConnection(None)))
-
-    async def answered_chatter(sock: ChatterSocket, call: Awaitable[Any]) -> list[Any]:
-        task = asyncio.ensure_future(call)
-        seen: list[Any] = []
-        while True:
-            msg = await sock.receive()
-            if msg.type == "PeerwireRpc.Timeout":
-                seen.append(metadata.decode_timeout_sbs(msg.data))
-            elif msg.type == "PeerwireRpc.Meta":
-                seen.append(("meta", metadata.decode_sbs(msg.data)[1].timeout_ms))
-            else:
-                seen.append(msg.type)
-                reply_in = Conversation.of_received(msg)
-                sock.conn.send("PeerwireRpc.Result", b"1", conversation=reply_in)
-                sock.flush()
-                await task
-                return seen
-
-    server = await asyncio.start_server(accept, "127.0.0.1", 0)
-    async with server:
-        port = server.sockets[0].getsockname()[1]
-        url = f"tcp+sbs://127.0.0.1:{port}?dialect=HatChatter"
-        async with rpc.connect(url, reconnect=False) as peer:
-            sock = await accepted.get()
-            await sock.pump_until(lambda: sock.conn.pings_received)
-            assert sock.conn.last_ping_data == chatter_peer.HELLO == b"peerwire-ext/2"
-            await wait_until(lambda: peer.adapter.metadata)  # our hello echoed: level 2
-            if offer:
-                sock.conn.send_ping(b"peerwire-ext/3")
-                sock.flush()
-                await sock.pump_until(lambda: sock.conn.pings_received == 2)
-                assert sock.conn.last_ping_data == b"peerwire-ext/3"  # our confirmation
-                assert peer.adapter.timeout_defaults
-                [first, op] = await answered_chatter(sock, peer.request("op", timeout=2.0))
-                assert 1995 <= first <= 2001 and op == "op"
-                assert await answered_chatter(sock, peer.request("op", timeout=2.0)) == ["op"]
-                assert await answered_chatter(sock, peer.request("op")) == [None, "op"]
-            else:
-                assert not peer.adapter.timeout_defaults
-                for _ in range(2):
-                    [meta, op] = await answered_chatter(sock, peer.request("op", timeout=2.0))
-                    assert meta[0] == "meta" and 1990 <= meta[1] <= 2000 and op == "op"
-            await sock.close()
-
-
 # --- what our server takes: clients written by hand -----------------------------------------------
 
 
 async def test_our_gotalk_server_bounds_requests_by_the_default() -> None:
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as server:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=timing_registry()) as server:
         raw = await RawGotalk.connect(server.url.port, level=b"3")
         try:
             assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, b"3")
@@ -279,7 +202,7 @@ async def test_our_gotalk_server_bounds_requests_by_the_default() -> None:
 
 
 async def test_a_level_2_gotalk_client_gets_no_defaults() -> None:
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as server:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=timing_registry()) as server:
         raw = await RawGotalk.connect(server.url.port, level=b"2")
         try:
             assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, b"2")
@@ -302,7 +225,7 @@ async def test_a_level_2_gotalk_client_gets_no_defaults() -> None:
 )
 async def test_a_gotalk_client_gets_the_level_both_speak(announced: bytes, answer: bytes) -> None:
     """Later levels get ours; junk, and digits too long to read as a level, get level 1."""
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as server:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=timing_registry()) as server:
         raw = await RawGotalk.connect(server.url.port, level=announced)
         try:
             assert await raw.next() == gotalk.Notification(gotalk_peer.HELLO, answer)
@@ -310,55 +233,6 @@ async def test_a_gotalk_client_gets_the_level_both_speak(announced: bytes, answe
             assert await raw.next() == gotalk.Result(b"0001", b'"served"')
         finally:
             await raw.close()
-
-
-@pytest.mark.parametrize("level", [3, 2])
-async def test_our_chatter_server_bounds_requests_by_the_default(level: int) -> None:
-    """Our server takes a client's hello (level 2) and offers level 3 in a Ping of its own;
-    a client that confirms it has its requests without metadata bounded by its default. One
-    that does not (a level-2 client: its codec only echoes the offer) has its
-    ``PeerwireRpc.Timeout`` taken as an ordinary notification."""
-    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as server:
-        sock = await ChatterSocket.connect("127.0.0.1", server.url.port, Dialect.CURRENT)
-        conn = sock.conn
-
-        def send(op: str, data: bytes, **kwargs: Any) -> int:
-            msg = conn.send(op, data, **kwargs)
-            sock.flush()
-            return msg.id
-
-        async def reply_to(first: int) -> tuple[str, Any]:
-            msg = await sock.receive()
-            assert msg.first == first and msg.last
-            if msg.type == "PeerwireRpc.Error":
-                return msg.type, REPO.decode(msg.type, msg.data)
-            return msg.type, msg.data
-
-        try:
-            conn.send_ping(chatter_peer.HELLO)
-            sock.flush()
-            await sock.pump_until(lambda: conn.pongs_received and conn.pings_received)
-            assert conn.last_ping_data == b"peerwire-ext/3"  # the server's offer
-            if level == 3:
-                conn.send_ping(b"peerwire-ext/3")  # the confirmation
-            send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(300))
-            if level == 2:  # served as if no default had come
-                assert await reply_to(send("left", b"null", last=False)) == (
-                    "PeerwireRpc.Result",
-                    b"null",
-                )
-                return
-            error = await reply_to(send("wait", b"null", last=False))
-            assert error == ("PeerwireRpc.Error", "wait: the caller's deadline passed")
-            left_type, left = await reply_to(send("left", b"null", last=False))
-            assert left_type == "PeerwireRpc.Result" and 0 < float(left) <= 0.3 + 1e-6
-            send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(None))
-            assert await reply_to(send("left", b"null", last=False)) == (
-                "PeerwireRpc.Result",
-                b"null",
-            )
-        finally:
-            await sock.close()
 
 
 # --- the parts ------------------------------------------------------------------------------------
@@ -457,19 +331,12 @@ async def test_metadata_of_its_own_overrides_the_default(flavour: str) -> None:
             await call(n)
 
 
-def test_a_chatter_hello_names_a_level() -> None:
-    level_of = chatter_peer._level_of
-    assert [level_of(b"peerwire-ext/%d" % n) for n in (1, 2, 3, 10)] == [1, 2, 3, 10]
-    for junk in (b"", b"peerwire-ext/", b"peerwire-ext/x", b"peerwire-ext/" + b"9" * 5000):
-        assert level_of(junk) is None
-
-
 async def test_a_request_too_large_to_send_leaves_no_metadata_behind() -> None:
     """Chatter: a request with metadata whose message comes out past ``max_size`` (its
     payload alone fits) is refused, and its ``PeerwireRpc.Meta``, naming the id the next
     request gets, is not sent either: the next request, under the default, is not taken
     for it."""
-    reg = registry()
+    reg = timing_registry()
 
     @reg.handle("seen")
     async def seen(_: Any = None) -> list[Any]:
@@ -520,7 +387,7 @@ async def test_a_traced_call_without_a_timeout_sends_none(flavour: str) -> None:
 async def test_over_websocket_too() -> None:
     """Gotalk over WebSocket: the announcement and its payload go in frames of their own,
     as every message's header and payload do."""
-    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=registry()) as server:
+    async with rpc.serve("ws+gotalk://127.0.0.1:0/gotalk/", registry=timing_registry()) as server:
         async with rpc.connect(str(server.url), reconnect=False) as peer:
             await wait_until(lambda: peer.adapter.timeout_defaults)
             for timeout in (2.0, 2.0, None, 5.0):

@@ -26,6 +26,9 @@ JOINED_FRAME = 1024
 only once, when written."""
 MAX_PING_DATA = 64
 """Bytes of a Ping's data echoed in its Pong; the rest is not echoed."""
+MAX_PING_RECORDS = 8
+"""Data of Pings (and of Pongs) kept for :meth:`ChatterConnection.take_ping_data` between
+two calls; later ones are not kept (each is still answered)."""
 
 
 class ChatterConnection:
@@ -47,6 +50,8 @@ class ChatterConnection:
     __slots__ = (
         "_dead",
         "_out",
+        "_ping_data",
+        "_pong_data",
         "_reader",
         "_tracker",
         "dialect",
@@ -81,6 +86,8 @@ class ChatterConnection:
         self.last_pong_data = b""
         """Data of the last Pong received (the echo of our Ping's data, from a peer that
         echoes it)."""
+        self._ping_data: list[bytes] = []
+        self._pong_data: list[bytes] = []
 
     # --- receiving ---------------------------------------------------------------------
 
@@ -118,15 +125,29 @@ class ChatterConnection:
             if msg.module == module and msg.type == ping:
                 self.pings_received += 1
                 self.last_ping_data = msg.data
+                if msg.data and len(self._ping_data) < MAX_PING_RECORDS:
+                    self._ping_data.append(msg.data[:MAX_PING_DATA])
                 # a Pong echoes the Ping's data: peers that put none (all Hat peers) get none
                 reply = msg.data[:MAX_PING_DATA] if dialect is Dialect.CURRENT else b""
                 self.send(pong, reply, conversation=Conversation.of_received(msg), module=module)
             elif msg.module == module and msg.type == pong:
                 self.pongs_received += 1
                 self.last_pong_data = msg.data
+                if msg.data and len(self._pong_data) < MAX_PING_RECORDS:
+                    self._pong_data.append(msg.data[:MAX_PING_DATA])
             else:
                 messages.append(msg)
         return messages
+
+    def take_ping_data(self) -> tuple[list[bytes], list[bytes]]:
+        """The data of the Pings and of the Pongs received since the last call, oldest
+        first, those with data only (Hat peers send none; each cut to
+        :data:`MAX_PING_DATA` bytes, at most :data:`MAX_PING_RECORDS` of each): unlike
+        ``last_ping_data``, none is hidden by a later one that came in the same read."""
+        pings, pongs = self._ping_data, self._pong_data
+        if pings or pongs:
+            self._ping_data, self._pong_data = [], []
+        return pings, pongs
 
     # --- sending -----------------------------------------------------------------------
 
