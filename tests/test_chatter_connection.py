@@ -6,7 +6,7 @@ import pytest
 
 from wire import ConversationError, LocalProtocolError, MalformedMessage, MessageTooLarge
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg, encode_frame
-from wire.chatter.connection import JOINED_FRAME
+from wire.chatter.connection import JOINED_FRAME, MAX_PING_DATA
 
 CUR = Dialect.CURRENT
 
@@ -251,3 +251,21 @@ def test_conversation_keys_built_directly_are_conversations() -> None:
     assert (ours, received) == (Conversation(True, 7), Conversation(False, 9))
     assert type(ours) is type(received) is Conversation
     assert (ours.owner, ours.first, received.owner, received.first) == (True, 7, False, 9)
+
+
+def test_the_data_of_every_ping_and_pong_of_a_read_is_kept_until_taken() -> None:
+    a, b = ChatterConnection(Dialect.CURRENT), ChatterConnection(Dialect.CURRENT)
+    for data in (b"first", b"", *(b"%d" % i for i in range(10))):
+        a.send_ping(data)
+    a.send("HatChatter.Ping", b"x" * 100, token=True, last=False)  # more than a Ping takes
+    b.receive_data(a.data_to_send())  # one read: 12 Pings
+    pings, pongs = b.take_ping_data()
+    assert b.pings_received == 13 and b.last_ping_data == b"x" * 100  # the last one alone
+    kept = [b"first", *(b"%d" % i for i in range(7))]
+    assert pings == kept and pongs == []  # none empty; 8 at most
+    a.send("HatChatter.Ping", b"y" * 100, token=True, last=False)
+    b.receive_data(a.data_to_send())
+    assert b.take_ping_data()[0] == [b"y" * MAX_PING_DATA]  # cut to 64 bytes
+    assert b.take_ping_data() == ([], [])  # taken
+    a.receive_data(b.data_to_send())  # the Pongs echo the data (64 bytes at most)
+    assert a.take_ping_data() == ([], kept)
