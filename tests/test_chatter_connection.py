@@ -258,7 +258,7 @@ def test_the_data_of_every_ping_and_pong_of_a_read_is_kept_until_taken() -> None
     for data in (b"first", b"", *(b"%d" % i for i in range(10))):
         a.send_ping(data)
     a.send("HatChatter.Ping", b"x" * 100, token=True, last=False)  # more than a Ping takes
-    b.receive_data(a.data_to_send())  # one read: 12 Pings
+    b.receive_data(a.data_to_send())  # one read: 13 Pings
     pings, pongs = b.take_ping_data()
     assert b.pings_received == 13 and b.last_ping_data == b"x" * 100  # the last one alone
     kept = [b"first", *(b"%d" % i for i in range(7))]
