@@ -90,7 +90,7 @@ def gotalk_peer_registry() -> rpc.Registry:
 
 def timing_registry() -> rpc.Registry:
     """Handlers that tell what deadline they got: ``left`` (the caller's time left, None
-    without one), ``left_parts`` (the same as a streamed result), ``wait`` (until its bound
+    without one), ``left_parts`` (the same as a streamed result), ``hang`` (until its bound
     cancels it) and the plain function ``echo``."""
     reg = rpc.Registry()
 
@@ -104,8 +104,8 @@ def timing_registry() -> rpc.Registry:
         call = rpc.current_call.get(None)
         yield None if call is None else call.time_left()
 
-    @reg.handle("wait")
-    async def wait(_: Any = None) -> None:
+    @reg.handle("hang")
+    async def hang(_: Any = None) -> None:
         await asyncio.Event().wait()  # until its bound cancels it
 
     @reg.handle("echo")

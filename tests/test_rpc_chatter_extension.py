@@ -113,8 +113,8 @@ async def test_our_chatter_server_bounds_requests_by_the_default(level: int) -> 
                     b"null",
                 )
                 return
-            error = await reply_to(send("wait", b"null", last=False))
-            assert error == ("PeerwireRpc.Error", "wait: the caller's deadline passed")
+            error = await reply_to(send("hang", b"null", last=False))
+            assert error == ("PeerwireRpc.Error", "hang: the caller's deadline passed")
             left_type, left = await reply_to(send("left", b"null", last=False))
             assert left_type == "PeerwireRpc.Result" and 0 < float(left) <= 0.3 + 1e-6
             send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(None))
@@ -150,11 +150,11 @@ async def test_a_hello_or_a_confirmation_among_other_pings_is_seen() -> None:
             conn.send_ping(b"")
             conn.send_ping(chatter_peer.HELLO)  # again: no second offer
             conn.send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(300))
-            request = conn.send("wait", b"null", last=False)
+            request = conn.send("hang", b"null", last=False)
             sock.flush()
             reply = await sock.receive()
             assert (reply.first, reply.type) == (request.id, "PeerwireRpc.Error")
-            assert REPO.decode(reply.type, reply.data) == "wait: the caller's deadline passed"
+            assert REPO.decode(reply.type, reply.data) == "hang: the caller's deadline passed"
             assert conn.take_ping_data()[0] == []  # no Ping with data since the offer
             [server_peer] = server.peers
             assert server_peer.adapter.level == 3

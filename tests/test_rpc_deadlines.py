@@ -12,7 +12,7 @@ import rpc
 from rpc import chatter_peer, gotalk_peer
 from tests.chatter_socket import ChatterSocket
 from tests.gotalk_raw import RawGotalk
-from tests.rpc_helpers import served, wait_until
+from tests.rpc_helpers import served, timing_registry, wait_until
 from wire import gotalk, metadata, schemas
 from wire.chatter import Dialect
 from wire.errors import MalformedMessage
@@ -21,23 +21,14 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class Handlers:
-    """A registry whose handlers record what they saw."""
+    """A registry whose handlers record what they saw (and those of
+    :func:`~tests.rpc_helpers.timing_registry`)."""
 
     def __init__(self) -> None:
         self.ran: list[str] = []
         self.cancelled = asyncio.Event()
         self.release = asyncio.Event()
-        self.registry = reg = rpc.Registry()
-
-        @reg.handle("left")
-        async def left(_: Any = None) -> float | None:
-            call = rpc.current_call.get(None)  # set for async handlers given a deadline
-            return None if call is None else call.time_left()
-
-        @reg.handle("left_parts")
-        async def left_parts(_: Any = None) -> Any:
-            call = rpc.current_call.get(None)
-            yield None if call is None else call.time_left()
+        self.registry = reg = timing_registry()  # left, left_parts, hang, echo
 
         @reg.handle("wait")
         async def wait(name: str) -> str:
@@ -57,10 +48,6 @@ class Handlers:
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
-
-        @reg.handle("echo")
-        def echo(value: Any) -> Any:
-            return value
 
         @reg.handle("own_timeout")
         async def own_timeout(_: Any = None) -> None:

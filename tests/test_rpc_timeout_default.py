@@ -175,9 +175,9 @@ async def test_our_gotalk_server_bounds_requests_by_the_default() -> None:
             raw.default(300)
             loop = asyncio.get_running_loop()
             started = loop.time()
-            raw.request_alone(b"0001", "wait", b"null")
+            raw.request_alone(b"0001", "hang", b"null")
             reply = await raw.next()
-            assert reply == gotalk.ErrorResult(b"0001", b"wait: the caller's deadline passed")
+            assert reply == gotalk.ErrorResult(b"0001", b"hang: the caller's deadline passed")
             assert 0.25 < loop.time() - started < 5
             raw.request_alone(b"0002", "left", b"null")
             left = await raw.next()
