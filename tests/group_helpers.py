@@ -164,11 +164,14 @@ class RawPeer:
             return
         codec = GossipCodec(KEY)
         first_only = self.mode == "drop-first" and self.accepted == 1
-        while data := await reader.read(65536):
-            self.frames.extend(codec.receive_data(data))
-            if first_only and self.frames:
-                writer.transport.abort()
-                return
+        try:
+            while data := await reader.read(65536):
+                self.frames.extend(codec.receive_data(data))
+                if first_only and self.frames:
+                    writer.transport.abort()
+                    return
+        finally:
+            writer.close()  # the peer closed (or its loop is going): ours too, not to the GC
 
 
 async def send_raw(netid: NetID, *frames: bytes) -> None:

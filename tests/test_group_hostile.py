@@ -150,13 +150,16 @@ async def test_slowloris_and_silent_connections_are_closed_by_their_timers() -> 
                             await reader.read(1)  # returns b"" once the node closes on us
             except ConnectionResetError:
                 return True
+            finally:
+                writer.close()
             return reader.at_eof()
 
         async with Peak(a.node).watching() as peak:
             slow = [asyncio.create_task(slowloris()) for _ in range(10)]
             await canary(b, a)
-            for reader, _ in silent:
+            for reader, writer in silent:
                 assert await is_closed(reader)
+                writer.close()
             closed = await asyncio.gather(*slow)
         assert all(closed)
         assert peak.max["inbound_buffered"] <= 10 * len(data)
