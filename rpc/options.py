@@ -57,6 +57,8 @@ class Adapter(Protocol[K]):
     """True once both sides announced the cancellation extension."""
     metadata: bool
     """True once both sides take request metadata (extension level 2)."""
+    timeout_defaults: bool
+    """True once both sides take a default timeout per connection (extension level 3)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
