@@ -49,6 +49,7 @@ MAX_KEY = 0xFF
 MAX_VALUE = 0xFFFF
 MAX_TIMEOUT_MS = 0xFFFFFFFE
 _NO_TIMEOUT = 0xFFFFFFFF
+_NO_TIMEOUT_BYTES = _NO_TIMEOUT.to_bytes(4, "big")
 
 
 class RequestMeta(msgspec.Struct, frozen=True):
@@ -88,11 +89,11 @@ def default_for(left_ms: int | None) -> int | None:
 
 
 def _check(meta: RequestMeta) -> list[tuple[bytes, bytes]]:
+    """``meta``'s entries as UTF-8 pairs; ValueError past the limits (its timeout is checked
+    where it is encoded, :func:`encode_timeout_gotalk` / :func:`encode_timeout_sbs`)."""
     entries = meta.entries
     if len(entries) > MAX_ENTRIES:
         raise ValueError(f"at most {MAX_ENTRIES} metadata entries, got {len(entries)}")
-    if meta.timeout_ms is not None and not 0 <= meta.timeout_ms <= MAX_TIMEOUT_MS:
-        raise ValueError(f"timeout_ms {meta.timeout_ms} out of range")
     encoded = []
     for key, value in entries.items():
         k, v = key.encode(), value.encode()
@@ -107,8 +108,7 @@ def encode_gotalk(request_id: bytes, meta: RequestMeta) -> bytes:
     if len(request_id) != 4:
         raise ValueError("a Gotalk request id is 4 bytes")
     entries = _check(meta)
-    timeout = _NO_TIMEOUT if meta.timeout_ms is None else meta.timeout_ms
-    head = request_id + timeout.to_bytes(4, "big") + bytes((len(entries),))
+    head = request_id + encode_timeout_gotalk(meta.timeout_ms) + bytes((len(entries),))
     if not entries:  # the common case, a timeout alone
         return head
     out = bytearray(head)
@@ -126,7 +126,7 @@ def decode_gotalk(payload: bytes) -> tuple[bytes, RequestMeta]:
     if len(payload) < 9:
         raise MalformedMessage("peerwire/meta payload shorter than 9 bytes")
     request_id = payload[:4]
-    timeout = int.from_bytes(payload[4:8], "big")
+    timeout = decode_timeout_gotalk(payload[4:8])
     count = payload[8]
     if count > MAX_ENTRIES:
         raise MalformedMessage(f"peerwire/meta with {count} entries")
@@ -150,7 +150,7 @@ def decode_gotalk(payload: bytes) -> tuple[bytes, RequestMeta]:
         raise MalformedMessage(f"bad peerwire/meta payload: {exc}") from None
     if pos != end:
         raise MalformedMessage(f"{end - pos} bytes after the last peerwire/meta entry")
-    return request_id, RequestMeta(None if timeout == _NO_TIMEOUT else timeout, entries)
+    return request_id, RequestMeta(timeout, entries)
 
 
 _NONE = encode_integer(0)
@@ -205,10 +205,8 @@ def encode_timeout_gotalk(timeout_ms: int | None) -> bytes:
     """The payload of a ``peerwire/timeout`` notification (level 3): the default time left
     of the requests that follow without metadata (None: none)."""
     if timeout_ms is None:
-        return _NO_TIMEOUT.to_bytes(4, "big")
-    if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
-        raise ValueError(f"timeout_ms {timeout_ms} out of range")
-    return timeout_ms.to_bytes(4, "big")
+        return _NO_TIMEOUT_BYTES
+    return _checked_timeout(timeout_ms).to_bytes(4, "big")
 
 
 def decode_timeout_gotalk(payload: bytes) -> int | None:
@@ -223,9 +221,7 @@ def encode_timeout_sbs(timeout_ms: int | None) -> bytes:
     """The SBS ``PeerwireRpc.Timeout`` bytes (``Optional(Integer)``, as hat-sbs writes it)."""
     if timeout_ms is None:
         return _NONE
-    if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
-        raise ValueError(f"timeout_ms {timeout_ms} out of range")
-    return _SOME + encode_integer(timeout_ms)
+    return _SOME + encode_integer(_checked_timeout(timeout_ms))
 
 
 def decode_timeout_sbs(data: bytes) -> int | None:
@@ -238,6 +234,13 @@ def decode_timeout_sbs(data: bytes) -> int | None:
     if pos != len(data):
         raise MalformedMessage(f"{len(data) - pos} bytes after PeerwireRpc.Timeout")
     return timeout
+
+
+def _checked_timeout(timeout_ms: int) -> int:
+    """``timeout_ms``, or ValueError past 0..:data:`MAX_TIMEOUT_MS`."""
+    if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+        raise ValueError(f"timeout_ms {timeout_ms} out of range")
+    return timeout_ms
 
 
 def _read_timeout(data: bytes, pos: int, what: str) -> tuple[int | None, int]:
