@@ -35,6 +35,7 @@ from typing import Any
 import hat.sbs
 
 from rpc import intercept
+from rpc.chatter_extension import ChatterHandshake
 from rpc.chatter_payloads import Incoming, Reply, Sbs, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
 from rpc.errors import retry_wait_ms
@@ -57,31 +58,6 @@ _PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
 _CANCEL = f"{RPC_MODULE}.Cancel"
 _META = f"{RPC_MODULE}.Meta"
 _TIMEOUT = f"{RPC_MODULE}.Timeout"
-LEVEL = 3
-"""The extension level we speak: 1 cancellation, 2 also request metadata, 3 also a default
-timeout."""
-_HELLO_PREFIX = b"peerwire-ext/"
-HELLO = b"peerwire-ext/2"
-"""A client's extension announcement, the data of its first Ping (current dialect only):
-level 2, which every peerwire server since level 2 takes. Hat peers answer with an empty
-Pong and never see anything else of the extension. A peerwire peer that did not send a
-hello itself (a server) echoes it (its codec echoes every Ping's data, whatever level it
-speaks) and takes level 2 (``peerwire-ext/1``: level 1); at a higher level it then offers
-that level in a Ping of its own (``peerwire-ext/3``). A client takes level 2 from the echo
-of its hello, and an offered level (up to its own) from the offer, which it confirms with a
-Ping naming the level it took; the server moves up to it on that Ping. The echo alone never
-takes a client above level 2. From then on each side may send ``PeerwireRpc.Cancel``,
-(level 2) ``PeerwireRpc.Meta`` before a request and (level 3) ``PeerwireRpc.Timeout``.
-Current dialect only: the legacy one has no room for Ping data."""
-
-
-def _level_of(data: bytes) -> int | None:
-    """The level a Ping's data announces (``peerwire-ext/<digits>``, at most 16 bytes), else
-    None."""
-    digits = data[len(_HELLO_PREFIX) :]
-    if len(data) <= 16 and data.startswith(_HELLO_PREFIX) and digits.isdigit():
-        return int(digits)
-    return None
 
 
 class ChatterAdapter:
@@ -104,13 +80,11 @@ class ChatterAdapter:
     ) -> None:
         self.peer = peer
         self.extensions = extensions
-        self.level = 0
-        """The extension level this side speaks to the peer (0: none; see ``HELLO``)."""
-        self._said_hello = False
-        """We sent the hello (a client): we take levels from the server's echo and offer."""
-        self._offered = 0
-        """The level we offered a client that said hello (a server), 0: none."""
+        self.handshake = ChatterHandshake()
+        """The extension level and how it was agreed (:mod:`rpc.chatter_extension`)."""
         self.cancels = False
+        """True once both sides speak extension level 1 (cancellation); this flag and the
+        next two are the handshake's level as the per-request paths read it."""
         self.metadata = False
         """True once both sides speak extension level 2 (request metadata)."""
         self.timeout_defaults = False
@@ -154,9 +128,8 @@ class ChatterAdapter:
 
     def start(self) -> None:
         if self.extensions and self.codec.dialect is Dialect.CURRENT:
-            self.codec.send_ping(HELLO)
+            self.codec.send_ping(self.handshake.hello())
             self._take_codec_output()
-            self._said_hello = True
         self.pings.start()
 
     def stop(self) -> None:
@@ -186,38 +159,19 @@ class ChatterAdapter:
         if pinged or ponged:
             self.pings.heard_liveness(ponged=ponged)
             ping_data, pong_data = codec.take_ping_data()
-            if codec.dialect is Dialect.CURRENT:
+            if codec.dialect is Dialect.CURRENT:  # the legacy dialect has no extension
                 self._negotiate(ping_data, pong_data)
         return messages
 
     def _negotiate(self, ping_data: list[bytes], pong_data: list[bytes]) -> None:
-        """The extension level from the data of this read's Pings and Pongs (see
-        ``HELLO``). The messages of the read are dispatched after it, so a Ping that moves
-        the level up comes before anything the peer sends at that level."""
-        levels = [level for data in ping_data if (level := _level_of(data)) is not None]
-        asked = min(max(levels, default=0), LEVEL)
-        codec = self.codec
-        if self._said_hello:  # a client: its hello echoed, then perhaps the server's offer
-            if not self.level and HELLO in pong_data:
-                self._speak(2)
-            if self.level and asked > self.level:
-                self._speak(asked)
-                codec.send_ping(b"%s%d" % (_HELLO_PREFIX, asked))  # it confirms
-                self._take_codec_output()
-        elif asked and not self.level:  # a server: a client's hello
-            self._speak(asked)
-            if asked == 2 < LEVEL:  # a client that may speak more: offer ours
-                self._offered = LEVEL
-                codec.send_ping(b"%s%d" % (_HELLO_PREFIX, LEVEL))
-                self._take_codec_output()
-        elif self.level < asked <= self._offered:  # the client confirms our offer
-            self._speak(asked)
-
-    def _speak(self, level: int) -> None:
-        self.level = level
-        self.cancels = True
-        self.metadata = level >= 2
-        self.timeout_defaults = level >= 3
+        """The extension handshake hears this read's Pings and Pongs: send the Ping it
+        names, and take its level."""
+        ping = self.handshake.heard(ping_data, pong_data)
+        if ping is not None:
+            self.codec.send_ping(ping)
+            self._take_codec_output()
+        level = self.handshake.level
+        self.cancels, self.metadata, self.timeout_defaults = level >= 1, level >= 2, level >= 3
 
     def dispatch(self, msg: Msg) -> None:
         peer = self.peer
@@ -261,9 +215,11 @@ class ChatterAdapter:
 
     def _on_meta(self, data: bytes) -> None:
         try:
-            self.meta.received(*metadata.decode_sbs(data), self.pings.last_read)
+            first, meta = metadata.decode_sbs(data)
         except ProtocolError as exc:
             violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
+            return
+        self.meta.received(first, meta, self.pings.last_read)
 
     def _on_timeout(self, data: bytes) -> None:
         try:
@@ -277,7 +233,8 @@ class ChatterAdapter:
         if taken is None:
             self.peer.on_request(conv, op, payload, stream)
         else:
-            intercept.serve_with_meta(self.peer, conv, op, payload, stream, *taken)
+            meta, received_at = taken
+            intercept.serve_with_meta(self.peer, conv, op, payload, stream, meta, received_at)
 
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
         """A reply other than ``PeerwireRpc.Result`` (which :meth:`dispatch` hands over)."""
@@ -479,7 +436,7 @@ class ChatterPeer(Peer[Conversation]):
     turns off the conversation checks for peers that do not keep them; ``sbs_repo`` is the
     schema repository for typed payloads (default: peerwire's bundled schemas).
     ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions in
-    the current dialect (see ``HELLO``); the legacy dialect has no room for it.
+    the current dialect (see :mod:`rpc.chatter_extension`); the legacy dialect has no room for it.
     """
 
     def __init__(

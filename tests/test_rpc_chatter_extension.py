@@ -1,6 +1,7 @@
-"""How two Hat Chatter peers agree on peerwire's extension level (see ``rpc.chatter_peer``'s
-``HELLO``): the client's hello, the server's echo and offer, the client's confirmation; peers
-written by hand on real sockets where the Pings on the wire are the point."""
+"""How two Hat Chatter peers agree on peerwire's extension level (see
+:mod:`rpc.chatter_extension`): the client's hello, the server's echo and offer, the client's
+confirmation; peers written by hand on real sockets where the Pings on the wire are the
+point."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 import rpc
-from rpc import chatter_peer
+from rpc import chatter_extension
 from tests.chatter_socket import ChatterSocket
 from tests.rpc_helpers import timing_registry, wait_until
 from wire import metadata, schemas
@@ -57,7 +58,7 @@ async def test_our_chatter_client_takes_level_3_only_when_offered(offer: bool) -
         async with rpc.connect(url, reconnect=False) as peer:
             sock = await accepted.get()
             await sock.pump_until(lambda: sock.conn.pings_received)
-            assert sock.conn.last_ping_data == chatter_peer.HELLO == b"peerwire-ext/2"
+            assert sock.conn.last_ping_data == chatter_extension.HELLO == b"peerwire-ext/2"
             await wait_until(lambda: peer.adapter.metadata)  # our hello echoed: level 2
             if offer:
                 sock.conn.send_ping(b"peerwire-ext/3")
@@ -100,7 +101,7 @@ async def test_our_chatter_server_bounds_requests_by_the_default(level: int) -> 
             return msg.type, msg.data
 
         try:
-            conn.send_ping(chatter_peer.HELLO)
+            conn.send_ping(chatter_extension.HELLO)
             sock.flush()
             await sock.pump_until(lambda: conn.pongs_received and conn.pings_received)
             assert conn.last_ping_data == b"peerwire-ext/3"  # the server's offer
@@ -127,7 +128,7 @@ async def test_our_chatter_server_bounds_requests_by_the_default(level: int) -> 
 
 
 def test_a_chatter_hello_names_a_level() -> None:
-    level_of = chatter_peer._level_of
+    level_of = chatter_extension.level_of
     assert [level_of(b"peerwire-ext/%d" % n) for n in (1, 2, 3, 10)] == [1, 2, 3, 10]
     for junk in (b"", b"peerwire-ext/", b"peerwire-ext/x", b"peerwire-ext/" + b"9" * 5000):
         assert level_of(junk) is None
@@ -141,14 +142,14 @@ async def test_a_hello_or_a_confirmation_among_other_pings_is_seen() -> None:
         sock = await ChatterSocket.connect("127.0.0.1", server.url.port, Dialect.CURRENT)
         conn = sock.conn
         try:
-            conn.send_ping(chatter_peer.HELLO)
+            conn.send_ping(chatter_extension.HELLO)
             conn.send_ping(b"")
             sock.flush()
             await sock.pump_until(lambda: conn.pings_received)
             assert conn.take_ping_data()[0] == [OFFER]
             conn.send_ping(OFFER)  # the confirmation
             conn.send_ping(b"")
-            conn.send_ping(chatter_peer.HELLO)  # again: no second offer
+            conn.send_ping(chatter_extension.HELLO)  # again: no second offer
             conn.send("PeerwireRpc.Timeout", metadata.encode_timeout_sbs(300))
             request = conn.send("hang", b"null", last=False)
             sock.flush()
@@ -157,7 +158,7 @@ async def test_a_hello_or_a_confirmation_among_other_pings_is_seen() -> None:
             assert REPO.decode(reply.type, reply.data) == "hang: the caller's deadline passed"
             assert conn.take_ping_data()[0] == []  # no Ping with data since the offer
             [server_peer] = server.peers
-            assert server_peer.adapter.level == 3
+            assert server_peer.adapter.handshake.level == 3
         finally:
             await sock.close()
 
@@ -171,7 +172,7 @@ async def test_a_server_made_with_extensions_on_answers_as_a_server() -> None:
         async with rpc.connect(client_url, reconnect=False) as peer:
             await wait_until(lambda: peer.adapter.timeout_defaults)
             [server_peer] = server.peers
-            await wait_until(lambda: server_peer.adapter.level == 3)
+            await wait_until(lambda: server_peer.adapter.handshake.level == 3)
             left = await peer.request("left", timeout=2.0)
             assert 1.0 < left <= 2.0 + metadata.TIMEOUT_SLACK_MS / 1000
 
@@ -183,13 +184,13 @@ async def test_ping_data_in_the_legacy_dialect_is_no_hello() -> None:
         sock = await ChatterSocket.connect("127.0.0.1", server.url.port, Dialect.LEGACY)
         conn = sock.conn
         try:
-            conn.send("MsgPing", chatter_peer.HELLO, module="HatPing", token=True, last=False)
+            conn.send("MsgPing", chatter_extension.HELLO, module="HatPing", token=True, last=False)
             request = conn.send("echo", b'"still"', last=False)
             sock.flush()
             reply = await sock.receive()
             assert (reply.first, reply.data) == (request.id, b'"still"')
             assert conn.pongs_received == 1 and conn.pings_received == 0  # no offer
             [server_peer] = server.peers
-            assert server_peer.adapter.level == 0
+            assert server_peer.adapter.handshake.level == 0
         finally:
             await sock.close()

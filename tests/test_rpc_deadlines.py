@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import rpc
-from rpc import chatter_peer, gotalk_peer
+from rpc import chatter_extension, gotalk_peer
 from tests.chatter_socket import ChatterSocket
 from tests.gotalk_raw import RawGotalk
 from tests.rpc_helpers import served, timing_registry, wait_until
@@ -282,12 +282,12 @@ async def test_chatter_deadline_on_the_wire() -> None:
             return msg.id
 
         try:
-            conn.send_ping(chatter_peer.HELLO)
+            conn.send_ping(chatter_extension.HELLO)
             first = request("wait", b'"past"', 0)
             reply = await sock.receive()
             assert (reply.first, reply.type, reply.last) == (first, "PeerwireRpc.Error", True)
             assert "deadline passed before it ran" in repo.decode("PeerwireRpc.Error", reply.data)
-            assert conn.last_pong_data == chatter_peer.HELLO
+            assert conn.last_pong_data == chatter_extension.HELLO
             assert handlers.ran == []
 
             first = request("wait", b'"bounded"', 300)
