@@ -74,7 +74,24 @@ class Serving:
             text=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> Serving:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill the server if it still runs; release its pipes and their reader thread."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._reader.join(timeout=10)
+        for pipe in (self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
@@ -115,8 +132,7 @@ class Serving:
 @pytest.fixture(scope="module")
 def greet_server() -> Iterator[tuple[Serving, dict[str, str]]]:
     listen = ["tcp+sbs", "tcp+gotalk", "ws+sbs", "ws+gotalk"]
-    server = Serving(GREET, *(f"--listen={scheme}://127.0.0.1:0" for scheme in listen))
-    try:
+    with Serving(GREET, *(f"--listen={scheme}://127.0.0.1:0" for scheme in listen)) as server:
         sbs, gotalk, ws_sbs, ws_gotalk = server.urls(len(listen))
         urls = {
             "gotalk": gotalk,
@@ -127,10 +143,6 @@ def greet_server() -> Iterator[tuple[Serving, dict[str, str]]]:
         }
         yield server, urls
         assert server.stop() == 0, server.stderr()
-    finally:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
 
 
 @pytest.fixture(params=["gotalk", "hat", "hatchatter"])
@@ -322,18 +334,13 @@ async def test_retry_results_exhausted_exit_6() -> None:
 
 
 async def test_serve_closes_connections_gracefully_on_sigint() -> None:
-    server = Serving(GREET, "--listen", "tcp+gotalk://127.0.0.1:0")
-    try:
+    with Serving(GREET, "--listen", "tcp+gotalk://127.0.0.1:0") as server:
         [url] = await asyncio.to_thread(server.urls, 1)
         peer = await rpc.connect(url, reconnect=False)
         assert await peer.request("greet", {"name": "Bo"}) == {"greeting": "Hello Bo"}
         assert await asyncio.to_thread(server.stop, signal.SIGINT) == 0
         async with asyncio.timeout(5):
             await peer.closed  # the server closed our connection before exiting
-    finally:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
 
 
 async def test_serve_freezes_its_start_up_objects(tmp_path: Path) -> None:
@@ -345,16 +352,11 @@ async def test_serve_freezes_its_start_up_objects(tmp_path: Path) -> None:
         "@registry.handle('frozen')\ndef frozen(_: object) -> int:\n"
         "    return gc.get_freeze_count()\n"
     )
-    server = Serving(str(module), "--listen", "tcp+gotalk://127.0.0.1:0")
-    try:
+    with Serving(str(module), "--listen", "tcp+gotalk://127.0.0.1:0") as server:
         [url] = await asyncio.to_thread(server.urls, 1)
         async with rpc.connect(url, reconnect=False) as peer:
             assert await peer.request("frozen", None) > 10_000
         assert await asyncio.to_thread(server.stop) == 0
-    finally:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
 
 
 def self_signed_cert(directory: Path) -> tuple[Path, Path]:
@@ -398,8 +400,9 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
 def test_mutual_tls(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
     pem = ("--cert", str(cert), "--key", str(key))  # one certificate for everything
-    server = Serving(GREET, "--listen", "ssl+sbs://127.0.0.1:0", *pem, "--client-ca", str(cert))
-    try:
+    with Serving(
+        GREET, "--listen", "ssl+sbs://127.0.0.1:0", *pem, "--client-ca", str(cert)
+    ) as server:
         [url] = server.urls(1)
         trusted, insecure, unknown_ca, no_client_cert = peerwire_all(
             ["call", url, "greet", '{"name": "Cy"}', "--cafile", str(cert), *pem],
@@ -412,7 +415,6 @@ def test_mutual_tls(tmp_path: Path) -> None:
         assert unknown_ca.returncode == 3
         assert "CERTIFICATE_VERIFY_FAILED" in unknown_ca.stderr
         assert no_client_cert.returncode == 3
-    finally:
         assert server.stop() == 0
 
 

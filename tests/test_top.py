@@ -24,9 +24,8 @@ def test_quantiles_interpolate_inside_buckets() -> None:
 
 
 async def test_serve_metrics_and_top() -> None:
-    server = Serving("examples/greet.py", "--listen", "tcp+gotalk://127.0.0.1:0", "--metrics",
-                     "127.0.0.1:0")  # fmt: skip
-    try:
+    with Serving("examples/greet.py", "--listen", "tcp+gotalk://127.0.0.1:0", "--metrics",
+                 "127.0.0.1:0") as server:  # fmt: skip
         metrics_url = server.next_line("metrics on ").split()[-1]
         (url,) = server.urls(1)
         port = int(re.search(r":(\d+)/metrics$", metrics_url).group(1))  # type: ignore[union-attr]
@@ -61,7 +60,6 @@ async def test_serve_metrics_and_top() -> None:
         assert later is not None, frames[-1]
         assert float(later.group(1).replace(",", "")) > 0  # calls/s over the last interval
         assert later.group(2) == "0.0%"
-    finally:
         assert server.stop() == 0
 
 
