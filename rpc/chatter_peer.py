@@ -340,11 +340,12 @@ class ChatterAdapter:
         self._send(_END_TYPE, b"", key, token=True, last=False)
 
     def _our_turn(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
-        """True when we hold ``key``'s token and may send in it. While the requester holds
+        """True when we hold ``key``'s token and may send in it, or keep no turns at all
+        (``strict=False``: whatever the peer's conversation did). While the requester holds
         it (it still sends parts) the reply ``send(*args)`` waits for it instead of being
         lost; a conversation that has ended takes nothing more."""
         codec = self.codec
-        if codec.holds_token(key):
+        if codec.holds_token(key) or not codec.strict:  # not strict: no turns are kept
             return True
         if codec.is_open(key):
             self._waits.hold(key, send, args)
@@ -369,8 +370,9 @@ class ChatterAdapter:
             self._waits.release(key)
 
     def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
-        if not self.codec.holds_token(key):  # _our_turn, written out: once per request
-            self._our_turn(key, self.send_result, key, payload, stream)
+        if not self.codec.holds_token(key) and not self._our_turn(
+            key, self.send_result, key, payload, stream
+        ):  # _our_turn after its first check, written out: once per request
             return
         if isinstance(payload, Reply):
             self._foreign.discard(key)
