@@ -32,10 +32,13 @@ class BoundPassed(Exception):
 class CallBounds:
     """The bounds of one connection's served calls (see the module doc)."""
 
-    __slots__ = ("_deadlines", "_due", "_expired", "_nearest")
+    __slots__ = ("_deadlines", "_due", "_expired", "_loop", "_nearest")
 
-    def __init__(self, deadlines: Deadlines) -> None:
+    def __init__(self, deadlines: Deadlines, loop: asyncio.AbstractEventLoop) -> None:
         self._deadlines = deadlines
+        self._loop = loop
+        """The connection's loop: ``asyncio.current_task`` given it need not look up the
+        running loop (a ``getpid`` system call on 3.11) per bounded call."""
         self._due: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
         """Tasks cancelled by their bound that have not taken that cancellation back yet."""
@@ -50,7 +53,7 @@ class CallBounds:
         """Await ``awaitable`` in the current task, cancelling it at loop time ``when``;
         then raise :class:`BoundPassed` naming ``op``. A cancellation from anywhere else
         goes through as it is, as with ``asyncio.timeout_at``."""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         if task is None:
             raise RuntimeError("CallBounds.within needs a task")
         pending = task.cancelling()

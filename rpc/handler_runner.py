@@ -244,7 +244,7 @@ class HandlerRunner(Generic[K]):
 
     async def _work(self, own: contextvars.Context, queue: deque[Job[K]], workers: TaskSet) -> None:
         self._starting -= 1
-        me = asyncio.current_task()
+        me = asyncio.current_task(self._loop)  # given the loop: no lookup of the running one
         if me is None:  # a coroutine run as a task always has one
             raise RuntimeError("a handler runner's worker must run as a task")
         waiting = self._waiting_jobs

@@ -87,7 +87,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self._transport: Any = None
         self.outbox = Outbox(loop)
         self.deadlines = Deadlines(loop)
-        self.call_bounds = CallBounds(self.deadlines)
+        self.call_bounds = CallBounds(self.deadlines, loop)
         """Served calls' deadlines (callers' timeouts), on the deadlines' one timer."""
         self._tasks = TaskSet(loop, self._task_done)
         self._runner: HandlerRunner[K] = HandlerRunner(loop, self._task_done)

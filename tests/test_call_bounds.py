@@ -11,8 +11,9 @@ from rpc.deadlines import Deadlines
 
 
 def bounds_on_loop() -> tuple[CallBounds, Deadlines]:
-    deadlines = Deadlines(asyncio.get_running_loop())
-    return CallBounds(deadlines), deadlines
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    return CallBounds(deadlines, loop), deadlines
 
 
 async def test_only_the_calls_past_their_bound_end_and_one_timer_serves_them_all() -> None:
