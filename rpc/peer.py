@@ -22,8 +22,11 @@ Everything per connection is bounded and freed when the connection goes:
   ``max_stream_queue`` parts, past which that stream alone fails);
 - requests being served in the :class:`~rpc.handler_runner.HandlerRunner` (jobs, queued or
   running, and a worker task per job that waits) and tasks in a :class:`~rpc.tasks.TaskSet`
-  (notifications, ``on_open``): requests at most ``max_concurrent``; the callers' deadlines
-  of those that came with one in ``call_bounds`` (one entry per waiting handler);
+  (notifications, ``on_open``): together at most ``max_concurrent``. Past it a request
+  gets a retry result from a peer that takes them, else reading pauses; reading also
+  pauses while ``max_concurrent`` tasks run (a notification has no answer to refuse it
+  with). The callers' deadlines of those that came with one are in ``call_bounds`` (one
+  entry per waiting handler);
 - decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
   reading stops as soon as the backlog is non-empty); one read's messages past
   ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
@@ -220,10 +223,15 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     # --- input flow ----------------------------------------------------------------------
 
     def _held(self) -> bool:
-        """True when no more input may be handled now: output is backed up, or every
-        handler slot is taken and the peer does not understand retry results."""
-        return self.outbox.blocked or (
-            not self.adapter.retry_results and self.handlers_running >= self.options.max_concurrent
+        """True when no more input may be handled now: output is backed up, or
+        ``max_concurrent`` notification (and ``on_open``) tasks run, which nothing else
+        bounds, or every handler slot is taken and the peer does not understand retry
+        results (one that does gets them for requests past the limit instead)."""
+        limit = self.options.max_concurrent
+        return (
+            self.outbox.blocked
+            or len(self._tasks) >= limit
+            or (not self.adapter.retry_results and self.handlers_running >= limit)
         )
 
     def _run(self, messages: list[Any]) -> None:
@@ -232,13 +240,18 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         # _held() and handlers_running inlined: this check runs once per message
         dispatch = self.adapter.dispatch
         outbox = self.outbox
-        slots = None if self.adapter.retry_results else self.options.max_concurrent
+        limit = self.options.max_concurrent
+        jobs_count = not self.adapter.retry_results  # else requests past it get retry results
         tasks = self._tasks
         runner = self._runner
         token = current_peer.set(self)
         try:
             for index, message in enumerate(messages):
-                if outbox.blocked or (slots is not None and len(tasks) + runner.jobs >= slots):
+                if (
+                    outbox.blocked
+                    or len(tasks) >= limit
+                    or (jobs_count and len(tasks) + runner.jobs >= limit)
+                ):
                     self._backlog.extend(messages[index:])
                     self._pause_reading()
                     return

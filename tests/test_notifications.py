@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import warnings
+from typing import Any
 
 import pytest
 
 import rpc
 from rpc.notifications import run_notification
 from rpc.tasks import TaskSet
-from tests.rpc_helpers import served
+from tests.rpc_helpers import served, wait_until
 
 
 async def test_bounded_tasks_and_failures_are_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -85,3 +86,50 @@ async def test_a_peer_runs_its_handlers_with_current_peer_and_survives_failures(
             assert await asyncio.wait_for(got.get(), 5) == ("127.0.0.1", 2)
             assert await peer.request("echo", "still open") == "still open"
     assert "notification handler 'fail' failed" in caplog.text
+
+
+async def _pass_through(call: rpc.Call, call_next: Any) -> Any:
+    return await call_next(call)
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+@pytest.mark.parametrize("middleware", [False, True])
+async def test_a_notification_flood_is_slowed_not_spawned(flavour: str, middleware: bool) -> None:
+    """Coroutine notification handlers are tasks of the connection: at most max_concurrent
+    run; past that the server stops reading from the peer until one ends, on a peer that
+    takes retry results too (they are for requests; a notification has no answer)."""
+    reg = rpc.Registry()
+    release = asyncio.Event()
+    running = 0
+    most = 0
+    done = 0
+
+    @reg.handle_notification("slow")
+    async def slow(value: int) -> None:
+        nonlocal running, most, done
+        running += 1
+        most = max(most, running)
+        try:
+            await release.wait()
+        finally:
+            running -= 1
+            done += 1
+
+    @reg.handle("echo")
+    def echo(value: object) -> object:
+        return value
+
+    options = rpc.Options(max_concurrent=4)
+    chain = {"middleware": [_pass_through]} if middleware else {}
+    async with served(flavour, reg, options=options, **chain) as (server, peer):
+        for i in range(50):
+            peer.notify("slow", i)
+        after = asyncio.ensure_future(peer.request("echo", "after", timeout=10))
+        await wait_until(lambda: running == 4)
+        [server_peer] = server.peers
+        await wait_until(lambda: not server_peer.transport.is_reading())
+        assert (most, done, server_peer.handlers_running) == (4, 0, 4)
+        release.set()
+        assert await after == "after"
+        await wait_until(lambda: done == 50)
+        assert most == 4
