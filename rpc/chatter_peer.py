@@ -96,7 +96,8 @@ class ChatterAdapter:
         self.payloads = SbsPayloads(self.sbs_repo)
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
         self._foreign: set[Conversation] = set()
-        """Open requests from plain legacy Hat peers: never answered with our own types."""
+        """Open requests from plain legacy Hat peers: never answered with our own types.
+        Freed when answered or when the requester ends the conversation itself."""
         self._waits = TokenWaits(peer.options.max_stream_queue, self.send_error)
         """Replies to incoming streams waiting for the requester's token (it still sends
         parts); sent once its End hands the token over (see :mod:`rpc.token_waits`)."""
@@ -207,11 +208,15 @@ class ChatterAdapter:
                 peer.on_result(conv, msg.data)
             else:
                 self._on_reply(conv, op, msg)
-        elif op == _PART:
+            return
+        if op == _PART:
             peer.on_request_part(conv, msg.data)
         elif op == _END_TYPE:
             peer.on_request_end(conv)
             self._token_back(conv)
+        if msg.last:  # the requester ended its conversation: nothing can go back in it
+            self._foreign.discard(conv)
+            self._waits.drop(conv)
 
     def _on_meta(self, data: bytes) -> None:
         try:

@@ -20,7 +20,8 @@ Send = Callable[..., None]
 class TokenWaits:
     """Per connection: the replies of each stream that wait for its token. At most
     ``per_stream`` replies a stream (past it they become one error, sent instead) and
-    ``WAITING_STREAMS`` streams; freed when the token comes back or the connection goes."""
+    ``WAITING_STREAMS`` streams; freed when the token comes back, the conversation ends
+    without it, or the connection goes."""
 
     __slots__ = ("_error", "_per_stream", "_waiting")
 
@@ -48,6 +49,11 @@ class TokenWaits:
         if waiting is not None:
             for send, args in waiting:
                 send(*args)
+
+    def drop(self, key: Hashable) -> None:
+        """``key``'s conversation ended without handing the token over: what waited for it
+        can never be sent."""
+        self._waiting.pop(key, None)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._waiting

@@ -220,3 +220,27 @@ async def test_random_bytes_never_hang_or_hurt_others(garbage: bytes, codec: str
         for peer in server.peers:
             codec_obj = peer.codec  # type: ignore[attr-defined]
             assert codec_obj.buffered <= 1024 + 4200
+
+
+@pytest.mark.parametrize("module", ["PwTest", None])
+async def test_chatter_requests_ended_by_their_requester_leave_nothing_behind(
+    module: str | None,
+) -> None:
+    """A stream request whose requester keeps the token and then, in a later read, ends
+    the conversation itself (a message with ``last``) can never be answered: the reply
+    held for the token, and the mark of a plain Hat peer's request (module other than
+    PeerwireRpc), go with it. Before, a legacy peer grew the marks by one per such pair."""
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as server:
+        reader, writer = await raw_connect(server)
+        sock = ChatterSocket(reader, writer, ChatterConnection(Dialect.LEGACY, strict=False))
+        opened = [Msg(i, i, True, False, False, "Nothing", b"", module) for i in range(1, 101)]
+        ended = [Msg(101 + i, i, True, True, True, "Bye", b"", module) for i in range(1, 101)]
+        for batch, echo_id in ((opened, 101), (ended, 202)):  # ended in a later read
+            echo = Msg(echo_id, echo_id, True, True, False, "echo", b'"after"')
+            writer.write(b"".join(encode_frame(m, Dialect.LEGACY) for m in [*batch, echo]))
+            reply = await sock.receive()
+            assert (reply.first, reply.type, reply.data) == (echo_id, "Result", b'"after"')
+        [server_peer] = server.peers
+        adapter: Any = server_peer.adapter
+        assert (len(adapter._foreign), len(adapter._waits._waiting)) == (0, 0)
+        await sock.close()
