@@ -427,11 +427,13 @@ class Caller(Generic[K]):
         self._fail_call(key, RemoteError(message))
 
     def on_retry(self, key: K, wait: float, message: str) -> None:
-        call = self._calls.get(key)
+        """A retry result: it answers ``key`` (so the call is done with; no cancel follows)
+        and the caller decides whether to send the request again."""
+        call = self._calls.pop(key, None)
         if call is None:
             return
         if call.queue is not None:
-            self._fail_call(key, RetryLater(message, wait))
+            call.queue.put(RetryLater(message, wait))
         elif call.future is not None and not call.future.done():
             call.future.set_result(RetryLater(message, wait))
 

@@ -10,6 +10,8 @@ import pytest
 
 import rpc
 from tests.rpc_helpers import served, wait_until
+from tests.test_rpc_timeout_default import raw_gotalk_server
+from wire import gotalk
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -80,8 +82,28 @@ async def test_extension_off_when_the_client_opts_out() -> None:
             assert not peer.adapter.cancels
             with pytest.raises(rpc.RequestTimeout):
                 await peer.request("wait", timeout=0.2)
+            assert started.is_set()
+            # a cancel written with the timeout would have been read before this request
+            assert await peer.request("echo", 2) == 2
             [server_peer] = server.peers
             assert server_peer.handlers_running == 1  # nobody told the server: the handler runs on
+            assert not cancelled.is_set()
+
+
+async def test_a_retry_result_is_not_followed_by_a_cancel() -> None:
+    """A retry result answers the request: the client sends it again, and no cancel for
+    the answered one (the server would only drop it)."""
+    async with raw_gotalk_server(b"1") as (url, accepted, _):
+        async with rpc.connect(url, registry=rpc.Registry(), reconnect=False) as peer:
+            raw = await accepted.get()
+            call = asyncio.ensure_future(peer.request("echo", 1, timeout=5))
+            first = await raw.next()
+            assert isinstance(first, gotalk.Request)
+            raw.write(gotalk.RetryResult(first.id, 1, b"busy"))
+            again = await raw.next()  # what the client writes next: the request, no cancel
+            assert isinstance(again, gotalk.Request) and again.id != first.id
+            raw.write(gotalk.Result(again.id, b"7"))
+            assert await call == 7
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
