@@ -142,7 +142,8 @@ async def test_webchat_tabs_chat_through_the_server(context: BrowserContext) -> 
     proc, url = await start_webchat()
     try:
         alice, bob = await context.new_page(), await context.new_page()
-        errors = page_errors(alice) + page_errors(bob)
+        # one list per tab, filled later by its `pageerror` listener: keep the lists themselves
+        tab_errors = [page_errors(alice), page_errors(bob)]
         await alice.goto(url + "?name=alice")
         await bob.goto(url + "?name=bob")
         # the server asked each tab for its name (server -> browser request) and shows it
@@ -166,7 +167,7 @@ async def test_webchat_tabs_chat_through_the_server(context: BrowserContext) -> 
         )
         # a tab opened later gets the history through the `history` op
         carol = await context.new_page()
-        errors += page_errors(carol)
+        tab_errors.append(page_errors(carol))
         await carol.goto(url + "?name=carol")
         await expect(carol.locator("#messages li")).to_have_count(2)
         await expect(carol.locator("#messages li").first).to_contain_text("hello bob")
@@ -174,7 +175,7 @@ async def test_webchat_tabs_chat_through_the_server(context: BrowserContext) -> 
         await carol.close()
         await expect(alice.locator("#users li")).to_have_text(["alice", "bob"])
         assert_not_blank(await bob.screenshot())
-        assert errors == []
+        assert tab_errors == [[], [], []]
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
