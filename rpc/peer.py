@@ -290,6 +290,10 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         except ProtocolError as exc:
             self._violation(exc)
             return
+        except Exception:  # as in data_received: no half-dead connection, reading paused
+            log.exception("%s: unexpected error handling input; closing", self.protocol_name)
+            self.abort()
+            return
         finally:
             current_peer.reset(token)
         self.outbox.flush()

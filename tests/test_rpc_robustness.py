@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -244,3 +245,49 @@ async def test_chatter_requests_ended_by_their_requester_leave_nothing_behind(
         adapter: Any = server_peer.adapter
         assert (len(adapter._foreign), len(adapter._waits._waiting)) == (0, 0)
         await sock.close()
+
+
+class BuggyRegistry(rpc.Registry):
+    """Stands for a bug of ours: looking up ``bug`` raises."""
+
+    def get(self, op: str) -> Any:
+        if op == "bug":
+            raise RuntimeError("a bug of ours")
+        return super().get(op)
+
+
+async def test_a_bug_of_ours_on_held_input_closes_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Input held back (every handler slot taken, a peer that takes no retry results) and
+    handled later, outside the read, closes its connection on a bug of ours as input
+    handled at once does, instead of leaving it unread for good."""
+    reg = BuggyRegistry()
+    reg.handle("echo")(lambda value: value)
+    release = asyncio.Event()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        await release.wait()
+        return value
+
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        peer = await rpc.connect(str(server.url), registry=rpc.Registry(), reconnect=False)
+        slow_call = asyncio.ensure_future(peer.request("slow", 1, timeout=10))
+        bug_call = asyncio.ensure_future(peer.request("bug", 2, timeout=10))
+        [server_peer] = server.peers
+        await wait_until(lambda: not server_peer.transport.is_reading())  # "bug" held back
+        with caplog.at_level(logging.ERROR, logger="peerwire.rpc"):
+            release.set()
+            async with asyncio.timeout(5):
+                await peer.closed
+        assert "unexpected error handling input; closing" in caplog.text
+        for call in (slow_call, bug_call):
+            with contextlib.suppress(rpc.ConnectionClosed):
+                await call
+        assert bug_call.exception() is not None
+        await peer.close()
+        await check_other_client_still_works(server)
