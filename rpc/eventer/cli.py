@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any, Protocol
 
 from rpc import loops
 from rpc.eventer.config import ConfigError, load_config
@@ -24,7 +25,14 @@ EXIT_USAGE = 2
 EXIT_FAILED = 3
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+class Subcommands(Protocol):
+    """What :func:`add_parser` needs of a parent parser's subcommands (what
+    ``ArgumentParser.add_subparsers()`` returns)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+def add_parser(subparsers: Subcommands) -> argparse.ArgumentParser:
     """Add ``eventer`` (with ``serve``) to a parent CLI; ``args.func(args)`` runs it."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "eventer",
