@@ -19,7 +19,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext
 
 import rpc
-from tests.browser import browser_context, browser_fixture, page_errors
+from tests.browser import browser_context, browser_fixture, eventually, page_errors
 from tests.rpc_helpers import gotalk_peer_registry, wait_until
 from transports.websocket import HttpOptions
 
@@ -80,7 +80,7 @@ async def test_gotalk121_client_is_answered_and_kept(
         await page.goto(f"http://127.0.0.1:{port}/")
         result = await page.evaluate(
             """async (url) => {
-            const sock = new Wire121(url, 200);
+            const sock = window.wire = new Wire121(url, 200);
             await sock.opened;
             const out = {};
             const giveUp = (p, what) => Promise.race([p, new Promise((_, reject) =>
@@ -106,7 +106,10 @@ async def test_gotalk121_client_is_answered_and_kept(
               Array.from({length: 8}, () => sock.request('sleep', {ms: 150})));
             out.sleptMs = performance.now() - t0;
             out.afterwards = await sock.request('echo', 'still here');
-            await new Promise((resolve) => setTimeout(resolve, 450));  // >= 2 heartbeats
+            // the server's heartbeats (every 0.2 s) reach the page: poll, up to 5 s
+            const beatsBy = performance.now() + 5000;
+            while (sock.log.heartbeats < 1 && performance.now() < beatsBy)
+              await new Promise((resolve) => setTimeout(resolve, 10));
             out.log = sock.log;
             out.ids = sock.nextId;
             return out;
@@ -132,7 +135,10 @@ async def test_gotalk121_client_is_answered_and_kept(
         assert result["ids"] > 36  # base-36 ids past 'z' went through ('0010', ...)
         assert heard == [{"from": "wire"}]
         [peer] = server.peers  # the same connection throughout
-        assert peer.heartbeats_received >= 2
+        # the page's heartbeats (every 200 ms) on that connection
+        await eventually(lambda: peer.heartbeats_received >= 2, "2 heartbeats from the page")
+        assert server.peers == {peer}  # still kept, on both ends
+        assert await page.evaluate("[wire.log.faults, wire.log.closed]") == [[], None]
         assert errors == []
 
 
