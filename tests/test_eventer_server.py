@@ -603,3 +603,33 @@ async def test_a_client_that_stops_reading_is_closed_not_buffered(tmp_path: Path
             result = await writer.query(eventer.QueryLatestParams([("big", "0")]))
             assert len(result.events) == 1
         await slow.close()
+
+
+async def test_a_slow_events_callback_slows_the_server_not_memory(tmp_path: Path) -> None:
+    """Past ``events_queue_size`` undelivered notifications the client stops reading once
+    ``max_concurrent`` (1,024) more wait; delivery stays in order and complete."""
+    async with running_server(tmp_path) as server:
+        release = asyncio.Event()
+        delivered: list[eventer.Event] = []
+
+        async def slow_cb(_client: eventer.Client, events: list[eventer.Event]) -> None:
+            await release.wait()
+            delivered.extend(events)
+
+        reader = await eventer.connect(
+            url_of(server), "reader", subscriptions=[("n", "*")], events_cb=slow_cb,
+            events_queue_size=8,
+        )  # fmt: skip
+        async with await eventer.connect(url_of(server), "writer") as writer:
+            for i in range(1500):  # one notification each
+                await writer.register([RegisterEvent(("n", str(i)))])
+            last = await writer.register([RegisterEvent(("n", "last"))], with_response=True)
+            assert last is not None
+            connection = reader._conn.connection if reader._conn else None
+            assert connection is not None
+            await wait_until(lambda: not connection.transport.is_reading())
+            assert reader._deliveries.qsize() <= 8 + 1024 + 1
+            release.set()
+            await wait_until(lambda: delivered and delivered[-1].id == last[0].id, timeout=20)
+        assert [e.type[1] for e in delivered] == [*map(str, range(1500)), "last"]
+        await reader.close()

@@ -95,7 +95,12 @@ async def connect(
     the Eventer.
 
     ``max_size``: largest message in bytes, both ways; raise it to read results of a
-    server configured with a larger ``max_message_size`` (hat-event's has no limit)."""
+    server configured with a larger ``max_message_size`` (hat-event's has no limit).
+    ``events_queue_size``: notifications (events, status) received and not yet delivered
+    to the callbacks and iterators; past it each further one waits as a task of the
+    connection, which stops reading from the server once ``rpc.Options.max_concurrent``
+    (1,024) wait, so a slow callback slows the server down (TCP) instead of growing
+    memory; it is also the size of each :meth:`Client.events` iterator's queue."""
     urls = [url] if isinstance(url, str) else list(url)
     client = Client(
         [eventer_url(u) for u in urls],
@@ -185,6 +190,9 @@ class Client:
         self._deliveries: asyncio.Queue[tuple[str, Any, asyncio.Future[None] | None]] = (
             asyncio.Queue()
         )
+        self._room = asyncio.Event()
+        """Set while the deliveries queue is within ``events_queue_size``."""
+        self._room.set()
         self._iterators: set[asyncio.Queue[Any]] = set()
         self._delivery = asyncio.get_running_loop().create_task(self._deliver())
         self.registry = self._make_registry()
@@ -379,8 +387,19 @@ class Client:
         registry.handle_notification(MSG_STATUS_NOTIFY)(self._on_status)
         return registry
 
-    def _on_events(self, data: bytes) -> None:
+    def _on_events(self, data: bytes) -> Awaitable[bool] | None:
         self._deliveries.put_nowait(("events", common.decode_events(data), None))
+        return self._wait_for_room()
+
+    def _wait_for_room(self) -> Awaitable[bool] | None:
+        """None while the deliveries queued (in the order received) are within
+        ``events_queue_size``; past it, an awaitable that waits for room. A notification
+        handler returns it, and the connection runs it as a task (at most
+        ``max_concurrent``, then reading pauses)."""
+        if self._deliveries.qsize() <= self._queue_size:
+            return None
+        self._room.clear()
+        return self._room.wait()
 
     async def _on_events_with_ack(self, data: bytes) -> rpc.Reply:
         done = asyncio.get_running_loop().create_future()
@@ -388,16 +407,20 @@ class Client:
         await done
         return rpc.Reply(MSG_EVENTS_ACK, b"")
 
-    def _on_status(self, data: bytes) -> None:
+    def _on_status(self, data: bytes) -> Awaitable[bool] | None:
         self._set_status(common.status_from_sbs(common.decode(MSG_STATUS_NOTIFY, data)))
+        return self._wait_for_room()
 
     def _set_status(self, status: Status) -> None:
         self._status = status  # now; the callback runs in delivery order
         self._deliveries.put_nowait(("status", status, None))
 
     async def _deliver(self) -> None:
+        deliveries = self._deliveries
         while True:
-            kind, value, done = await self._deliveries.get()
+            kind, value, done = await deliveries.get()
+            if not self._room.is_set() and deliveries.qsize() <= self._queue_size:
+                self._room.set()
             try:
                 if kind == "status":
                     if self._status_cb is not None:
