@@ -185,9 +185,9 @@ def _dialer(
 
 class ConnectKeywords(TypedDict, total=False):
     """The keywords :func:`connect` takes besides ``url`` and ``reconnect``: its own, then
-    the protocol peer's (Gotalk: ``heartbeat_interval``, ``read_timeout``,
-    ``retry_results``; Chatter: ``ping_interval``, ``ping_timeout``, ``strict``,
-    ``sbs_repo``; both: ``extensions``). Defaults as documented by :func:`connect`,
+    the protocol peer's (Gotalk: ``heartbeat_interval``, ``read_timeout``; Chatter:
+    ``ping_interval``, ``ping_timeout``, ``strict``, ``sbs_repo``; both: ``extensions``,
+    ``retry_results``). Defaults as documented by :func:`connect`,
     :class:`~rpc.gotalk_peer.GotalkPeer` and :class:`~rpc.chatter_peer.ChatterPeer`."""
 
     registry: Registry | None

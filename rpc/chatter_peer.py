@@ -65,7 +65,6 @@ class ChatterAdapter:
 
     name = "chatter"
     default_timeout = 5.0  # the Chatter conversation timeout
-    retry_results = True
 
     def __init__(
         self,
@@ -77,9 +76,12 @@ class ChatterAdapter:
         strict: bool,
         sbs_repo: hat.sbs.Repository | None,
         extensions: bool,
+        retry_results: bool,
     ) -> None:
         self.peer = peer
         self.extensions = extensions
+        self.retry_results = retry_results
+        """Requests past ``max_concurrent`` get ``PeerwireRpc.Retry``; else they wait."""
         self.handshake = ChatterHandshake()
         """The extension level and how it was agreed (:mod:`rpc.chatter_extension`)."""
         self.cancels = False
@@ -444,6 +446,8 @@ class ChatterPeer(Peer[Conversation]):
     schema repository for typed payloads (default: peerwire's bundled schemas).
     ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions in
     the current dialect (see :mod:`rpc.chatter_extension`); the legacy dialect has no room for it.
+    ``retry_results=False``: requests past ``max_concurrent`` wait, reading paused, instead
+    of getting a ``PeerwireRpc.Retry`` (which Hat peers cannot decode; None: True).
     """
 
     def __init__(
@@ -457,6 +461,7 @@ class ChatterPeer(Peer[Conversation]):
         strict: bool = True,
         sbs_repo: hat.sbs.Repository | None = None,
         extensions: bool = False,
+        retry_results: bool | None = True,
     ) -> None:
         super().__init__(
             lambda peer: ChatterAdapter(
@@ -467,6 +472,7 @@ class ChatterPeer(Peer[Conversation]):
                 strict=strict,
                 sbs_repo=sbs_repo,
                 extensions=extensions,
+                retry_results=retry_results is not False,
             ),
             registry,
             options,

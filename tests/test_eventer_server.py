@@ -633,3 +633,39 @@ async def test_a_slow_events_callback_slows_the_server_not_memory(tmp_path: Path
             await wait_until(lambda: delivered and delivered[-1].id == last[0].id, timeout=20)
         assert [e.type[1] for e in delivered] == [*map(str, range(1500)), "last"]
         await reader.close()
+
+
+async def test_queries_past_max_concurrent_wait_instead_of_a_retry(tmp_path: Path) -> None:
+    """Hat clients cannot decode PeerwireRpc.Retry: past 1,024 requests in progress on a
+    connection the server stops reading from it instead of answering with one."""
+    async with running_server(tmp_path) as server:
+        peer = await rpc.connect(
+            url_of(server),
+            registry=rpc.Registry(),
+            sbs_repo=common.peer_repository(),
+            reconnect=False,
+            options=rpc.Options(retries=0),  # a retry result would raise RetryLater
+        )
+        await peer.request(common.MSG_INIT_REQ, init_bytes(), raw=True)
+        [server_peer] = [p for s in server.servers for p in s.peers]
+        assert not server_peer.adapter.retry_results
+        query = common.encode(
+            common.MSG_QUERY_REQ, common.query_params_to_sbs(QueryLatestParams([("a", "*")]))
+        )
+        most = 0
+
+        async def watch() -> None:
+            nonlocal most
+            while True:
+                most = max(most, server_peer.handlers_running)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            calls = (peer.request(common.MSG_QUERY_REQ, query, raw=True) for _ in range(1300))
+            replies = await asyncio.gather(*calls)
+        finally:
+            watcher.cancel()
+        assert len(replies) == 1300
+        assert 0 < most <= 1024
+        await peer.close()

@@ -112,10 +112,8 @@ class EventerServer:
             if ctx is None and self.config.tls is not None:
                 tls = self.config.tls
                 ctx = server_ssl_context(tls.cert, tls.key, client_cafile=tls.client_ca)
-            options = rpc.Options(
-                max_concurrent=1 << 20,
-                timeout=self.config.ack_timeout,
-                max_size=self.config.max_message_size,
+            options = rpc.Options(  # max_concurrent: the default, 1,024 per connection
+                timeout=self.config.ack_timeout, max_size=self.config.max_message_size
             )
             for url in self.config.listen:
                 server = rpc.serve(
@@ -124,6 +122,7 @@ class EventerServer:
                     options=options,
                     ssl=ctx if rpc.parse_url(url).tls else None,
                     sbs_repo=peer_repository(),
+                    retry_results=False,  # Hat clients cannot decode PeerwireRpc.Retry
                 )
                 await server.start()
                 self.servers.append(server)
