@@ -47,8 +47,8 @@ V1_MESSAGE = bytes.fromhex(
     "ff479d2ee39f863c320c323c9a23c4f4f8f0d08693ef02e400904a6068e8b9f798215f2c2b8e546a6136"
     "321cd4ac6b7f1ced1e22054b17ebea182d9a971c8bcc980f765392984ad02b"
 )
-# Same gossip and key, laid out as the seed's prose says (size, then xxh32 of the COMPRESSED
-# bytes): the reference rejects it, so must we.
+# Same gossip and key, laid out as the protocol's prose description says (size, then xxh32
+# of the COMPRESSED bytes): the reference rejects it, so must we.
 V1_DOC_MESSAGE = bytes.fromhex(
     "ff479d2ee39f863c320c323c9a23c4f4f8f0d08693ef02e400904a6068e8b9f798215200304f1e6a6136"
     "321cd4ac6b7f1ced1e22054b17ebea182d9a971c8bcc980f765392984ad02b"

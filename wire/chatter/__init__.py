@@ -2,7 +2,8 @@
 
 - :class:`ChatterConnection` is what a transport drives: ``receive_data`` / ``send`` /
   ``data_to_send``.
-- :class:`Dialect` picks ``Hat`` (legacy, seeds 000/001) or ``HatChatter`` (current).
+- :class:`Dialect` picks ``Hat`` (legacy: hat-chatter 0.5's ``Hat.Msg``) or ``HatChatter``
+  (current).
 - :func:`encode_frame` / :class:`FrameReader` and :func:`encode_msg` / :func:`decode_msg`
   are the layers underneath, for tools and tests.
 """

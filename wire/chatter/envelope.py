@@ -23,7 +23,8 @@ class Dialect(enum.Enum):
     """Which envelope schema a connection speaks; the two are not wire compatible."""
 
     LEGACY = "Hat"
-    """Seeds 000/001 and hat-chatter 0.5: ``Data`` carries ``module: Optional(String)``."""
+    """hat-chatter 0.5's ``Hat.Msg`` (the original Chatter): ``Data`` carries
+    ``module: Optional(String)``."""
 
     CURRENT = "HatChatter"
     """hat-drivers chatter and today's Hat (Eventer): ``Data.type`` is the full name."""
