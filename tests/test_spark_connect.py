@@ -75,6 +75,34 @@ def test_spark_connect_session_runs_the_udf(serve_peer) -> None:
     assert calls == Counter({f"name-{i}": 1 for i in range(n)})
 
 
+def test_the_example_runs_on_a_classic_session_too(serve_peer) -> None:
+    """docs/spark.md's second line: the example without ``--remote`` makes a classic
+    session, in a process of its own."""
+    require_spark()
+    calls: Counter[str] = Counter()
+    registry = rpc.Registry()
+
+    @registry.handle("greet")
+    def greet(params: dict[str, Any]) -> dict[str, str]:
+        calls[params["name"]] += 1
+        return {"greeting": f"Hello {params['name']}"}
+
+    url = serve_peer("gotalk", registry).url
+    proc = subprocess.run(
+        [sys.executable, "examples/spark_enrich.py", "--url", url, "--rows", "300"],
+        cwd=ROOT,
+        env={**os.environ, **spark_env()},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "session: classic (pyspark.sql.session)" in proc.stdout
+    assert "enriched 300 rows" in proc.stdout and ": 0 errors, 0 wrong" in proc.stdout
+    assert calls == Counter({f"name-{i}": 1 for i in range(300)})
+
+
 @dataclass
 class Item:
     name: str
