@@ -2,14 +2,16 @@
 
 Slowloris handshakes, pending handshakes past ``max_connections``, oversize request heads,
 bad Host headers and DNS rebinding, peers that never read or never answer pings. Each test
-measures what the server holds (its connection table, tracemalloc) and checks that a canary
-client on another connection keeps getting answers. No fixed sleeps: conditions are polled
-with a deadline (tests.browser.eventually) or awaited.
+measures what the server holds (its connection table, tracemalloc), checks that a canary
+client of another server on the same loop keeps getting answers during the attack, and that
+the attacked server itself still serves a legitimate client afterwards. No fixed sleeps:
+conditions are polled with a deadline (tests.browser.eventually) or awaited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import gc
 import ssl
@@ -135,6 +137,33 @@ async def answers(peer: rpc.Peer) -> None:
     assert await asyncio.wait_for(peer.request("echo", b"alive", raw=True), 5) == b"alive"
 
 
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    """Close our end and wait for it (the server may have reset the connection first)."""
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
+
+
+async def serves_a_websocket(port: int, sinks: list[Recorder]) -> None:
+    """The attacked server still serves: a new WebSocket client gets its 101 and a message
+    goes each way between it and the server's sink."""
+    before = len(sinks)
+    client = await RawClient.open(port)
+    try:
+        assert client.ws.state.name == "OPEN"
+        await eventually(lambda: len(sinks) == before + 1, "the new client's sink")
+        sink = sinks[-1]
+        client.ws.send_binary(b"legitimate")
+        client.flush()
+        await eventually(lambda: sink.data == [b"legitimate"], "the client's message")
+        sink.transport.write(b"served")
+        while not client.frames:
+            assert await client.read_once()
+        assert [bytes(f.data) for f in client.frames] == [b"served"]
+    finally:
+        await close_writer(client.writer)
+
+
 async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
     """Everything the server sends until it closes the connection (bounded in time)."""
     chunks = []
@@ -148,7 +177,8 @@ async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
 
 async def test_slowloris_handshake_is_closed_by_the_handshake_timeout(canary) -> None:
     http = HttpOptions(allow_missing_origin=True, handshake_timeout=0.5)
-    server, _, port = await recorder_server(http=http)
+    server, sinks, port = await recorder_server(http=http)
+    writer = None
     try:
         loop = asyncio.get_running_loop()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -161,7 +191,10 @@ async def test_slowloris_handshake_is_closed_by_the_handshake_timeout(canary) ->
         assert loop.time() - started < 5  # the deadline, not the trickle, ended it
         await eventually(lambda: not server.connections, "connection table emptied")
         await answers(canary)
+        await serves_a_websocket(port, sinks)
     finally:
+        if writer is not None:
+            await close_writer(writer)
         server.close()
         await server.wait_closed()
 
@@ -255,7 +288,7 @@ async def test_tls_connections_past_max_connections_are_closed_before_tls(canary
 
 async def test_oversize_request_head_gets_431(canary) -> None:
     http = HttpOptions(allow_missing_origin=True, max_request_head=4096)
-    server, _, port = await recorder_server(http=http)
+    server, sinks, port = await recorder_server(http=http)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /gotalk/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -263,9 +296,11 @@ async def test_oversize_request_head_gets_431(canary) -> None:
             writer.write(b"X-Filler: " + b"b" * 1000 + b"\r\n")
         reply = await closed_by_server(reader)
         assert reply.startswith(b"HTTP/1.1 431"), reply[:80]
-        writer.close()  # the server half-closed after its answer and waits for ours
+        # the server half-closed after its answer and waits for ours
+        await close_writer(writer)
         await answers(canary)
         await eventually(lambda: not server.connections, "connection table emptied")
+        await serves_a_websocket(port, sinks)
     finally:
         server.close()
         await server.wait_closed()
