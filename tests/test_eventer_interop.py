@@ -240,6 +240,9 @@ async def test_our_client_against_hat_listen() -> None:
 
         await server.set_status(hat.Status.STOPPING)
         await wait_until(lambda: statuses == [eventer.Status.OPERATIONAL, eventer.Status.STOPPING])
+        # the status change came after the non-persisted notify on the same connection: had
+        # that one been delivered, it would be here by now
+        assert received == [[as_ours(pushed[0])]] * 2
         await client.close()
 
         with pytest.raises(eventer.EventerInitError, match="go away"):
