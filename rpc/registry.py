@@ -135,6 +135,12 @@ class Registry:
         """Names of the notification handlers."""
         return sorted(self._notifications)
 
+    @property
+    def notification_count(self) -> int:
+        """How many notification names are registered (names are only ever added: a
+        reader that indexed them knows from this alone whether any came since)."""
+        return len(self._notifications)
+
     def update(self, other: Registry) -> None:
         """Add every handler of ``other`` (later registrations win); its middleware are
         not taken over."""

@@ -13,9 +13,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+import rpc
 from rpc.group import Footprint, GroupNode, NetID
+from rpc.group.dispatch import Dispatcher
 from rpc.group.members import full_jitter
-from rpc.group.payloads import encode_envelope
+from rpc.group.options import GroupStats
+from rpc.group.payloads import PayloadType, PayloadTypes, encode_envelope
 from rpc.logs import violations
 from tests.group_helpers import (
     Member,
@@ -300,3 +303,33 @@ async def test_learning_member_restarted_on_a_new_port_is_relearned() -> None:
     finally:
         for m in [seed, *others]:
             await m.node.close()
+
+
+class CountingRegistry(rpc.Registry):
+    """A registry that counts how often its notification names are read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def notification_names(self) -> list[str]:
+        self.reads += 1
+        return super().notification_names()
+
+
+async def test_unknown_tags_do_not_reindex_the_handlers_each() -> None:
+    """Any peer can send payload tags nobody registered: each costs a lookup, and the
+    registry's names are read again only when handlers were added since."""
+    registry = CountingRegistry()
+    got: list[object] = []
+    for i in range(50):
+        registry.handle_notification(f"name-{i}")(got.append)
+    stats = GroupStats()
+    dispatcher = Dispatcher(registry, PayloadTypes(), stats, 16, asyncio.get_running_loop())
+    for tag in range(1000):  # none of them a registered name's (xxh32) tag
+        dispatcher.dispatch(tag, b"0")
+    assert (registry.reads, stats.unhandled) == (1, 1000)
+    registry.handle_notification("late")(got.append)
+    dispatcher.dispatch(PayloadType.named("late").tag, b"7")
+    assert (registry.reads, got) == (2, [7])
+    await dispatcher.close()

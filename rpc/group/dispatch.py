@@ -2,9 +2,11 @@
 
 The gossip names its payload type by tag (``xxh32(name)``); names come from
 :class:`~rpc.group.payloads.PayloadTypes`, filled from the registry's notification handlers
-when an unknown tag arrives. A value the handler cannot decode is dropped with one
-rate-limited warning (:data:`rpc.logs.violations`). Coroutine handlers run as tasks, at most
-``max_handler_tasks`` (default 1024) at once; past it a notification is not dispatched.
+when an unknown tag arrives and handlers were registered since they were last read (so a
+peer sending unknown tags costs a lookup each). A value the handler cannot decode is
+dropped with one rate-limited warning (:data:`rpc.logs.violations`). Coroutine handlers
+run as tasks, at most ``max_handler_tasks`` (default 1024) at once; past it a notification
+is not dispatched.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class Dispatcher:
         self._stats = stats
         self._max_tasks = max_tasks
         self._tasks = TaskSet(loop)
+        self._indexed = -1
+        """The registry's notification count when its names were last indexed: an unknown
+        tag (which any peer can send) indexes them again only if names came since."""
 
     @property
     def running(self) -> int:
@@ -56,7 +61,7 @@ class Dispatcher:
     def dispatch(self, tag: int, data: bytes) -> None:
         """Decode ``data`` for the handler of ``tag`` and call it (once per broadcast)."""
         ptype = self._types.by_tag(tag)
-        if ptype is None:
+        if ptype is None and self._registry.notification_count != self._indexed:
             self._index_handlers()
             ptype = self._types.by_tag(tag)
         if ptype is None:
@@ -85,6 +90,7 @@ class Dispatcher:
         await self._tasks.wait()
 
     def _index_handlers(self) -> None:
+        self._indexed = self._registry.notification_count
         for name in self._registry.notification_names():
             try:
                 self._types.register(name)
