@@ -42,6 +42,10 @@ _LAST_DATA_OPCODE = Opcode.BINARY  # CONT, TEXT, BINARY are 0, 1, 2
 Event = Request | Response | Frame
 
 
+TIMER_EARLY = 0.001
+"""A keepalive timer may fire up to the loop's clock resolution early (uvloop's is a whole
+millisecond): a quiet period that ends within this many seconds has ended."""
+
 RETRY_FLAG = "peerwire-retry"
 """Query parameter peerwire's browser client sends: it understands Gotalk retry results."""
 
@@ -177,8 +181,10 @@ class Connection(SharedBufferProtocol):
         self._held: list[Event] = []
         self._write_paused = False
         self._timer: asyncio.TimerHandle | None = None
-        self._received = False
-        self._ping_sent = False
+        self._heard_at = 0.0
+        """Loop time of the last read from the peer (keepalive counts silence from it)."""
+        self._ping_out = False
+        """A keepalive ping went out and nothing has been read since."""
         self._closing_timer = False
 
     # --- the transport's callbacks ----------------------------------------------------------
@@ -204,7 +210,8 @@ class Connection(SharedBufferProtocol):
                 return
         ws = self.ws
         ws.receive_data(data)
-        self._received = True
+        self._heard_at = self.loop.time()
+        self._ping_out = False
         events = ws.events_received()
         out = ws.data_to_send()
         if out:
@@ -297,6 +304,7 @@ class Connection(SharedBufferProtocol):
             raise RuntimeError("open() before connection_made()")
         self._cancel_timer()
         if self.settings.ping_interval:
+            self._heard_at = self.loop.time()
             self._arm(self.settings.ping_interval, self._keepalive)
         transport = self.transport = WebSocketTransport(self, self.raw)
         self.sink = sink
@@ -398,18 +406,24 @@ class Connection(SharedBufferProtocol):
         self._arm(self.settings.handshake_timeout, callback)
 
     def _keepalive(self) -> None:
+        """Silence is counted from the last read: a ping ``ping_interval`` after it, and
+        the connection failed if nothing at all arrives within ``ping_timeout`` of the
+        ping. A timer that fires while the peer spoke within the interval moves on to
+        the interval's end after that read, without a ping."""
         self._timer = None
         settings = self.settings
         if self.ws.state is not _OPEN:
             return
-        if self._received:  # the peer spoke during the last period: alive
-            self._received = self._ping_sent = False
-            self._arm(settings.ping_interval or 0.0, self._keepalive)
-        elif self._ping_sent:
+        if self._ping_out:
             log.info("WebSocket peer %s: no answer to a ping: closing", self.peername)
             self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
-        else:
-            self.ws.send_ping(os.urandom(4))
-            self._send(self.ws.data_to_send())
-            self._ping_sent = True
-            self._arm(settings.ping_timeout or settings.ping_interval or 0.0, self._keepalive)
+            return
+        interval = settings.ping_interval or 0.0
+        quiet_for = self._heard_at + interval - self.loop.time()
+        if quiet_for > TIMER_EARLY:  # the peer spoke within the interval
+            self._arm(quiet_for, self._keepalive)
+            return
+        self.ws.send_ping(os.urandom(4))
+        self._send(self.ws.data_to_send())
+        self._ping_out = True
+        self._arm(settings.ping_timeout or interval, self._keepalive)
