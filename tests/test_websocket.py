@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.client
+import logging
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect as ws_connect
@@ -203,7 +205,9 @@ async def test_one_registry_on_tcp_tls_and_websocket_at_once(pki: Pki) -> None:
                 }
 
 
-async def test_static_files_are_read_gzipped_and_hashed_once(tmp_path) -> None:
+async def test_static_files_are_read_gzipped_and_hashed_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "app.js").write_text("console.log('hi');\n" * 100)
     static = StaticFiles(tmp_path, budget=10_000)
     first = static.get("/app.js")
@@ -213,8 +217,14 @@ async def test_static_files_are_read_gzipped_and_hashed_once(tmp_path) -> None:
     (tmp_path / "app.js").write_text("changed\n")
     changed = static.get("/app.js")
     assert changed is not None and changed.body == b"changed\n"  # size/mtime checked
-    (tmp_path / "big.js").write_text("x" * 20_000)  # over the budget: served, not kept
-    assert static.get("/big.js") is not None and static.cached_bytes == changed.size
+    (tmp_path / "pair.js").write_text("".join(f"{i:05}" for i in range(1_900)))
+    paired = static.get("/pair.js")  # fits the budget, with its gzipped body does not
+    assert paired is not None and paired.size > 10_000
+    assert static.get("/pair.js") is not paired and static.cached_bytes == changed.size
+    (tmp_path / "big.js").write_text("x" * 20_000)  # over the budget: not served at all
+    with caplog.at_level(logging.WARNING, logger="peerwire.transports.websocket"):
+        assert static.get("/big.js") is None and static.get("/big.js") is None
+    assert caplog.text.count("larger than static_cache_bytes") == 1
     assert static.get("/../etc/passwd") is None and static.get("/nothing") is None
 
 

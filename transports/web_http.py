@@ -5,8 +5,9 @@ Every request's ``Host`` header must name a host the server is meant to be reach
 WebSocket handshakes from allowed origins (403 otherwise, 426 for plain GETs); the browser
 script (``<mount>gotalk.js`` and ``<mount>peerwire.js``) and files under ``static_dir`` are
 served with ETag, 304, Cache-Control and gzip. Each file is read, gzipped and hashed once and
-kept in a cache bounded in bytes (``static_cache_bytes``), checked against the file's size and
-modification time on every request. Sans-I/O: requests in, ``Response`` objects out.
+kept in a cache bounded in bytes (``static_cache_bytes``; a larger file is not served),
+checked against the file's size and modification time on every request. No sockets here:
+requests in, ``Response`` objects out (files are read here, each once while unchanged).
 """
 
 from __future__ import annotations
@@ -97,8 +98,10 @@ def script_asset() -> Asset:
 class StaticFiles:
     """Files under one folder, each loaded once; an LRU cache of at most ``budget`` bytes.
 
-    A file whose size or mtime changed is loaded again; files larger than the budget are
-    served without being kept.
+    A file whose size or mtime changed is loaded again. A file larger than the budget is
+    not served (404, and one warning per file): it would be read and gzipped on the event
+    loop for every request, which any client could repeat. One whose plain and gzipped
+    bodies together pass the budget is served without being kept.
     """
 
     def __init__(self, root: Path, budget: int) -> None:
@@ -106,6 +109,8 @@ class StaticFiles:
         self._budget = budget
         self._used = 0
         self._cache: OrderedDict[Path, tuple[int, int, Asset]] = OrderedDict()
+        self._refused: set[Path] = set()
+        """Files refused as too large and warned about (at most one entry per file)."""
 
     def get(self, path: str) -> Asset | None:
         relative = urllib.parse.unquote(path).lstrip("/") or "index.html"
@@ -117,6 +122,16 @@ class StaticFiles:
         except OSError:
             return None
         if not target.is_file():
+            return None
+        if stat.st_size > self._budget:
+            if target not in self._refused and len(self._refused) < 1024:
+                self._refused.add(target)
+                log.warning(
+                    "static file %s (%d bytes) is larger than static_cache_bytes (%d): not served",
+                    target,
+                    stat.st_size,
+                    self._budget,
+                )
             return None
         cached = self._cache.get(target)
         if cached is not None and cached[:2] == (stat.st_size, stat.st_mtime_ns):
