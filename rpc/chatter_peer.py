@@ -100,9 +100,12 @@ class ChatterAdapter:
         self._foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types.
         Freed when answered or when the requester ends the conversation itself."""
-        self._waits = TokenWaits(peer.options.max_stream_queue, self.send_error)
+        self._waits = TokenWaits(
+            peer.options.max_stream_queue, peer.options.max_size, self.send_error
+        )
         """Replies to incoming streams waiting for the requester's token (it still sends
-        parts); sent once its End hands the token over (see :mod:`rpc.token_waits`)."""
+        parts); sent once its End hands the token over (see :mod:`rpc.token_waits`): at
+        most ``max_stream_queue`` a stream and ``max_size`` bytes over all streams."""
 
     def _send(
         self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool

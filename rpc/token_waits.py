@@ -19,15 +19,18 @@ Send = Callable[..., None]
 
 class TokenWaits:
     """Per connection: the replies of each stream that wait for its token. At most
-    ``per_stream`` replies a stream (past it they become one error, sent instead) and
+    ``per_stream`` replies a stream and ``max_bytes`` bytes of payload over all streams
+    (past either, a stream's replies become one error, sent instead), and
     ``WAITING_STREAMS`` streams; freed when the token comes back, the conversation ends
-    without it, or the connection goes."""
+    without it, or the connection goes. The requester decides how long they wait."""
 
-    __slots__ = ("_error", "_per_stream", "_waiting")
+    __slots__ = ("_bytes", "_error", "_max_bytes", "_per_stream", "_waiting")
 
-    def __init__(self, per_stream: int, error: Send) -> None:
+    def __init__(self, per_stream: int, max_bytes: int, error: Send) -> None:
         self._per_stream = per_stream
+        self._max_bytes = max_bytes
         self._error = error
+        self._bytes = 0
         self._waiting: OrderedDict[Hashable, list[tuple[Send, tuple[Any, ...]]]] = OrderedDict()
 
     def hold(self, key: Hashable, send: Send, args: tuple[Any, ...]) -> None:
@@ -36,27 +39,49 @@ class TokenWaits:
         if waiting is None:
             waiting = self._waiting[key] = []
             if len(self._waiting) > WAITING_STREAMS:
-                self._waiting.popitem(last=False)
-        if len(waiting) < self._per_stream:
+                self._bytes -= _size(self._waiting.popitem(last=False)[1])
+        if waiting and waiting[-1][0] == self._error:
+            return  # the stream has failed: nothing more of it is kept
+        size = _size([(send, args)])
+        if len(waiting) < self._per_stream and self._bytes + size <= self._max_bytes:
             waiting.append((send, args))
-        elif waiting[-1][0] != self._error:
+            self._bytes += size
+            return
+        if len(waiting) >= self._per_stream:
             message = f"more than {self._per_stream} results before the stream's end"
-            waiting[:] = [(self._error, (key, message))]
+        else:
+            message = f"more than {self._max_bytes} bytes of results waiting for streams' ends"
+        self._bytes -= _size(waiting)
+        waiting[:] = [(self._error, (key, message))]
 
     def release(self, key: Hashable) -> None:
         """``key``'s token is back: send what waited for it, in order."""
         waiting = self._waiting.pop(key, None)
         if waiting is not None:
+            self._bytes -= _size(waiting)
             for send, args in waiting:
                 send(*args)
 
     def drop(self, key: Hashable) -> None:
         """``key``'s conversation ended without handing the token over: what waited for it
         can never be sent."""
-        self._waiting.pop(key, None)
+        waiting = self._waiting.pop(key, None)
+        if waiting is not None:
+            self._bytes -= _size(waiting)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._waiting
 
     def clear(self) -> None:
         self._waiting.clear()
+        self._bytes = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of payload waiting, over all streams."""
+        return self._bytes
+
+
+def _size(replies: list[tuple[Send, tuple[Any, ...]]]) -> int:
+    """Bytes of the payloads (bytes arguments) of ``replies``."""
+    return sum(len(a) for _, args in replies for a in args if isinstance(a, bytes | bytearray))

@@ -291,3 +291,37 @@ async def test_a_bug_of_ours_on_held_input_closes_the_connection(
         assert bug_call.exception() is not None
         await peer.close()
         await check_other_client_still_works(server)
+
+
+async def test_chatter_replies_held_for_a_kept_token_are_bounded_in_bytes() -> None:
+    """A requester that keeps its stream's token holds our stream handler's results: at
+    most max_size bytes of them wait, past which the stream's replies become one error."""
+    reg = registry()
+    produced = 0
+
+    @reg.handle_stream("big")
+    async def big(parts: Any) -> Any:
+        nonlocal produced
+        async for _ in parts:
+            produced += 1
+            yield b"x" * 300_000
+
+    options = rpc.Options(max_size=1_000_000)
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=reg, options=options) as server:
+        reader, writer = await raw_connect(server)
+        sock = ChatterSocket(reader, writer, ChatterConnection(Dialect.CURRENT, strict=False))
+        frames = [Msg(1, 1, True, False, False, "big", b"0")]
+        frames += [Msg(i, 1, True, False, False, "PeerwireRpc.Part", b"0") for i in range(2, 8)]
+        writer.write(b"".join(encode_frame(m, Dialect.CURRENT) for m in frames))
+        [server_peer] = server.peers
+        adapter: Any = server_peer.adapter
+        await wait_until(lambda: produced == 7)
+        assert adapter._waits.held_bytes <= 1_000_000
+        end = Msg(8, 1, True, True, False, "PeerwireRpc.End", b"")
+        writer.write(encode_frame(end, Dialect.CURRENT))
+        reply = await sock.receive()
+        assert (reply.type, reply.last) == ("PeerwireRpc.Error", True)
+        assert b"bytes of results waiting" in reply.data
+        assert adapter._waits.held_bytes == 0
+        await sock.close()
+        await check_other_client_still_works(server, "?dialect=HatChatter")
