@@ -669,3 +669,26 @@ async def test_queries_past_max_concurrent_wait_instead_of_a_retry(tmp_path: Pat
         assert len(replies) == 1300
         assert 0 < most <= 1024
         await peer.close()
+
+
+async def test_iterators_end_when_the_client_closes(tmp_path: Path) -> None:
+    """One waiting for events ends at the close; a full one gives what it holds, then ends."""
+    async with running_server(tmp_path, database=":memory:") as server:
+        c = await eventer.connect(
+            url_of(server), "it", subscriptions=[("q", "*")], events_queue_size=2
+        )
+        idle, full = c.events(), c.events()
+        waiting = asyncio.ensure_future(anext(idle))
+        for i in range(2):
+            await c.register([json_event(("q", str(i)))], with_response=True)
+        first = await asyncio.wait_for(waiting, 5)
+        assert [e.type for e in first] == [("q", "0")]
+        await wait_until(lambda: c._deliveries.empty())  # ("q", "1") in both iterators
+        waiting = asyncio.ensure_future(anext(idle))
+        await asyncio.sleep(0)  # the iterator takes ("q", "1") without waiting
+        assert [e.type for e in waiting.result()] == [("q", "1")]
+        waiting = asyncio.ensure_future(anext(idle))
+        await c.close()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(waiting, 5)
+        assert [[e.type for e in events] async for events in full] == [[("q", "0")], [("q", "1")]]

@@ -287,22 +287,11 @@ class Client:
     async def _iterate(self, queue: asyncio.Queue[Any]) -> AsyncIterator[list[Event]]:
         try:
             while True:
-                if queue.empty():
-                    if self._closed.done():
-                        return
-                    getter = asyncio.ensure_future(queue.get())
-                    try:
-                        await asyncio.wait(
-                            {getter, self._closed}, return_when=asyncio.FIRST_COMPLETED
-                        )
-                    finally:
-                        if not getter.done():
-                            getter.cancel()
-                    if not getter.done() or getter.cancelled():
-                        continue  # closed: drain what is queued, then end
-                    item = getter.result()
-                else:
-                    item = queue.get_nowait()
+                if queue.empty() and self._closed.done():
+                    return  # what was queued has been taken
+                item = await queue.get()  # no wait while events are queued
+                if item is _CLOSED:
+                    return
                 yield item
         finally:
             self._iterators.discard(queue)
@@ -364,6 +353,9 @@ class Client:
         self._delivery.cancel()
         if not self._closed.done():
             self._closed.set_result(None)
+        for queue in self._iterators:  # an iterator waiting for more ends; a full one
+            if not queue.full():  # is not waiting, and ends once it has taken the rest
+                queue.put_nowait(_CLOSED)
 
     def _ready_conn(self) -> rpc.ReconnectingPeer:
         if self._closing or self._closed.done() or self._conn is None:
@@ -435,6 +427,10 @@ class Client:
             finally:
                 if done is not None and not done.done():
                     done.set_result(None)
+
+
+_CLOSED = object()
+"""Put in the queue of an iterator that waits for events when the client closes."""
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> None:
