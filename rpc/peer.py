@@ -56,7 +56,7 @@ from rpc.logs import violations
 from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
-from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
+from rpc.responder import ENDED_STREAMS, NotificationsHeld, Responder, _awaited, current_peer
 from rpc.responder import _parts as _parts
 from rpc.streaming import ResultWait, StreamQueue
 from rpc.tasks import TaskSet
@@ -237,21 +237,17 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     def _run(self, messages: list[Any]) -> None:
         """Dispatch one read's messages, with :data:`current_peer` set for them all (the
         handlers they run, and the tasks those start, see it)."""
-        # _held() and handlers_running inlined: this check runs once per message
+        # _held() and handlers_running inlined: this check runs once per message (the
+        # notification tasks' bound is checked by notifications alone: NotificationsHeld)
         dispatch = self.adapter.dispatch
         outbox = self.outbox
-        limit = self.options.max_concurrent
-        jobs_count = not self.adapter.retry_results  # else requests past it get retry results
+        slots = None if self.adapter.retry_results else self.options.max_concurrent
         tasks = self._tasks
         runner = self._runner
         token = current_peer.set(self)
         try:
             for index, message in enumerate(messages):
-                if (
-                    outbox.blocked
-                    or len(tasks) >= limit
-                    or (jobs_count and len(tasks) + runner.jobs >= limit)
-                ):
+                if outbox.blocked or (slots is not None and len(tasks) + runner.jobs >= slots):
                     self._backlog.extend(messages[index:])
                     self._pause_reading()
                     return
@@ -260,7 +256,12 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
                     self._pause_reading()
                     self._next_turn()
                     return
-                dispatch(message)
+                try:  # free unless raised (3.11's zero-cost exceptions)
+                    dispatch(message)
+                except NotificationsHeld:
+                    self._backlog.extend(messages[index:])
+                    self._pause_reading()
+                    return
         finally:
             current_peer.reset(token)
 
@@ -285,7 +286,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
                     self.outbox.flush()
                     self._next_turn()
                     return
-                self.adapter.dispatch(backlog.popleft())
+                self.adapter.dispatch(backlog.popleft())  # _held(): room for a notification
                 handled += 1
         except ProtocolError as exc:
             self._violation(exc)

@@ -54,6 +54,13 @@ PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, 
 them (those are ABC checks, slow)."""
 
 
+class NotificationsHeld(Exception):
+    """Raised by :meth:`Responder.on_notification` when the connection's tasks are all taken:
+    a notification has no answer to refuse it with, so the peer keeps it (and what follows
+    it) until a task ends. Raised only then, so that the per-message loop checks nothing
+    for it."""
+
+
 class Responder(Generic[K]):
     """The calls the peer makes to us (mixed into :class:`~rpc.peer.Peer`, which sets up
     the attributes below)."""
@@ -87,6 +94,11 @@ class Responder(Generic[K]):
     # --- requests and notifications from the peer (from the adapter) -----------------------
 
     def on_notification(self, name: str, payload: Any) -> None:
+        """Run ``name``'s handler; raises :class:`NotificationsHeld` while
+        ``max_concurrent`` tasks run (the peer holds this message and the rest of its
+        read, reading paused, until one ends)."""
+        if len(self._tasks) >= self.options.max_concurrent:
+            raise NotificationsHeld
         if self._intercepted:
             intercept.serve_notification(self, name, payload)  # type: ignore[arg-type]
             return
