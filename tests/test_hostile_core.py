@@ -8,11 +8,13 @@ canary client on another connection keeps getting answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import socket
 import ssl
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -56,6 +58,24 @@ async def canary_answers(server: rpc.Server) -> None:
         assert await canary.request("echo", "alive", timeout=5) == "alive"
 
 
+@contextlib.asynccontextmanager
+async def raw_connection(
+    port: int,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw TCP connection to the server, closed (and waited for) when the block ends;
+    bytes still unsent then (an attack the server stopped reading) are dropped, not flushed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        yield reader, writer
+    finally:
+        if writer.transport.get_write_buffer_size():
+            writer.transport.abort()
+        else:
+            writer.close()
+        with contextlib.suppress(ConnectionError):  # the server may have reset it
+            await writer.wait_closed()
+
+
 def gotalk_request(rid: int, op: str, payload: bytes) -> bytes:
     return gotalk.encode(gotalk.Request(rid.to_bytes(4, "big"), op, payload))
 
@@ -65,46 +85,44 @@ async def test_peer_that_never_reads_costs_bounded_memory() -> None:
     from it and holds a few MB, not 600 MB."""
     options = rpc.Options(high_water=256 * 1024, low_water=64 * 1024)
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
-        _reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
-        sock = writer.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        writer.write(b"01" + b"".join(gotalk_request(i, "big", b"1048576") for i in range(600)))
-        await writer.drain()
-        await until(lambda: any(not p._reading for p in srv.peers))
-        [attacker] = [p for p in srv.peers]
-        held = attacker.write_buffer_size + sum(
-            len(m.payload) for m in attacker._backlog
-        )  # output queued + requests held back
-        assert held < 16 * MB, held
-        await canary_answers(srv)
-        writer.close()
+        async with raw_connection(srv.url.port) as (_reader, writer):
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            writer.write(b"01" + b"".join(gotalk_request(i, "big", b"1048576") for i in range(600)))
+            await writer.drain()
+            await until(lambda: any(not p._reading for p in srv.peers))
+            [attacker] = [p for p in srv.peers]
+            held = attacker.write_buffer_size + sum(
+                len(m.payload) for m in attacker._backlog
+            )  # output queued + requests held back
+            assert held < 16 * MB, held
+            await canary_answers(srv)
 
 
 async def test_stream_outrunning_its_handler_fails_alone() -> None:
     options = rpc.Options(max_stream_queue=4)
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
-        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
-        rid = b"\x00\x00\x00\x01"
-        parts = b"".join(gotalk.encode(gotalk.StreamRequestPart(rid, b"1")) for _ in range(50))
-        writer.write(
-            b"01"
-            + gotalk.encode(gotalk.StreamRequest(rid, "slow_sum", b"1"))
-            + parts
-            + gotalk.encode(gotalk.StreamRequestPart(rid, b""))
-            + gotalk_request(2, "echo", b'"still here"')
-        )
-        codec = gotalk.GotalkConnection()
-        seen: list[Any] = []
-        async with asyncio.timeout(5):
-            while not any(isinstance(m, gotalk.ErrorResult) for m in seen) or not any(
-                isinstance(m, gotalk.Result) for m in seen
-            ):
-                seen += codec.receive_data(await reader.read(65536))
-        [error] = [m for m in seen if isinstance(m, gotalk.ErrorResult)]
-        assert error.id == rid and b"faster than handled" in error.payload
-        assert [m.payload for m in seen if isinstance(m, gotalk.Result)] == [b'"still here"']
-        assert not [m for m in seen if isinstance(m, gotalk.Fault)]
-        writer.close()
+        async with raw_connection(srv.url.port) as (reader, writer):
+            rid = b"\x00\x00\x00\x01"
+            parts = b"".join(gotalk.encode(gotalk.StreamRequestPart(rid, b"1")) for _ in range(50))
+            writer.write(
+                b"01"
+                + gotalk.encode(gotalk.StreamRequest(rid, "slow_sum", b"1"))
+                + parts
+                + gotalk.encode(gotalk.StreamRequestPart(rid, b""))
+                + gotalk_request(2, "echo", b'"still here"')
+            )
+            codec = gotalk.GotalkConnection()
+            seen: list[Any] = []
+            async with asyncio.timeout(5):
+                while not any(isinstance(m, gotalk.ErrorResult) for m in seen) or not any(
+                    isinstance(m, gotalk.Result) for m in seen
+                ):
+                    seen += codec.receive_data(await reader.read(65536))
+            [error] = [m for m in seen if isinstance(m, gotalk.ErrorResult)]
+            assert error.id == rid and b"faster than handled" in error.payload
+            assert [m.payload for m in seen if isinstance(m, gotalk.Result)] == [b'"still here"']
+            assert not [m for m in seen if isinstance(m, gotalk.Fault)]
 
 
 @pytest.mark.parametrize(
@@ -167,44 +185,44 @@ async def test_a_flood_on_one_connection_yields_to_the_others() -> None:
         return value
 
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg) as srv:
-        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
-        writer.write(b"01" + b"".join(gotalk_request(i, "mark", b"%d" % i) for i in range(1000)))
-        codec = gotalk.GotalkConnection()
-        results: list[Any] = []
-        async with asyncio.timeout(10):
-            while len(results) < 1000:
-                results += [
-                    m
-                    for m in codec.receive_data(await reader.read(65536))
-                    if isinstance(m, gotalk.Result)
-                ]
-        assert [int(m.payload) for m in results] == list(range(1000))
-        assert handled.index("other work") <= MESSAGES_PER_TURN
-        writer.close()
+        async with raw_connection(srv.url.port) as (reader, writer):
+            writer.write(
+                b"01" + b"".join(gotalk_request(i, "mark", b"%d" % i) for i in range(1000))
+            )
+            codec = gotalk.GotalkConnection()
+            results: list[Any] = []
+            async with asyncio.timeout(10):
+                while len(results) < 1000:
+                    results += [
+                        m
+                        for m in codec.receive_data(await reader.read(65536))
+                        if isinstance(m, gotalk.Result)
+                    ]
+            assert [int(m.payload) for m in results] == list(range(1000))
+            assert handled.index("other work") <= MESSAGES_PER_TURN
 
 
 async def test_refused_stream_requests_leave_bounded_state() -> None:
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as srv:
-        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
-        flood = b"".join(
-            gotalk.encode(gotalk.StreamRequest(i.to_bytes(4, "big"), "nope", b"1"))
-            for i in range(2000)
-        )
-        writer.write(b"01" + flood + gotalk_request(99999, "echo", b"1"))
-        codec = gotalk.GotalkConnection()
-        results: list[Any] = []
-        async with asyncio.timeout(5):
-            while not results:
-                results = [
-                    m
-                    for m in codec.receive_data(await reader.read(65536))
-                    if isinstance(m, gotalk.Result)
-                ]
-        [peer] = srv.peers
-        assert peer._streams == {}
-        assert len(peer._ended) <= rpc.peer.ENDED_STREAMS
-        await canary_answers(srv)
-        writer.close()
+        async with raw_connection(srv.url.port) as (reader, writer):
+            flood = b"".join(
+                gotalk.encode(gotalk.StreamRequest(i.to_bytes(4, "big"), "nope", b"1"))
+                for i in range(2000)
+            )
+            writer.write(b"01" + flood + gotalk_request(99999, "echo", b"1"))
+            codec = gotalk.GotalkConnection()
+            results: list[Any] = []
+            async with asyncio.timeout(5):
+                while not results:
+                    results = [
+                        m
+                        for m in codec.receive_data(await reader.read(65536))
+                        if isinstance(m, gotalk.Result)
+                    ]
+            [peer] = srv.peers
+            assert peer._streams == {}
+            assert len(peer._ended) <= rpc.peer.ENDED_STREAMS
+            await canary_answers(srv)
 
 
 @pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
@@ -213,10 +231,12 @@ async def test_silent_connections_are_closed_after_the_liveness_limits(scheme: s
     says nothing until its first Ping (see test_rpc_chatter_interop)."""
     options = rpc.Options(handshake_timeout=0.3)
     pings = {"ping_interval": 0.6, "ping_timeout": 0.3} if scheme == "tcp+sbs" else {}
-    async with rpc.serve(
-        f"{scheme}://127.0.0.1:0", registry=registry(), options=options, **pings
-    ) as srv:
-        silent = [await asyncio.open_connection("127.0.0.1", srv.url.port) for _ in range(20)]
+    async with (
+        rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), options=options, **pings) as srv,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        port = srv.url.port
+        silent = [await stack.enter_async_context(raw_connection(port)) for _ in range(20)]
         await until(lambda: len(srv.peers) == 20)
         started = time.monotonic()
         for reader, _ in silent:  # each is closed by the server (EOF), none hangs
@@ -238,11 +258,12 @@ async def test_pending_tls_handshakes_count_toward_max_connections(pki: Pki) -> 
         options=options,
         max_connections=10,
     ) as srv:
-        silent = [await asyncio.open_connection("127.0.0.1", srv.url.port) for _ in range(50)]
-        await until(lambda: srv.refused == 40)
-        assert len(srv.peers) == 10  # the 10 silent handshakes hold the only slots
-        for _, writer in silent:
-            writer.close()
+        async with contextlib.AsyncExitStack() as stack:
+            port = srv.url.port
+            for _ in range(50):
+                await stack.enter_async_context(raw_connection(port))
+            await until(lambda: srv.refused == 40)
+            assert len(srv.peers) == 10  # the 10 silent handshakes hold the only slots
         await until(lambda: not srv.peers, timeout=10)  # the handshake limit (5 s) frees them
         client = ssl.create_default_context(cafile=str(pki.ca))
         async with rpc.connect(str(srv.url), ssl=client, registry=rpc.Registry()) as canary:
@@ -318,15 +339,15 @@ async def test_result_over_max_size_is_an_error_at_once(scheme: str) -> None:
 async def test_chatter_violation_is_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
     violations.reset()  # earlier tests' violations must not use up this window
     async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as srv:
-        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
-        # a reply in a conversation that does not exist
-        writer.write(encode_frame(Msg(1, 7, False, True, True, "X", b""), Dialect.CURRENT))
-        async with asyncio.timeout(5):
-            assert await reader.read() == b""
-        records = [r for r in caplog.records if r.name == "peerwire.rpc.violations"]
-        assert len(records) == 1 and records[0].levelname == "WARNING"
-        assert records[0].exc_info is None and "127.0.0.1" in records[0].getMessage()
-        await canary_answers(srv)
+        async with raw_connection(srv.url.port) as (reader, writer):
+            # a reply in a conversation that does not exist
+            writer.write(encode_frame(Msg(1, 7, False, True, True, "X", b""), Dialect.CURRENT))
+            async with asyncio.timeout(5):
+                assert await reader.read() == b""
+            records = [r for r in caplog.records if r.name == "peerwire.rpc.violations"]
+            assert len(records) == 1 and records[0].levelname == "WARNING"
+            assert records[0].exc_info is None and "127.0.0.1" in records[0].getMessage()
+            await canary_answers(srv)
 
 
 def test_violation_log_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
