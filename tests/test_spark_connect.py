@@ -51,9 +51,8 @@ def run_connect(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_spark_connect_session_runs_the_udf(serve_peer) -> None:
-    require_spark()
-    calls: Counter[str] = Counter()
+def greet_registry(calls: Counter[str]) -> rpc.Registry:
+    """examples/greet.py's ``greet``, counting the names it is called with."""
     registry = rpc.Registry()
 
     @registry.handle("greet")
@@ -61,7 +60,13 @@ def test_spark_connect_session_runs_the_udf(serve_peer) -> None:
         calls[params["name"]] += 1
         return {"greeting": f"Hello {params['name']}"}
 
-    url = serve_peer("chatter", registry).url
+    return registry
+
+
+def test_spark_connect_session_runs_the_udf(serve_peer) -> None:
+    require_spark()
+    calls: Counter[str] = Counter()
+    url = serve_peer("chatter", greet_registry(calls)).url
     n = 500
     proc = run_connect("examples/spark_enrich.py", "--url", url, "--rows", str(n))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
@@ -80,14 +85,7 @@ def test_the_example_runs_on_a_classic_session_too(serve_peer) -> None:
     session, in a process of its own."""
     require_spark()
     calls: Counter[str] = Counter()
-    registry = rpc.Registry()
-
-    @registry.handle("greet")
-    def greet(params: dict[str, Any]) -> dict[str, str]:
-        calls[params["name"]] += 1
-        return {"greeting": f"Hello {params['name']}"}
-
-    url = serve_peer("gotalk", registry).url
+    url = serve_peer("gotalk", greet_registry(calls)).url
     proc = subprocess.run(
         [sys.executable, "examples/spark_enrich.py", "--url", url, "--rows", "300"],
         cwd=ROOT,
