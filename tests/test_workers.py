@@ -95,9 +95,16 @@ class Running:
             return "\n".join(self.lines[name])
 
     def kill(self) -> None:
+        """For a ``finally``: the process killed if it still runs, reaped, and its pipes
+        closed once their readers are done (left to the GC, they warn)."""
         if self.process.poll() is None:
             self.process.kill()
-            self.process.wait()
+        self.process.wait()
+        streams = (self.process.stdout, self.process.stderr)
+        for pump, stream in zip(self.pumps, streams, strict=True):
+            pump.join(10)  # EOF once every worker, which inherits the pipes, is gone
+            if not pump.is_alive() and stream is not None:
+                stream.close()
 
 
 async def ask(url: str, op: str, value: object = None) -> object:
