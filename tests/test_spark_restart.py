@@ -39,9 +39,18 @@ def start_server(port: int, log: Path) -> tuple[subprocess.Popen[str], int]:
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until it listens (or dies: then "")
     if not line.startswith("PORT "):
-        proc.kill()
+        stop_server(proc)
         raise RuntimeError(f"the server did not start: {line!r}")
     return proc, int(line.split()[1])
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    """Killed if it still runs, reaped, its stdout pipe closed (not left to the GC)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def calls_logged(log: Path) -> Counter[int]:
@@ -85,9 +94,8 @@ def test_job_rides_out_a_peer_restart(spark: SparkSession, tmp_path: Path, idemp
         assert not runner.is_alive(), "the job did not finish"
     finally:
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+            if proc is not None:
+                stop_server(proc)
         runner.join(30)
     assert "error" not in outcome, outcome.get("error")
     rows = outcome["rows"]
