@@ -132,6 +132,14 @@ class ChatterPings:
         peer = self._peer
         if not peer.is_open:
             return
+        if peer.holding_input:
+            # we do not read it: its Pong (and its own Pings) wait unread. Ping again, so
+            # that it hears from us within its own limits, and look again a timeout later
+            now = peer.deadlines.now()
+            self._send_ping()
+            self._ping_sent_at = now
+            peer.deadlines.set("ping", now + self.timeout, self._pong_due)
+            return
         self._awaiting_pong = False
         if self.last_read >= self._ping_sent_at and self.interval:  # heard from it meanwhile
             when = next_beat(self.last_read, self.interval)

@@ -175,6 +175,9 @@ class GotalkAdapter:
         if self.peer.deadlines.now() < silent_until:  # something arrived meanwhile
             self.peer.deadlines.set("read", silent_until, self._read_due, coarse=True)
             return
+        if self.peer.holding_input:  # we do not read it: its heartbeats wait unread
+            self.peer.deadlines.set("read", self.peer.deadlines.now() + timeout, self._read_due)
+            return
         self.peer.outbox.push(self.codec.fault(gotalk.ErrorCode.TIMEOUT))
         self.peer.abort()
 

@@ -345,6 +345,14 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             raise ConnectionClosed("connection is closed")
 
     @property
+    def holding_input(self) -> bool:
+        """True while we hold the peer's input for reasons of our own (every handler slot
+        or notification task taken, a turn given to other connections), not because it
+        stopped reading our output: the liveness checks (read timeout, Ping, keepalive)
+        then count it alive, since what it sent waits unread."""
+        return not self._reading and not self.outbox.blocked
+
+    @property
     def transport(self) -> Any:
         """The transport (None once closed): ``get_extra_info`` gives the TLS certificate."""
         return self._transport

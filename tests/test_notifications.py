@@ -133,3 +133,37 @@ async def test_a_notification_flood_is_slowed_not_spawned(flavour: str, middlewa
         assert await after == "after"
         await wait_until(lambda: done == 50)
         assert most == 4
+
+
+@pytest.mark.parametrize(
+    ("flavour", "liveness"),
+    [
+        ("gotalk", {"heartbeat_interval": 0.1, "read_timeout": 0.4}),
+        ("chatter-current", {"ping_interval": 0.2, "ping_timeout": 0.2}),
+    ],
+)
+async def test_held_input_does_not_count_as_a_silent_peer(
+    flavour: str, liveness: dict[str, float]
+) -> None:
+    """While the server holds a peer's input (its notification tasks all taken), the
+    peer's heartbeats or Pongs wait unread: that is not silence, and the connection lives
+    past the liveness limits until the handlers end."""
+    reg = rpc.Registry()
+    done = 0
+
+    @reg.handle_notification("work")
+    async def work(seconds: float) -> None:
+        nonlocal done
+        await asyncio.sleep(seconds)  # the work itself
+        done += 1
+
+    reg.handle("echo")(lambda value: value)
+    options = rpc.Options(max_concurrent=1)
+    async with served(flavour, reg, options=options, **liveness) as (server, peer):
+        peer.notify("work", 1.0)
+        peer.notify("work", 1.0)  # held for a second: more than the liveness limits
+        [server_peer] = server.peers
+        await wait_until(lambda: not server_peer.transport.is_reading())
+        await wait_until(lambda: done == 2, timeout=10)
+        assert peer.is_open and server_peer.is_open
+        assert await peer.request("echo", "alive") == "alive"

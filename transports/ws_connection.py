@@ -415,6 +415,11 @@ class Connection(SharedBufferProtocol):
         if self.ws.state is not _OPEN:
             return
         if self._ping_out:
+            if not self.reading and not self._write_paused:
+                # the sink stopped our reading (its handlers are busy), not the peer's
+                # not reading ours: its pong may be waiting unread
+                self._arm(settings.ping_timeout or settings.ping_interval or 0.0, self._keepalive)
+                return
             log.info("WebSocket peer %s: no answer to a ping: closing", self.peername)
             self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
             return
