@@ -692,3 +692,36 @@ async def test_iterators_end_when_the_client_closes(tmp_path: Path) -> None:
         with pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(waiting, 5)
         assert [[e.type for e in events] async for events in full] == [[("q", "0")], [("q", "1")]]
+
+
+async def test_a_callback_that_queries_is_answered_past_the_bound(tmp_path: Path) -> None:
+    """A callback that waits on the client's own request needs its answer read: past
+    ``events_queue_size`` (and ``max_concurrent`` waiting notifications) it still gets
+    it at once, rather than the client stopping reading and the query its timeout."""
+    async with running_server(tmp_path) as server:
+        release = asyncio.Event()
+        answered: list[int] = []
+        failures: list[BaseException] = []
+
+        async def querying_cb(client: eventer.Client, events: list[eventer.Event]) -> None:
+            await release.wait()
+            try:
+                result = await client.query(QueryLatestParams([("n", "0")]), timeout=3)
+                answered.append(len(result.events))
+            except Exception as exc:  # a timeout here is the failure this test is about
+                failures.append(exc)
+
+        reader = await eventer.connect(
+            url_of(server), "reader", subscriptions=[("n", "*")], events_cb=querying_cb,
+            events_queue_size=8,
+        )  # fmt: skip
+        async with await eventer.connect(url_of(server), "writer") as writer:
+            for i in range(1100):  # past 8 queued + 1,024 waiting: reading paused
+                await writer.register([RegisterEvent(("n", str(i)))])
+            connection = reader._conn.connection if reader._conn else None
+            assert connection is not None
+            await wait_until(lambda: not connection.transport.is_reading())
+            release.set()
+            await wait_until(lambda: len(answered) + len(failures) == 1100, timeout=30)
+        assert failures == [] and answered == [1] * 1100
+        await reader.close()

@@ -33,11 +33,12 @@ by default) bounds every message both ways; a registration that would not fit ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
 import ssl as ssl_module
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import rpc
@@ -193,6 +194,8 @@ class Client:
         self._room = asyncio.Event()
         """Set while the deliveries queue is within ``events_queue_size``."""
         self._room.set()
+        self._awaited_answers = 0
+        """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
         self._iterators: set[asyncio.Queue[Any]] = set()
         self._delivery = asyncio.get_running_loop().create_task(self._deliver())
         self.registry = self._make_registry()
@@ -251,7 +254,8 @@ class Client:
             peer.notify(MSG_REGISTER_REQ, data)
             return None
         # not idempotent: lost in flight, it fails (the server may have registered it)
-        res = await peer.request(MSG_REGISTER_REQ, data, timeout=self.timeout, raw=True)
+        with self._answer_awaited():
+            res = await peer.request(MSG_REGISTER_REQ, data, timeout=self.timeout, raw=True)
         kind, value = common.decode(MSG_REGISTER_RES, _bytes(res, MSG_REGISTER_RES))
         if kind == "events":
             return [common.event_from_sbs(e) for e in value]
@@ -263,13 +267,14 @@ class Client:
         data = common.encode(MSG_QUERY_REQ, common.query_params_to_sbs(params))
         conn = self._ready_conn()
         try:
-            res = await conn.request(
-                MSG_QUERY_REQ,
-                data,
-                timeout=self.timeout if timeout is None else timeout,
-                raw=True,
-                idempotent=True,  # a query changes nothing: sent again after a reconnect
-            )
+            with self._answer_awaited():
+                res = await conn.request(
+                    MSG_QUERY_REQ,
+                    data,
+                    timeout=self.timeout if timeout is None else timeout,
+                    raw=True,
+                    idempotent=True,  # a query changes nothing: sent again after a reconnect
+                )
         except rpc.RemoteError as exc:
             raise QueryError(str(exc)) from None
         return common.query_result_from_sbs(
@@ -388,10 +393,26 @@ class Client:
         ``events_queue_size``; past it, an awaitable that waits for room. A notification
         handler returns it, and the connection runs it as a task (at most
         ``max_concurrent``, then reading pauses)."""
-        if self._deliveries.qsize() <= self._queue_size:
+        if self._deliveries.qsize() <= self._queue_size or self._awaited_answers:
             return None
         self._room.clear()
         return self._room.wait()
+
+    @contextlib.contextmanager
+    def _answer_awaited(self) -> Iterator[None]:
+        """A request made by a callback, which the delivery task runs: its answer must be
+        read, so while it is awaited deliveries are not bounded (the connection would
+        stop reading, and the callback wait its whole timeout). Requests made elsewhere
+        (another task the callback started) do not lift the bound."""
+        if asyncio.current_task() is not self._delivery:
+            yield
+            return
+        self._awaited_answers += 1
+        self._room.set()
+        try:
+            yield
+        finally:
+            self._awaited_answers -= 1
 
     async def _on_events_with_ack(self, data: bytes) -> rpc.Reply:
         done = asyncio.get_running_loop().create_future()
