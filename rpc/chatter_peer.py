@@ -350,13 +350,19 @@ class ChatterAdapter:
         self._send(_END_TYPE, b"", key, token=True, last=False)
 
     def _our_turn(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
-        """True when we hold ``key``'s token and may send in it, or keep no turns at all
-        (``strict=False``: whatever the peer's conversation did). While the requester holds
+        """True when we hold ``key``'s token and may send in it. While the requester holds
         it (it still sends parts) the reply ``send(*args)`` waits for it instead of being
-        lost; a conversation that has ended takes nothing more."""
+        lost; a conversation that has ended takes nothing more. ``strict=False`` keeps no
+        turns: a reply waits only while an incoming stream still takes parts, until its
+        End, whatever the token flags say."""
         codec = self.codec
-        if codec.holds_token(key) or not codec.strict:  # not strict: no turns are kept
+        if codec.holds_token(key):
             return True
+        if not codec.strict:  # no turns kept: an incoming stream's End is the turn
+            if not self.peer.has_stream(key):
+                return True
+            self._waits.hold(key, send, args)
+            return False
         if codec.is_open(key):
             self._waits.hold(key, send, args)
         return False
@@ -376,7 +382,7 @@ class ChatterAdapter:
 
     def _token_back(self, key: Conversation) -> None:
         """The requester handed ``key``'s token over: send what waited for it."""
-        if key in self._waits and self.codec.holds_token(key):
+        if key in self._waits and (self.codec.holds_token(key) or not self.codec.strict):
             self._waits.release(key)
 
     def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:

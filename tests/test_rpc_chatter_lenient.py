@@ -79,3 +79,20 @@ async def test_lenient_server_answers_where_the_token_never_came_back() -> None:
             )
         finally:
             await sock.close()
+
+
+async def test_lenient_server_streams_results_to_a_strict_client_sending_parts() -> None:
+    """A handler that answers each part as it comes: a lenient server keeps its results
+    until the stream's End (the strict client holds the token until then)."""
+    reg = registry()
+
+    @reg.handle_stream("each")
+    async def each(parts: Any) -> Any:
+        async for part in parts:
+            yield part * 10
+
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=reg, strict=False) as server:
+        url = f"{server.url}?dialect=HatChatter"
+        async with rpc.connect(url, registry=rpc.Registry()) as peer:
+            assert [i async for i in peer.stream("each", parts=[1, 2, 3])] == [10, 20, 30]
+            assert await peer.request("echo", "still open") == "still open"
