@@ -94,5 +94,11 @@ async def test_lenient_server_streams_results_to_a_strict_client_sending_parts()
     async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=reg, strict=False) as server:
         url = f"{server.url}?dialect=HatChatter"
         async with rpc.connect(url, registry=rpc.Registry()) as peer:
-            assert [i async for i in peer.stream("each", parts=[1, 2, 3])] == [10, 20, 30]
+
+            async def slow_parts() -> Any:  # the handler answers each before the next
+                for part in (1, 2, 3):
+                    yield part
+                    await asyncio.sleep(0.05)
+
+            assert [i async for i in peer.stream("each", parts=slow_parts())] == [10, 20, 30]
             assert await peer.request("echo", "still open") == "still open"
