@@ -217,14 +217,14 @@ async def test_static_files_are_read_gzipped_and_hashed_once(
     (tmp_path / "app.js").write_text("changed\n")
     changed = static.get("/app.js")
     assert changed is not None and changed.body == b"changed\n"  # size/mtime checked
-    (tmp_path / "pair.js").write_text("".join(f"{i:05}" for i in range(1_900)))
-    paired = static.get("/pair.js")  # fits the budget, with its gzipped body does not
-    assert paired is not None and paired.size > 10_000
-    assert static.get("/pair.js") is not paired and static.cached_bytes == changed.size
-    (tmp_path / "big.js").write_text("x" * 20_000)  # over the budget: not served at all
+    (tmp_path / "half.js").write_text("".join(f"{i:05}" for i in range(1_000)))
+    half = static.get("/half.js")  # half the budget: it fits, gzipped body and all
+    assert half is not None and static.get("/half.js") is half
+    assert static.cached_bytes == changed.size + half.size
+    (tmp_path / "big.js").write_text("x" * 5_001)  # over half the budget: not served at all
     with caplog.at_level(logging.WARNING, logger="peerwire.transports.websocket"):
         assert static.get("/big.js") is None and static.get("/big.js") is None
-    assert caplog.text.count("larger than static_cache_bytes") == 1
+    assert caplog.text.count("larger than half of static_cache_bytes") == 1
     assert static.get("/../etc/passwd") is None and static.get("/nothing") is None
 
 

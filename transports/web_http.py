@@ -5,7 +5,8 @@ Every request's ``Host`` header must name a host the server is meant to be reach
 WebSocket handshakes from allowed origins (403 otherwise, 426 for plain GETs); the browser
 script (``<mount>gotalk.js`` and ``<mount>peerwire.js``) and files under ``static_dir`` are
 served with ETag, 304, Cache-Control and gzip. Each file is read, gzipped and hashed once and
-kept in a cache bounded in bytes (``static_cache_bytes``; a larger file is not served),
+kept in a cache bounded in bytes (``static_cache_bytes``; a file over half of it is not
+served),
 checked against the file's size and modification time on every request. No sockets here:
 requests in, ``Response`` objects out (files are read here, each once while unchanged).
 """
@@ -98,10 +99,10 @@ def script_asset() -> Asset:
 class StaticFiles:
     """Files under one folder, each loaded once; an LRU cache of at most ``budget`` bytes.
 
-    A file whose size or mtime changed is loaded again. A file larger than the budget is
-    not served (404, and one warning per file): it would be read and gzipped on the event
-    loop for every request, which any client could repeat. One whose plain and gzipped
-    bodies together pass the budget is served without being kept.
+    A file whose size or mtime changed is loaded again. A file larger than half the budget
+    is not served (404, and one warning per file): with its gzipped body it might not fit,
+    and one that is not kept would be read and gzipped on the event loop for every
+    request, which any client could repeat. Every file served is kept until evicted.
     """
 
     def __init__(self, root: Path, budget: int) -> None:
@@ -123,11 +124,12 @@ class StaticFiles:
             return None
         if not target.is_file():
             return None
-        if stat.st_size > self._budget:
+        if stat.st_size > self._budget // 2:
             if target not in self._refused and len(self._refused) < 1024:
                 self._refused.add(target)
                 log.warning(
-                    "static file %s (%d bytes) is larger than static_cache_bytes (%d): not served",
+                    "static file %s (%d bytes) is larger than half of static_cache_bytes "
+                    "(%d): not served",
                     target,
                     stat.st_size,
                     self._budget,
@@ -143,11 +145,10 @@ class StaticFiles:
             asset = Asset.load(target)
         except OSError:
             return None
-        if asset.size <= self._budget:
-            while self._used + asset.size > self._budget:
-                self._drop(next(iter(self._cache)))
-            self._cache[target] = (stat.st_size, stat.st_mtime_ns, asset)
-            self._used += asset.size
+        while self._used + asset.size > self._budget:  # it fits: at most twice its size
+            self._drop(next(iter(self._cache)))
+        self._cache[target] = (stat.st_size, stat.st_mtime_ns, asset)
+        self._used += asset.size
         return asset
 
     def _drop(self, target: Path) -> None:
