@@ -124,6 +124,10 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         """The middleware of calls served here, outermost first (fixed at connection time;
         our own calls go through ``options.middleware`` alone)."""
         self._intercepted = bool(self.middleware)
+        self._task_slots = max(1, self.options.max_concurrent)
+        """Notification (and ``on_open``) tasks at once: ``max_concurrent``, but at least
+        one, since a notification cannot be refused (``max_concurrent=0`` refuses every
+        request with a retry result; its notifications then run one at a time)."""
         self.adapter = adapter_factory(self)
 
     @property
@@ -223,15 +227,17 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     # --- input flow ----------------------------------------------------------------------
 
     def _held(self) -> bool:
-        """True when no more input may be handled now: output is backed up, or
-        ``max_concurrent`` notification (and ``on_open``) tasks run, which nothing else
-        bounds, or every handler slot is taken and the peer does not understand retry
-        results (one that does gets them for requests past the limit instead)."""
-        limit = self.options.max_concurrent
+        """True when no more input may be handled now: output is backed up, or every
+        notification (and ``on_open``) task slot is taken (``_task_slots``), or every
+        handler slot is taken and the peer does not understand retry results (one that
+        does gets them for requests past the limit instead)."""
         return (
             self.outbox.blocked
-            or len(self._tasks) >= limit
-            or (not self.adapter.retry_results and self.handlers_running >= limit)
+            or len(self._tasks) >= self._task_slots
+            or (
+                not self.adapter.retry_results
+                and self.handlers_running >= self.options.max_concurrent
+            )
         )
 
     def _run(self, messages: list[Any]) -> None:

@@ -78,6 +78,7 @@ class Responder(Generic[K]):
     _ended: OrderedDict[K, None]
     _running: set[K]
     _intercepted: bool
+    _task_slots: int
     call_bounds: CallBounds
 
     if TYPE_CHECKING:
@@ -94,10 +95,10 @@ class Responder(Generic[K]):
     # --- requests and notifications from the peer (from the adapter) -----------------------
 
     def on_notification(self, name: str, payload: Any) -> None:
-        """Run ``name``'s handler; raises :class:`NotificationsHeld` while
-        ``max_concurrent`` tasks run (the peer holds this message and the rest of its
-        read, reading paused, until one ends)."""
-        if len(self._tasks) >= self.options.max_concurrent:
+        """Run ``name``'s handler; raises :class:`NotificationsHeld` while ``max_concurrent``
+        tasks run, at least one (the peer holds this message and the rest of its read,
+        reading paused, until one ends)."""
+        if len(self._tasks) >= self._task_slots:
             raise NotificationsHeld
         if self._intercepted:
             intercept.serve_notification(self, name, payload)  # type: ignore[arg-type]

@@ -167,3 +167,29 @@ async def test_held_input_does_not_count_as_a_silent_peer(
         await wait_until(lambda: done == 2, timeout=10)
         assert peer.is_open and server_peer.is_open
         assert await peer.request("echo", "alive") == "alive"
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_max_concurrent_zero_refuses_requests_and_still_runs_notifications(
+    flavour: str,
+) -> None:
+    """``max_concurrent=0`` answers every request with a retry result; a notification,
+    which cannot be refused, runs (one at a time) instead of holding the input for good."""
+    reg = rpc.Registry()
+    got: asyncio.Queue[int] = asyncio.Queue()
+
+    @reg.handle_notification("note")
+    async def note(value: int) -> None:
+        await got.put(value)
+
+    reg.handle("echo")(lambda value: value)
+    busy = rpc.Options(max_concurrent=0, retry_wait=0.01)
+    async with served(flavour, reg, options=busy, client_options=rpc.Options(retries=0)) as (
+        _,
+        peer,
+    ):
+        peer.notify("note", 1)
+        peer.notify("note", 2)
+        with pytest.raises(rpc.RetryLater):
+            await peer.request("echo", "refused", timeout=5)
+        assert [await asyncio.wait_for(got.get(), 5) for _ in range(2)] == [1, 2]
