@@ -22,7 +22,9 @@ class TokenWaits:
     ``per_stream`` replies a stream and ``max_bytes`` bytes of payload over all streams
     (past either, a stream's replies become one error, sent instead), and
     ``WAITING_STREAMS`` streams; freed when the token comes back, the conversation ends
-    without it, or the connection goes. The requester decides how long they wait."""
+    without it, or the connection goes. The requester decides how long they wait. Bytes
+    are those of ``bytes`` payloads: a stream's final ``rpc.Reply`` (one per stream) counts
+    as none. Past ``WAITING_STREAMS`` the oldest stream's replies are dropped unsent."""
 
     __slots__ = ("_bytes", "_error", "_max_bytes", "_per_stream", "_waiting")
 
