@@ -16,9 +16,10 @@ venv-module:
 	else echo "$(PYTHON) cannot make a venv: as root, apt-get install python3-venv"; exit 1; fi; \
 	if ! command -v apt-get >/dev/null; then \
 	     echo "$(PYTHON) has no ensurepip: install its venv module with the package manager"; exit 1; fi; \
-	echo "== installing python3-venv with $${sudo:-root's} apt-get ($(PYTHON) cannot make a venv)"; \
+	pkg=$$($(PYTHON) -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])'); \
+	echo "== installing $$pkg with $${sudo:-root's} apt-get ($(PYTHON) cannot make a venv)"; \
 	$$sudo apt-get update -q && \
-	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q python3-venv
+	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$pkg
 
 # The core alone (what the demo needs): peerwire and its few dependencies.
 $(VENV)/.core: pyproject.toml | venv-module
@@ -69,8 +70,9 @@ system-deps:
 	if [ -z "$$missing" ]; then echo "== machine packages: chromium, java, gcc and Python's headers are there"; exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null; then sudo="sudo"; \
-	else missing=$$(echo $$missing | sed "s/JAVA/openjdk-17-jre-headless/"); \
-	     echo "make test needs the Debian packages: $$missing (or default-jre-headless for Java)"; \
+	else case " $$missing " in *" JAVA "*) java=" (or default-jre-headless for Java)";; *) java="";; esac; \
+	     missing=$$(echo $$missing | sed "s/JAVA/openjdk-17-jre-headless/"); \
+	     echo "make test needs the Debian packages: $$missing$$java"; \
 	     echo "install them as root: apt-get install $$missing"; exit 1; fi; \
 	if ! command -v apt-get >/dev/null; then \
 	     echo "make test needs:$$(echo $$missing | sed 's/JAVA/java/') (Debian package names); this machine has no apt-get:"; \
