@@ -90,16 +90,23 @@ async def raw_gotalk_server(
     """A Gotalk server written by hand that answers the announcement with ``level``."""
     accepted: asyncio.Queue[RawGotalk] = asyncio.Queue()
     hellos: list[Any] = []
+    ends: list[RawGotalk] = []  # closed here: closing the server leaves its connections open
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raw = RawGotalk.accept(reader, writer)
+        ends.append(raw)
         hellos.append(await raw.next())  # checked by the test, not here (it would hang)
         raw.write(gotalk.Notification(gotalk_peer.HELLO, level))
         await accepted.put(raw)
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     async with server:
-        yield f"tcp+gotalk://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted, hellos
+        try:
+            yield f"tcp+gotalk://127.0.0.1:{server.sockets[0].getsockname()[1]}", accepted, hellos
+        finally:
+            for raw in ends:
+                with contextlib.suppress(ConnectionError):
+                    await raw.close()
 
 
 async def answered(raw: RawGotalk, call: Awaitable[Any], count: int) -> list[Any]:
