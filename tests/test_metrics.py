@@ -44,9 +44,12 @@ def exposed() -> Iterator[tuple[Metrics, int]]:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     server, thread = start_http_server("127.0.0.1", 0, registry=registry)
-    yield metrics, server.server_port
-    server.shutdown()
-    thread.join(timeout=5)
+    try:
+        yield metrics, server.server_port
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+        server.server_close()  # its listening socket (shutdown() only stops the loop)
 
 
 def scripted_registry(notes: list[Any]) -> rpc.Registry:
