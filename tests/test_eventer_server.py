@@ -7,6 +7,7 @@ import itertools
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -605,6 +606,26 @@ async def test_a_client_that_stops_reading_is_closed_not_buffered(tmp_path: Path
         await slow.close()
 
 
+async def flooded_reader(
+    server: eventer.EventerServer, events_cb: Any, count: int
+) -> tuple[eventer.Client, eventer.Client]:
+    """A client subscribed to ``("n", "*")`` with ``events_queue_size=8`` whose
+    ``events_cb`` does not return yet, and another that registered ``count`` sessions for
+    it, one notification each: past 8 + 1,024 (``max_concurrent``) the reader stops
+    reading. Returns both once it has (the writer to be closed by the caller)."""
+    reader = await eventer.connect(
+        url_of(server), "reader", subscriptions=[("n", "*")], events_cb=events_cb,
+        events_queue_size=8,
+    )  # fmt: skip
+    writer = await eventer.connect(url_of(server), "writer")
+    for i in range(count):
+        await writer.register([RegisterEvent(("n", str(i)))])
+    connection = reader._conn.connection if reader._conn else None
+    assert connection is not None
+    await wait_until(lambda: not connection.transport.is_reading())
+    return reader, writer
+
+
 async def test_a_slow_events_callback_slows_the_server_not_memory(tmp_path: Path) -> None:
     """Past ``events_queue_size`` undelivered notifications the client stops reading once
     ``max_concurrent`` (1,024) more wait; delivery stays in order and complete."""
@@ -616,18 +637,10 @@ async def test_a_slow_events_callback_slows_the_server_not_memory(tmp_path: Path
             await release.wait()
             delivered.extend(events)
 
-        reader = await eventer.connect(
-            url_of(server), "reader", subscriptions=[("n", "*")], events_cb=slow_cb,
-            events_queue_size=8,
-        )  # fmt: skip
-        async with await eventer.connect(url_of(server), "writer") as writer:
-            for i in range(1500):  # one notification each
-                await writer.register([RegisterEvent(("n", str(i)))])
+        reader, writer = await flooded_reader(server, slow_cb, 1500)
+        async with writer:
             last = await writer.register([RegisterEvent(("n", "last"))], with_response=True)
             assert last is not None
-            connection = reader._conn.connection if reader._conn else None
-            assert connection is not None
-            await wait_until(lambda: not connection.transport.is_reading())
             assert reader._deliveries.qsize() <= 8 + 1024 + 1
             release.set()
             await wait_until(lambda: delivered and delivered[-1].id == last[0].id, timeout=20)
@@ -711,16 +724,8 @@ async def test_a_callback_that_queries_is_answered_past_the_bound(tmp_path: Path
             except Exception as exc:  # a timeout here is the failure this test is about
                 failures.append(exc)
 
-        reader = await eventer.connect(
-            url_of(server), "reader", subscriptions=[("n", "*")], events_cb=querying_cb,
-            events_queue_size=8,
-        )  # fmt: skip
-        async with await eventer.connect(url_of(server), "writer") as writer:
-            for i in range(1100):  # past 8 queued + 1,024 waiting: reading paused
-                await writer.register([RegisterEvent(("n", str(i)))])
-            connection = reader._conn.connection if reader._conn else None
-            assert connection is not None
-            await wait_until(lambda: not connection.transport.is_reading())
+        reader, writer = await flooded_reader(server, querying_cb, 1100)
+        async with writer:
             release.set()
             await wait_until(lambda: len(answered) + len(failures) == 1100, timeout=30)
         assert failures == [] and answered == [1] * 1100
