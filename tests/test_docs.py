@@ -282,6 +282,8 @@ def cli_server(serve_line: str) -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if server.stdout is not None:
+            server.stdout.close()  # not left to the GC
 
 
 @pytest.mark.timeout(120)
