@@ -147,6 +147,8 @@ class LoopThread:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        if not self.thread.is_alive():  # stopped: close it (left to the GC, it warns)
+            self.loop.close()
 
 
 @pytest.fixture(scope="session", name="loop_thread")
