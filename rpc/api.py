@@ -149,13 +149,14 @@ def _dialer(
 
     async def dial() -> Peer:
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
+        made = factory()  # first: a protocol option it refuses leaves no socket behind
         peer: object  # the transport's protocol: checked to be a Peer below
         try:
             if parsed.websocket:
                 max_size = (options or Options()).max_size
                 peer = await open_websocket(
                     parsed.websocket_uri,
-                    factory,
+                    lambda: made,
                     ssl_context=ctx,
                     origin=origin,
                     max_size=max_size + 4096,
@@ -165,7 +166,7 @@ def _dialer(
                 peer = await open_stream(
                     parsed.host,
                     parsed.port,
-                    factory,
+                    lambda: made,
                     ssl_context=ctx,
                     server_hostname=server_hostname or parsed.host,
                     connect_timeout=connect_timeout,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -325,3 +327,17 @@ async def test_chatter_replies_held_for_a_kept_token_are_bounded_in_bytes() -> N
         assert adapter._waits.held_bytes == 0
         await sock.close()
         await check_other_client_still_works(server, "?dialect=HatChatter")
+
+
+@pytest.mark.parametrize("scheme", ["tcp+gotalk", "ws+gotalk"])
+async def test_a_refused_protocol_option_leaves_no_socket_behind(scheme: str) -> None:
+    """The peer is made before the connection: an option it does not take raises there,
+    with no socket connected and left to the garbage collector."""
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=rpc.Registry()) as server:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(TypeError, match="no_such_option"):
+                await rpc.connect(str(server.url), reconnect=False, no_such_option=1)
+            gc.collect()
+        assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+        assert not server.peers
