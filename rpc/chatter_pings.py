@@ -50,6 +50,8 @@ class ChatterPings:
         timeout: float,
         send_ping: Callable[[], None],
     ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"ping_timeout must be positive, not {timeout!r}")
         self._peer = peer
         self._codec = codec
         self._loop = peer.loop
@@ -134,15 +136,17 @@ class ChatterPings:
             return
         if peer.holding_input:
             # we do not read it: its Pong (and its own Pings) wait unread. Ping again, so
-            # that it hears from us within its own limits, and look again a timeout later
+            # that it hears from us within its own limits (twice per timeout: a peer with
+            # ours hears one within any of its windows), and look again then
             now = peer.deadlines.now()
             self._send_ping()
             self._ping_sent_at = now
-            peer.deadlines.set("ping", now + self.timeout, self._pong_due)
+            peer.deadlines.set("ping", now + self.timeout / 2, self._pong_due)
             return
         self._awaiting_pong = False
-        if self.last_read >= self._ping_sent_at and self.interval:  # heard from it meanwhile
-            when = next_beat(self.last_read, self.interval)
+        heard = max(self.last_read, peer.resumed_at)  # input held till then waits unread
+        if heard >= self._ping_sent_at and self.interval:  # heard from it meanwhile
+            when = next_beat(heard, self.interval)
             peer.deadlines.set("ping", when, self._ping_due, coarse=True)
             return
         log.warning(

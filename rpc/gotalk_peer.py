@@ -171,7 +171,7 @@ class GotalkAdapter:
         timeout = self.read_timeout
         if not timeout or not self.peer.is_open:
             return
-        silent_until = self._last_read + timeout
+        silent_until = max(self._last_read, self.peer.resumed_at) + timeout
         if self.peer.deadlines.now() < silent_until:  # something arrived meanwhile
             self.peer.deadlines.set("read", silent_until, self._read_due, coarse=True)
             return

@@ -111,6 +111,10 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self._context = contextvars.copy_context()
         """The context turns at the backlog run in (the one the peer was made in)."""
         self._reading = True
+        self.resumed_at = 0.0
+        """Loop time reading last resumed after we held the peer's input: what waited
+        unread meanwhile (heartbeats, Pongs) is read only after it, so the liveness checks
+        count silence from it at the earliest."""
         self.closed: asyncio.Future[BaseException | None] = loop.create_future()
         """Resolves (with the transport's exception or None) once the connection is gone."""
         self.remote_address: Any = None
@@ -306,6 +310,7 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self.outbox.flush()
         if not backlog and not self.outbox.blocked and not self._reading:
             self._reading = True
+            self.resumed_at = self._loop.time()
             self._transport.resume_reading()
 
     def _task_done(self) -> None:
@@ -353,10 +358,15 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     @property
     def holding_input(self) -> bool:
         """True while we hold the peer's input for reasons of our own (every handler slot
-        or notification task taken, a turn given to other connections), not because it
-        stopped reading our output: the liveness checks (read timeout, Ping, keepalive)
-        then count it alive, since what it sent waits unread."""
-        return not self._reading and not self.outbox.blocked
+        or notification task taken, a turn given to other connections) and something will
+        end the hold (a handler running, a turn due); not while it stopped reading our
+        output. The liveness checks (read timeout, Ping, keepalive) then count it alive,
+        since what it sent waits unread. A handler that never ends holds it for good."""
+        return (
+            not self._reading
+            and not self.outbox.blocked
+            and (self._turn is not None or self.handlers_running > 0)
+        )
 
     @property
     def transport(self) -> Any:

@@ -13,7 +13,7 @@ import pytest
 import rpc
 from rpc.notifications import run_notification
 from rpc.tasks import TaskSet
-from tests.rpc_helpers import served, wait_until
+from tests.rpc_helpers import FLAVOURS, served, wait_until
 
 
 async def test_bounded_tasks_and_failures_are_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -193,3 +193,33 @@ async def test_max_concurrent_zero_refuses_requests_and_still_runs_notifications
         with pytest.raises(rpc.RetryLater):
             await peer.request("echo", "refused", timeout=5)
         assert [await asyncio.wait_for(got.get(), 5) for _ in range(2)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("flavour", "liveness"),
+    [
+        ("gotalk", {"read_timeout": 0.3}),
+        ("chatter-current", {"ping_interval": 0.2, "ping_timeout": 0.2}),
+    ],
+)
+async def test_input_held_for_good_is_silence_after_all(
+    flavour: str, liveness: dict[str, float]
+) -> None:
+    """``max_concurrent=0`` on a peer that takes no retry results holds every request, and
+    nothing will end the hold: the liveness checks count the peer silent as usual (before,
+    such a connection stayed open for good, its input unread)."""
+    reg = rpc.Registry()
+    reg.handle("echo")(lambda value: value)
+    scheme, query = FLAVOURS[flavour]
+    held = rpc.Options(max_concurrent=0)
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=reg, options=held, retry_results=False, **liveness
+    ) as server:
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        peer = await rpc.connect(url, registry=rpc.Registry(), reconnect=False)
+        call = asyncio.ensure_future(peer.request("echo", "held", timeout=10))
+        async with asyncio.timeout(5):
+            await asyncio.shield(peer.closed)  # the server closed it
+        with pytest.raises(rpc.ConnectionClosed):
+            await call
+        await peer.close()

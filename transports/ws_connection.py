@@ -324,6 +324,7 @@ class Connection(SharedBufferProtocol):
     def resume_reading(self) -> None:
         if not self.reading:
             self.reading = True
+            self._heard_at = self.loop.time()  # what waited unread is read from now on
             if self._held:
                 self.loop.call_soon(self._release)
             elif self.raw is not None and not self.raw.is_closing():
@@ -405,6 +406,12 @@ class Connection(SharedBufferProtocol):
     def arm_handshake_deadline(self, callback: Callable[[], None]) -> None:
         self._arm(self.settings.handshake_timeout, callback)
 
+    def _sink_holds(self) -> bool:
+        """Whether the sink that paused our reading will resume it (a Peer says so with
+        ``holding_input``: a handler runs that will end the hold); a sink that does not
+        say is taken at its word that it will."""
+        return bool(getattr(self.sink, "holding_input", True))
+
     def _keepalive(self) -> None:
         """Silence is counted from the last read: a ping ``ping_interval`` after it, and
         the connection failed if nothing at all arrives within ``ping_timeout`` of the
@@ -415,10 +422,14 @@ class Connection(SharedBufferProtocol):
         if self.ws.state is not _OPEN:
             return
         if self._ping_out:
-            if not self.reading and not self._write_paused:
+            if not self.reading and not self._write_paused and self._sink_holds():
                 # the sink stopped our reading (its handlers are busy), not the peer's
-                # not reading ours: its pong may be waiting unread
-                self._arm(settings.ping_timeout or settings.ping_interval or 0.0, self._keepalive)
+                # not reading ours: its pong may be waiting unread. Ping again, so that it
+                # hears from us (twice per timeout), and look again then
+                self.ws.send_ping(os.urandom(4))
+                self._send(self.ws.data_to_send())
+                wait = settings.ping_timeout or settings.ping_interval or 0.0
+                self._arm(wait / 2, self._keepalive)
                 return
             log.info("WebSocket peer %s: no answer to a ping: closing", self.peername)
             self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
