@@ -82,14 +82,21 @@ async def test_lenient_server_answers_where_the_token_never_came_back() -> None:
 
 
 async def test_lenient_server_streams_results_to_a_strict_client_sending_parts() -> None:
-    """A handler that answers each part as it comes: a lenient server keeps its results
-    until the stream's End (the strict client holds the token until then)."""
+    """Handlers that answer each part as it comes, or the first before the rest: a lenient
+    server keeps its results until the stream's End (the strict client holds the token
+    until then), whether or not the handler still reads the parts."""
     reg = registry()
 
     @reg.handle_stream("each")
     async def each(parts: Any) -> Any:
         async for part in parts:
             yield part * 10
+
+    @reg.handle_stream("first")
+    async def first(parts: Any) -> Any:  # answers before the rest of the parts
+        async for part in parts:
+            return part * 100
+        return None
 
     async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=reg, strict=False) as server:
         url = f"{server.url}?dialect=HatChatter"
@@ -101,4 +108,5 @@ async def test_lenient_server_streams_results_to_a_strict_client_sending_parts()
                     await asyncio.sleep(0.05)
 
             assert [i async for i in peer.stream("each", parts=slow_parts())] == [10, 20, 30]
+            assert [i async for i in peer.stream("first", parts=slow_parts())] == [100]
             assert await peer.request("echo", "still open") == "still open"
