@@ -11,12 +11,13 @@ PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 # as root or through sudo, as system-deps does.
 venv-module:
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null && exit 0; \
+	pkg=$$($(PYTHON) -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])'); \
+	[ -n "$$pkg" ] || { echo "$(PYTHON) does not run"; exit 1; }; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null; then sudo="sudo"; \
-	else echo "$(PYTHON) cannot make a venv: as root, apt-get install python3-venv"; exit 1; fi; \
+	else echo "$(PYTHON) cannot make a venv: as root, apt-get install $$pkg"; exit 1; fi; \
 	if ! command -v apt-get >/dev/null; then \
 	     echo "$(PYTHON) has no ensurepip: install its venv module with the package manager"; exit 1; fi; \
-	pkg=$$($(PYTHON) -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])'); \
 	echo "== installing $$pkg with $${sudo:-root's} apt-get ($(PYTHON) cannot make a venv)"; \
 	$$sudo apt-get update -q && \
 	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$pkg

@@ -145,6 +145,8 @@ class StaticFiles:
             asset = Asset.load(target)
         except OSError:
             return None
+        if asset.size > self._budget:  # it grew between stat and read: served, not kept
+            return asset
         while self._used + asset.size > self._budget:  # it fits: at most twice its size
             self._drop(next(iter(self._cache)))
         self._cache[target] = (stat.st_size, stat.st_mtime_ns, asset)
