@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 import logging
@@ -400,11 +401,11 @@ class Client:
 
     @contextlib.contextmanager
     def _answer_awaited(self) -> Iterator[None]:
-        """A request made by a callback, which the delivery task runs: its answer must be
-        read, so while it is awaited deliveries are not bounded (the connection would
-        stop reading, and the callback wait its whole timeout). Requests made elsewhere
-        (another task the callback started) do not lift the bound."""
-        if asyncio.current_task() is not self._delivery:
+        """A request made by a callback (in the delivery task, or a task started from it,
+        as ``asyncio.wait_for`` starts one): its answer must be read, so while it is
+        awaited deliveries are not bounded (the connection would stop reading, and the
+        callback wait its whole timeout)."""
+        if _DELIVERING.get() is not self:
             yield
             return
         self._awaited_answers += 1
@@ -429,6 +430,7 @@ class Client:
         self._deliveries.put_nowait(("status", status, None))
 
     async def _deliver(self) -> None:
+        _DELIVERING.set(self)  # in this task's context: the callbacks and their tasks
         deliveries = self._deliveries
         while True:
             kind, value, done = await deliveries.get()
@@ -449,6 +451,12 @@ class Client:
                 if done is not None and not done.done():
                     done.set_result(None)
 
+
+_DELIVERING: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+    "peerwire_eventer_delivering", default=None
+)
+"""The client whose delivery task (or a task started from it) runs: see
+:meth:`Client._answer_awaited`."""
 
 _CLOSED = object()
 """Put in the queue of an iterator that waits for events when the client closes."""
