@@ -335,8 +335,8 @@ async def open_websocket(
             return await opening.opened
     except BaseException:
         opening.opened.cancel()
-        for conn in conns:
-            if conn.raw is not None and conn.sink is None:
+        for conn in conns:  # the caller gets no sink: none may stay connected, even one
+            if conn.raw is not None:  # opened just as the timeout cancelled the wait
                 conn.raw.abort()
         raise
 
