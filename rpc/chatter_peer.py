@@ -155,6 +155,9 @@ class ChatterAdapter:
     def handshake_pending(self) -> bool:
         return self.pings.handshake_pending()
 
+    def input_held(self) -> None:
+        self.pings.input_held()
+
     def _ping(self) -> None:
         self.codec.send_ping()
         self._take_codec_output()

@@ -50,8 +50,8 @@ class ChatterPings:
         timeout: float,
         send_ping: Callable[[], None],
     ) -> None:
-        if not timeout > 0:
-            raise ValueError(f"ping_timeout must be positive, not {timeout!r}")
+        if interval and not timeout > 0:
+            raise ValueError(f"ping_timeout must be positive with pings on, not {timeout!r}")
         self._peer = peer
         self._codec = codec
         self._loop = peer.loop
@@ -129,6 +129,15 @@ class ChatterPings:
         self._ping_sent_at = now
         self._awaiting_pong = True
         peer.deadlines.set("ping", now + self.timeout, self._pong_due, coarse=True)
+
+    def input_held(self) -> None:
+        """We stopped reading the peer (its input waits for our handlers): Ping it within
+        half a timeout and on, twice per timeout while it lasts (see :meth:`_pong_due`),
+        whatever our own plan said, so that it hears from us within its own limits."""
+        if self.interval and self._codec.dialect is not None:
+            when = self._peer.deadlines.now() + self.timeout / 2
+            self._awaiting_pong = True  # the plan is ours until the hold ends
+            self._peer.deadlines.set("ping", when, self._pong_due)
 
     def _pong_due(self) -> None:
         peer = self._peer

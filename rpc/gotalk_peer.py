@@ -181,6 +181,9 @@ class GotalkAdapter:
         self.peer.outbox.push(self.codec.fault(gotalk.ErrorCode.TIMEOUT))
         self.peer.abort()
 
+    def input_held(self) -> None:
+        """Nothing to do: our heartbeats go out on their own plan, read or not."""
+
     def last_word(self, exc: ProtocolError) -> None:
         code = exc.code if exc.code is not None else gotalk.ErrorCode.INVALID_MESSAGE
         self.peer.outbox.push(self.codec.fault(code))

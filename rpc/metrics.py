@@ -255,6 +255,11 @@ class _MeteredProtocol(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._peer.resume_writing()
 
+    @property
+    def holding_input(self) -> bool:
+        """The peer's (what a WebSocket keepalive asks the sink that paused its reading)."""
+        return self._peer.holding_input
+
 
 # --- exposition -------------------------------------------------------------------------------
 

@@ -62,6 +62,11 @@ class Adapter(Protocol[K]):
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
+    def input_held(self) -> None:
+        """We stopped reading the peer for reasons of our own (``Peer.holding_input``):
+        keep it hearing from us meanwhile, as its liveness checks expect."""
+        ...
+
     def handshake_pending(self) -> bool:
         """True while the peer's handshake (Gotalk version, first Chatter frame) is begun or
         due and unfinished: at ``handshake_timeout`` such a connection is closed."""

@@ -324,6 +324,8 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         if self._reading and self._transport is not None:
             self._reading = False
             self._transport.pause_reading()
+            if self.holding_input:  # the peer hears from us while we hold (liveness)
+                self.adapter.input_held()
 
     def _violation(self, exc: ProtocolError) -> None:
         self.violation = exc

@@ -735,3 +735,31 @@ async def test_a_callback_that_queries_is_answered_past_the_bound(
             await wait_until(lambda: len(answered) + len(failures) == 1100, timeout=30)
         assert failures == [] and answered == [1] * 1100
         await reader.close()
+
+
+async def test_a_task_a_callback_left_running_does_not_lift_the_bound(tmp_path: Path) -> None:
+    """Only a callback's own requests (while it runs) lift the deliveries' bound: a task it
+    started and left running queries with the bound in place."""
+    async with running_server(tmp_path) as server:
+        started: list[asyncio.Task[Any]] = []
+        go = asyncio.Event()
+        lifted: list[int] = []
+
+        async def later(client: eventer.Client) -> None:
+            await go.wait()  # runs on after the callback returned
+            query = asyncio.ensure_future(client.query(QueryLatestParams([("n", "0")])))
+            await asyncio.sleep(0)  # the query is now waiting for its answer
+            lifted.append(client._awaited_answers)
+            await query
+
+        def starts_a_task(client: eventer.Client, events: list[eventer.Event]) -> None:
+            started.append(asyncio.ensure_future(later(client)))
+
+        async with await eventer.connect(
+            url_of(server), "c", subscriptions=[("n", "*")], events_cb=starts_a_task
+        ) as client:
+            await client.register([RegisterEvent(("n", "0"))], with_response=True)
+            await wait_until(lambda: started)
+            go.set()
+            await asyncio.wait_for(started[0], 5)
+        assert lifted == [0]

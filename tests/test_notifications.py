@@ -223,3 +223,32 @@ async def test_input_held_for_good_is_silence_after_all(
         with pytest.raises(rpc.ConnectionClosed):
             await call
         await peer.close()
+
+
+async def test_a_peer_hears_from_us_as_soon_as_we_hold_its_input() -> None:
+    """Our own Ping plan is long (30 s) and the client's short: once we hold its input we
+    Ping it twice per ``ping_timeout``, so its checks (which cannot see its Pongs read)
+    still hear from us, and it keeps the connection."""
+    reg = rpc.Registry()
+    done = 0
+
+    @reg.handle_notification("work")
+    async def work(seconds: float) -> None:
+        nonlocal done
+        await asyncio.sleep(seconds)  # the work itself
+        done += 1
+
+    reg.handle("echo")(lambda value: value)
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        "tcp+sbs://127.0.0.1:0", registry=reg, options=options, ping_interval=30, ping_timeout=0.4
+    ) as server:
+        url = f"{server.url}?dialect=HatChatter"
+        async with rpc.connect(
+            url, registry=rpc.Registry(), reconnect=False, ping_interval=0.3, ping_timeout=0.3
+        ) as peer:
+            peer.notify("work", 1.0)
+            peer.notify("work", 1.0)  # held a second: over three of the client's periods
+            await wait_until(lambda: done == 2, timeout=10)
+            assert peer.is_open
+            assert await peer.request("echo", "alive") == "alive"

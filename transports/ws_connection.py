@@ -65,6 +65,12 @@ class Settings:
     high_water: int = 256 * 1024
     low_water: int | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("ping_interval", "ping_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive or None, not {value!r}")
+
 
 class Opening(Protocol):
     """The side-specific part of a connection: how it starts, opens and ends."""
@@ -320,11 +326,20 @@ class Connection(SharedBufferProtocol):
             self.reading = False
             if self.raw is not None and not self.raw.is_closing():
                 self.raw.pause_reading()
+            if self._keepalive_on() and self._sink_holds():
+                # held for the sink's handlers: the keepalive pings within half a timeout
+                # and on (see _keepalive), so that the peer hears from us meanwhile
+                self._ping_out = True
+                wait = self.settings.ping_timeout or self.settings.ping_interval or 0.0
+                self._arm(wait / 2, self._keepalive)
 
     def resume_reading(self) -> None:
         if not self.reading:
             self.reading = True
-            self._heard_at = self.loop.time()  # what waited unread is read from now on
+            if self._keepalive_on():  # silence counts from now (what waited is read next)
+                self._heard_at = self.loop.time()
+                self._ping_out = False
+                self._arm(self.settings.ping_interval or 0.0, self._keepalive)
             if self._held:
                 self.loop.call_soon(self._release)
             elif self.raw is not None and not self.raw.is_closing():
@@ -405,6 +420,15 @@ class Connection(SharedBufferProtocol):
 
     def arm_handshake_deadline(self, callback: Callable[[], None]) -> None:
         self._arm(self.settings.handshake_timeout, callback)
+
+    def _keepalive_on(self) -> bool:
+        """Open, with keepalive pings, and not closing: the one timer is the keepalive's."""
+        return bool(
+            self.settings.ping_interval
+            and self.sink is not None
+            and self.ws.state is _OPEN
+            and not self._closing_timer
+        )
 
     def _sink_holds(self) -> bool:
         """Whether the sink that paused our reading will resume it (a Peer says so with

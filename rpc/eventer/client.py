@@ -401,11 +401,13 @@ class Client:
 
     @contextlib.contextmanager
     def _answer_awaited(self) -> Iterator[None]:
-        """A request made by a callback (in the delivery task, or a task started from it,
-        as ``asyncio.wait_for`` starts one): its answer must be read, so while it is
-        awaited deliveries are not bounded (the connection would stop reading, and the
-        callback wait its whole timeout)."""
-        if _DELIVERING.get() is not self:
+        """A request made by a callback while it runs (in the delivery task, or a task
+        started from it, as ``asyncio.wait_for`` starts one): its answer must be read, so
+        while it is awaited deliveries are not bounded (the connection would stop reading,
+        and the callback wait its whole timeout). A task the callback left running does
+        not lift the bound once the callback has returned."""
+        delivering = _DELIVERING.get()
+        if delivering is None or delivering.client is not self or not delivering.active:
             yield
             return
         self._awaited_answers += 1
@@ -430,12 +432,15 @@ class Client:
         self._deliveries.put_nowait(("status", status, None))
 
     async def _deliver(self) -> None:
-        _DELIVERING.set(self)  # in this task's context: the callbacks and their tasks
         deliveries = self._deliveries
         while True:
             kind, value, done = await deliveries.get()
             if not self._room.is_set() and deliveries.qsize() <= self._queue_size:
                 self._room.set()
+            # marks this callback's context (and the tasks it starts, which copy it) for
+            # as long as the callback runs: see _answer_awaited
+            delivering = _Delivering(self)
+            token = _DELIVERING.set(delivering)
             try:
                 if kind == "status":
                     if self._status_cb is not None:
@@ -448,15 +453,27 @@ class Client:
             except Exception:
                 log.exception("eventer %s callback failed", kind)
             finally:
+                delivering.active = False
+                _DELIVERING.reset(token)
                 if done is not None and not done.done():
                     done.set_result(None)
 
 
-_DELIVERING: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+class _Delivering:
+    """One callback's run: its requests lift the deliveries' bound while it lasts."""
+
+    __slots__ = ("active", "client")
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.active = True
+
+
+_DELIVERING: contextvars.ContextVar[_Delivering | None] = contextvars.ContextVar(
     "peerwire_eventer_delivering", default=None
 )
-"""The client whose delivery task (or a task started from it) runs: see
-:meth:`Client._answer_awaited`."""
+"""The callback run in this context (the delivery task's, or a task it started), if any:
+see :meth:`Client._answer_awaited`."""
 
 _CLOSED = object()
 """Put in the queue of an iterator that waits for events when the client closes."""
