@@ -111,6 +111,8 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self._context = contextvars.copy_context()
         """The context turns at the backlog run in (the one the peer was made in)."""
         self._reading = True
+        self._hold_told = False
+        """The adapter was told of the current hold (``input_held``)."""
         self.resumed_at = 0.0
         """Loop time reading last resumed after we held the peer's input: what waited
         unread meanwhile (heartbeats, Pongs) is read only after it, so the liveness checks
@@ -310,8 +312,11 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         self.outbox.flush()
         if not backlog and not self.outbox.blocked and not self._reading:
             self._reading = True
+            self._hold_told = False
             self.resumed_at = self._loop.time()
             self._transport.resume_reading()
+        elif not self._reading:  # a pause that began otherwise (a turn, output) holds now
+            self._tell_hold()
 
     def _task_done(self) -> None:
         """A handler ended (a task leaving the task set, or a job of the runner, called from
@@ -324,8 +329,14 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         if self._reading and self._transport is not None:
             self._reading = False
             self._transport.pause_reading()
-            if self.holding_input:  # the peer hears from us while we hold (liveness)
-                self.adapter.input_held()
+            self._tell_hold()
+
+    def _tell_hold(self) -> None:
+        """Once per hold (see :attr:`holding_input`): the adapter keeps the peer hearing
+        from us meanwhile, as its liveness checks expect."""
+        if not self._hold_told and self.holding_input:
+            self._hold_told = True
+            self.adapter.input_held()
 
     def _violation(self, exc: ProtocolError) -> None:
         self.violation = exc

@@ -66,7 +66,8 @@ class Settings:
     low_water: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ping_interval", "ping_timeout"):
+        names = ("ping_interval", "ping_timeout") if self.ping_interval is not None else ()
+        for name in names:  # (ping_timeout only matters with pings on)
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive or None, not {value!r}")
@@ -326,20 +327,20 @@ class Connection(SharedBufferProtocol):
             self.reading = False
             if self.raw is not None and not self.raw.is_closing():
                 self.raw.pause_reading()
-            if self._keepalive_on() and self._sink_holds():
-                # held for the sink's handlers: the keepalive pings within half a timeout
-                # and on (see _keepalive), so that the peer hears from us meanwhile
-                self._ping_out = True
-                wait = self.settings.ping_timeout or self.settings.ping_interval or 0.0
-                self._arm(wait / 2, self._keepalive)
+            if self._keepalive_on() and self._held_for_sink():
+                # the keepalive pings within half a timeout and on (see _keepalive), so
+                # that the peer hears from us meanwhile
+                when = self.loop.time() + self._half_timeout()
+                if self._timer is None or self._timer.when() > when:
+                    self._arm(when - self.loop.time(), self._keepalive)
 
     def resume_reading(self) -> None:
         if not self.reading:
             self.reading = True
-            if self._keepalive_on():  # silence counts from now (what waited is read next)
-                self._heard_at = self.loop.time()
-                self._ping_out = False
-                self._arm(self.settings.ping_interval or 0.0, self._keepalive)
+            # silence counts from now (what waited unread is read next); the armed
+            # keepalive plans from it when it fires
+            self._heard_at = self.loop.time()
+            self._ping_out = False
             if self._held:
                 self.loop.call_soon(self._release)
             elif self.raw is not None and not self.raw.is_closing():
@@ -421,6 +422,14 @@ class Connection(SharedBufferProtocol):
     def arm_handshake_deadline(self, callback: Callable[[], None]) -> None:
         self._arm(self.settings.handshake_timeout, callback)
 
+    def _held_for_sink(self) -> bool:
+        """Reading paused by the sink for its own reasons (its handlers are busy), not
+        because the peer stopped reading our output."""
+        return not self.reading and not self._write_paused and self._sink_holds()
+
+    def _half_timeout(self) -> float:
+        return (self.settings.ping_timeout or self.settings.ping_interval or 0.0) / 2
+
     def _keepalive_on(self) -> bool:
         """Open, with keepalive pings, and not closing: the one timer is the keepalive's."""
         return bool(
@@ -437,24 +446,23 @@ class Connection(SharedBufferProtocol):
         return bool(getattr(self.sink, "holding_input", True))
 
     def _keepalive(self) -> None:
-        """Silence is counted from the last read: a ping ``ping_interval`` after it, and
-        the connection failed if nothing at all arrives within ``ping_timeout`` of the
-        ping. A timer that fires while the peer spoke within the interval moves on to
-        the interval's end after that read, without a ping."""
+        """Silence is counted from the last read (or the end of a hold): a ping
+        ``ping_interval`` after it, and the connection failed if nothing at all arrives
+        within ``ping_timeout`` of the ping. A timer that fires while the peer spoke within
+        the interval moves on to the interval's end after that read, without a ping. While
+        the sink holds our reading, a ping goes out every half timeout instead."""
         self._timer = None
         settings = self.settings
         if self.ws.state is not _OPEN:
             return
+        if self._held_for_sink():
+            # its pong and data wait unread: ping it twice per timeout, so that it hears
+            # from us, and judge it only once we read again
+            self.ws.send_ping(os.urandom(4))
+            self._send(self.ws.data_to_send())
+            self._arm(self._half_timeout(), self._keepalive)
+            return
         if self._ping_out:
-            if not self.reading and not self._write_paused and self._sink_holds():
-                # the sink stopped our reading (its handlers are busy), not the peer's
-                # not reading ours: its pong may be waiting unread. Ping again, so that it
-                # hears from us (twice per timeout), and look again then
-                self.ws.send_ping(os.urandom(4))
-                self._send(self.ws.data_to_send())
-                wait = settings.ping_timeout or settings.ping_interval or 0.0
-                self._arm(wait / 2, self._keepalive)
-                return
             log.info("WebSocket peer %s: no answer to a ping: closing", self.peername)
             self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
             return
