@@ -377,13 +377,12 @@ class ChatterAdapter:
         codec = self.codec
         if codec.holds_token(key):
             return True
-        if not codec.strict:  # no turns kept: an incoming stream's End is the turn
-            if key not in self._lenient_streams and key not in self._waits:
-                return True
-            self._waits.hold(key, send, args)
-            return False
-        if codec.is_open(key):
-            self._waits.hold(key, send, args)
+        if codec.strict:
+            if not codec.is_open(key):
+                return False  # ended: nothing goes back in it
+        elif key not in self._lenient_streams and key not in self._waits:
+            return True  # no turns kept: only an incoming stream's End is one
+        self._waits.hold(key, send, args)
         return False
 
     def _answerable(self, key: Conversation, what: str) -> bool:
