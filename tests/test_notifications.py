@@ -135,6 +135,21 @@ async def test_a_notification_flood_is_slowed_not_spawned(flavour: str, middlewa
         assert most == 4
 
 
+def working_registry() -> tuple[rpc.Registry, list[float]]:
+    """``work(seconds)``, a notification whose handler works that long (then the list it
+    returns gets the seconds), and ``echo``."""
+    reg = rpc.Registry()
+    done: list[float] = []
+
+    @reg.handle_notification("work")
+    async def work(seconds: float) -> None:
+        await asyncio.sleep(seconds)  # the work itself
+        done.append(seconds)
+
+    reg.handle("echo")(lambda value: value)
+    return reg, done
+
+
 @pytest.mark.parametrize(
     ("flavour", "liveness"),
     [
@@ -148,23 +163,14 @@ async def test_held_input_does_not_count_as_a_silent_peer(
     """While the server holds a peer's input (its notification tasks all taken), the
     peer's heartbeats or Pongs wait unread: that is not silence, and the connection lives
     past the liveness limits until the handlers end."""
-    reg = rpc.Registry()
-    done = 0
-
-    @reg.handle_notification("work")
-    async def work(seconds: float) -> None:
-        nonlocal done
-        await asyncio.sleep(seconds)  # the work itself
-        done += 1
-
-    reg.handle("echo")(lambda value: value)
+    reg, done = working_registry()
     options = rpc.Options(max_concurrent=1)
     async with served(flavour, reg, options=options, **liveness) as (server, peer):
         peer.notify("work", 1.0)
         peer.notify("work", 1.0)  # held for a second: more than the liveness limits
         [server_peer] = server.peers
         await wait_until(lambda: not server_peer.transport.is_reading())
-        await wait_until(lambda: done == 2, timeout=10)
+        await wait_until(lambda: done == [1.0, 1.0], timeout=10)
         assert peer.is_open and server_peer.is_open
         assert await peer.request("echo", "alive") == "alive"
 
@@ -229,16 +235,7 @@ async def test_a_peer_hears_from_us_as_soon_as_we_hold_its_input() -> None:
     """Our own Ping plan is long (30 s) and the client's short: once we hold its input we
     Ping it twice per ``ping_timeout``, so its checks (which cannot see its Pongs read)
     still hear from us, and it keeps the connection."""
-    reg = rpc.Registry()
-    done = 0
-
-    @reg.handle_notification("work")
-    async def work(seconds: float) -> None:
-        nonlocal done
-        await asyncio.sleep(seconds)  # the work itself
-        done += 1
-
-    reg.handle("echo")(lambda value: value)
+    reg, done = working_registry()
     options = rpc.Options(max_concurrent=1)
     async with rpc.serve(
         "tcp+sbs://127.0.0.1:0", registry=reg, options=options, ping_interval=30, ping_timeout=0.4
@@ -249,6 +246,6 @@ async def test_a_peer_hears_from_us_as_soon_as_we_hold_its_input() -> None:
         ) as peer:
             peer.notify("work", 1.0)
             peer.notify("work", 1.0)  # held a second: over three of the client's periods
-            await wait_until(lambda: done == 2, timeout=10)
+            await wait_until(lambda: done == [1.0, 1.0], timeout=10)
             assert peer.is_open
             assert await peer.request("echo", "alive") == "alive"

@@ -86,15 +86,18 @@ async def test_lenient_server_streams_results_to_a_strict_client_sending_parts()
     server keeps its results until the stream's End (the strict client holds the token
     until then), whether or not the handler still reads the parts."""
     reg = registry()
+    answered: asyncio.Queue[int] = asyncio.Queue()  # parts the handlers answered
 
     @reg.handle_stream("each")
     async def each(parts: Any) -> Any:
         async for part in parts:
-            yield part * 10
+            yield part * 10  # resumed once the result has gone to be sent
+            answered.put_nowait(part)
 
     @reg.handle_stream("first")
     async def first(parts: Any) -> Any:  # answers before the rest of the parts
         async for part in parts:
+            answered.put_nowait(part)  # its result goes out in this same step
             return part * 100
         return None
 
@@ -102,11 +105,14 @@ async def test_lenient_server_streams_results_to_a_strict_client_sending_parts()
         url = f"{server.url}?dialect=HatChatter"
         async with rpc.connect(url, registry=rpc.Registry()) as peer:
 
-            async def slow_parts() -> Any:  # the handler answers each before the next
-                for part in (1, 2, 3):
-                    yield part
-                    await asyncio.sleep(0.05)
+            async def parts() -> Any:  # the rest once the first part has been answered
+                yield 1
+                assert await asyncio.wait_for(answered.get(), 5) == 1
+                yield 2
+                yield 3
 
-            assert [i async for i in peer.stream("each", parts=slow_parts())] == [10, 20, 30]
-            assert [i async for i in peer.stream("first", parts=slow_parts())] == [100]
+            assert [i async for i in peer.stream("each", parts=parts())] == [10, 20, 30]
+            while not answered.empty():  # the answers to parts 2 and 3
+                answered.get_nowait()
+            assert [i async for i in peer.stream("first", parts=parts())] == [100]
             assert await peer.request("echo", "still open") == "still open"
