@@ -29,7 +29,6 @@ for non-bytes values). Pings and the silence limits: :mod:`rpc.chatter_pings`.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,10 +58,6 @@ _PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
 _CANCEL = f"{RPC_MODULE}.Cancel"
 _META = f"{RPC_MODULE}.Meta"
 _TIMEOUT = f"{RPC_MODULE}.Timeout"
-
-
-LENIENT_STREAMS = 4096
-"""Incoming stream requests a ``strict=False`` connection remembers as still sending parts."""
 
 
 class ChatterAdapter:
@@ -102,10 +97,6 @@ class ChatterAdapter:
         self.sbs_repo = sbs_repo or schemas.repository()
         self.payloads = SbsPayloads(self.sbs_repo)
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
-        self._lenient_streams: OrderedDict[Conversation, None] = OrderedDict()
-        """``strict=False`` only: incoming stream requests whose requester has not sent
-        its End (or ended the conversation): our replies to them wait for it, since no
-        token is tracked (the oldest forgotten past :data:`LENIENT_STREAMS`)."""
         self._foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types.
         Freed when answered or when the requester ends the conversation itself."""
@@ -149,7 +140,6 @@ class ChatterAdapter:
 
     def stop(self) -> None:
         self._foreign.clear()
-        self._lenient_streams.clear()
         self._waits.clear()
 
     def handshake_pending(self) -> bool:
@@ -214,9 +204,7 @@ class ChatterAdapter:
             if msg.module is not None and msg.module != RPC_MODULE:
                 self._foreign.add(conv)
             if not msg.token and not self.codec.strict:  # a stream request: parts to come
-                self._lenient_streams[conv] = None
-                if len(self._lenient_streams) > LENIENT_STREAMS:
-                    self._lenient_streams.popitem(last=False)
+                self._waits.stream_opened(conv)
             sbs = msg.token and op in self.payloads.names  # else incoming() keeps the bytes
             payload = self.payloads.incoming(op, msg.data) if sbs else msg.data
             meta = self.meta
@@ -234,12 +222,11 @@ class ChatterAdapter:
         if op == _PART:
             peer.on_request_part(conv, msg.data)
         elif op == _END_TYPE:
-            self._lenient_streams.pop(conv, None)
+            self._waits.stream_ended(conv)
             peer.on_request_end(conv)
             self._token_back(conv)
         if msg.last:  # the requester ended its conversation: nothing can go back in it
             self._foreign.discard(conv)
-            self._lenient_streams.pop(conv, None)
             self._waits.drop(conv)
 
     def _on_meta(self, data: bytes) -> None:
@@ -380,7 +367,7 @@ class ChatterAdapter:
         if codec.strict:
             if not codec.is_open(key):
                 return False  # ended: nothing goes back in it
-        elif key not in self._lenient_streams and key not in self._waits:
+        elif not self._waits.keeps(key):
             return True  # no turns kept: only an incoming stream's End is one
         self._waits.hold(key, send, args)
         return False

@@ -13,6 +13,8 @@ from typing import Any
 
 WAITING_STREAMS = 256
 """Streams whose replies may wait at once; past it the oldest stream's replies are dropped."""
+LENIENT_STREAMS = 4096
+"""Incoming streams a ``strict=False`` connection remembers as still sending parts."""
 
 Send = Callable[..., None]
 
@@ -26,7 +28,7 @@ class TokenWaits:
     are those of ``bytes`` payloads: a stream's final ``rpc.Reply`` (one per stream) counts
     as none. Past ``WAITING_STREAMS`` the oldest stream's replies are dropped unsent."""
 
-    __slots__ = ("_bytes", "_error", "_max_bytes", "_per_stream", "_waiting")
+    __slots__ = ("_bytes", "_error", "_max_bytes", "_open_streams", "_per_stream", "_waiting")
 
     def __init__(self, per_stream: int, max_bytes: int, error: Send) -> None:
         self._per_stream = per_stream
@@ -34,6 +36,25 @@ class TokenWaits:
         self._error = error
         self._bytes = 0
         self._waiting: OrderedDict[Hashable, list[tuple[Send, tuple[Any, ...]]]] = OrderedDict()
+        self._open_streams: OrderedDict[Hashable, None] = OrderedDict()
+        """``strict=False`` connections only (no token tracked): incoming streams whose
+        requester has not sent its End nor ended the conversation (the oldest forgotten
+        past :data:`LENIENT_STREAMS`)."""
+
+    def stream_opened(self, key: Hashable) -> None:
+        """A lenient connection's incoming stream ``key`` began: replies wait for its End."""
+        self._open_streams[key] = None
+        if len(self._open_streams) > LENIENT_STREAMS:
+            self._open_streams.popitem(last=False)
+
+    def stream_ended(self, key: Hashable) -> None:
+        """Its requester sent the End (:meth:`release` then sends what waited)."""
+        self._open_streams.pop(key, None)
+
+    def keeps(self, key: Hashable) -> bool:
+        """A lenient connection's reply in ``key`` must wait: the stream still takes parts,
+        or replies already wait (they go first)."""
+        return key in self._open_streams or key in self._waiting
 
     def hold(self, key: Hashable, send: Send, args: tuple[Any, ...]) -> None:
         """Keep ``send(*args)`` for when ``key``'s token comes back."""
@@ -67,6 +88,7 @@ class TokenWaits:
     def drop(self, key: Hashable) -> None:
         """``key``'s conversation ended without handing the token over: what waited for it
         can never be sent."""
+        self._open_streams.pop(key, None)
         waiting = self._waiting.pop(key, None)
         if waiting is not None:
             self._bytes -= _size(waiting)
@@ -76,6 +98,7 @@ class TokenWaits:
 
     def clear(self) -> None:
         self._waiting.clear()
+        self._open_streams.clear()
         self._bytes = 0
 
     @property
