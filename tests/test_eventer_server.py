@@ -7,7 +7,6 @@ import itertools
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -606,48 +605,6 @@ async def test_a_client_that_stops_reading_is_closed_not_buffered(tmp_path: Path
         await slow.close()
 
 
-async def flooded_reader(
-    server: eventer.EventerServer, events_cb: Any, count: int
-) -> tuple[eventer.Client, eventer.Client]:
-    """A client subscribed to ``("n", "*")`` with ``events_queue_size=8`` whose
-    ``events_cb`` does not return yet, and another that registered ``count`` sessions for
-    it, one notification each: past 8 + 1,024 (``max_concurrent``) the reader stops
-    reading. Returns both once it has (the writer to be closed by the caller)."""
-    reader = await eventer.connect(
-        url_of(server), "reader", subscriptions=[("n", "*")], events_cb=events_cb,
-        events_queue_size=8,
-    )  # fmt: skip
-    writer = await eventer.connect(url_of(server), "writer")
-    for i in range(count):
-        await writer.register([RegisterEvent(("n", str(i)))])
-    connection = reader._conn.connection if reader._conn else None
-    assert connection is not None
-    await wait_until(lambda: not connection.transport.is_reading())
-    return reader, writer
-
-
-async def test_a_slow_events_callback_slows_the_server_not_memory(tmp_path: Path) -> None:
-    """Past ``events_queue_size`` undelivered notifications the client stops reading once
-    ``max_concurrent`` (1,024) more wait; delivery stays in order and complete."""
-    async with running_server(tmp_path) as server:
-        release = asyncio.Event()
-        delivered: list[eventer.Event] = []
-
-        async def slow_cb(_client: eventer.Client, events: list[eventer.Event]) -> None:
-            await release.wait()
-            delivered.extend(events)
-
-        reader, writer = await flooded_reader(server, slow_cb, 1500)
-        async with writer:
-            last = await writer.register([RegisterEvent(("n", "last"))], with_response=True)
-            assert last is not None
-            assert reader._deliveries.qsize() <= 8 + 1024 + 1
-            release.set()
-            await wait_until(lambda: delivered and delivered[-1].id == last[0].id, timeout=20)
-        assert [e.type[1] for e in delivered] == [*map(str, range(1500)), "last"]
-        await reader.close()
-
-
 async def test_queries_past_max_concurrent_wait_instead_of_a_retry(tmp_path: Path) -> None:
     """Hat clients cannot decode PeerwireRpc.Retry: past 1,024 requests in progress on a
     connection the server stops reading from it instead of answering with one."""
@@ -682,84 +639,3 @@ async def test_queries_past_max_concurrent_wait_instead_of_a_retry(tmp_path: Pat
         assert len(replies) == 1300
         assert 0 < most <= 1024
         await peer.close()
-
-
-async def test_iterators_end_when_the_client_closes(tmp_path: Path) -> None:
-    """One waiting for events ends at the close; a full one gives what it holds, then ends."""
-    async with running_server(tmp_path, database=":memory:") as server:
-        c = await eventer.connect(
-            url_of(server), "it", subscriptions=[("q", "*")], events_queue_size=2
-        )
-        idle, full = c.events(), c.events()
-        waiting = asyncio.ensure_future(anext(idle))
-        for i in range(2):
-            await c.register([json_event(("q", str(i)))], with_response=True)
-        first = await asyncio.wait_for(waiting, 5)
-        assert [e.type for e in first] == [("q", "0")]
-        await wait_until(lambda: c._deliveries.empty())  # ("q", "1") in both iterators
-        waiting = asyncio.ensure_future(anext(idle))
-        await asyncio.sleep(0)  # the iterator takes ("q", "1") without waiting
-        assert [e.type for e in waiting.result()] == [("q", "1")]
-        waiting = asyncio.ensure_future(anext(idle))
-        await c.close()
-        with pytest.raises(StopAsyncIteration):
-            await asyncio.wait_for(waiting, 5)
-        assert [[e.type for e in events] async for events in full] == [[("q", "0")], [("q", "1")]]
-
-
-@pytest.mark.parametrize("in_a_task", [False, True])
-async def test_a_callback_that_queries_is_answered_past_the_bound(
-    tmp_path: Path, in_a_task: bool
-) -> None:
-    """A callback that waits on the client's own request needs its answer read: past
-    ``events_queue_size`` (and ``max_concurrent`` waiting notifications) it still gets
-    it at once, rather than the client stopping reading and the query its timeout."""
-    async with running_server(tmp_path) as server:
-        release = asyncio.Event()
-        answered: list[int] = []
-        failures: list[BaseException] = []
-
-        async def querying_cb(client: eventer.Client, events: list[eventer.Event]) -> None:
-            await release.wait()
-            try:
-                query = client.query(QueryLatestParams([("n", "0")]), timeout=3)
-                # asyncio.wait_for runs it in a task of its own (on 3.11)
-                result = await (asyncio.wait_for(query, 5) if in_a_task else query)
-                answered.append(len(result.events))
-            except Exception as exc:  # a timeout here is the failure this test is about
-                failures.append(exc)
-
-        reader, writer = await flooded_reader(server, querying_cb, 1100)
-        async with writer:
-            release.set()
-            await wait_until(lambda: len(answered) + len(failures) == 1100, timeout=30)
-        assert failures == [] and answered == [1] * 1100
-        await reader.close()
-
-
-async def test_a_task_a_callback_left_running_does_not_lift_the_bound(tmp_path: Path) -> None:
-    """Only a callback's own requests (while it runs) lift the deliveries' bound: a task it
-    started and left running queries with the bound in place."""
-    async with running_server(tmp_path) as server:
-        started: list[asyncio.Task[Any]] = []
-        go = asyncio.Event()
-        lifted: list[int] = []
-
-        async def later(client: eventer.Client) -> None:
-            await go.wait()  # runs on after the callback returned
-            query = asyncio.ensure_future(client.query(QueryLatestParams([("n", "0")])))
-            await asyncio.sleep(0)  # the query is now waiting for its answer
-            lifted.append(client._awaited_answers)
-            await query
-
-        def starts_a_task(client: eventer.Client, events: list[eventer.Event]) -> None:
-            started.append(asyncio.ensure_future(later(client)))
-
-        async with await eventer.connect(
-            url_of(server), "c", subscriptions=[("n", "*")], events_cb=starts_a_task
-        ) as client:
-            await client.register([RegisterEvent(("n", "0"))], with_response=True)
-            await wait_until(lambda: started)
-            go.set()
-            await asyncio.wait_for(started[0], 5)
-        assert lifted == [0]
