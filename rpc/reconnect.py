@@ -115,8 +115,11 @@ class ReconnectingPeer:
         self._states = StateReporter(self._loop, self.urls[0], on_state)
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._proven = False
-        """A request on the current connection was answered."""
+        self._proven: Peer | None = None
+        """The current connection once a request on it was answered: requests and streams
+        go straight to it while it is open (one check per call). Set by :meth:`_answered`
+        to the current peer only; cleared with ``_peer`` (a drop, the end) and by a new
+        connection, so an open one is always the current connection."""
         self._opened_at = 0.0
         self._failures = 0
         """Failed attempts in a row (a connection that closed before it answered, and
@@ -197,14 +200,8 @@ class ReconnectingPeer:
         about a sixth of a Gotalk client's CPU per call at 100 in flight). The connection is
         then the one open when ``request`` was called: should it drop before the coroutine
         runs, the request fails with ConnectionClosed as one in flight would."""
-        peer = self._peer
-        if (
-            not idempotent
-            and self._proven
-            and peer is not None
-            and peer.is_open
-            and self._states.last.state is ConnectionState.OPEN
-        ):
+        peer = self._proven
+        if peer is not None and not idempotent and peer.is_open:
             return peer.request(op, value, timeout=timeout, raw=raw)
         return self._request(op, value, timeout, raw, idempotent)
 
@@ -254,13 +251,8 @@ class ReconnectingPeer:
         every result would pass through. The connection is then the one open when
         ``stream`` was called: should it drop before the stream is first read, the stream
         raises ConnectionClosed as one in flight would, instead of waiting for the next."""
-        peer = self._peer
-        if (
-            self._proven
-            and peer is not None
-            and peer.is_open
-            and self._states.last.state is ConnectionState.OPEN
-        ):
+        peer = self._proven
+        if peer is not None and peer.is_open:
             return cast(AsyncGenerator[Any, None], peer.stream(*args, **kwargs))
         return self._stream(*args, **kwargs)
 
@@ -375,10 +367,11 @@ class ReconnectingPeer:
                 if peer is None:
                     return
                 exc = await asyncio.shield(peer.closed)
-                self._peer = None
+                proven = self._proven is not None
+                self._peer = self._proven = None
                 why = str(peer.violation or exc or "closed by the peer")
                 lived = self._loop.time() - self._opened_at
-                if self._proven or lived >= self.policy.backoff.cap:
+                if proven or lived >= self.policy.backoff.cap:
                     self._failures = self._rounds = 0  # it worked: back-off starts again
                 else:  # accepted, then closed before it answered: a failed attempt
                     self._failures += 1
@@ -418,7 +411,7 @@ class ReconnectingPeer:
 
     def _opened(self, peer: Peer, url: str) -> None:
         self._peer = peer
-        self._proven = False
+        self._proven = None
         self._opened_at = self._loop.time()
         self.connects += 1
         self._states.emit(ConnectionState.OPEN, url, failures=self._failures)
@@ -426,11 +419,11 @@ class ReconnectingPeer:
     def _answered(self, peer: Peer) -> None:
         """A request on ``peer`` got an answer: the connection works."""
         if peer is self._peer:
-            self._proven = True
+            self._proven = peer
 
     def _finish(self, error: str | None) -> None:
         """Closed for good."""
-        self._peer = None
+        self._peer = self._proven = None
         if self._states.last.state is not ConnectionState.CLOSED:
             self._states.emit(ConnectionState.CLOSED, self.url, error=error)
         if not self.closed.done():
