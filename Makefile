@@ -102,7 +102,7 @@ test: system-deps $(VENV)/.ready $(LEGACY)/.ready node
 
 # The core suite again on uvloop (tests, threads and CLI children: see tests/conftest.py).
 CORE_TESTS := tests/test_rpc_*.py tests/test_handler_runner.py tests/test_deadlines.py tests/test_call_bounds.py tests/test_read_buffer.py tests/test_hostile_core.py tests/test_websocket.py \
-	tests/test_web_hostile.py tests/test_workers.py tests/test_cli.py tests/test_eventer_server.py \
+	tests/test_web_hostile.py tests/test_workers.py tests/test_cli.py tests/test_eventer_server*.py \
 	tests/test_eventer_deliveries.py tests/test_notifications.py \
 	tests/test_middleware.py
 test-uvloop: system-deps $(VENV)/.ready $(LEGACY)/.ready
