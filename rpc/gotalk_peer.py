@@ -48,6 +48,12 @@ _R, _S, _E, _P = (
 )
 _REQ, _SREQ = gotalk.MessageType.REQUEST, gotalk.MessageType.STREAM_REQUEST
 _id_header = gotalk.id_header
+_RESULT_FORMAT = gotalk.id_format(_R)
+"""An ``R`` header's format, for the reply path: ``_id_header(_R, ...)`` written out."""
+_MAX_PAYLOAD = gotalk.MAX_PAYLOAD_SIZE
+REQUEST_FORMATS = 64
+"""Operations whose request header format a connection keeps (see
+:func:`wire.gotalk.request_format`); past that many it starts again from none."""
 
 HELLO = "peerwire/hello"
 """Extension announcement: a client sends it after the version, its payload the level it
@@ -104,6 +110,10 @@ class GotalkAdapter:
         self._retry_choice = retry_results
         self._next_id = 0
         """Requests sent so far (it keeps counting past 2**32; an id is its low 32 bits)."""
+        self._request_formats: dict[str, bytes] = {}
+        """Request header formats by operation: a caller sends the same few again and
+        again, and a format kept saves two calls per request (at most
+        :data:`REQUEST_FORMATS`)."""
         self._last_read = 0.0
         self._framed = False
         self.heartbeats_received = 0
@@ -295,11 +305,13 @@ class GotalkAdapter:
 
     def _new_id(self) -> bytes:
         """A request id none of our calls in flight holds: the count from 1 up, which cannot
-        clash until it passes 2**32; after that each id (the count's low 32 bits) is checked
-        and skipped while a call still holds it."""
+        clash until it passes 2**32 (written out in :meth:`_write_request`)."""
         self._next_id = count = self._next_id + 1
-        if count <= 0xFFFFFFFF:
-            return count.to_bytes(4, "little")
+        return count.to_bytes(4, "little") if count <= 0xFFFFFFFF else self._free_id(count)
+
+    def _free_id(self, count: int) -> bytes:
+        """Past 2**32 requests: the count's low 32 bits, each id skipped (and counted)
+        while a call of ours still holds it."""
         has_call = self.peer.has_call
         while has_call(rid := (count & 0xFFFFFFFF).to_bytes(4, "little")):
             self._next_id = count = count + 1
@@ -311,13 +323,31 @@ class GotalkAdapter:
         return self._write_request(op, payload, stream)
 
     def _write_request(self, op: str, payload: bytes, stream: bool) -> bytes:
-        rid = self._new_id()
-        header = gotalk.request_header(_SREQ if stream else _REQ, rid, op, len(payload))
+        self._next_id = count = self._next_id + 1  # _new_id written out
+        rid = count.to_bytes(4, "little") if count <= 0xFFFFFFFF else self._free_id(count)
+        size = len(payload)
+        form = None if stream else self._request_formats.get(op)
+        if form is None or size > _MAX_PAYLOAD:
+            header = self._first_header(op, rid, size, stream)
+        else:
+            header = form % (rid, size)
         if self._framed:
             self._emit_header(header, payload)
         else:  # _emit_header written out for byte streams: a call per request
             self.peer.outbox.push(header + payload if payload else header)
         return rid
+
+    def _first_header(self, op: str, rid: bytes, size: int, stream: bool) -> bytes:
+        """A request header made and checked by the codec (which raises for a name or a
+        size that does not fit); a request's format is then kept for ``op``."""
+        if stream:
+            return gotalk.request_header(_SREQ, rid, op, size)
+        header = gotalk.request_header(_REQ, rid, op, size)
+        formats = self._request_formats
+        if len(formats) >= REQUEST_FORMATS:
+            formats.clear()
+        formats[op] = gotalk.request_format(_REQ, op)
+        return header
 
     def send_request_meta(
         self,
@@ -361,8 +391,16 @@ class GotalkAdapter:
             if payload:
                 self._emit_header(_id_header(_S, key, len(payload)), payload)
             self._emit_header(_id_header(_S, key, 0), b"")
-        else:
-            self._emit_header(_id_header(_R, key, len(payload)), payload)
+        else:  # _emit_header(_id_header(_R, ...)) written out: two calls less per reply
+            size = len(payload)
+            if size > _MAX_PAYLOAD or len(key) != 4:
+                header = _id_header(_R, key, size)  # raises LocalProtocolError
+            else:
+                header = _RESULT_FORMAT % (key, size)
+            if self._framed:
+                self._emit_header(header, payload)
+            else:
+                self.peer.outbox.push(header + payload if payload else header)
 
     def send_result_part(self, key: bytes, payload: bytes) -> None:
         if payload:

@@ -98,7 +98,9 @@ EXPORTS = {
         "StreamResult",
         "encode",
         "encode_parts",
+        "id_format",
         "id_header",
+        "request_format",
         "request_header",
     ],
     "wire.gossip": [

@@ -26,6 +26,9 @@ from wire.gotalk import (
     StreamResult,
     encode,
     encode_parts,
+    id_format,
+    id_header,
+    request_format,
     request_header,
 )
 from wire.gotalk.encoding import REQUEST_FORMATS
@@ -273,3 +276,41 @@ def test_request_header_matches_the_message_encoder(
 def test_request_header_takes_request_types_only() -> None:
     with pytest.raises(LocalProtocolError, match="not a request type"):
         request_header(MessageType.RESULT, b"abcd", "op", 1)
+    with pytest.raises(LocalProtocolError, match="not a request type"):
+        request_format(MessageType.RESULT, "op")
+
+
+IdMessage = type[StreamRequestPart] | type[Result] | type[StreamResult] | type[ErrorResult]
+ID_KINDS: tuple[tuple[MessageType, IdMessage], ...] = (
+    (MessageType.STREAM_REQUEST_PART, StreamRequestPart),
+    (MessageType.RESULT, Result),
+    (MessageType.STREAM_RESULT, StreamResult),
+    (MessageType.ERROR_RESULT, ErrorResult),
+)
+
+
+@FAST
+@given(ids, names, payloads, st.sampled_from(ID_KINDS), st.booleans())
+def test_kept_formats_are_the_checked_headers(
+    message_id: bytes,
+    op: str,
+    payload: bytes,
+    id_kind: tuple[MessageType, IdMessage],
+    stream: bool,
+) -> None:
+    """What a caller that keeps a format writes (an id of 4 bytes, a size that fits) is
+    byte for byte the checked header and the message encoder's."""
+    kind, cls = id_kind
+    size = len(payload)
+    header = id_format(kind) % (message_id, size)
+    assert header == id_header(kind, message_id, size)
+    assert header == encode_parts(cls(message_id, payload))[0]
+    request_kind = MessageType.STREAM_REQUEST if stream else MessageType.REQUEST
+    header = request_format(request_kind, op) % (message_id, size)
+    assert header == request_header(request_kind, message_id, op, size)
+
+
+def test_id_format_takes_id_types_only() -> None:
+    for kind in (MessageType.REQUEST, MessageType.NOTIFICATION, MessageType.HEARTBEAT):
+        with pytest.raises(LocalProtocolError, match="not a p, R, S or E type"):
+            id_format(kind)

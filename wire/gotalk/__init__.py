@@ -20,7 +20,14 @@ the RPC core's job. It never performs I/O, reads a clock or starts a thread.
 """
 
 from wire.gotalk.connection import GotalkConnection
-from wire.gotalk.encoding import encode, encode_parts, id_header, request_header
+from wire.gotalk.encoding import (
+    encode,
+    encode_parts,
+    id_format,
+    id_header,
+    request_format,
+    request_header,
+)
 from wire.gotalk.messages import (
     MAX_NAME_SIZE,
     MAX_PAYLOAD_SIZE,
@@ -60,6 +67,8 @@ __all__ = [
     "StreamResult",
     "encode",
     "encode_parts",
+    "id_format",
     "id_header",
+    "request_format",
     "request_header",
 ]

@@ -187,6 +187,18 @@ def id_header(kind: MessageType, message_id: bytes, size: int) -> bytes:
     return _ID_HEADERS[kind] % (message_id, size)
 
 
+def id_format(kind: MessageType) -> bytes:
+    """:func:`id_header` as a ``bytes`` format, for a caller that keeps it:
+    ``id_format(kind) % (message_id, size)`` is the header when the id is 4 bytes and
+    ``size`` at most :data:`~wire.gotalk.MAX_PAYLOAD_SIZE`, which the caller checks
+    (``id_header`` checks both). Raises :class:`LocalProtocolError` for a kind without an
+    id and a payload size."""
+    try:
+        return _ID_HEADERS[kind]
+    except KeyError:
+        raise LocalProtocolError(f"not a p, R, S or E type: {kind!r}") from None
+
+
 def request_header(kind: MessageType, message_id: bytes, op: str, size: int) -> bytes:
     """Header of an ``r`` or ``s`` message (see :func:`id_header`). The part of it that
     depends on ``op`` alone is encoded once per operation (the last
@@ -195,7 +207,7 @@ def request_header(kind: MessageType, message_id: bytes, op: str, size: int) -> 
         _check_id(message_id)
     if size > MAX_PAYLOAD_SIZE:
         raise LocalProtocolError(f"payload of {size} bytes does not fit 8 hex digits")
-    return _request_format(kind, op) % (message_id, size)
+    return request_format(kind, op) % (message_id, size)
 
 
 REQUEST_FORMATS = 256
@@ -203,8 +215,11 @@ REQUEST_FORMATS = 256
 
 
 @functools.lru_cache(maxsize=REQUEST_FORMATS)
-def _request_format(kind: MessageType, op: str) -> bytes:
-    """``kind``, a slot for the id, ``op`` with its length, a slot for the payload size."""
+def request_format(kind: MessageType, op: str) -> bytes:
+    """:func:`request_header` as a ``bytes`` format (as :func:`id_format`): ``kind``, a slot
+    for the id, ``op`` with its length, a slot for the payload size. Raises
+    :class:`LocalProtocolError` for a name that does not fit or a kind other than ``r``
+    and ``s``."""
     if kind not in (MessageType.REQUEST, MessageType.STREAM_REQUEST):
         raise LocalProtocolError(f"not a request type: {kind!r}")
     name = _encode_name(op)  # raises for a bad name: lru_cache keeps no failure
