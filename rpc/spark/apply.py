@@ -20,6 +20,7 @@ How the handler's code reaches the executors:
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import decimal
 import importlib
@@ -47,7 +48,15 @@ from rpc.spark.frames import (
     udf_name,
 )
 from rpc.spark.options import ApplyOptions
-from rpc.spark.worker import Outcome, Pipeline, Results, Tally, describe, runtime
+from rpc.spark.worker import (
+    Outcome,
+    Pipeline,
+    Results,
+    Tally,
+    being_cancelled,
+    describe,
+    runtime,
+)
 
 # types Arrow converts itself: kept as they are when a typed result is made builtin
 _ARROW_NATIVE = (
@@ -213,6 +222,10 @@ class _HandlerBatches:
             elif inspect.isawaitable(result):
                 result = await result
             return self._finish(result), None
+        except asyncio.CancelledError as exc:
+            if being_cancelled():
+                raise
+            return None, describe(exc)  # the handler's own, as any error of it
         except Exception as exc:
             return None, describe(exc)
 

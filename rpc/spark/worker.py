@@ -325,6 +325,13 @@ def make_caller(
 # --- the pipeline ------------------------------------------------------------------------
 
 
+def being_cancelled() -> bool:
+    """Whether the running task itself was cancelled (not merely handed a CancelledError by
+    something it awaited): only then does a CancelledError end the task."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 class _Batch:
     __slots__ = ("errors", "future", "left", "next", "results", "values")
 
@@ -426,8 +433,12 @@ class Pipeline:
                 batches.popleft()
             try:
                 result, error = await self.fn(batch.values[i])
-            except asyncio.CancelledError:
-                raise
+            except asyncio.CancelledError as exc:
+                if self._closed or being_cancelled():
+                    raise
+                # fn's own cancellation (a future someone else cancelled): the row's error,
+                # or the row would never finish and its batch never resolve
+                result, error = None, describe(exc)
             except Exception as exc:  # a bug in fn: the row says so, the batch goes on
                 self._bugs += 1
                 if self._bugs == 1:  # once per pipeline; close() gives the count
