@@ -377,6 +377,7 @@ class Server:
                 self._metrics.refused(self._protocol)
             return None
         peer = self._factory()
+        peer.accepted_at = peer.loop.time()
         self.peers.add(peer)
         peer.on_open = self._on_connect
         peer.closed.add_done_callback(lambda _: self.peers.discard(peer))

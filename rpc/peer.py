@@ -70,6 +70,11 @@ MESSAGES_PER_TURN = 256
 """Messages handled per connection in one go; the rest of a larger read wait for the next
 loop iteration (reading paused meanwhile), so other connections get their turn."""
 
+LINGER = 5.0
+"""Seconds a connection we closed may take to hand over the bytes still queued for it (a
+protocol's last word, the answers of a graceful close) before it is cut: a peer that does
+not read would otherwise keep it open, and its ``close()`` waiting, for good."""
+
 log = logging.getLogger("peerwire.rpc")
 
 
@@ -119,6 +124,9 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         count silence from it at the earliest."""
         self.closed: asyncio.Future[BaseException | None] = loop.create_future()
         """Resolves (with the transport's exception or None) once the connection is gone."""
+        self.accepted_at: float | None = None
+        """Loop time a server accepted the connection (None for one we made): its
+        ``handshake_timeout`` counts from then, so a TLS or WebSocket handshake counts too."""
         self.remote_address: Any = None
         self.on_open: Callable[[Peer], Any] | None = None
         """Called once the connection is up (a coroutine result runs as a task)."""
@@ -157,7 +165,8 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         )
         self.adapter.start()
         if self.options.handshake_timeout:
-            when = self._loop.time() + self.options.handshake_timeout
+            start = self.accepted_at if self.accepted_at is not None else self._loop.time()
+            when = start + self.options.handshake_timeout
             self.deadlines.set("handshake", when, self._handshake_due, coarse=True)
         if self.on_open is not None:
             token = current_peer.set(self)
@@ -409,8 +418,26 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         if self.outbox.blocked:
             self._transport.abort()
             return
+        self._close_transport()
+
+    def _close_transport(self) -> None:
+        """Write what is queued and close; with bytes still unsent, the connection is cut
+        :data:`LINGER` s later unless the peer has taken them by then."""
+        transport = self._transport
         self.outbox.flush()
-        self._transport.close()
+        transport.close()
+        if transport.get_write_buffer_size() and self.deadlines.when("linger") is None:
+            self.deadlines.set("linger", self._loop.time() + LINGER, self._linger_due)
+
+    def _linger_due(self) -> None:
+        if self._transport is not None:
+            log.info(
+                "%s peer %s did not take what was left to send within %s s of closing; cut off",
+                self.protocol_name,
+                self.remote_address,
+                LINGER,
+            )
+            self._transport.abort()
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close."""
@@ -426,7 +453,6 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             pending.append(drained)
         if pending:
             await asyncio.wait(pending, timeout=drain_timeout)
-        self.outbox.flush()
         if self._transport is not None:
-            self._transport.close()
+            self._close_transport()
         await asyncio.shield(self.closed)

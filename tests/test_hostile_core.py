@@ -99,6 +99,34 @@ async def test_peer_that_never_reads_costs_bounded_memory() -> None:
             await canary_answers(srv)
 
 
+@pytest.mark.both_loops
+async def test_closing_on_a_peer_that_never_reads_ends_after_the_linger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Output below ``high_water`` that a peer never takes does not keep a connection we
+    close open for good: the server's close returns once ``LINGER`` has passed. Before,
+    the transport waited for the peer to read, and ``server.close()`` with it."""
+    monkeypatch.setattr(rpc.peer, "LINGER", 0.5, raising=False)  # 5 s in use: not waited for
+
+    def small_send_buffer(peer: rpc.Peer) -> None:
+        peer.transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+        )
+
+    srv = await rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=registry(), on_connect=small_send_buffer
+    )
+    async with raw_connection(srv.url.port) as (_reader, writer):
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.write(b"01" + gotalk_request(1, "big", b"200000"))  # below high_water
+        await writer.drain()
+        [attacker] = list(srv.peers)
+        await until(lambda: attacker.write_buffer_size > 0)  # answered; unread from here on
+        async with asyncio.timeout(4):  # hung for good before
+            await srv.close(drain_timeout=0.1)
+        assert attacker.closed.done()
+
+
 async def test_stream_outrunning_its_handler_fails_alone() -> None:
     options = rpc.Options(max_stream_queue=4)
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
