@@ -292,8 +292,8 @@ class Connection(SharedBufferProtocol):
         for index, event in enumerate(events):
             if type(event) is Frame:
                 if event.opcode <= _LAST_DATA_OPCODE and sink is not None:
-                    if not self.reading:
-                        self._held = events[index:]
+                    if not self.reading:  # after any frames still held, in order
+                        self._held += events[index:]
                         return
                     # asyncio sinks take bytes: a server's (masked) frames are bytes already
                     # (no copy), a client's are bytearrays the codecs would copy anyway
@@ -347,9 +347,12 @@ class Connection(SharedBufferProtocol):
                 self.raw.resume_reading()
 
     def _release(self) -> None:
-        """Hand over the frames held while paused, then read the socket again."""
+        """Hand over the frames held while paused, then read the socket again. Paused
+        again since the resume that scheduled this: the frames stay held for the next."""
+        if not self.reading:
+            return
         held, self._held = self._held, []
-        if held and self.reading:
+        if held:
             self._dispatch(held)
         raw = self.raw
         if self.reading and not self._held and raw is not None and not raw.is_closing():
