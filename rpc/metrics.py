@@ -37,9 +37,17 @@ import threading
 import time
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
-from prometheus_client import start_http_server as _start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    make_wsgi_app,
+    multiprocess,
+)
 
+from rpc import workers_metrics
 from rpc.middleware import Call, CallNext, on_finish, outcome
 from rpc.peer import Peer
 
@@ -270,19 +278,30 @@ def multiprocess_mode() -> bool:
 
 
 def start_http_server(
-    host: str, port: int, registry: CollectorRegistry | None = None
+    host: str,
+    port: int,
+    registry: CollectorRegistry | None = None,
+    *,
+    timeout: float = workers_metrics.TIMEOUT,
+    max_connections: int = workers_metrics.MAX_CONNECTIONS,
 ) -> tuple[Any, threading.Thread]:
     """Serve ``/metrics`` on host:port (0 picks a port: ``server.server_port``) from a
-    daemon thread; ``server.shutdown()`` stops it. Without ``registry``: the global one,
-    or in multiprocess mode every process's values."""
+    daemon thread; ``server.shutdown()`` stops it, ``server.server_close()`` frees the
+    port. Without ``registry``: the global one, or in multiprocess mode every process's
+    values. At most ``max_connections`` (16) at once, each closed ``timeout`` (10 s) after
+    its accept, so idle clients cannot use up threads (:mod:`rpc.workers_metrics`)."""
     if registry is None:
         if multiprocess_mode():
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
         else:
             registry = REGISTRY
-    server, thread = _start_http_server(port, addr=host, registry=registry)
-    return server, thread
+    sock = workers_metrics.bind(host, port)
+    try:
+        return workers_metrics.serve(sock, make_wsgi_app(registry), timeout, max_connections)
+    except BaseException:
+        sock.close()
+        raise
 
 
 def worker_exited(pid: int) -> None:

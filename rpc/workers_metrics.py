@@ -14,16 +14,25 @@ The parent of :func:`rpc.workers.serve_workers` owns all of it:
 
 The parent runs no thread (a process that forks should not); prometheus-client is imported
 only once the multiprocess directory is set.
+
+The HTTP server (:func:`serve`, also behind :func:`rpc.metrics.start_http_server`) runs one
+thread per connection, so both are bounded: at most :data:`MAX_CONNECTIONS` (16) at once,
+further ones are closed at once; each has :data:`TIMEOUT` (10 s) from its accept to send
+its request and take the reply, then it is closed (a client that sends nothing, or a byte
+now and then, holds its thread no longer).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import select
 import signal
 import socket
 import socketserver
 import threading
+import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -56,17 +65,68 @@ def worker_exited(pid: int) -> None:
     multiprocess.mark_process_dead(pid, os.environ[ENV])
 
 
+TIMEOUT = 10.0
+"""Seconds a metrics connection has, from its accept, to send its request and take the
+reply (a scrape's usual timeout is 10 s too)."""
+MAX_CONNECTIONS = 16
+"""Metrics connections served at once (a thread each); more are closed at once."""
+
+
+class _Deadline(io.RawIOBase):
+    """A connection's reads, each waiting only for what is left of its deadline: a client
+    that trickles bytes is closed on time, not a timeout after its latest byte."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("metrics request not received in time")
+        self._sock.settimeout(left)  # also bounds the reply's sendall that follows
+        return self._sock.recv_into(buffer)
+
+
 class _QuietHandler(WSGIRequestHandler):
+    server: Exporter
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # nothing read yet: replaced by one that keeps the deadline
+        deadline = time.monotonic() + self.server.connection_timeout
+        self.rfile = io.BufferedReader(_Deadline(self.connection, deadline))
+
+    def handle(self) -> None:
+        with contextlib.suppress(OSError):  # timed out or gone: the server closes it
+            super().handle()
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged."""
 
 
-class _Exporter(socketserver.ThreadingMixIn, WSGIServer):
-    """A WSGI server on a socket the parent bound and listens on."""
+class Exporter(socketserver.ThreadingMixIn, WSGIServer):
+    """A WSGI server on a socket bound and listening already: a thread per connection, at
+    most ``max_connections`` of them (more are closed at once), each connection closed
+    ``timeout`` seconds after its accept."""
 
     daemon_threads = True
 
-    def __init__(self, sock: socket.socket, app: Any) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        app: Any,
+        timeout: float = TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        if timeout <= 0 or max_connections < 1:
+            raise ValueError("timeout must be positive and max_connections at least 1")
+        self.connection_timeout = timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
         self._adopted = sock
         super().__init__(sock.getsockname()[:2], _QuietHandler)
         self.set_app(app)
@@ -80,7 +140,35 @@ class _Exporter(socketserver.ThreadingMixIn, WSGIServer):
         self.setup_environ()
 
     def server_activate(self) -> None:
-        """The parent listens already."""
+        """The socket listens already."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # every thread taken: closed at once
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread was started for it
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def serve(
+    sock: socket.socket, app: Any, timeout: float = TIMEOUT, max_connections: int = MAX_CONNECTIONS
+) -> tuple[Exporter, threading.Thread]:
+    """Serve the WSGI ``app`` on the listening ``sock`` from a daemon thread (an
+    :class:`Exporter`: limits above); ``server.shutdown()`` stops it, ``server_close()``
+    closes ``sock``."""
+    server = Exporter(sock, app, timeout, max_connections)
+    thread = threading.Thread(target=server.serve_forever, name="peerwire-metrics", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def exporter_main(
@@ -100,9 +188,7 @@ def exporter_main(
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    server = _Exporter(sock, make_wsgi_app(registry))
-    thread = threading.Thread(target=server.serve_forever, name="peerwire-metrics", daemon=True)
-    thread.start()
+    server, _ = serve(sock, make_wsgi_app(registry))
     try:
         _wait_for_eof(lifeline_r)
     finally:
