@@ -354,6 +354,7 @@ async def _serve_here(
         await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
         if http is not None:
             http.shutdown()
+            http.server_close()  # the listening socket too, not at the process's exit
     return EXIT_OK
 
 
