@@ -36,6 +36,8 @@ SCRIPT = Path(__file__).parent / "web" / "gotalk.js"
 SCRIPT_NAMES = ("gotalk.js", "peerwire.js")
 SERVER_HEADER = "peerwire"
 _COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/svg+xml")
+_SINGLE_HEADERS = ("Host", "Upgrade", "Origin")
+"""Headers read as one value: a request that repeats one gets 400."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +117,12 @@ class StaticFiles:
 
     def get(self, path: str) -> Asset | None:
         relative = urllib.parse.unquote(path).lstrip("/") or "index.html"
-        target = (self._root / relative).resolve()
-        if self._root not in target.parents:
-            return None
-        try:
+        try:  # ValueError: a NUL byte (%00) in the path
+            target = (self._root / relative).resolve()
+            if self._root not in target.parents:
+                return None
             stat = target.stat()
-        except OSError:
+        except (OSError, ValueError):
             return None
         if not target.is_file():
             return None
@@ -243,6 +245,11 @@ def _headers(**items: str) -> Headers:
     return headers
 
 
+def _list_header(request: Request, name: str) -> list[str]:
+    """A list-valued header's items, its repeated lines combined (RFC 9110, 5.3)."""
+    return [item.strip() for line in request.headers.get_all(name) for item in line.split(",")]
+
+
 def serve_asset(request: Request, asset: Asset, cache_control: str) -> Response:
     headers = _headers(
         Content_Type=asset.content_type,
@@ -250,10 +257,12 @@ def serve_asset(request: Request, asset: Asset, cache_control: str) -> Response:
         Cache_Control=cache_control,
         Vary="Accept-Encoding",
     )
-    if request.headers.get("If-None-Match") == asset.etag:
+    tags = {tag.removeprefix("W/") for tag in _list_header(request, "If-None-Match")}
+    if asset.etag in tags or "*" in tags:
         return Response(304, "Not Modified", headers, b"")
     body = asset.body
-    if asset.gzipped is not None and "gzip" in request.headers.get("Accept-Encoding", ""):
+    accepted = ",".join(request.headers.get_all("Accept-Encoding"))
+    if asset.gzipped is not None and "gzip" in accepted:
         body = asset.gzipped
         headers["Content-Encoding"] = "gzip"
     headers["Content-Length"] = str(len(body))
@@ -289,6 +298,10 @@ class Responder:
 
     def respond(self, request: Request, ws: ServerProtocol) -> Response:
         """The response to ``request``: 101 (``ws.accept``) or any other status."""
+        for name in _SINGLE_HEADERS:
+            if len(request.headers.get_all(name)) > 1:
+                log.info("refused HTTP request: repeated %s header", name)
+                return refuse(ws, 400, f"Bad Request: repeated {name} header\n")
         host_header = request.headers.get("Host")
         host = split_host(host_header) if host_header else None
         if host is None or not self.hosts.allows(host[0]):

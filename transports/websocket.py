@@ -21,6 +21,7 @@ import asyncio
 import logging
 import socket
 import ssl
+import time
 import urllib.parse
 from collections.abc import Callable
 
@@ -43,6 +44,32 @@ HIGH_WATER = 256 * 1024
 MAX_REFUSING = 1024
 """Connections past ``max_connections`` whose request is read to answer 503 (bounded as any
 pending handshake); more are reset at once."""
+
+
+class RateLimitedWarnings:
+    """At most ``burst`` warnings per ``window`` seconds (20 per 10 s), then a count with the
+    next one let through, so that hostile peers cannot flood the log (as
+    ``rpc.logs.RateLimitedLog``; transports do not import rpc)."""
+
+    def __init__(self, logger: logging.Logger, burst: int = 20, window: float = 10.0) -> None:
+        self._logger, self._burst, self._window = logger, burst, window
+        self._started, self._count, self._suppressed = 0.0, 0, 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._started >= self._window:
+            if self._suppressed:
+                self._logger.warning("%d similar warnings suppressed", self._suppressed)
+            self._started, self._count, self._suppressed = now, 0, 0
+        if self._count >= self._burst:
+            self._suppressed += 1
+            return
+        self._count += 1
+        self._logger.warning(message, *args)
+
+
+violations = RateLimitedWarnings(log)
+"""Where requests the HTTP side failed on are reported (one line each, no traceback)."""
 
 
 class WebSocketServer:
@@ -161,12 +188,24 @@ class WebSocketServer:
     def handshake(self, conn: Connection, event: Request | Response) -> None:
         if not isinstance(event, Request) or not isinstance(conn.ws, ServerProtocol):
             return
-        if conn in self._refusing:
-            response = refuse(conn.ws, 503, "Service Unavailable: too many connections\n")
-        else:
-            response = self.responder.respond(event, conn.ws)
-        conn.respond(response)
-        if response.status_code == 101 and not self._closing:
+        try:
+            if conn in self._refusing:
+                response = refuse(conn.ws, 503, "Service Unavailable: too many connections\n")
+            else:
+                response = self.responder.respond(event, conn.ws)
+            conn.respond(response)
+        except Exception as exc:  # a request we did not foresee: its connection, not the loop
+            violations.warning(
+                "WebSocket peer %s: request for %.200r failed (%r): connection aborted",
+                conn.peername,
+                event.path,
+                exc,
+            )
+            log.debug("the request that failed", exc_info=True)
+            if conn.raw is not None:
+                conn.raw.abort()
+            return
+        if conn.ws.state is State.OPEN and not self._closing:  # the 101 went out
             sink = self._sink_factory()
             if sink is None and conn.raw is not None:  # the application refused it
                 conn.raw.abort()

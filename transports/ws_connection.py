@@ -235,7 +235,7 @@ class Connection(SharedBufferProtocol):
         self._head_room = room - len(head)
         ws.receive_data(head)
         events = ws.events_received()
-        if events:
+        if events or ws.handshake_exc is not None:  # (not HTTP: websockets sent EOF)
             self._head_room = None
             self._dispatch(events)
         elif self._head_room == 0 and isinstance(ws, ServerProtocol):
@@ -361,9 +361,11 @@ class Connection(SharedBufferProtocol):
     # --- writing, closing ----------------------------------------------------------------
 
     def respond(self, response: Response) -> None:
-        """Send the handshake response (a 101 opens the connection for frames)."""
+        """Send the handshake response (a 101 opens the connection for frames). Not when
+        websockets failed the connection already (bytes past the request that are not
+        frames, e.g. a second request): it sent its EOF, the socket just closes."""
         ws = self.ws
-        if isinstance(ws, ServerProtocol):
+        if isinstance(ws, ServerProtocol) and not ws.close_expected():
             ws.send_response(response)
             self._send(ws.data_to_send())
 
