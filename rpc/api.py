@@ -158,6 +158,7 @@ def _dialer(
                     parsed.websocket_uri,
                     lambda: made,
                     ssl_context=ctx,
+                    server_hostname=server_hostname,
                     origin=origin,
                     max_size=max_size + 4096,
                     connect_timeout=connect_timeout,

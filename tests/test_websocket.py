@@ -10,12 +10,14 @@ import logging
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rpc
 from tests.browser import eventually
-from tests.certs import Pki
+from tests.certs import Pki, _ca, _leaf
 from tests.rpc_helpers import gotalk_peer_registry
 from transports.stream import client_ssl_context, server_ssl_context
 from transports.web_http import StaticFiles
@@ -182,6 +184,26 @@ async def test_wss(pki: Pki) -> None:
         url = f"wss+gotalk://localhost:{server.url.port}/gotalk/"
         async with rpc.connect(url, ssl=client_ssl_context(cafile=pki.ca)) as peer:
             assert await peer.request("greet", {"name": "TLS"}) == {"greeting": "Hello TLS"}
+
+
+async def test_wss_server_hostname_names_the_host_the_certificate_is_for(tmp_path: Path) -> None:
+    """A wss server reached by IP whose certificate names only peerwire.test: connect checks
+    the certificate against ``server_hostname``, as it does for ssl+ URLs."""
+    ca, ca_key = _ca(tmp_path / "ca.pem", "server_hostname CA")
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    sans: list[x509.GeneralName] = [x509.DNSName("peerwire.test")]
+    _leaf(ca, ca_key, "peerwire.test", ExtendedKeyUsageOID.SERVER_AUTH, cert, key, sans)
+    async with rpc.serve(
+        "wss+gotalk://127.0.0.1:0/gotalk/",
+        registry=gotalk_peer_registry(),
+        ssl=server_ssl_context(cert, key),
+    ) as server:
+        url = f"wss+gotalk://127.0.0.1:{server.url.port}/gotalk/"
+        trusted = client_ssl_context(cafile=tmp_path / "ca.pem")
+        with pytest.raises(rpc.TlsError, match="mismatch"):  # checked for the URL's 127.0.0.1
+            await rpc.connect(url, ssl=trusted, reconnect=False)
+        async with rpc.connect(url, ssl=trusted, server_hostname="peerwire.test") as peer:
+            assert await peer.request("greet", {"name": "IP"}) == {"greeting": "Hello IP"}
 
 
 async def test_one_registry_on_tcp_tls_and_websocket_at_once(pki: Pki) -> None:

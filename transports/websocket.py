@@ -325,6 +325,7 @@ async def open_websocket(
     sink_factory: Callable[[], ByteSink],
     *,
     ssl_context: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
     origin: str | None = None,
     max_size: int = 16 * 1024 * 1024,
     ping_interval: float | None = 20.0,
@@ -334,6 +335,9 @@ async def open_websocket(
     high_water: int = HIGH_WATER,
 ) -> ByteSink:
     """Connect to a WebSocket endpoint and return the sink (fed from the connection).
+
+    ``wss``: the certificate is checked against ``server_hostname`` when given (e.g. a
+    server reached by IP address), else against the URI's host.
 
     Raises ``TimeoutError`` after ``connect_timeout`` (TCP, TLS and upgrade together),
     ``OSError`` for refused connections and websockets' ``InvalidHandshake`` (e.g.
@@ -369,7 +373,7 @@ async def open_websocket(
                 target.host,
                 target.port,
                 ssl=ssl_context if target.secure else None,
-                server_hostname=target.host if target.secure else None,
+                server_hostname=(server_hostname or target.host) if target.secure else None,
             )
             return await opening.opened
     except BaseException:
