@@ -149,6 +149,21 @@ def test_send_refuses_what_a_peer_would_reject() -> None:
         codec.send(V1, bytes(31))
     with pytest.raises(LocalProtocolError):
         encode_frame(V1, V1_KEY, padding=bytes(33))
+    with pytest.raises(LocalProtocolError, match="max_netids"):
+        GossipCodec(V1_KEY, max_netids=2).send(V1)  # a table of 3
+
+
+def test_max_netids_applies_to_frames_and_streams() -> None:
+    assert len(V2.table) == 4
+    assert decode_frame(V2_MESSAGE, V2_KEY, max_netids=4) == V2
+    assert GossipCodec(V2_KEY, max_netids=4).receive_data(V2_MESSAGE) == [V2]
+    with pytest.raises(MalformedMessage, match="max_netids"):
+        decode_frame(V2_MESSAGE, V2_KEY, max_netids=3)
+    codec = GossipCodec(V2_KEY, max_netids=3)
+    with pytest.raises(MalformedMessage, match="max_netids"):
+        codec.receive_data(V2_MESSAGE)
+    with pytest.raises(ProtocolError):  # the stream stays failed
+        codec.receive_data(V1_MESSAGE)
 
 
 # --- Stream codec ---------------------------------------------------------------------------

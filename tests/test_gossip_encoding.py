@@ -182,7 +182,7 @@ def test_table_is_deduplicated_and_sorted() -> None:
         BroadcastID(N_30002, 7),
         seen=(BroadcastID(N_30002, 1), BroadcastID(N_29999, 2)),
         others=(N_30001, N_30002),
-        distribution=(N_30001, N_29999, N_30001),
+        distribution=(N_30001, N_29999),
         table=(N_30001, N_1234),
     )
     assert g.table == (N_1234, N_29999, N_30001, N_30002)
@@ -246,6 +246,55 @@ def test_unsorted_or_duplicate_table_rejected() -> None:
         raw = _gossip_bytes(2, first.packed, second.packed, 0, 0, 0, 0, 0, 0)
         with pytest.raises(MalformedMessage, match="sorted"):
             decode_gossip(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # others names table entry 1 twice
+        _gossip_bytes(2, N_29999.packed, N_30001.packed, 0, 0, 0, 2, 1, 1, 0, 0),
+        # distribution names entry 0 twice, after a distinct one
+        _gossip_bytes(2, N_29999.packed, N_30001.packed, 0, 0, 0, 0, 3, 0, 1, 0, 0),
+        # longer than the table: refused from its count, before one reference is read
+        _gossip_bytes(1, N_29999.packed, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0),
+        _gossip_bytes(1, N_29999.packed, 0, 0, 0, 2, 0, 0, 0, 0),
+    ],
+    ids=["others-repeat", "distribution-repeat", "distribution-too-long", "others-too-long"],
+)
+def test_repeated_references_rejected(raw: bytes) -> None:
+    with pytest.raises(MalformedMessage, match="repeats a NetID"):
+        decode_gossip(raw)
+
+
+def test_a_million_references_are_refused_from_the_count() -> None:
+    """Snappy shrinks a list of one repeated index to almost nothing: the count alone decides."""
+    raw = _gossip_bytes(1, N_29999.packed, 0, 0, 0, 0, 1_000_000, bytes(1_000_000), 0)
+    with pytest.raises(MalformedMessage, match="repeats a NetID"):
+        decode_gossip(raw)
+
+
+def test_netid_table_and_seen_bounded_by_max_netids() -> None:
+    table = (N_1234, N_29999, N_30001)
+    raw = _gossip_bytes(3, *(n.packed for n in table), 0, 0, 0, 0, 0, 0)
+    assert decode_gossip(raw, max_netids=3).table == table
+    with pytest.raises(MalformedMessage, match="max_netids"):
+        decode_gossip(raw, max_netids=2)
+    # seen may name one origin more than once, but holds at most max_netids BroadcastIDs
+    seen = _gossip_bytes(1, N_29999.packed, 0, 0, 3, 0, 1, 0, 2, 0, 3, 0, 0, 0)
+    assert len(decode_gossip(seen, max_netids=3).seen) == 3
+    with pytest.raises(MalformedMessage, match="max_netids"):
+        decode_gossip(seen, max_netids=2)
+
+
+def test_gossip_refuses_repeated_references() -> None:
+    origin = BroadcastID(N_29999, 0)
+    with pytest.raises(ValueError, match="repeats"):
+        Gossip(origin, others=(N_30001, N_30001))
+    with pytest.raises(ValueError, match="repeats"):
+        Gossip(origin, distribution=(N_30001, N_30002, N_30001))
+    # the same NetID in different fields is fine (the table holds it once)
+    g = Gossip(origin, others=(N_29999,), distribution=(N_29999, N_30001))
+    assert decode_gossip(encode_gossip(g)) == g
 
 
 def test_tag_must_be_32_bit() -> None:

@@ -1,5 +1,6 @@
-"""Property tests: round trips, arbitrary stream chunking, and hostile bytes only ever raising
-ProtocolError while the stream reader stays within its memory bound."""
+"""Property tests: round trips, arbitrary stream chunking, hostile bytes only ever raising
+ProtocolError while the stream reader stays within its memory bound, and which reference
+lists the decoder accepts."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ gossips = st.builds(
     Gossip,
     current=broadcast_ids,
     seen=st.lists(broadcast_ids, max_size=20).map(tuple),
-    others=st.lists(netids, max_size=20).map(tuple),
-    distribution=st.lists(netids, max_size=20).map(tuple),
+    # within a list a NetID appears once (decoders refuse repeats); across lists it may recur
+    others=st.lists(netids, max_size=20, unique=True).map(tuple),
+    distribution=st.lists(netids, max_size=20, unique=True).map(tuple),
     tag=st.integers(0, 2**32 - 1),
     payload=st.binary(max_size=300),
     table=st.lists(netids, max_size=5).map(tuple),
@@ -140,6 +142,35 @@ def test_mutated_gossip_bodies(g: Gossip, seed: int) -> None:
         decode_gossip(bytes(raw))
     with contextlib.suppress(ProtocolError):
         decode_gossip(bytes(raw[: seed % len(raw)]))
+
+
+@FAST
+@given(
+    st.integers(1, 6),
+    st.lists(st.integers(0, 7), max_size=9),
+    st.lists(st.integers(0, 7), max_size=9),
+    st.integers(1, 8),
+)
+def test_reference_lists_accepted_exactly_without_repeats(
+    size: int, others: list[int], distribution: list[int], max_netids: int
+) -> None:
+    """Any body: decoded iff its table fits max_netids and each reference list is in range
+    and free of repeats (so never longer than the table)."""
+    table = b"".join(NetID("10.0.0.1", port).packed for port in range(size))
+    lists = [encode_varint(len(refs)) + bytes(refs) for refs in (others, distribution)]
+    raw = encode_varint(size) + table + b"\x00\x00\x00" + b"".join(lists) + b"\x00"
+    valid = size <= max_netids and all(
+        len(set(refs)) == len(refs) and all(i < size for i in refs)
+        for refs in (others, distribution)
+    )
+    try:
+        g = decode_gossip(raw, max_netids=max_netids)
+    except ProtocolError:
+        assert not valid
+    else:
+        assert valid
+        assert [g.table.index(n) for n in g.others] == others
+        assert [g.table.index(n) for n in g.distribution] == distribution
 
 
 @FAST

@@ -20,9 +20,12 @@ from rpc.group.members import full_jitter
 from rpc.group.options import GroupStats
 from rpc.group.payloads import PayloadType, PayloadTypes, encode_envelope
 from rpc.logs import violations
+from tests.gossip_helpers import frame_around, plaintext_of
 from tests.group_helpers import (
+    KEY,
     Member,
     RawPeer,
+    closed_on,
     frame,
     free_port,
     group,
@@ -30,6 +33,7 @@ from tests.group_helpers import (
     raw_payload_frame,
     wait_for,
 )
+from wire.gossip import encode_varint, payload_tag
 
 ATTACKER = NetID("10.66.0.1", 6666)
 
@@ -207,6 +211,62 @@ async def test_frame_flood_keeps_every_structure_bounded() -> None:
         # the duplicate's origin may be forgotten (32 origins kept) between two batches
         assert stats.duplicates >= 15 * 19
         writer.close()
+
+
+class LoopLag:
+    """The longest a 10 ms timer fired late while open: how long the loop was held."""
+
+    def __init__(self) -> None:
+        self.max = 0.0
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[LoopLag]:
+        loop = asyncio.get_running_loop()
+
+        async def run() -> None:
+            while True:
+                start = loop.time()
+                await asyncio.sleep(0.01)  # the probe itself: lateness is what it measures
+                self.max = max(self.max, loop.time() - start - 0.01)
+
+        task = loop.create_task(run())
+        await asyncio.sleep(0)
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def repeated_references(sender: NetID, count: int) -> bytes:
+    """A frame whose distribution list is ``count`` copies of table index 0 (``sender``):
+    ``count`` bytes of gossip that snappy shrinks about twentyfold."""
+    payload = encode_envelope(sender, 1, "flood")
+    gossip = b"".join(
+        (
+            b"\x01" + sender.packed,  # table: the sender alone
+            b"\x00\x01\x00\x00",  # current (index 0, seq 1), no seen, no others
+            encode_varint(count) + bytes(count),  # distribution: index 0, count times
+            encode_varint(payload_tag("chat")) + payload,
+        )
+    )
+    return frame_around(plaintext_of(gossip), KEY)
+
+
+@on_both_loops
+async def test_distribution_list_of_repeats_is_refused_without_holding_the_loop() -> None:
+    sender = NetID("127.0.0.1", free_port())  # nothing listens: never a real target
+    flood = repeated_references(sender, 4_000_000)
+    assert len(flood) < 256 * 1024
+    async with group(2, learn=True) as (a, b):  # a learning node walked the list twice
+        async with LoopLag().watching() as lag:
+            assert await closed_on(a.node.netid, flood, timeout=5.0)
+        assert a.node.stats.protocol_errors == 1
+        assert a.node.stats.frames_received == 0
+        assert lag.max < 0.5, f"the loop was held {lag.max:.2f} s"
+        assert sender not in a.node.members
+        await canary(b, a)
 
 
 @on_both_loops

@@ -137,7 +137,8 @@ class Inbound:
                 len(self._connections),
             )
             return None
-        codec = GossipCodec(self._key, max_size=self.options.max_size)
+        options = self.options
+        codec = GossipCodec(self._key, max_size=options.max_size, max_netids=options.max_netids)
         connection = InboundConnection(self, codec)
         self._connections.add(connection)
         return connection

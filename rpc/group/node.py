@@ -305,7 +305,10 @@ class GroupNode:
 
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
-            gossip = decode_frame(data, self.key, max_size=self.options.max_size)
+            opts = self.options
+            gossip = decode_frame(
+                data, self.key, max_size=opts.max_size, max_netids=opts.max_netids
+            )
         except ProtocolError as exc:
             self.stats.malformed += 1
             log.debug("bad multicast datagram from %s: %s", addr, exc)

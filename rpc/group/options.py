@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from rpc.group.multicast import MulticastConfig
 from wire import DEFAULT_MAX_SIZE
-from wire.gossip import NetID
+from wire.gossip import DEFAULT_MAX_NETIDS, NetID
 
 __all__ = ["Footprint", "GroupOptions", "GroupStats", "as_netid"]
 
@@ -21,6 +21,11 @@ class GroupOptions:
 
     max_size: int = DEFAULT_MAX_SIZE
     """Largest frame sent or accepted (codec limit), in bytes (default 16 MiB)."""
+    max_netids: int = DEFAULT_MAX_NETIDS
+    """NetIDs a frame's table may name, sent or accepted (codec limit, default 8192); a
+    larger one closes the connection. A frame names its sender, up to 16 seen origins,
+    ``max_others`` members and its distribution list (at most half the group): keep it
+    above ``max_members / 2 + 32``."""
     max_queue: int = 256
     """Frames waiting for one peer; past it that peer is skipped for the frame."""
     send_timeout: float = 5.0

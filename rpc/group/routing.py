@@ -45,7 +45,7 @@ class Router:
         self._members = members
         self._rng = rng
         self._seen = seen
-        self._codec = GossipCodec(key, max_size=options.max_size)
+        self._codec = GossipCodec(key, max_size=options.max_size, max_netids=options.max_netids)
         self._bid = 0
         self._closing = False
         self.links = Links(self, options, stats, rng, asyncio.get_running_loop())

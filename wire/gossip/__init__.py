@@ -26,6 +26,10 @@ reference encoder writes fails them):
 - Bytes after the end of a frame (:func:`decode_frame`) or of the snappy block are errors.
 - The NetID table must be sorted and de-duplicated, as the reference writes it: payloads may
   refer to it by index, so we cannot re-sort it (see :class:`Gossip`).
+- The table holds at most ``max_netids`` entries (:data:`DEFAULT_MAX_NETIDS`, 8192) and
+  ``seen`` as many BroadcastIDs; the ``others`` and distribution lists must not repeat a
+  NetID, so neither is longer than the table. Snappy shrinks repetition, so without these a
+  small frame could carry millions of references for the receiver to walk.
 - A stream is framed by start byte + VarInt length (the reference assumes one read = one
   message, which breaks on merged or split TCP reads).
 
@@ -34,7 +38,7 @@ gossip references are kept (a payload may use them), and VarInts may carry redun
 groups (within 10 bytes).
 """
 
-from wire.gossip.body import decode_gossip, encode_gossip
+from wire.gossip.body import DEFAULT_MAX_NETIDS, decode_gossip, encode_gossip
 from wire.gossip.frame import (
     KEY_FILLER,
     PADDING_SIZE,
@@ -48,6 +52,7 @@ from wire.gossip.messages import BroadcastID, Gossip, NetID, payload_tag
 from wire.gossip.varint import BytesLike, decode_varint, encode_varint
 
 __all__ = [
+    "DEFAULT_MAX_NETIDS",
     "KEY_FILLER",
     "PADDING_SIZE",
     "START_BYTE",

@@ -1,4 +1,9 @@
-"""The uncompressed gossip body: NetID table, BroadcastIDs, NetID references, tag, payload."""
+"""The uncompressed gossip body: NetID table, BroadcastIDs, NetID references, tag, payload.
+
+Snappy shrinks repeated bytes, so a small frame can carry a body of millions of one-byte
+references; every list the decoder builds is therefore bounded by ``max_netids`` (the
+table's size) before it is read, not by the body's length alone.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,11 @@ from wire.gossip.messages import (
     trusted_netid,
 )
 from wire.gossip.varint import BytesLike, decode_varint, encode_varint
+
+DEFAULT_MAX_NETIDS = 8192
+"""Entries a NetID table may hold (the default ``max_netids``), and BroadcastIDs a ``seen``
+list. A frame's table names its sender, the origins it saw (a few), a few other nodes and
+its distribution list, which is at most half the group: 8192 serves groups of 16,000."""
 
 # decode_gossip's own checks guarantee what Gossip.__post_init__ would re-check.
 _set = object.__setattr__
@@ -59,10 +69,34 @@ def _read_count(data: bytes, off: int, min_entry: int, what: str) -> tuple[int, 
     return count, off
 
 
-def decode_gossip(data: BytesLike) -> Gossip:
-    """Parse an uncompressed gossip; the payload is whatever follows the tag."""
+def _read_refs(table: list[NetID], data: bytes, off: int, what: str) -> tuple[list[NetID], int]:
+    """A NetID list: no repeats, so never longer than the table (checked before reading)."""
+    count, off = _read_count(data, off, 1, what)
+    size = len(table)
+    if count > size:
+        raise MalformedMessage(f"{what} list of {count} repeats a NetID (table has {size})")
+    indices: list[int] = []
+    for _ in range(count):
+        index, off = decode_varint(data, off)
+        if index >= size:
+            raise MalformedMessage(f"NetID index {index} out of range (table has {size})")
+        indices.append(index)
+    if len(set(indices)) != count:
+        raise MalformedMessage(f"{what} list repeats a NetID")
+    return [table[i] for i in indices], off
+
+
+def decode_gossip(data: BytesLike, *, max_netids: int = DEFAULT_MAX_NETIDS) -> Gossip:
+    """Parse an uncompressed gossip; the payload is whatever follows the tag.
+
+    The table may hold at most ``max_netids`` entries (default 8192), ``seen`` as many
+    BroadcastIDs; ``others`` and ``distribution`` must not repeat a NetID. Raises
+    :class:`~wire.errors.MalformedMessage` otherwise.
+    """
     data = bytes(data)
     count, off = _read_count(data, 0, 6, "NetID table")
+    if count > max_netids:
+        raise MalformedMessage(f"NetID table of {count} entries exceeds max_netids {max_netids}")
     table: list[NetID] = []
     previous = b""
     for i in range(off, off + 6 * count, 6):
@@ -76,16 +110,14 @@ def decode_gossip(data: BytesLike) -> Gossip:
 
     current, off = _read_bid(table, data, off)
     count, off = _read_count(data, off, 2, "seen BroadcastID")
+    if count > max_netids:
+        raise MalformedMessage(f"{count} seen BroadcastIDs exceed max_netids {max_netids}")
     seen = []
     for _ in range(count):
         bid, off = _read_bid(table, data, off)
         seen.append(bid)
-    refs: list[list[NetID]] = [[], []]
-    for what, out in zip(("other NetID", "distribution NetID"), refs, strict=True):
-        count, off = _read_count(data, off, 1, what)
-        for _ in range(count):
-            netid, off = _read_ref(table, data, off)
-            out.append(netid)
+    others, off = _read_refs(table, data, off, "other NetID")
+    distribution, off = _read_refs(table, data, off, "distribution NetID")
     tag, off = decode_varint(data, off)
     if tag >= U32_LIMIT:
         raise MalformedMessage(f"payload tag {tag} is not a 32-bit xxh32 value")
@@ -93,8 +125,8 @@ def decode_gossip(data: BytesLike) -> Gossip:
     g = object.__new__(Gossip)
     _set(g, "current", current)
     _set(g, "seen", tuple(seen))
-    _set(g, "others", tuple(refs[0]))
-    _set(g, "distribution", tuple(refs[1]))
+    _set(g, "others", tuple(others))
+    _set(g, "distribution", tuple(distribution))
     _set(g, "tag", tag)
     _set(g, "payload", data[off:])
     _set(g, "table", tuple(table))

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from wire import DEFAULT_MAX_SIZE
 from wire.errors import LocalProtocolError, MalformedMessage, MessageTooLarge, ProtocolError
-from wire.gossip.body import decode_gossip, encode_gossip
+from wire.gossip.body import DEFAULT_MAX_NETIDS, decode_gossip, encode_gossip
 from wire.gossip.messages import Gossip
 from wire.gossip.varint import MAX_VARINT_BYTES, BytesLike, decode_varint, encode_varint
 
@@ -62,7 +62,9 @@ def _seal(cipher: Cipher[modes.CTR], gossip: bytes, padding: BytesLike | None) -
     return b"".join((b"\xff", length, ct_head, ct_body))
 
 
-def _open(cipher: Cipher[modes.CTR], ciphertext: BytesLike, max_size: int) -> Gossip:
+def _open(
+    cipher: Cipher[modes.CTR], ciphertext: BytesLike, max_size: int, max_netids: int
+) -> Gossip:
     """Decrypt, bound, decompress, verify and parse one body (the bytes after the header)."""
     if len(ciphertext) < _MIN_CT:
         raise MalformedMessage(f"encrypted content of {len(ciphertext)} bytes is too short")
@@ -85,7 +87,7 @@ def _open(cipher: Cipher[modes.CTR], ciphertext: BytesLike, max_size: int) -> Go
         raise MalformedMessage("decompressed length disagrees with the size field")
     if xxhash.xxh32_intdigest(gossip, seed=0) != checksum:
         raise MalformedMessage("checksum mismatch (corrupt message or wrong key)")
-    return decode_gossip(gossip)
+    return decode_gossip(gossip, max_netids=max_netids)
 
 
 def encode_frame(g: Gossip, key: BytesLike, *, padding: BytesLike | None = None) -> bytes:
@@ -93,8 +95,18 @@ def encode_frame(g: Gossip, key: BytesLike, *, padding: BytesLike | None = None)
     return _seal(_cipher(key), encode_gossip(g), padding)
 
 
-def decode_frame(data: BytesLike, key: BytesLike, *, max_size: int = DEFAULT_MAX_SIZE) -> Gossip:
-    """Decode exactly one whole message (e.g. a UDP datagram); extra or missing bytes are errors."""
+def decode_frame(
+    data: BytesLike,
+    key: BytesLike,
+    *,
+    max_size: int = DEFAULT_MAX_SIZE,
+    max_netids: int = DEFAULT_MAX_NETIDS,
+) -> Gossip:
+    """Decode exactly one whole message (e.g. a UDP datagram); extra or missing bytes are errors.
+
+    ``max_size`` bounds the message and its gossip (16 MiB), ``max_netids`` the gossip's
+    NetID table (8192; see :func:`~wire.gossip.decode_gossip`).
+    """
     if not data or data[0] != START_BYTE:
         raise MalformedMessage("message does not start with 0xff")
     length, off = decode_varint(data, 1)
@@ -102,24 +114,33 @@ def decode_frame(data: BytesLike, key: BytesLike, *, max_size: int = DEFAULT_MAX
         raise MessageTooLarge(f"message of {length} bytes exceeds max_size {max_size}")
     if len(data) - off != length:
         raise MalformedMessage(f"header announces {length} bytes, {len(data) - off} present")
-    return _open(_cipher(key), memoryview(data)[off:], max_size)
+    return _open(_cipher(key), memoryview(data)[off:], max_size, max_netids)
 
 
 class GossipCodec:
     """Frames gossip over a byte stream (TCP), where reads split and merge messages freely.
 
     Each frame is cut by its start byte and VarInt length; a length above ``max_size`` is
-    refused from the header, so at most ``11 + max_size`` bytes are ever buffered. After any
-    :class:`ProtocolError` the stream is out of sync for good and every later call raises.
+    refused from the header, so at most ``11 + max_size`` bytes are ever buffered; a gossip
+    whose NetID table holds more than ``max_netids`` entries (default 8192) is refused too.
+    After any :class:`ProtocolError` the stream is out of sync for good and every later
+    call raises.
     """
 
-    __slots__ = ("_body", "_body_len", "_cipher", "_error", "_header", "_max_size")
+    __slots__ = ("_body", "_body_len", "_cipher", "_error", "_header", "_max_netids", "_max_size")
 
-    def __init__(self, key: BytesLike, *, max_size: int = DEFAULT_MAX_SIZE) -> None:
-        if max_size < 0:
-            raise ValueError("max_size must not be negative")
+    def __init__(
+        self,
+        key: BytesLike,
+        *,
+        max_size: int = DEFAULT_MAX_SIZE,
+        max_netids: int = DEFAULT_MAX_NETIDS,
+    ) -> None:
+        if max_size < 0 or max_netids < 0:
+            raise ValueError("max_size and max_netids must not be negative")
         self._cipher = _cipher(key)
         self._max_size = max_size
+        self._max_netids = max_netids
         self._header = bytearray()  # start byte + VarInt bytes of the frame being read
         self._body = bytearray()  # ciphertext bytes of the frame being read
         self._body_len: int | None = None  # set once the header is complete
@@ -134,8 +155,16 @@ class GossipCodec:
         """Bytes held for an incomplete frame (never above ``11 + max_size``)."""
         return len(self._header) + len(self._body)
 
+    @property
+    def max_netids(self) -> int:
+        return self._max_netids
+
     def send(self, gossip: Gossip, padding: BytesLike | None = None) -> bytes:
-        """Encode one frame; refuse one a peer with our ``max_size`` would reject."""
+        """Encode one frame; refuse one a peer with our limits would reject."""
+        if len(gossip.table) > self._max_netids:
+            raise LocalProtocolError(
+                f"NetID table of {len(gossip.table)} entries exceeds max_netids"
+            )
         body = encode_gossip(gossip)
         if len(body) > self._max_size:
             raise LocalProtocolError(f"gossip of {len(body)} bytes exceeds max_size")
@@ -185,7 +214,7 @@ class GossipCodec:
                 body = self._body
             pos += take
             if take == need:
-                out.append(_open(self._cipher, body, self._max_size))
+                out.append(_open(self._cipher, body, self._max_size, self._max_netids))
                 self._body = bytearray()
                 self._body_len = None
         return out

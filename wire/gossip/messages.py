@@ -96,12 +96,20 @@ def _netids(values: Iterable[NetID], name: str) -> tuple[NetID, ...]:
     return result
 
 
+def _distinct(values: tuple[NetID, ...], name: str) -> tuple[NetID, ...]:
+    # Decoders refuse a repeated NetID (it only costs the receiver work), so never send one.
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} repeats a NetID")
+    return values
+
+
 @dataclass(frozen=True, slots=True)
 class Gossip:
     """One message: the broadcast metadata the distribution tree needs, plus the user payload.
 
     ``seen``: BroadcastIDs the sender saw over multicast; ``others``: a few random nodes, so
-    distant groups learn of each other; ``distribution``: who the receiver must forward to.
+    distant groups learn of each other; ``distribution``: who the receiver must forward to
+    (``others`` and ``distribution`` must not repeat a NetID: ValueError).
     ``tag`` is :func:`payload_tag` of the payload's type name.
 
     ``table`` is the wire's NetID table, always sorted and de-duplicated: every NetID the
@@ -126,8 +134,8 @@ class Gossip:
         for value in seen:
             if not isinstance(value, BroadcastID):
                 raise TypeError(f"seen must hold BroadcastID values, got {type(value).__name__}")
-        others = _netids(self.others, "others")
-        distribution = _netids(self.distribution, "distribution")
+        others = _distinct(_netids(self.others, "others"), "others")
+        distribution = _distinct(_netids(self.distribution, "distribution"), "distribution")
         extra = _netids(self.table, "table")
         if not isinstance(self.tag, int) or not 0 <= self.tag < U32_LIMIT:
             raise ValueError(f"tag out of range 0..2**32-1 (an xxh32 value): {self.tag!r}")
