@@ -7,6 +7,10 @@ import asyncio
 import gzip
 import http.client
 import logging
+import os
+import random
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,8 +23,9 @@ import rpc
 from tests.browser import eventually
 from tests.certs import Pki, _ca, _leaf
 from tests.rpc_helpers import gotalk_peer_registry
+from tests.test_web_hostile import http_request, recorder_server
 from transports.stream import client_ssl_context, server_ssl_context
-from transports.web_http import StaticFiles
+from transports.web_http import Asset, StaticFiles
 from transports.websocket import HttpOptions
 
 pytestmark = pytest.mark.both_loops
@@ -227,27 +232,106 @@ async def test_one_registry_on_tcp_tls_and_websocket_at_once(pki: Pki) -> None:
                 }
 
 
+async def cached_or_loaded(static: StaticFiles, path: str) -> Asset | None:
+    found = static.get(path)
+    return await found if isinstance(found, asyncio.Future) else found
+
+
 async def test_static_files_are_read_gzipped_and_hashed_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "app.js").write_text("console.log('hi');\n" * 100)
-    static = StaticFiles(tmp_path, budget=10_000)
-    first = static.get("/app.js")
-    assert first is not None and first.gzipped is not None
-    assert static.get("/app.js") is first  # the same object: nothing read or zipped again
-    assert static.cached_bytes == first.size
-    (tmp_path / "app.js").write_text("changed\n")
-    changed = static.get("/app.js")
-    assert changed is not None and changed.body == b"changed\n"  # size/mtime checked
-    (tmp_path / "half.js").write_text("".join(f"{i:05}" for i in range(1_000)))
-    half = static.get("/half.js")  # half the budget: it fits, gzipped body and all
-    assert half is not None and static.get("/half.js") is half
-    assert static.cached_bytes == changed.size + half.size
-    (tmp_path / "big.js").write_text("x" * 5_001)  # over half the budget: not served at all
-    with caplog.at_level(logging.WARNING, logger="peerwire.transports.websocket"):
-        assert static.get("/big.js") is None and static.get("/big.js") is None
-    assert caplog.text.count("larger than half of static_cache_bytes") == 1
-    assert static.get("/../etc/passwd") is None and static.get("/nothing") is None
+    static = StaticFiles(tmp_path, budget=20_000)
+    try:
+        first = await cached_or_loaded(static, "/app.js")
+        assert first is not None and first.gzipped is not None
+        assert static.get("/app.js") is first  # the same object: nothing read or zipped again
+        assert static.cached_bytes == first.size and static.loads == 1
+        (tmp_path / "app.js").write_text("changed\n")
+        changed = await cached_or_loaded(static, "/app.js")
+        assert changed is not None and changed.body == b"changed\n"  # size/mtime checked
+        (tmp_path / "quarter.js").write_text("".join(f"{i:05}" for i in range(1_000)))
+        quarter = await cached_or_loaded(static, "/quarter.js")  # a quarter: served, kept
+        assert quarter is not None and static.get("/quarter.js") is quarter
+        assert static.cached_bytes == changed.size + quarter.size and static.loads == 3
+        (tmp_path / "big.js").write_text("x" * 5_001)  # over a quarter: not served at all
+        with caplog.at_level(logging.WARNING, logger="peerwire.transports.websocket"):
+            assert static.get("/big.js") is None and static.get("/big.js") is None
+        assert caplog.text.count("larger than a quarter of static_cache_bytes") == 1
+        assert static.get("/../etc/passwd") is None and static.get("/nothing") is None
+        assert static.loads == 3
+    finally:
+        static.close()
+
+
+class Opens:
+    """Files opened under a folder, with the thread that opened each (an audit hook: a
+    process keeps its hooks, so one is installed and pointed at each test's folder)."""
+
+    current: Opens | None = None
+    installed = False
+
+    def __init__(self, folder: Path) -> None:
+        self.prefix = str(folder.resolve()) + "/"
+        self.seen: list[tuple[str, int]] = []
+
+    def __enter__(self) -> Opens:
+        if not Opens.installed:
+            sys.addaudithook(Opens._hook)
+            Opens.installed = True
+        Opens.current = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Opens.current = None
+
+    @staticmethod
+    def _hook(event: str, args: tuple[object, ...]) -> None:
+        watch = Opens.current
+        if event != "open" or watch is None or not isinstance(args[0], str | os.PathLike):
+            return
+        path = os.fspath(args[0])
+        if isinstance(path, str) and path.startswith(watch.prefix):
+            watch.seen.append((path.removeprefix(watch.prefix), threading.get_ident()))
+
+
+async def test_static_files_load_off_the_loop_once_per_request_at_most(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Files that do not all fit the cache, asked for in turn: each request may cost a load
+    (read, gzip, SHA-1), in the cache's thread, never on the event loop; a file over a
+    quarter of static_cache_bytes is not served; concurrent requests share one load."""
+    budget = 400_000
+    rng = random.Random(7)
+    bodies = {}
+    for name in ("a", "b", "c", "d"):  # a quarter of the budget each: two fit, not three
+        bodies[name] = bytes(rng.choice(b"0123456789abcdef") for _ in range(budget // 4))
+        (tmp_path / f"{name}.txt").write_bytes(bodies[name])
+    (tmp_path / "big.txt").write_bytes(b"x" * (budget // 4 + 1))
+    http = HttpOptions(static_dir=tmp_path, static_cache_bytes=budget)
+    server, _, port = await recorder_server(http=http)
+    loop_thread = threading.get_ident()
+    try:
+        static = server.responder.static
+        assert static is not None
+        with Opens(tmp_path) as opens, caplog.at_level(logging.WARNING):
+            for name in "abcabc":
+                reply = await http_request(
+                    port, b"GET /%s.txt HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % name.encode()
+                )
+                assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(bodies[name])
+            assert all(thread != loop_thread for _, thread in opens.seen), opens.seen
+            assert len(opens.seen) == static.loads == 6  # evicted in turn: one load each
+            big = await http_request(port, b"GET /big.txt HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert big.startswith(b"HTTP/1.1 404 ") and len(opens.seen) == 6
+            assert caplog.text.count("larger than a quarter of static_cache_bytes") == 1
+            get_d = b"GET /d.txt HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            replies = await asyncio.gather(*(http_request(port, get_d) for _ in range(8)))
+            assert all(r.startswith(b"HTTP/1.1 200 ") and r.endswith(bodies["d"]) for r in replies)
+            assert [name for name, _ in opens.seen[6:]] == ["d.txt"] and static.loads == 7
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def test_the_websockets_api_we_rely_on() -> None:

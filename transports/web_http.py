@@ -4,15 +4,16 @@ Every request's ``Host`` header must name a host the server is meant to be reach
 (``allowed_hosts``; a DNS-rebound page is refused with 400). The endpoint (``mount``) accepts
 WebSocket handshakes from allowed origins (403 otherwise, 426 for plain GETs); the browser
 script (``<mount>gotalk.js`` and ``<mount>peerwire.js``) and files under ``static_dir`` are
-served with ETag, 304, Cache-Control and gzip. Each file is read, gzipped and hashed once and
-kept in a cache bounded in bytes (``static_cache_bytes``; a file over half of it is not
-served),
-checked against the file's size and modification time on every request. No sockets here:
-requests in, ``Response`` objects out (files are read here, each once while unchanged).
+served with ETag, 304, Cache-Control and gzip. Each file is read, gzipped and hashed once, in
+a thread, and kept in a cache bounded in bytes (``static_cache_bytes``; a file over a quarter
+of it is not served), checked against the file's size and modification time on every
+request. No sockets here: requests in, ``Response`` objects out (or a future of one while
+its file loads).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gzip
 import hashlib
@@ -23,6 +24,7 @@ import socket
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +65,8 @@ class HttpOptions:
     max_request_head: int = 16 * 1024
     """Bytes of request line and headers a connection may send before its upgrade; more: 431."""
     static_cache_bytes: int = 32 * 1024 * 1024
-    """Bytes of file contents (plain and gzipped) kept in the static file cache."""
+    """Bytes of file contents (plain and gzipped) kept in the static file cache; a file over
+    a quarter of it is not served (404)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +104,12 @@ def script_asset() -> Asset:
 class StaticFiles:
     """Files under one folder, each loaded once; an LRU cache of at most ``budget`` bytes.
 
-    A file whose size or mtime changed is loaded again. A file larger than half the budget
-    is not served (404, and one warning per file): with its gzipped body it might not fit,
-    and one that is not kept would be read and gzipped on the event loop for every
-    request, which any client could repeat. Every file served is kept until evicted.
+    A file whose size or mtime changed is loaded again. Loading (read, gzip, SHA-1) runs in
+    a thread of the cache's own, one file at a time, and concurrent requests for a file
+    share its load: a client that makes the cache evict and reload files (requesting more
+    than fit, in turn) keeps that thread busy, never the event loop. A file larger than a
+    quarter of the budget is not served (404, and one warning per file): one load reads
+    and gzips at most that much, and at least two files fit. ``loads`` counts the loads.
     """
 
     def __init__(self, root: Path, budget: int) -> None:
@@ -112,10 +117,20 @@ class StaticFiles:
         self._budget = budget
         self._used = 0
         self._cache: OrderedDict[Path, tuple[int, int, Asset]] = OrderedDict()
+        self._loading: dict[Path, asyncio.Future[Asset | None]] = {}
+        """Loads queued or running, one per file; each is dropped once its file is read
+        (or at close)."""
+        self._loader: ThreadPoolExecutor | None = None
+        self._closed = False
         self._refused: set[Path] = set()
-        """Files refused as too large and warned about (at most one entry per file)."""
+        """Files refused as too large and warned about (at most 1024 entries)."""
+        self.loads = 0
+        """Files loaded so far (read, gzipped, hashed): a file evicted and asked for again
+        counts again."""
 
-    def get(self, path: str) -> Asset | None:
+    def get(self, path: str) -> Asset | asyncio.Future[Asset | None] | None:
+        """The file's asset when cached; a future of it (None: gone) while it loads; None
+        when there is no such file to serve."""
         relative = urllib.parse.unquote(path).lstrip("/") or "index.html"
         try:  # ValueError: a NUL byte (%00) in the path
             target = (self._root / relative).resolve()
@@ -126,11 +141,11 @@ class StaticFiles:
             return None
         if not target.is_file():
             return None
-        if stat.st_size > self._budget // 2:
+        if stat.st_size > self._budget // 4:
             if target not in self._refused and len(self._refused) < 1024:
                 self._refused.add(target)
                 log.warning(
-                    "static file %s (%d bytes) is larger than half of static_cache_bytes "
+                    "static file %s (%d bytes) is larger than a quarter of static_cache_bytes "
                     "(%d): not served",
                     target,
                     stat.st_size,
@@ -143,17 +158,42 @@ class StaticFiles:
             return cached[2]
         if cached is not None:
             self._drop(target)
-        try:
-            asset = Asset.load(target)
-        except OSError:
-            return None
-        if asset.size > self._budget:  # it grew between stat and read: served, not kept
-            return asset
+        loading = self._loading.get(target)
+        if loading is None and not self._closed:
+            loading = self._load(target, stat.st_size, stat.st_mtime_ns)
+        return loading
+
+    def _load(self, target: Path, size: int, mtime: int) -> asyncio.Future[Asset | None]:
+        loop = asyncio.get_running_loop()
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(1, thread_name_prefix="peerwire-static")
+        self.loads += 1
+        loading: asyncio.Future[Asset | None] = loop.create_future()
+        self._loading[target] = loading
+
+        def loaded(read: asyncio.Future[Asset]) -> None:
+            if self._loading.get(target) is loading:
+                del self._loading[target]
+            if loading.done():  # closed meanwhile
+                return
+            error = read.exception() if not read.cancelled() else None
+            if error is not None and not isinstance(error, OSError):
+                log.warning("static file %s could not be loaded: %r", target, error)
+            asset = None if read.cancelled() or error is not None else read.result()
+            if asset is not None and asset.size <= self._budget:  # (else it grew: not kept)
+                self._keep(target, size, mtime, asset)
+            loading.set_result(asset)
+
+        loop.run_in_executor(self._loader, Asset.load, target).add_done_callback(loaded)
+        return loading
+
+    def _keep(self, target: Path, size: int, mtime: int, asset: Asset) -> None:
+        if target in self._cache:
+            self._drop(target)
         while self._used + asset.size > self._budget:  # it fits: at most twice its size
             self._drop(next(iter(self._cache)))
-        self._cache[target] = (stat.st_size, stat.st_mtime_ns, asset)
+        self._cache[target] = (size, mtime, asset)
         self._used += asset.size
-        return asset
 
     def _drop(self, target: Path) -> None:
         self._used -= self._cache.pop(target)[2].size
@@ -161,6 +201,16 @@ class StaticFiles:
     @property
     def cached_bytes(self) -> int:
         return self._used
+
+    def close(self) -> None:
+        """Cancel the loads not started (their requests are answered 404) and stop the
+        thread once the running one ends; files cached are still served."""
+        self._closed = True
+        if self._loader is not None:
+            self._loader.shutdown(wait=False, cancel_futures=True)
+        for loading in self._loading.values():
+            loading.set_result(None)
+        self._loading.clear()
 
 
 # --- hosts and origins -----------------------------------------------------------------------
@@ -296,8 +346,9 @@ class Responder:
             else None
         )
 
-    def respond(self, request: Request, ws: ServerProtocol) -> Response:
-        """The response to ``request``: 101 (``ws.accept``) or any other status."""
+    def respond(self, request: Request, ws: ServerProtocol) -> Response | asyncio.Future[Response]:
+        """The response to ``request``: 101 (``ws.accept``) or any other status; for a
+        static file not in the cache, a future of it (done once the file is loaded)."""
         for name in _SINGLE_HEADERS:
             if len(request.headers.get_all(name)) > 1:
                 log.info("refused HTTP request: repeated %s header", name)
@@ -324,9 +375,34 @@ class Responder:
             return response
         if self.static is not None:
             found = self.static.get(path)
+            if isinstance(found, asyncio.Future):
+                return self._when_loaded(found, request, ws)
             if found is not None:
                 return serve_asset(request, found, "no-cache")
         return refuse(ws, 404, "Not Found\n")
+
+    def _when_loaded(
+        self, loading: asyncio.Future[Asset | None], request: Request, ws: ServerProtocol
+    ) -> asyncio.Future[Response]:
+        answer: asyncio.Future[Response] = loading.get_loop().create_future()
+
+        def loaded(_: object) -> None:
+            asset = None if loading.cancelled() else loading.result()
+            try:
+                if asset is None:
+                    answer.set_result(refuse(ws, 404, "Not Found\n"))
+                else:
+                    answer.set_result(serve_asset(request, asset, "no-cache"))
+            except Exception as exc:  # the server reports it as any failed request
+                answer.set_exception(exc)
+
+        loading.add_done_callback(loaded)
+        return answer
+
+    def close(self) -> None:
+        """The server closed: static file loads not started are dropped."""
+        if self.static is not None:
+            self.static.close()
 
     def _origin_refusal(self, request: Request, host: tuple[str, int | None]) -> str | None:
         origin = request.headers.get("Origin")

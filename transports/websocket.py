@@ -188,22 +188,19 @@ class WebSocketServer:
     def handshake(self, conn: Connection, event: Request | Response) -> None:
         if not isinstance(event, Request) or not isinstance(conn.ws, ServerProtocol):
             return
+        response: Response | asyncio.Future[Response]
         try:
             if conn in self._refusing:
                 response = refuse(conn.ws, 503, "Service Unavailable: too many connections\n")
             else:
                 response = self.responder.respond(event, conn.ws)
+            if isinstance(response, asyncio.Future):  # a static file loads
+                conn.pause_reading()  # nothing more is read from the peer until it is sent
+                response.add_done_callback(lambda done: self._answer(conn, event, done))
+                return
             conn.respond(response)
-        except Exception as exc:  # a request we did not foresee: its connection, not the loop
-            violations.warning(
-                "WebSocket peer %s: request for %.200r failed (%r): connection aborted",
-                conn.peername,
-                event.path,
-                exc,
-            )
-            log.debug("the request that failed", exc_info=True)
-            if conn.raw is not None:
-                conn.raw.abort()
+        except Exception as exc:
+            self._failed(conn, event, exc)
             return
         if conn.ws.state is State.OPEN and not self._closing:  # the 101 went out
             sink = self._sink_factory()
@@ -211,6 +208,29 @@ class WebSocketServer:
                 conn.raw.abort()
             elif sink is not None:
                 conn.open(sink)
+
+    def _answer(self, conn: Connection, request: Request, done: asyncio.Future[Response]) -> None:
+        """A response that waited for its static file (never a 101): send it, read again."""
+        if conn.lost or conn.raw is None or conn.raw.is_closing() or done.cancelled():
+            return
+        try:
+            conn.respond(done.result())
+        except Exception as exc:
+            self._failed(conn, request, exc)
+            return
+        conn.resume_reading()
+
+    def _failed(self, conn: Connection, request: Request, exc: Exception) -> None:
+        """A request we did not foresee: its connection is aborted, not the loop's reading."""
+        violations.warning(
+            "WebSocket peer %s: request for %.200r failed (%r): connection aborted",
+            conn.peername,
+            request.path,
+            exc,
+        )
+        log.debug("the request that failed", exc_info=True)
+        if conn.raw is not None:
+            conn.raw.abort()
 
     def lost(self, conn: Connection, exc: BaseException | None) -> None:
         self._refusing.discard(conn)
@@ -231,6 +251,8 @@ class WebSocketServer:
         self._closing = True
         if self._listener is not None:
             self._listener.close()
+        if self._responder is not None:
+            self._responder.close()
         for conn in list(self.connections) + list(self._refusing):
             if conn.raw is None:  # in its TLS handshake (the loop closes it with the listener)
                 self.lost(conn, None)

@@ -368,6 +368,8 @@ class Connection(SharedBufferProtocol):
         if isinstance(ws, ServerProtocol) and not ws.close_expected():
             ws.send_response(response)
             self._send(ws.data_to_send())
+            if ws.state is not _OPEN:
+                self._check_closing()
 
     def flush(self) -> None:
         """Write what the sans-I/O protocol has queued."""
