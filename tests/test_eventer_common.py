@@ -40,6 +40,24 @@ def test_subscription_rules() -> None:
         common.Subscription([("a", "*", "b")])
 
 
+def test_subscription_limits_segments_and_matches_at_any_depth() -> None:
+    """Matching used to recurse once per segment: RecursionError past about 1,000."""
+    limit = common.MAX_TYPE_SEGMENTS
+    common.Subscription([("a",) * limit])
+    with pytest.raises(ValueError, match="segments"):
+        common.Subscription([("a",) * (limit + 1)])
+    deep = 5000
+    sub = common.Subscription(
+        [("a",) * deep, ("?",) * (deep - 1) + ("b", "*")], max_segments=deep + 1
+    )
+    assert sub.matches(("a",) * deep) and not sub.matches(("a",) * (deep - 1))
+    assert not sub.matches(("a",) * (deep + 1))
+    assert sub.matches(("x",) * (deep - 1) + ("b",)) and sub.matches(
+        ("x",) * (deep - 1) + ("b", "c")
+    )
+    assert not sub.matches(("x",) * (deep - 1) + ("c",))
+
+
 timestamps = st.builds(common.Timestamp, st.integers(-(2**40), 2**40), st.integers(0, 999_999))
 payloads = st.one_of(
     st.none(),

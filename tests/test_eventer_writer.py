@@ -100,3 +100,48 @@ async def test_a_stopped_writer_leaves_nobody_waiting(tmp_path: Path) -> None:
         assert late_future.result() is None and writer.pending_events == 0
         blocker.set()
     store.close()
+
+
+async def test_a_failure_after_the_commit_answers_the_registrant_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    """``on_commit`` (the fan-out) raising used to end the writer: that registrant was never
+    answered and every later registration failed."""
+    store = Store(tmp_path / "w.db")
+    state = store.open(1)
+    catalog = TypeCatalog(state.types)
+    registrar = Registrar(
+        1, catalog, last_session=0, last_ts=0, max_event_bytes=1 << 20, max_message_size=1 << 20
+    )
+    notified: list[int] = []
+
+    def on_commit(session: Session) -> None:
+        if session.id == 1:
+            raise RecursionError("maximum recursion depth exceeded")
+        notified.append(session.id)
+
+    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
+        writer = Writer(
+            store,
+            catalog,
+            inline_commits=False,
+            writer_exec=writer_exec,
+            checkpoint_exec=checkpoint_exec,
+            on_commit=on_commit,
+            processed=0,
+        )
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(writer.run())
+        try:
+            for name in ("a", "b"):
+                future: SessionFuture = loop.create_future()
+                writer.push(
+                    registrar.session(common.split_register_req(register_req(name)), future)
+                )
+                assert len(await asyncio.wait_for(future, 5) or []) == 1
+            assert notified == [2] and not writer.stopped
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    store.close()

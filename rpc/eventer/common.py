@@ -52,6 +52,7 @@ from rpc.eventer.subscription import (
 from rpc.eventer.values import (
     ENVELOPE_RESERVE,
     MAX_EVENT_GROWTH,
+    MAX_TYPE_SEGMENTS,
     MODULE,
     MSG_EVENTS_ACK,
     MSG_EVENTS_NOTIFY,
@@ -94,6 +95,7 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "MAX_EVENT_GROWTH",
+    "MAX_TYPE_SEGMENTS",
     "MODULE",
     "MSG_EVENTS_ACK",
     "MSG_EVENTS_NOTIFY",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from rpc.eventer.values import EventType, InvalidMessage, timestamp_key
+from rpc.eventer.values import MAX_TYPE_SEGMENTS, EventType, InvalidMessage, timestamp_key
 from wire.errors import MalformedMessage
 from wire.sbs import read_bytes, read_integer, read_string
 
@@ -32,7 +32,8 @@ def split_register_req(data: bytes) -> list[RegisterPart]:
     """Parse a ``MsgRegisterReq`` keeping each event's field bytes.
 
     Validates what hat-sbs would (and what its C decoder does not): lengths within the
-    data, integers within int64, UTF-8, Choice indexes, no trailing bytes. Raises
+    data, integers within int64, UTF-8, Choice indexes, no trailing bytes; and that no
+    event type has more than :data:`~rpc.eventer.values.MAX_TYPE_SEGMENTS` segments. Raises
     :class:`~rpc.eventer.values.InvalidMessage` otherwise.
     """
     try:
@@ -60,6 +61,10 @@ def _split(buf: bytes) -> list[RegisterPart]:
         n, pos = read_integer(buf, pos)
         if n < 0 or n > size:
             raise InvalidMessage(f"MsgRegisterReq: bad segment count {n}")
+        if n > MAX_TYPE_SEGMENTS:
+            raise InvalidMessage(
+                f"MsgRegisterReq: event type of {n} segments (at most {MAX_TYPE_SEGMENTS})"
+            )
         segments = []
         for _ in range(n):
             segment, pos = read_string(buf, pos, size)

@@ -28,6 +28,10 @@ MSG_QUERY_RES = "HatEventer.MsgQueryRes"
 
 EventType = tuple[str, ...]
 """Segments of an event type; in subscriptions ``?`` is one segment, ``*`` (last) the rest."""
+MAX_TYPE_SEGMENTS = 256
+"""Segments of an event type, or of a subscription's or query's type, at most (hat-event
+has no limit; its types have a handful). Past it the server refuses the registration
+(``failure``), the init (an error response) or the query (the connection closes)."""
 
 
 class EventerError(Exception):

@@ -3,9 +3,11 @@
 Sessions queue in arrival order; the writer commits everything queued (up to
 :data:`MAX_BATCH_EVENTS` events) in one SQLite transaction on its own thread (a batch of
 at most :data:`INLINE_COMMIT_ROWS` events on the event loop itself when ``sync = "normal"``,
-which does not wait for the disk), then hands each session to ``on_commit`` (notification,
-the registrant's answer) and releases the queries waiting for it. WAL checkpoints run on
-another thread every :data:`CHECKPOINT_ROWS` committed rows, off the commit path.
+which does not wait for the disk), then hands each session to ``on_commit`` (notification)
+and answers its registrant, and releases the queries waiting for it. A failure of
+``on_commit`` is logged: the session is committed, so it is answered all the same and the
+writer goes on (one bad session must not stop every later registration). WAL checkpoints
+run on another thread every :data:`CHECKPOINT_ROWS` committed rows, off the commit path.
 """
 
 from __future__ import annotations
@@ -144,7 +146,10 @@ class Writer:
                     self._start_checkpoint()
                 self._catalog.saved(types)
                 for session in batch:
-                    self._on_commit(session)
+                    try:
+                        self._on_commit(session)
+                    except Exception:  # committed all the same: answered, and on we go
+                        log.exception("session %d committed, but notifying it failed", session.id)
                     session.resolve(session.blobs)
             finally:
                 self.pending_events -= count

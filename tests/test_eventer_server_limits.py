@@ -1,0 +1,65 @@
+"""Our Eventer server's bounds on what clients send: event types and subscriptions past
+``MAX_TYPE_SEGMENTS`` segments are refused and stop nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import rpc
+from rpc import eventer
+from rpc.eventer import common
+from rpc.eventer.common import (
+    MAX_TYPE_SEGMENTS,
+    QueryLatestParams,
+    Status,
+)
+from tests.peers.eventer_helpers import (
+    init_bytes,
+    json_event,
+    raw_peer,
+    running_server,
+    url_of,
+)
+
+
+async def test_a_deep_subscription_or_type_is_refused_and_stops_nothing(tmp_path: Path) -> None:
+    """A 1,200-segment subscription used to be accepted, and the match of a 1,200-segment
+    type against it raised RecursionError in the writer after the commit: the writer
+    stopped, that registrant was never answered and every later registration failed."""
+    deep = ("a",) * 1200
+    async with running_server(tmp_path) as server:
+        with pytest.raises(eventer.EventerInitError, match="segments"):
+            await eventer.connect(url_of(server), "deep", subscriptions=[deep])
+        async with await eventer.connect(url_of(server), "b", subscriptions=[("x", "*")]) as b:
+            refused = b.register([json_event(deep, 1)], with_response=True)
+            assert await asyncio.wait_for(refused, 5) is None
+            normal = b.register([json_event(("x", "1"), 2)], with_response=True)
+            events = await asyncio.wait_for(normal, 5)
+            assert events is not None and [e.type for e in events] == [("x", "1")]
+        assert server.status is Status.OPERATIONAL
+
+
+async def test_types_at_the_segment_limit_work_and_past_it_are_refused(tmp_path: Path) -> None:
+    longest = tuple(f"s{i}" for i in range(MAX_TYPE_SEGMENTS))
+    pattern = (*longest[:-2], "?", "*")
+    async with running_server(tmp_path) as server:
+        async with await eventer.connect(url_of(server), "sub", subscriptions=[pattern]) as sub:
+            notified = sub.events()
+            registered = await sub.register([json_event(longest, 1)], with_response=True)
+            assert registered is not None
+            assert [e.type for e in await asyncio.wait_for(anext(notified), 5)] == [longest]
+            result = await sub.query(QueryLatestParams([pattern]))
+            assert [e.type for e in result.events] == [longest]
+            assert await sub.register([json_event((*longest, "x"))], with_response=True) is None
+        peer = await raw_peer(server)
+        await peer.request(common.MSG_INIT_REQ, init_bytes(), raw=True)
+        too_deep = common.encode(
+            common.MSG_QUERY_REQ,
+            common.query_params_to_sbs(QueryLatestParams([(*longest, "*")])),
+        )
+        with pytest.raises(rpc.RpcError):  # a query that is not one closes, as before
+            await peer.request(common.MSG_QUERY_REQ, too_deep, raw=True)
+        await asyncio.wait_for(asyncio.shield(peer.closed), 3)
