@@ -1,5 +1,6 @@
 """Our Eventer server's bounds on what clients send: event types and subscriptions past
-``MAX_TYPE_SEGMENTS`` segments are refused and stop nothing else."""
+``MAX_TYPE_SEGMENTS`` segments are refused and stop nothing else, and the wildcard pattern
+cache holds at most ``PATTERN_CACHE_IDS`` type ids."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from rpc.eventer import common
 from rpc.eventer.common import (
     MAX_TYPE_SEGMENTS,
     QueryLatestParams,
+    QueryTimeseriesParams,
+    RegisterEvent,
     Status,
 )
+from rpc.eventer.queries import PATTERN_CACHE_IDS
 from tests.peers.eventer_helpers import (
     init_bytes,
     json_event,
@@ -63,3 +67,20 @@ async def test_types_at_the_segment_limit_work_and_past_it_are_refused(tmp_path:
         with pytest.raises(rpc.RpcError):  # a query that is not one closes, as before
             await peer.request(common.MSG_QUERY_REQ, too_deep, raw=True)
         await asyncio.wait_for(asyncio.shield(peer.closed), 3)
+
+
+async def test_the_pattern_cache_holds_a_bounded_number_of_type_ids(tmp_path: Path) -> None:
+    """Each distinct wildcard query used to keep its matching type ids, up to 1,024
+    patterns whatever their size (with 100,000 types, about 780 MiB)."""
+    types = 20_000
+    patterns = PATTERN_CACHE_IDS // types + 10  # together they match more than the budget
+    async with running_server(tmp_path, system_events=False) as server:
+        async with await eventer.connect(url_of(server), "c") as client:
+            for start in range(0, types, 5000):
+                batch = [RegisterEvent(("t", str(i))) for i in range(start, start + 5000)]
+                assert await client.register(batch, with_response=True) is not None
+            for p in range(patterns):
+                query = QueryTimeseriesParams([("t", "*"), ("pad", str(p))], max_results=1)
+                assert len((await client.query(query)).events) == 1
+        queries = server._started().queries
+        assert types <= queries.cached_ids <= PATTERN_CACHE_IDS
