@@ -5,6 +5,7 @@ callback asks the server something, ended when the client closes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,57 @@ async def test_a_task_a_callback_left_running_does_not_lift_the_bound(tmp_path: 
             go.set()
             await asyncio.wait_for(started[0], 5)
         assert lifted == [0]
+
+
+async def test_a_dropped_iterator_never_started_holds_nothing(tmp_path: Path) -> None:
+    """``events()`` registered its queue at the call and freed it only when the generator
+    ended, which one never started never does: once full it held delivery for good (12
+    registrations reached ``events_cb`` 5 times)."""
+    async with running_server(tmp_path, database=":memory:") as server:
+        seen: list[list[eventer.Event]] = []
+        async with await eventer.connect(
+            url_of(server), "c", subscriptions=[("a", "*")], events_queue_size=4,
+            events_cb=lambda _client, events: seen.append(events),
+        ) as client:  # fmt: skip
+            client.events()  # e.g. made before a registration that then failed
+            gc.collect()
+            for i in range(12):
+                await client.register([json_event(("a", str(i)), i)], with_response=True)
+            await wait_until(lambda: len(seen) == 12)
+            assert not client._iterators
+
+
+async def test_a_full_iterator_dropped_or_closed_lets_delivery_through(tmp_path: Path) -> None:
+    """Iterators that took events, then filled up and were closed or dropped, release the
+    delivery waiting for room in them (it used to wait for good); one read meanwhile gets
+    everything."""
+    async with running_server(tmp_path, database=":memory:") as server:
+        seen: list[list[eventer.Event]] = []
+        async with await eventer.connect(
+            url_of(server), "c", subscriptions=[("a", "*")], events_queue_size=2,
+            events_cb=lambda _client, events: seen.append(events),
+        ) as client:  # fmt: skip
+            kept, closed, dropped = client.events(), client.events(), client.events()
+            got: list[list[eventer.Event]] = []
+
+            async def read() -> None:
+                async for events in kept:
+                    got.append(events)
+
+            reader = asyncio.ensure_future(read())
+            for i in range(6):
+                await client.register([json_event(("a", str(i)), i)], with_response=True)
+                if i == 0:
+                    for iterator in (closed, dropped):
+                        assert [e.payload.data for e in await anext(iterator)] == [0]
+            # 1 and 2 fill the two unread queues: delivery of 3 waits for room
+            await wait_until(lambda: len(seen) == 4)
+            await closed.aclose()
+            with pytest.raises(StopAsyncIteration):
+                await anext(closed)
+            del dropped, iterator  # (the loop's variable holds it too)
+            gc.collect()
+            await wait_until(lambda: len(seen) == 6 and len(got) == 6)
+            assert [e.payload.data for events in got for e in events] == list(range(6))
+            assert client._iterators == {kept._queue}
+        await asyncio.wait_for(reader, 5)  # ``kept`` ends with the client

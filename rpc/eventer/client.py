@@ -39,7 +39,7 @@ import dataclasses
 import inspect
 import logging
 import ssl as ssl_module
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import rpc
@@ -64,6 +64,7 @@ from rpc.eventer.common import (
     RegistrationTooLarge,
     Status,
 )
+from rpc.eventer.iterators import CLOSED, EventsIterator
 from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.eventer.client")
@@ -198,6 +199,7 @@ class Client:
         self._awaited_answers = 0
         """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
         self._iterators: set[asyncio.Queue[Any]] = set()
+        """The queues of the :meth:`events` iterators still in use."""
         self._delivery = asyncio.get_running_loop().create_task(self._deliver())
         self.registry = self._make_registry()
 
@@ -282,25 +284,13 @@ class Client:
             common.decode(MSG_QUERY_RES, _bytes(res, MSG_QUERY_RES))
         )
 
-    def events(self) -> AsyncIterator[list[Event]]:
-        """Every events notification from now on (one list per notification); ends, after
-        what is already queued, when the client closes. A full iterator
-        (``events_queue_size``) holds up delivery (and, with acks, the server)."""
-        queue: asyncio.Queue[Any] = asyncio.Queue(self._queue_size)
-        self._iterators.add(queue)
-        return self._iterate(queue)
-
-    async def _iterate(self, queue: asyncio.Queue[Any]) -> AsyncIterator[list[Event]]:
-        try:
-            while True:
-                if queue.empty() and self._closed.done():
-                    return  # what was queued has been taken
-                item = await queue.get()  # no wait while events are queued
-                if item is _CLOSED:
-                    return
-                yield item
-        finally:
-            self._iterators.discard(queue)
+    def events(self) -> EventsIterator:
+        """Every events notification from now on (one list per notification), those that
+        arrive before the first iteration included; ends, after what is already queued,
+        when the client closes. A full iterator (``events_queue_size``) holds up delivery
+        (and, with acks, the server) until it is read, closed (``aclose``) or dropped: one
+        that is no longer referenced holds nothing, started or not."""
+        return EventsIterator(asyncio.Queue(self._queue_size), self._iterators, self._closed)
 
     async def close(self) -> None:
         if self._closing:
@@ -361,7 +351,7 @@ class Client:
             self._closed.set_result(None)
         for queue in self._iterators:  # an iterator waiting for more ends; a full one
             if not queue.full():  # is not waiting, and ends once it has taken the rest
-                queue.put_nowait(_CLOSED)
+                queue.put_nowait(CLOSED)
 
     def _ready_conn(self) -> rpc.ReconnectingPeer:
         if self._closing or self._closed.done() or self._conn is None:
@@ -475,9 +465,6 @@ _DELIVERING: contextvars.ContextVar[_Delivering | None] = contextvars.ContextVar
 """The callback run in this context (the delivery task's, or a task it started), if any:
 see :meth:`Client._answer_awaited`."""
 
-_CLOSED = object()
-"""Put in the queue of an iterator that waits for events when the client closes."""
-
 
 async def _call(fn: Callable[..., Any], *args: Any) -> None:
     result = fn(*args)
@@ -491,4 +478,12 @@ def _bytes(value: Any, what: str) -> bytes:
     return value
 
 
-__all__ = ["Client", "EventerInitError", "EventsCb", "StatusCb", "connect", "eventer_url"]
+__all__ = [
+    "Client",
+    "EventerInitError",
+    "EventsCb",
+    "EventsIterator",
+    "StatusCb",
+    "connect",
+    "eventer_url",
+]
