@@ -1,6 +1,7 @@
 """Our Eventer server's bounds on what clients send: event types and subscriptions past
-``MAX_TYPE_SEGMENTS`` segments are refused and stop nothing else, and the wildcard pattern
-cache holds at most ``PATTERN_CACHE_IDS`` type ids."""
+``MAX_TYPE_SEGMENTS`` segments are refused and stop nothing else, the wildcard pattern
+cache holds at most ``PATTERN_CACHE_IDS`` type ids, and a message type the Eventer does
+not know closes the connection (as the reference does)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.peers.eventer_helpers import (
     raw_peer,
     running_server,
     url_of,
+    wait_until,
 )
 
 
@@ -84,3 +86,24 @@ async def test_the_pattern_cache_holds_a_bounded_number_of_type_ids(tmp_path: Pa
                 assert len((await client.query(query)).events) == 1
         queries = server._started().queries
         assert types <= queries.cached_ids <= PATTERN_CACHE_IDS
+
+
+@pytest.mark.parametrize("initialised", [False, True])
+@pytest.mark.parametrize("as_request", [True, False])
+async def test_a_message_type_the_eventer_does_not_know_closes_the_connection(
+    tmp_path: Path, initialised: bool, as_request: bool
+) -> None:
+    """It used to be answered with an error (a request) or dropped (a notification), the
+    connection left open."""
+    async with running_server(tmp_path) as server:
+        peer = await raw_peer(server)
+        if initialised:
+            await peer.request(common.MSG_INIT_REQ, init_bytes(), raw=True)
+            assert len(server.clients) == 1
+        if as_request:
+            with pytest.raises(rpc.ConnectionClosed):
+                await peer.request("Foo.Bar", b"x", raw=True)
+        else:
+            peer.notify("Foo.Bar", b"x")
+        await asyncio.wait_for(asyncio.shield(peer.closed), 1)
+        await wait_until(lambda: not server.clients)

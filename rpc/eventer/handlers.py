@@ -16,9 +16,10 @@ A message before a successful init, or a second init, also closes the connection
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import rpc
@@ -48,6 +49,7 @@ from rpc.eventer.values import (
     InvalidMessage,
     QueryError,
 )
+from rpc.registry import Handler, HandlerKind
 
 if TYPE_CHECKING:
     from rpc.eventer.service import Service
@@ -61,14 +63,35 @@ _CLIENT = "eventer.client"
 _REFUSED = "eventer.refused"
 
 
+class _ClosingRegistry(rpc.Registry):
+    """A registry whose answer for a message type it has no handler for is ``closing``,
+    a handler that closes the connection: the reference closes on any message type it does
+    not expect, before the init and after it."""
+
+    def __init__(self, closing: Callable[[Any], None]) -> None:
+        super().__init__()
+        # payload taken as it comes (bytes, or an SBS value): nothing to decode, or to fail
+        self._closing_request, self._closing_notification = (
+            dataclasses.replace(Handler.of("(unknown)", closing, kind, bytes), annotation=Any)
+            for kind in (HandlerKind.REQUEST, HandlerKind.NOTIFICATION)
+        )
+
+    def get(self, name: str) -> Handler:
+        return super().get(name) or self._closing_request
+
+    def get_notification(self, name: str) -> Handler:
+        return super().get_notification(name) or self._closing_notification
+
+
 class Handlers:
-    """:attr:`registry` holds a handler for every HatEventer message type."""
+    """:attr:`registry` holds a handler for every HatEventer message type, and closes the
+    connection on any other."""
 
     def __init__(self, service: Service) -> None:
         self._service = service
         self._config = service.config
         self._conn_ids = itertools.count(1)
-        registry = rpc.Registry()
+        registry = _ClosingRegistry(self._on_unexpected)
         registry.handle(MSG_INIT_REQ)(self._on_init)
         registry.handle(MSG_REGISTER_REQ)(self._on_register_request)
         registry.handle_notification(MSG_REGISTER_REQ)(self._on_register_notification)
