@@ -16,8 +16,8 @@ import pytest
 import rpc
 from rpc.group import Footprint, GroupNode, NetID
 from rpc.group.dispatch import Dispatcher
-from rpc.group.members import full_jitter
-from rpc.group.options import GroupStats
+from rpc.group.members import Members, full_jitter
+from rpc.group.options import GroupOptions, GroupStats
 from rpc.group.payloads import PayloadType, PayloadTypes, encode_envelope
 from rpc.logs import violations
 from tests.gossip_helpers import frame_around, plaintext_of
@@ -285,6 +285,32 @@ async def test_member_that_never_reads_costs_bounded_memory() -> None:
         assert peak.max["write_buffered"] <= 64 * 1024 + (1 << 20) + len(blob) + 4096
 
 
+@on_both_loops
+async def test_member_that_stops_reading_keeps_no_one_waiting() -> None:
+    opts = {"max_queue": 4, "send_timeout": 0.5, "write_stall_timeout": 0.2}
+    async with RawPeer("stall") as staller, group(2, **opts) as (a, b):
+        a.node.add_peer(staller.netid)
+        loop = asyncio.get_running_loop()
+        blob = os.urandom(512 * 1024)  # incompressible: socket buffers fill in a few frames
+        after_stall = 0
+        for i in range(200):
+            if a.node.stats.stalls:
+                after_stall += 1
+            if after_stall > 20:
+                break
+            start = loop.time()
+            await a.node.notify("blob", blob[:-1] + bytes((i,)))
+            took = loop.time() - start
+            await wait_for(lambda n=i + 1: len(b.got) == n)
+            received = loop.time() - start
+            # the staller's full queue is waited for only until it is given up (0.2 s)
+            assert took < 0.35, f"notify {i} took {took:.2f} s"
+            assert received < 0.35, f"b got notify {i} after {received:.2f} s"
+        assert after_stall > 20, "the staller was never given up"
+        assert a.node.footprint().backed_off == 1  # accepting again does not clear a stall
+        assert a.node.footprint().queued <= 2 * 4
+
+
 # --- reconnecting -------------------------------------------------------------------------
 
 
@@ -296,6 +322,27 @@ def test_full_jitter_bounds() -> None:
         assert all(0.0 <= w <= ceiling for w in waits)
         assert max(waits) > 0.8 * ceiling  # the whole range is used, not a fixed wait
     assert full_jitter(10_000, 0.1, 5.0, rng) <= 5.0  # no overflow for long outages
+
+
+def test_a_stalled_peer_stays_backed_off_when_it_accepts_again() -> None:
+    peer = NetID("127.0.0.1", 9)
+    members = Members(ATTACKER, GroupOptions(forget_after=3), random.Random(1), lambda: 0.0)
+    members.learn(peer)
+    for _ in range(5):  # failures, each followed by a connection: never 3 in a row
+        members.failed(peer)
+        members.connected(peer)
+        assert members.backed_off() == 0
+    members.failed(peer, stalled=True)
+    members.connected(peer)  # it accepts, and reads nothing: still backed off
+    assert members.backed_off() == 1
+    members.reachable(peer)  # it read (or spoke): forgiven
+    assert members.backed_off() == 0
+    for _ in range(2):
+        members.failed(peer, stalled=True)
+        members.connected(peer)
+    assert peer in members.all
+    members.failed(peer, stalled=True)  # the third stall in a row, connections between
+    assert peer not in members.all
 
 
 @on_both_loops

@@ -12,6 +12,11 @@ Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`)
 - Writes stop while the transport is above its high-water mark (asyncio's 64 KiB) until it
   drains; each write is at most 64 frames or 1 MiB, so a peer that does not read costs
   about 64 KiB + 1 MiB of buffer and its queue.
+- Writes paused for ``write_stall_timeout`` (5 s) with frames waiting: the peer is not
+  reading. The connection is aborted, the peer counts as failed (its back-off grows with
+  each stall in a row, however often it accepts a connection, until it reads again or
+  speaks to us), and the queued frames and those written since ``resend_window`` before
+  the pause go to the rest of their chunks.
 - Connects on demand (``connect_timeout``, 2 s); closes after ``idle_timeout`` (30 s) with
   nothing to send. A connection that drops with frames to send is opened again at once,
   then after a full-jitter back-off (``retry_base`` doubling, capped by ``retry_after``),
@@ -74,9 +79,21 @@ class LinkEvents(Protocol):
         """``failed`` could not take ``item``: hand it to the next node of its chunk."""
         ...
 
-    def connected(self, netid: NetID) -> None: ...
+    def room(self) -> None:
+        """A link's queue made room, or the link ended: senders waiting may go on."""
+        ...
 
-    def unreachable(self, netid: NetID) -> None: ...
+    def connected(self, netid: NetID) -> None:
+        """A connection to ``netid`` opened (it accepts, which is not yet reading)."""
+        ...
+
+    def drained(self, netid: NetID) -> None:
+        """``netid`` read what we had buffered: it is alive and reading."""
+        ...
+
+    def unreachable(self, netid: NetID, *, stalled: bool = False) -> None:
+        """``netid`` could not be reached, or (``stalled``) took no bytes for too long."""
+        ...
 
 
 class Link(asyncio.Protocol):
@@ -99,10 +116,9 @@ class Link(asyncio.Protocol):
         self._pending: deque[Item] = deque()
         self._recent: deque[Item] = deque(maxlen=options.max_queue)
         self._wakeup = asyncio.Event()
-        self._space = asyncio.Event()
-        self._space.set()
         self._writable = asyncio.Event()
         self._writable.set()
+        self._paused_at = 0.0  # when writes last paused (the write-stall clock)
         self._lost = asyncio.Event()
         self._lost.set()
         self._transport: asyncio.Transport | None = None
@@ -136,9 +152,11 @@ class Link(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writable.clear()
+        self._paused_at = self._loop.time()
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self._events.drained(self.netid)
 
     # --- what the owner uses ---------------------------------------------------------------
 
@@ -167,19 +185,6 @@ class Link(asyncio.Protocol):
         self._pending.append(item)
         self._wakeup.set()
         return True
-
-    async def put(self, item: Item, timeout: float) -> bool:
-        """Queue, waiting up to ``timeout`` for room; False if there was none."""
-        if self.offer(item):
-            return True
-        try:
-            async with asyncio.timeout(timeout):
-                while not self._dead and len(self._pending) >= self._options.max_queue:
-                    self._space.clear()
-                    await self._space.wait()
-        except TimeoutError:
-            return False
-        return self.offer(item)
 
     def drain(self) -> None:
         """Write what is queued, close the connection once flushed, and end."""
@@ -211,16 +216,22 @@ class Link(asyncio.Protocol):
                         self._give_up()
                         return
                 elif not self._writable.is_set():
-                    await self._writable.wait()
+                    if not await self._wait_writable():
+                        self._stalled()
+                        return
                 else:
                     self._write_batch(transport)
                     await asyncio.sleep(0)  # let other links and the readers run
         finally:
             self._dead = True
-            self._space.set()
-            if self._transport is not None:
+            self._events.room()
+            transport = self._transport
+            if transport is not None:
                 self._ours = True
-                self._transport.close()
+                if self._writable.is_set():
+                    transport.close()
+                else:
+                    transport.abort()  # a close would wait for a peer that does not read
 
     # --- inside ----------------------------------------------------------------------------
 
@@ -234,6 +245,15 @@ class Link(asyncio.Protocol):
             if not self._pending:
                 log.debug("%s idle: closing", self)
                 return False
+        return True
+
+    async def _wait_writable(self) -> bool:
+        """Wait for writes to resume, until ``write_stall_timeout`` after they paused."""
+        try:
+            async with asyncio.timeout_at(self._paused_at + self._options.write_stall_timeout):
+                await self._writable.wait()
+        except TimeoutError:
+            return self._writable.is_set()
         return True
 
     async def _flush_and_close(self) -> None:
@@ -286,7 +306,7 @@ class Link(asyncio.Protocol):
             frames.append(frame)
             items.append(item)
             size += len(frame)
-        self._space.set()
+        self._events.room()
         if not frames:
             return
         transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
@@ -319,15 +339,30 @@ class Link(asyncio.Protocol):
             self._events.reroute(self.netid, item)
         self._wakeup.set()
 
-    def _give_up(self) -> None:
+    def _give_up(self, *, stalled: bool = False, unread: tuple[Item, ...] = ()) -> None:
         """The peer is unreachable: report it, and hand every frame to its chunk's next node."""
         self._dead = True
-        self._events.unreachable(self.netid)
-        items = list(self._pending)
+        self._events.unreachable(self.netid, stalled=stalled)
+        items = [*unread, *self._pending]
         self._pending.clear()
-        self._space.set()
+        self._recent.clear()
+        self._events.room()
         for item in items:
             self._events.reroute(self.netid, item)
+
+    def _stalled(self) -> None:
+        """Writes stayed paused ``write_stall_timeout`` s: abort, and give the peer up."""
+        log.warning(
+            "%s: peer read nothing for %.1f s with %d frames waiting; giving it up",
+            self,
+            self._options.write_stall_timeout,
+            len(self._pending),
+        )
+        self._stats.stalls += 1
+        self.abort()
+        # What it may not have read: written since resend_window before writes paused.
+        since = self._paused_at - self._options.resend_window
+        self._give_up(stalled=True, unread=tuple(i for i in self._recent if i.sent_at >= since))
 
 
 class Links:

@@ -6,7 +6,9 @@ fails ``n`` times in a row (member or not: forwarding reaches the nodes a distri
 names) is skipped for ``backoff(n)``, a random time in
 ``[0, min(retry_after, retry_base * 2**(n-1))]``; failures are remembered for at most
 ``max_members`` peers (oldest dropped first). Hearing from a peer clears its failures, so a
-restarted member is used again as soon as it speaks (its join broadcast, or any frame).
+restarted member is used again as soon as it speaks (its join broadcast, or any frame); so
+does connecting to it, unless its last failure was a write stall (it accepted, then read
+nothing): then only its reading or speaking does, and its back-off grows with each stall.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class Members:
         self._clock = clock
         self._members: dict[NetID, bool] = {}  # NetID -> static (never forgotten)
         self._list: tuple[NetID, ...] = ()
-        self._failures: dict[NetID, tuple[int, float]] = {}  # -> (in a row, down until)
+        # NetID -> (failures in a row, down until, the last one was a write stall)
+        self._failures: dict[NetID, tuple[int, float, bool]] = {}
 
     @property
     def all(self) -> tuple[NetID, ...]:
@@ -80,19 +83,26 @@ class Members:
         failures = self._failures.get(netid)
         return failures is not None and failures[1] > self._clock()
 
-    def failed(self, netid: NetID) -> float:
-        """Count a failure to reach ``netid``; returns how long it is now skipped."""
-        count = self._failures.pop(netid, (0, 0.0))[0] + 1
+    def failed(self, netid: NetID, *, stalled: bool = False) -> float:
+        """Count a failure to reach ``netid`` (``stalled``: it stopped reading); returns how
+        long it is now skipped."""
+        count = self._failures.pop(netid, (0, 0.0, False))[0] + 1
         opts = self._options
         if count >= opts.forget_after and self._members.get(netid) is False:
             log.info("%s: forgetting unreachable member %s", self._own, netid)
             self.remove(netid)
             return 0.0
         delay = full_jitter(count, opts.retry_base, opts.retry_after, self._rng)
-        self._failures[netid] = (count, self._clock() + delay)
+        self._failures[netid] = (count, self._clock() + delay, stalled)
         if len(self._failures) > opts.max_members:
             self._failures.pop(next(iter(self._failures)))
         return delay
+
+    def connected(self, netid: NetID) -> None:
+        """A connection to ``netid`` opened: no longer backed off, unless it stalled."""
+        failures = self._failures.get(netid)
+        if failures is not None and not failures[2]:
+            del self._failures[netid]
 
     def reachable(self, netid: NetID) -> None:
         """``netid`` answered or spoke to us: no longer backed off."""

@@ -247,8 +247,9 @@ class GroupNode:
     async def notify(self, name: str, value: Any = None) -> int:
         """Broadcast ``value`` to every member; returns the broadcast's sequence number.
 
-        Waits (up to ``send_timeout`` per peer) for room in full queues, so a fast sender is
-        slowed to the group's pace. The node does not dispatch its own broadcast.
+        Queues at once for every member with room, then waits for the full queues together
+        (up to ``send_timeout`` in all), so a fast sender is slowed to the group's pace but
+        no member waits for another. The node does not dispatch its own broadcast.
         """
         if self._closing:
             raise RuntimeError("group node is closed")

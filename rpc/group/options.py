@@ -29,7 +29,13 @@ class GroupOptions:
     max_queue: int = 256
     """Frames waiting for one peer; past it that peer is skipped for the frame."""
     send_timeout: float = 5.0
-    """How long ``notify`` waits for room in a peer's queue before skipping it."""
+    """How long ``notify`` waits for room in full queues, all together, before handing
+    their chunks on (members with room are queued first, never kept waiting)."""
+    write_stall_timeout: float = 5.0
+    """A link whose writes stay paused this long with frames waiting (its peer reads
+    nothing) is aborted: the peer counts as failed and its frames go to the rest of their
+    chunks. Keep it at most ``send_timeout``, so a notify waits for a stalled peer only
+    until it is given up."""
     connect_timeout: float = 2.0
     idle_timeout: float = 30.0
     """An outgoing connection unused this long is closed."""
@@ -91,6 +97,9 @@ class GroupStats:
     dropped: int = 0
     """Frames given up: a chunk ran out of reachable nodes, or a frame was too large."""
     overflows: int = 0
+    """Chunks whose head's queue was full (after ``send_timeout``, for our own broadcast)."""
+    stalls: int = 0
+    """Links aborted after ``write_stall_timeout`` without their peer reading."""
     protocol_errors: int = 0
     """Inbound connections closed for a framing error (bad start byte, length, key, checksum)."""
     malformed: int = 0

@@ -5,16 +5,21 @@ frame on the link to its head and, when the head is backed off, unreachable or i
 full, hands the chunk to its next node (:func:`~rpc.group.planner.skip_head`). It encodes
 the frames (our BroadcastID, the multicast we see, a few other members, the chunk's rest)
 and answers the links' events (:class:`~rpc.group.links.LinkEvents`).
+
+Our own broadcast offers every chunk to its head first and only then waits, for the heads
+whose queues were full, all together and up to ``send_timeout`` in all: a member that
+stops reading delays no other member's frame, and a notify at most ``send_timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Sequence
 
-from rpc.group.links import Item, Links
+from rpc.group.links import Item, Link, Links
 from rpc.group.members import Members
 from rpc.group.options import GroupOptions, GroupStats
 from rpc.group.planner import Chunk, Planner, skip_head
@@ -48,22 +53,33 @@ class Router:
         self._codec = GossipCodec(key, max_size=options.max_size, max_netids=options.max_netids)
         self._bid = 0
         self._closing = False
+        self._room = asyncio.Event()  # set when any link's queue makes room or a link ends
         self.links = Links(self, options, stats, rng, asyncio.get_running_loop())
 
     async def send(self, targets: Sequence[NetID], tag: int, payload: bytes) -> None:
-        """Our own broadcast: wait up to ``send_timeout`` per chunk head for queue room."""
+        """Our own broadcast: queue every chunk at once where there is room, then wait for
+        the full queues together, up to ``send_timeout`` in all; a chunk whose head still
+        has no room then goes to its next node without waiting."""
+        full: list[tuple[Chunk[NetID], Link]] = []
         for chunk in self.planner.plan(targets, exclude=self.netid):
-            next_chunk: Chunk[NetID] | None = chunk
-            while next_chunk is not None:
-                head = next_chunk.head
-                if not self._members.is_down(head):
-                    link = self.links.get(head, member=self._members.knows(head))
-                    item = Item(tag, payload, next_chunk.rest)
-                    if link is not None and await link.put(item, self._options.send_timeout):
-                        break
-                    if link is None or not link.dead:
-                        self._stats.overflows += 1
-                next_chunk = self._skip(next_chunk)
+            self._offer(chunk, tag, payload, full)
+        if not full:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._options.send_timeout):
+                while full:
+                    self._room.clear()
+                    waiting, full = full, []
+                    for chunk, link in waiting:
+                        if link.dead:  # given up while we waited: the chunk's next node
+                            self._offer(self._skip(chunk), tag, payload, full)
+                        elif not link.offer(Item(tag, payload, chunk.rest)):
+                            full.append((chunk, link))
+                    if full:
+                        await self._room.wait()
+        for chunk, _ in full:
+            self._stats.overflows += 1
+            self._offer(self._skip(chunk), tag, payload)
 
     def forward(self, targets: Sequence[NetID], tag: int, payload: bytes) -> None:
         """A received distribution list: queue at once, never wait (we are in a read)."""
@@ -106,25 +122,44 @@ class Router:
     def reroute(self, failed: NetID, item: Item) -> None:
         self._offer(self._skip(Chunk(failed, item.rest)), item.tag, item.payload)
 
+    def room(self) -> None:
+        self._room.set()
+
     def connected(self, netid: NetID) -> None:
+        self._members.connected(netid)
+
+    def drained(self, netid: NetID) -> None:
         self._members.reachable(netid)
 
-    def unreachable(self, netid: NetID) -> None:
-        delay = self._members.failed(netid)
+    def unreachable(self, netid: NetID, *, stalled: bool = False) -> None:
+        delay = self._members.failed(netid, stalled=stalled)
         log.debug("%s: %s unreachable, skipped for %.3f s", self.netid, netid, delay)
 
     # --- inside ----------------------------------------------------------------------------
 
-    def _offer(self, chunk: Chunk[NetID] | None, tag: int, payload: bytes) -> None:
-        """Queue for the chunk's head, or the first of its nodes that can take it now."""
+    def _offer(
+        self,
+        chunk: Chunk[NetID] | None,
+        tag: int,
+        payload: bytes,
+        full: list[tuple[Chunk[NetID], Link]] | None = None,
+    ) -> None:
+        """Queue for the chunk's head, or the first of its nodes that can take it now; with
+        ``full``, a live head whose queue is full keeps the chunk (added there to wait)."""
         if self._closing:
             return
         while chunk is not None:
-            if not self._members.is_down(chunk.head):
-                link = self.links.get(chunk.head, member=self._members.knows(chunk.head))
-                if link is not None and link.offer(Item(tag, payload, chunk.rest)):
-                    return
-                self._stats.overflows += 1
+            head = chunk.head
+            if not self._members.is_down(head):
+                link = self.links.get(head, member=self._members.knows(head))
+                if link is not None:
+                    if link.offer(Item(tag, payload, chunk.rest)):
+                        return
+                    if full is not None and not link.dead:
+                        full.append((chunk, link))
+                        return
+                if full is None or link is None:
+                    self._stats.overflows += 1
             chunk = self._skip(chunk)
 
     def _skip(self, chunk: Chunk[NetID]) -> Chunk[NetID] | None:
