@@ -127,7 +127,7 @@ class Caller(Generic[K]):
         entries = _NO_ENTRIES if timed else None
         while True:  # send_and_wait written out: a coroutine frame less per call
             if self.outbox.blocked:
-                await self.outbox.wait_writable()
+                await self._writable_by(deadline, op, timeout)
             key, future = self._send(op, payload, deadline, timeout, entries)
             try:
                 reply = await future
@@ -160,7 +160,7 @@ class Caller(Generic[K]):
         (timeout, cancellation) is abandoned, which tells a peer that took the cancellation
         extension."""
         if self.outbox.blocked:
-            await self.outbox.wait_writable()
+            await self._writable_by(deadline, op, timeout)
         key, future = self._send(op, payload, deadline, timeout, metadata, timed)
         try:
             if sent is not None:
@@ -168,6 +168,19 @@ class Caller(Generic[K]):
             return await future
         finally:
             self._forget(key)
+
+    async def _writable_by(self, deadline: float, op: str, timeout: float) -> None:
+        """Wait until the transport takes more of our output, within the call's deadline:
+        past it, RequestTimeout as when no result comes (a peer that stopped reading must
+        not hold a call past its timeout; its ConnectionClosed goes through)."""
+        scope = asyncio.timeout_at(deadline)
+        try:
+            async with scope:
+                await self.outbox.wait_writable()
+        except TimeoutError:
+            if scope.expired():
+                raise RequestTimeout(f"{op}: no result within {timeout} s") from None
+            raise
 
     def _send(
         self,
@@ -253,7 +266,7 @@ class Caller(Generic[K]):
             return
         wait.check()
         if self.outbox.blocked:
-            await wait.bounded(self.outbox.wait_writable())
+            await wait.bounded(self.outbox.wait_writable(), each=True)
         self._check_open()
         adapter = self.adapter
         queue = StreamQueue(self._loop)
@@ -326,7 +339,7 @@ class Caller(Generic[K]):
                                 held = False
                                 outbox.release()
                             wait.check()  # past the deadline: no coroutine made
-                            await wait.bounded(outbox.wait_writable())
+                            await wait.bounded(outbox.wait_writable(), each=True)
                         self._check_open()
                         payload = self._checked_payload(op, encode_value(part))
                         adapter.send_request_part(key, payload)

@@ -102,22 +102,30 @@ class ResultWait:
     def _overdue(self) -> RequestTimeout:
         return RequestTimeout(f"{self.op}: stream not done within {self.timeout} s")
 
-    async def bounded(self, awaitable: Awaitable[T]) -> T:
+    async def bounded(self, awaitable: Awaitable[T], *, each: bool = False) -> T:
         """``await awaitable``, within the stream's deadline (in the caller's task: a
-        timer, no task of its own). Call :meth:`check` first where the awaitable is a
-        coroutine: past the deadline this raises without awaiting it. A TimeoutError of
-        the awaitable's own goes through as it is."""
-        if self.deadline is None:
+        timer, no task of its own); ``each``: within ``item`` seconds too (a wait for the
+        peer to take our output, which a peer that stopped reading would otherwise hold
+        for good on a stream without a deadline). Call :meth:`check` first where the
+        awaitable is a coroutine: past the deadline this raises without awaiting it. A
+        TimeoutError of the awaitable's own goes through as it is."""
+        deadline = self.deadline
+        if deadline is None and not each:
             return await awaitable
-        left = self._left(self.deadline)
-        timeout = asyncio.timeout(left)
+        left = None if deadline is None else self._left(deadline)
+        item_first = each and (left is None or self.item < left)
+        timeout = asyncio.timeout(self.item if item_first else left)
         try:
             async with timeout:
                 return await awaitable
         except TimeoutError:
-            if timeout.expired():
-                raise self._overdue() from None
-            raise
+            if not timeout.expired():
+                raise
+            if item_first:
+                raise RequestTimeout(
+                    f"{self.op}: the peer took none of our output within {self.item} s"
+                ) from None
+            raise self._overdue() from None
 
     async def next(self, queue: StreamQueue) -> Any:
         """The next item of ``queue``, within ``item`` seconds and the deadline. An item

@@ -386,3 +386,53 @@ def test_violation_log_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None
         for i in range(100):
             limited.warning("violation %d", i)
     assert [r.getMessage() for r in caplog.records] == [f"violation {i}" for i in range(3)]
+
+
+@contextlib.asynccontextmanager
+async def server_that_never_reads() -> AsyncIterator[int]:
+    """A Gotalk "server" that sends its version and never reads: its port."""
+    stop = asyncio.Event()
+
+    async def handle(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"01")
+        await stop.wait()
+        writer.transport.abort()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        stop.set()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("kind", ["request", "stream"])
+async def test_calls_to_a_peer_that_never_reads_end_at_their_timeouts(kind: str) -> None:
+    """Once our output backs up (a peer that never reads), a new request still ends at its
+    timeout with RequestTimeout, and a stream at its item_timeout; before, both waited for
+    the transport to drain until the connection died (30 s here, or for good)."""
+    options = rpc.Options(high_water=64 * 1024, low_water=16 * 1024)
+    async with server_that_never_reads() as port:
+        peer = await rpc.connect(
+            f"tcp+gotalk://127.0.0.1:{port}",
+            options=options,
+            reconnect=False,
+            read_timeout=None,
+            heartbeat_interval=None,
+        )
+        try:
+            big = b"x" * (256 * 1024)
+            while not peer.outbox.blocked:  # each write goes as far as the socket takes it
+                peer.notify("fill", big)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(rpc.RequestTimeout):
+                if kind == "request":
+                    await peer.request("op", 1, timeout=0.3)
+                else:
+                    async for _ in peer.stream("op", value=1, item_timeout=0.3):
+                        pass
+            assert loop.time() - started < 2  # hung for good before (no read timeout)
+        finally:
+            peer.abort()
