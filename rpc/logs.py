@@ -1,53 +1,11 @@
-"""Logging that a hostile peer cannot turn into a flood.
-
-A peer that breaks the protocol is worth one WARNING line (its address and what it did),
-never a traceback. Thousands of such peers must not fill the disk: :class:`RateLimitedLog`
-lets ``burst`` lines through per ``window`` seconds and then counts, reporting the count
-with the next line it lets through.
-"""
+"""Where peers' protocol violations are logged: one WARNING line per violation, at most 20
+per 10 s (:class:`~transports.logs.RateLimitedLog`, shared with the transports)."""
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any
 
-
-class RateLimitedLog:
-    """At most ``burst`` records per ``window`` seconds (default 20 per 10 s)."""
-
-    __slots__ = ("_burst", "_count", "_logger", "_started", "_suppressed", "_window")
-
-    def __init__(self, logger: logging.Logger, *, burst: int = 20, window: float = 10.0) -> None:
-        self._logger = logger
-        self._burst = burst
-        self._window = window
-        self._started = 0.0
-        self._count = 0
-        self._suppressed = 0
-
-    def reset(self) -> None:
-        """Start a new window (tests; a process that wants a fresh count)."""
-        self._started, self._count, self._suppressed = 0.0, 0, 0
-
-    def warning(self, message: str, *args: Any) -> None:
-        if not self._logger.isEnabledFor(logging.WARNING):
-            return
-        now = time.monotonic()
-        if now - self._started >= self._window:
-            if self._suppressed:
-                self._logger.warning(
-                    "%d similar warnings suppressed in the last %.0f s",
-                    self._suppressed,
-                    self._window,
-                )
-            self._started, self._count, self._suppressed = now, 0, 0
-        if self._count >= self._burst:
-            self._suppressed += 1
-            return
-        self._count += 1
-        self._logger.warning(message, *args)
-
+from transports.logs import RateLimitedLog
 
 violations = RateLimitedLog(logging.getLogger("peerwire.rpc.violations"))
 """Where peers' protocol violations are reported."""

@@ -21,7 +21,6 @@ import asyncio
 import logging
 import socket
 import ssl
-import time
 import urllib.parse
 from collections.abc import Callable
 
@@ -33,6 +32,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Origin
 from websockets.uri import parse_uri
 
+from transports.logs import RateLimitedLog
 from transports.stream import ByteSink, start_stream_server
 from transports.web_http import HostCheck, HttpOptions, Responder, refuse
 from transports.ws_connection import Connection, Settings, WebSocketTransport
@@ -46,29 +46,7 @@ MAX_REFUSING = 1024
 pending handshake); more are reset at once."""
 
 
-class RateLimitedWarnings:
-    """At most ``burst`` warnings per ``window`` seconds (20 per 10 s), then a count with the
-    next one let through, so that hostile peers cannot flood the log (as
-    ``rpc.logs.RateLimitedLog``; transports do not import rpc)."""
-
-    def __init__(self, logger: logging.Logger, burst: int = 20, window: float = 10.0) -> None:
-        self._logger, self._burst, self._window = logger, burst, window
-        self._started, self._count, self._suppressed = 0.0, 0, 0
-
-    def warning(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._started >= self._window:
-            if self._suppressed:
-                self._logger.warning("%d similar warnings suppressed", self._suppressed)
-            self._started, self._count, self._suppressed = now, 0, 0
-        if self._count >= self._burst:
-            self._suppressed += 1
-            return
-        self._count += 1
-        self._logger.warning(message, *args)
-
-
-violations = RateLimitedWarnings(log)
+violations = RateLimitedLog(log)
 """Where requests the HTTP side failed on are reported (one line each, no traceback)."""
 
 
