@@ -102,6 +102,16 @@ def _leaf(
     _write_key(key, key_path)
 
 
+def make_server_cert(folder: Path, names: list[str]) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate signed by it valid for the DNS ``names`` only (no IP
+    address): ``(ca, server_cert, server_key)`` in ``folder``."""
+    ca, ca_key = _ca(folder / "names-ca.pem", "peerwire names CA")
+    cert, key = folder / "names-server.pem", folder / "names-server.key"
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in names]
+    _leaf(ca, ca_key, names[0], ExtendedKeyUsageOID.SERVER_AUTH, cert, key, sans)
+    return folder / "names-ca.pem", cert, key
+
+
 def make_pki(folder: Path) -> Pki:
     ca, ca_key = _ca(folder / "ca.pem", "peerwire test CA")
     _ca(folder / "other-ca.pem", "unrelated CA")

@@ -14,14 +14,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rpc
 from tests.browser import eventually
-from tests.certs import Pki, _ca, _leaf
+from tests.certs import Pki, make_server_cert
 from tests.rpc_helpers import gotalk_peer_registry
 from tests.test_web_hostile import http_request, recorder_server
 from transports.stream import client_ssl_context, server_ssl_context
@@ -194,18 +192,15 @@ async def test_wss(pki: Pki) -> None:
 async def test_wss_server_hostname_names_the_host_the_certificate_is_for(tmp_path: Path) -> None:
     """A wss server reached by IP whose certificate names only peerwire.test: connect checks
     the certificate against ``server_hostname``, as it does for ssl+ URLs."""
-    ca, ca_key = _ca(tmp_path / "ca.pem", "server_hostname CA")
-    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    sans: list[x509.GeneralName] = [x509.DNSName("peerwire.test")]
-    _leaf(ca, ca_key, "peerwire.test", ExtendedKeyUsageOID.SERVER_AUTH, cert, key, sans)
+    ca, cert, key = make_server_cert(tmp_path, ["peerwire.test"])
     async with rpc.serve(
         "wss+gotalk://127.0.0.1:0/gotalk/",
         registry=gotalk_peer_registry(),
         ssl=server_ssl_context(cert, key),
     ) as server:
         url = f"wss+gotalk://127.0.0.1:{server.url.port}/gotalk/"
-        trusted = client_ssl_context(cafile=tmp_path / "ca.pem")
-        with pytest.raises(rpc.TlsError, match="mismatch"):  # checked for the URL's 127.0.0.1
+        trusted = client_ssl_context(cafile=ca)
+        with pytest.raises(rpc.TlsHostnameMismatch):  # checked for the URL's 127.0.0.1
             await rpc.connect(url, ssl=trusted, reconnect=False)
         async with rpc.connect(url, ssl=trusted, server_hostname="peerwire.test") as peer:
             assert await peer.request("greet", {"name": "IP"}) == {"greeting": "Hello IP"}

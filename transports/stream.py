@@ -58,7 +58,9 @@ class ClosedBeforeReply(ConnectionError):
 
 _UNKNOWN_CA_CODES = frozenset({2, 18, 19, 20, 21})
 """OpenSSL verify codes meaning "signed by no CA we trust" (X509_V_ERR_...)."""
-_HOSTNAME_MISMATCH = 62
+_NAME_MISMATCHES = frozenset({62, 64})
+"""OpenSSL's verify codes for a certificate not valid for the host: the name (62), or the IP
+address of a URL that names the host by its address (64)."""
 _NOT_TLS = frozenset(
     {"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"}
 )
@@ -85,7 +87,7 @@ def tls_failure(exc: BaseException, *, handshake_done: bool) -> TlsFailure | Non
     """
     if isinstance(exc, ssl.SSLCertVerificationError):
         detail = f"{exc.verify_message or exc} ({exc.reason})"
-        if exc.verify_code == _HOSTNAME_MISMATCH:
+        if exc.verify_code in _NAME_MISMATCHES:
             return TlsFailure("hostname-mismatch", f"hostname mismatch: {detail}")
         if exc.verify_code in _UNKNOWN_CA_CODES:
             return TlsFailure(
