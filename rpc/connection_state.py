@@ -4,7 +4,9 @@
 ``on_state`` callback, to every :meth:`StateReporter.transitions` iterator (at most
 :data:`TRANSITIONS_QUEUE` unread each, the oldest dropped) and to the INFO log of the
 ``peerwire.rpc`` logger; :meth:`StateReporter.changed` lets a waiter sleep until the next
-one. Owned by :class:`~rpc.reconnect.ReconnectingPeer`; freed with it.
+one. Owned by :class:`~rpc.reconnect.ReconnectingPeer`; freed with it. The reporter holds
+its iterators weakly: one dropped (read or not) is forgotten when it is collected, one
+closed or past ``closed`` at once.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,31 +66,22 @@ class StateReporter:
         self.last = Transition(ConnectionState.CONNECTING, url)
         """The latest transition (``connecting`` until the first is emitted)."""
         self._changed: asyncio.Future[None] = loop.create_future()
-        self._subscribers: set[asyncio.Queue[Transition]] = set()
+        self._subscribers: weakref.WeakSet[TransitionIterator] = weakref.WeakSet()
+        """Iterators that still take transitions; the caller's reference keeps each."""
 
     def changed(self) -> asyncio.Future[None]:
         """Resolves at the next transition (shield it: it is shared by every waiter)."""
         return self._changed
 
-    def transitions(self) -> AsyncIterator[Transition]:
+    def transitions(self) -> TransitionIterator:
         """Every transition from now on; ends after ``closed`` (at once if already closed).
         An iterator not read keeps the latest :data:`TRANSITIONS_QUEUE`."""
-        queue: asyncio.Queue[Transition] = asyncio.Queue(TRANSITIONS_QUEUE)
+        iterator = TransitionIterator(self._subscribers)
         if self.last.state is ConnectionState.CLOSED:
-            queue.put_nowait(self.last)
+            iterator.put(self.last)
         else:
-            self._subscribers.add(queue)
-        return self._iterate(queue)
-
-    async def _iterate(self, queue: asyncio.Queue[Transition]) -> AsyncIterator[Transition]:
-        try:
-            while True:
-                transition = await queue.get()
-                yield transition
-                if transition.state is ConnectionState.CLOSED:
-                    return
-        finally:
-            self._subscribers.discard(queue)
+            self._subscribers.add(iterator)
+        return iterator
 
     def emit(
         self,
@@ -103,15 +97,56 @@ class StateReporter:
         _log(transition)
         changed, self._changed = self._changed, self._loop.create_future()
         changed.set_result(None)
-        for queue in self._subscribers:
-            if queue.full():
-                queue.get_nowait()
-            queue.put_nowait(transition)
+        for iterator in list(self._subscribers):
+            iterator.put(transition)
         if self._on_state is not None:
             try:
                 self._on_state(transition)
             except Exception:
                 log.exception("on_state callback failed")
+
+
+class TransitionIterator(AsyncIterator[Transition]):
+    """What :meth:`StateReporter.transitions` returns: an async iterator of the transitions
+    since it was made, the latest :data:`TRANSITIONS_QUEUE` kept while it is not read. Not
+    a generator, so that one never started holds nothing once dropped: the reporter keeps
+    it weakly and forgets it when it is collected, closed (:meth:`aclose`) or past
+    ``closed``."""
+
+    __slots__ = ("__weakref__", "_done", "_queue", "_subscribers")
+
+    def __init__(self, subscribers: weakref.WeakSet[TransitionIterator]) -> None:
+        self._subscribers = subscribers
+        self._queue: asyncio.Queue[Transition | None] = asyncio.Queue(TRANSITIONS_QUEUE)
+        self._done = False
+
+    def put(self, transition: Transition) -> None:
+        """Keep ``transition`` for the reader (the oldest dropped past the bound)."""
+        queue = self._queue
+        if queue.full():
+            queue.get_nowait()
+        queue.put_nowait(transition)
+
+    async def __anext__(self) -> Transition:
+        if self._done:
+            raise StopAsyncIteration
+        transition = await self._queue.get()
+        if transition is None or self._done:  # closed while it waited
+            raise StopAsyncIteration
+        if transition.state is ConnectionState.CLOSED:
+            self._end()
+        return transition
+
+    async def aclose(self) -> None:
+        """Stop taking transitions; a reader waiting for one ends (StopAsyncIteration)."""
+        if not self._done:
+            self._end()
+            if self._queue.empty():
+                self._queue.put_nowait(None)  # wakes a waiting reader
+
+    def _end(self) -> None:
+        self._done = True
+        self._subscribers.discard(self)
 
 
 def _log(transition: Transition) -> None:
@@ -145,4 +180,10 @@ def _log(transition: Transition) -> None:
         log.info("connecting to %s", url)
 
 
-__all__ = ["TRANSITIONS_QUEUE", "ConnectionState", "StateReporter", "Transition"]
+__all__ = [
+    "TRANSITIONS_QUEUE",
+    "ConnectionState",
+    "StateReporter",
+    "Transition",
+    "TransitionIterator",
+]
