@@ -420,9 +420,14 @@ class Caller(Generic[K]):
 
     def on_result_part(self, key: K, payload: Any) -> None:
         """Queue a result of our stream ``key``; past ``options.max_stream_queue`` unread
-        results the stream fails alone (StreamOverflow; the peer is told, as on a cancel)."""
+        results the stream fails alone (StreamOverflow; the peer is told, as on a cancel).
+        A request of ours (not a stream) answered with a streamed result fails at once."""
         call = self._calls.get(key)
-        if call is None or call.queue is None:
+        if call is None:
+            return
+        if call.queue is None:
+            self._fail_call(key, _streamed_answer(call.op))
+            self.adapter.abandon(key)  # the peer is told, as on a cancel: it stops
             return
         if len(call.queue) < self.options.max_stream_queue:
             call.queue.put(payload)
@@ -433,8 +438,12 @@ class Caller(Generic[K]):
 
     def on_result_end(self, key: K) -> None:
         call = self._calls.pop(key, None)
-        if call is not None and call.queue is not None:
+        if call is None:
+            return
+        if call.queue is not None:
             call.queue.put(END)
+        elif call.future is not None and not call.future.done():  # a streamed answer
+            call.future.set_exception(_streamed_answer(call.op))
 
     def on_error(self, key: K, message: str) -> None:
         self._fail_call(key, RemoteError(message))
@@ -458,3 +467,9 @@ class Caller(Generic[K]):
             call.queue.put(exc)
         elif call.future is not None and not call.future.done():
             call.future.set_exception(exc)
+
+
+def _streamed_answer(op: str) -> PayloadError:
+    """What a request (not a stream) of ours that the peer answered with a streamed result
+    fails with: its caller must call ``stream()`` for it."""
+    return PayloadError(f"{op}: the peer answered with a streamed result; call stream() for it")

@@ -119,6 +119,25 @@ async def test_streams(flavour: str) -> None:
         assert await peer.request("echo", "after") == "after"
 
 
+async def test_a_request_answered_with_a_streamed_result_fails_at_once(flavour: str) -> None:
+    """request() of an op whose handler streams its result: a PayloadError that says to
+    call stream(), at once, for a stream of parts or an empty one (before: the request
+    waited for good, its timeout lost with it); the connection goes on."""
+    reg = make_registry()
+
+    @reg.handle("nothing")
+    async def nothing(_value):
+        return
+        yield  # an async generator that yields nothing: an empty streamed result
+
+    async with served(flavour, reg) as (_, peer):
+        for op in ("count", "nothing"):
+            with pytest.raises(rpc.PayloadError, match="call stream"):
+                await peer.request(op, 3, timeout=10)
+        assert await peer.request("echo", "after") == "after"
+        assert [x async for x in peer.stream("count", value=2)] == [1, 2]
+
+
 async def test_notifications_both_ways_and_callbacks(flavour: str) -> None:
     server_reg = make_registry()
     client_reg = rpc.Registry()
