@@ -331,6 +331,7 @@ class Caller(Generic[K]):
                 task = call.feeder = asyncio.current_task()
                 cancelling = 0 if task is None else task.cancelling()  # cancels before ours
             adapter = self.adapter
+            calls = self._calls
             try:
                 if first is not END:
                     while (part := await source.next()) is not END:
@@ -340,10 +341,13 @@ class Caller(Generic[K]):
                                 outbox.release()
                             wait.check()  # past the deadline: no coroutine made
                             await wait.bounded(outbox.wait_writable(), each=True)
+                        if key not in calls:  # answered (an error, a result) or failed
+                            return key  # its reader gets the answer; nothing more is sent
                         self._check_open()
                         payload = self._checked_payload(op, encode_value(part))
                         adapter.send_request_part(key, payload)
-                adapter.send_request_end(key)
+                if key in calls:
+                    adapter.send_request_end(key)
             except asyncio.CancelledError:
                 self._forget(key)
                 if call.cut and task is not None and task.uncancel() <= cancelling:

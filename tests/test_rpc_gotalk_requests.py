@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import rpc
 from rpc.gotalk_peer import REQUEST_FORMATS, GotalkPeer
 from tests.rpc_helpers import served, wait_until
@@ -58,3 +60,30 @@ async def test_ids_past_two_to_the_32_skip_ids_still_in_flight() -> None:
         assert await peer.request("echo", 3) == 3
         release.set()
         assert await waiting == 1
+
+
+async def test_a_stream_request_answered_early_stops_taking_parts() -> None:
+    """A handler that refuses a stream request at its first part answers at once (Gotalk
+    has no token to wait for): the caller sees the error and its source is not pulled any
+    further. Before, an endless source was read (and sent) for good, the error unseen."""
+    reg = rpc.Registry()
+
+    @reg.handle_stream("upload")
+    async def upload(parts):
+        async for part in parts:
+            raise ValueError(f"bad part {part!r}")
+
+    pulled = 0
+
+    async def live_feed():  # a part every 10 ms, for good
+        nonlocal pulled
+        while True:
+            pulled += 1
+            yield pulled
+            await asyncio.sleep(0.01)
+
+    async with served("gotalk", reg) as (_, peer):
+        with pytest.raises(rpc.RemoteError, match="bad part 1"):
+            async for _ in peer.stream("upload", parts=live_feed(), timeout=5):
+                pass
+        assert pulled < 50  # the error came within a few parts (RequestTimeout at 5 s before)
