@@ -306,12 +306,17 @@ class ChatterAdapter:
     # --- sending ---------------------------------------------------------------------------
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
+        """PayloadError for a payload that fits ``max_size`` but not with its envelope (the
+        caller's error, as a payload over it is: nothing queued, the connection lives on)."""
         if self.meta.sent_default is not None and self.meta.cover(None):
             self._announce()  # it goes without a timeout: say so first
         return self._write_request(op, payload, stream)
 
     def _write_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        return Conversation.ours(self._send(op, payload, None, not stream, False))
+        try:
+            return Conversation.ours(self._send(op, payload, None, not stream, False))
+        except MessageTooLarge as exc:
+            raise PayloadError(f"{op}: {exc}") from None
 
     def send_request_meta(
         self,
@@ -338,8 +343,11 @@ class ChatterAdapter:
         # the legacy one): no ``module.type`` split.
         codec = self.codec
         data = metadata.encode_sbs(codec.next_id + 1, metadata.RequestMeta(ms, entries))
-        _, meta_frame = codec.encode(_META, data)
-        msg_id, frame = codec.encode(op, payload, token=not stream, last=False)
+        try:
+            _, meta_frame = codec.encode(_META, data)
+            msg_id, frame = codec.encode(op, payload, token=not stream, last=False)
+        except MessageTooLarge as exc:
+            raise PayloadError(f"{op}: {exc}") from None
         self.peer.outbox.push_message(meta_frame)
         self.peer.outbox.push_message(frame)
         return Conversation.ours(msg_id)
@@ -350,7 +358,10 @@ class ChatterAdapter:
         self._send(_TIMEOUT, metadata.encode_timeout_sbs(self.meta.sent_default), None, True, True)
 
     def send_request_part(self, key: Conversation, payload: bytes) -> None:
-        self._send(_PART, payload, key, token=False, last=False)
+        try:
+            self._send(_PART, payload, key, token=False, last=False)
+        except MessageTooLarge as exc:  # the caller forgets the stream (a cancel follows)
+            raise PayloadError(f"a stream request's part: {exc}") from None
 
     def send_request_end(self, key: Conversation) -> None:
         self._send(_END_TYPE, b"", key, token=True, last=False)
