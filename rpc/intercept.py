@@ -34,7 +34,7 @@ from rpc.errors import (
 )
 from rpc.middleware import Call, CallKind
 from rpc.registry import Handler, HandlerKind
-from rpc.responder import PLAIN_RESULTS
+from rpc.responder import OWN_CANCEL, PLAIN_RESULTS
 from rpc.streaming import END, ResultWait, StreamQueue
 from wire.metadata import RequestMeta
 
@@ -149,8 +149,13 @@ async def _serve(
                 result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
             else:  # a call that came with a deadline: no chain to build
                 result = await _handle(call, handler, queue)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             _end(peer, key, stream)
+            if peer.own_cancel():  # the handler's own: an error as any other
+                peer._running.discard(key)
+                if peer.is_open:
+                    peer._answer(adapter.send_error, key, str(exc) or OWN_CANCEL)
+                return
             if key not in peer._running and peer.is_open:  # the caller cancelled (on_cancel)
                 peer._answer(adapter.send_error, key, "cancelled by the caller")  # ends it
             peer._running.discard(key)

@@ -45,6 +45,8 @@ log = logging.getLogger("peerwire.rpc")
 current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_current_peer")
 """The peer whose request is being handled; lets a handler call back into its caller."""
 
+OWN_CANCEL = "the handler was cancelled (not by its caller)"
+"""The error result of a handler that ended in a CancelledError of its own."""
 ENDED_STREAMS = 256
 """Incoming streams remembered after we stopped taking their parts (refused, failed or
 answered early), so their late parts are dropped instead of counting as parts of an
@@ -280,7 +282,11 @@ class Responder(Generic[K]):
                     result = await awaitable
                 else:
                     result = await self.call_bounds.within(awaitable, until, op)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
+                if self.own_cancel():  # the handler's own: an error as any other
+                    if self.is_open:
+                        self._answer(self.adapter.send_error, key, str(exc) or OWN_CANCEL)
+                    return
                 if key not in self._running and self.is_open:  # the caller's (on_cancel)
                     self._answer(self.adapter.send_error, key, "cancelled by the caller")
                 raise
@@ -320,7 +326,11 @@ class Responder(Generic[K]):
                 if not self.is_open:
                     return
                 adapter.send_result_part(key, self._encoded_result(item))
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            if self.own_cancel():  # the handler's own: an error as any other
+                if self.is_open:
+                    self._answer(self._fail_stream, key, str(exc) or OWN_CANCEL)
+                return
             if self.is_open and key not in self._running:  # the caller cancelled it
                 self._answer(self._fail_stream, key, "cancelled by the caller")
             raise
@@ -334,6 +344,14 @@ class Responder(Generic[K]):
                 self._end_stream(key)
         if self.is_open:
             self._answer(adapter.send_result_end, key, False)
+
+    def own_cancel(self) -> bool:
+        """True when a CancelledError that reached a handler's job is the handler's own (it
+        awaited something another task cancelled): every cancel of ours (the caller's, a
+        deadline's, the connection's end) cancels the task running the job, which is then
+        cancelling; the handler's own does not, and is answered as any other error."""
+        task = asyncio.current_task(self._loop)
+        return task is not None and not task.cancelling()
 
     def _fail_stream(self, key: K, message: str) -> None:
         """End our streamed result ``key`` with an error."""

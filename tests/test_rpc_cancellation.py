@@ -274,3 +274,59 @@ async def test_a_first_part_after_the_connection_dropped_is_not_sent() -> None:
         go_on.set()
         with pytest.raises(rpc.ConnectionClosed):
             await asyncio.wait_for(sending, 5)
+
+
+def self_cancelling_registry() -> rpc.Registry:
+    """Handlers that end in a CancelledError of their own: they await what another task
+    cancelled (a shared future), which no caller asked for."""
+    reg = rpc.Registry()
+
+    async def cancelled_elsewhere() -> None:
+        shared = asyncio.get_running_loop().create_future()
+        shared.cancel()
+        await shared
+
+    @reg.handle("flaky")
+    async def flaky(_: object = None) -> str:
+        await cancelled_elsewhere()
+        return "never"
+
+    @reg.handle("flaky_stream")
+    async def flaky_stream(_: object = None):
+        yield 1
+        await cancelled_elsewhere()
+
+    @reg.handle("echo")
+    def echo(value: object) -> object:
+        return value
+
+    return reg
+
+
+async def _pass_through(call: rpc.Call, call_next: Any) -> Any:
+    return await call_next(call)
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+@pytest.mark.parametrize("extensions", [True, False])
+@pytest.mark.parametrize("middleware", [False, True])
+async def test_a_handlers_own_cancellation_is_an_error_result(
+    flavour: str, extensions: bool, middleware: bool
+) -> None:
+    """A handler ending in a CancelledError of its own is answered at once with an error
+    result that does not blame the caller, as any exception; the connection goes on.
+    Before, a caller that took the cancellation extension got no answer at all (its
+    timeout), and one that did not got "cancelled by the caller"."""
+    options = rpc.Options(middleware=(_pass_through,)) if middleware else None
+    async with served(
+        flavour, self_cancelling_registry(), options=options, extensions=extensions
+    ) as (_, peer):
+        with pytest.raises(rpc.RemoteError, match="not by its caller"):
+            await peer.request("flaky", timeout=10)
+        got = []
+        with pytest.raises(rpc.RemoteError, match="not by its caller"):
+            async for item in peer.stream("flaky_stream", item_timeout=10):
+                got.append(item)
+        assert got == [1]
+        assert await peer.request("echo", "after") == "after"
