@@ -44,7 +44,6 @@ import logging
 import random
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Awaitable,
     Callable,
     Coroutine,
@@ -59,6 +58,7 @@ from rpc.connection_state import (
     OnState,
     StateReporter,
     Transition,
+    TransitionIterator,
 )
 from rpc.deadlines import EARLY
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
@@ -168,9 +168,10 @@ class ReconnectingPeer:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
-    def transitions(self) -> AsyncIterator[Transition]:
+    def transitions(self) -> TransitionIterator:
         """Every transition from now on; ends after ``closed`` (at once if already closed).
-        An iterator not read keeps the latest :data:`~rpc.connection_state.TRANSITIONS_QUEUE`."""
+        An iterator not read keeps the latest :data:`~rpc.connection_state.TRANSITIONS_QUEUE`;
+        one dropped is forgotten, and ``aclose()`` ends it."""
         return self._states.transitions()
 
     async def wait_open(self, timeout: float | None = None) -> Peer:

@@ -117,7 +117,7 @@ async def test_requests_made_while_disconnected_wait_within_their_timeout() -> N
         started = loop.time()
         with pytest.raises(rpc.RequestTimeout, match=r"not connected within 0\.2 s"):
             await client.request("count", 1, timeout=0.2)
-        assert loop.time() - started >= 0.2
+        assert loop.time() - started >= 0.199  # uvloop's timers may fire up to 1 ms early
         with pytest.raises(rpc.ConnectionClosed, match="not connected"):
             client.notify("note")
         waiting = asyncio.create_task(client.request("count", 2, timeout=10))

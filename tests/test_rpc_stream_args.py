@@ -173,7 +173,7 @@ def test_blocking_stream_arguments(path: str) -> None:
             with pytest.warns(DeprecationWarning):
                 assert list(peer.stream("sum", [1, 2, 3])) == [6]
             with pytest.raises(rpc.RequestTimeout, match="stream not done"):
-                peer.stream("tick", value={"n": 100, "ms": 30}, timeout=0.2)
+                list(peer.stream("tick", value={"n": 100, "ms": 30}, timeout=0.2))
     finally:
         state["loop"].call_soon_threadsafe(state["stop"].set)
         thread.join(10)
