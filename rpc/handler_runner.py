@@ -182,15 +182,20 @@ class HandlerRunner(Generic[K]):
                 self._done(job[4])
                 return
 
-    def drain(self) -> asyncio.Future[None] | None:
+    def drain(self, current: asyncio.Task[Any] | None = None) -> asyncio.Future[None] | None:
         """A future that resolves once every job submitted so far has ended (None: there is
-        none), for a graceful close: jobs submitted later are not waited for."""
-        if not self.jobs:
+        none), for a graceful close: jobs submitted later are not waited for, nor the job
+        that ``current`` (the task asking) runs, if it is one of ours: that job waits for
+        the close, not the close for it."""
+        left = self.jobs
+        if current is not None and self._workers is not None and current in self._workers:
+            left -= 1
+        if left <= 0:
             return None
         if self._drained is None or self._drained.done():
             self._drained = self._loop.create_future()
         self._drain_upto = self._submitted
-        self._drain_left = self.jobs
+        self._drain_left = left
         return self._drained
 
     def cover(self) -> None:

@@ -440,15 +440,18 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             self._transport.abort()
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
-        """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close."""
+        """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close.
+        Called from a handler (or notification) of this connection, it does not wait for
+        that one, which is cancelled with the connection's other work once it is closed."""
         if self._transport is None and not self.closed.done():
             self.connection_lost(None)  # never opened (a TLS handshake still running)
             return
+        current = asyncio.current_task(self._loop)
         pending: list[Any] = [
             c.future for c in self._calls.values() if c.future is not None and c.queue is None
         ]
-        pending += list(self._tasks)
-        drained = self._runner.drain()  # the requests being served now, not later ones
+        pending += [task for task in self._tasks if task is not current]
+        drained = self._runner.drain(current)  # the requests being served now, not later
         if drained is not None:
             pending.append(drained)
         if pending:

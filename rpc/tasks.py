@@ -84,6 +84,9 @@ class TaskSet:
     def __iter__(self) -> Iterator[asyncio.Task[Any]]:
         return iter(tuple(self._tasks))
 
+    def __contains__(self, task: object) -> bool:
+        return task in self._tasks
+
     def cancel_all(self) -> None:
         for task in tuple(self._tasks):
             self.cancel(task)

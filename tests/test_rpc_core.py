@@ -138,6 +138,34 @@ async def test_a_request_answered_with_a_streamed_result_fails_at_once(flavour: 
         assert [x async for x in peer.stream("count", value=2)] == [1, 2]
 
 
+async def test_a_handler_closing_its_own_connection_does_not_wait_for_itself(
+    flavour: str,
+) -> None:
+    """``await rpc.current_peer.get().close()`` in a request handler or a notification
+    handler closes at once: the graceful close waits for the connection's other work, not
+    for the handler awaiting it (before: the whole drain_timeout, 5 s)."""
+    reg = make_registry()
+
+    @reg.handle("bye")
+    async def bye(_value):
+        await rpc.current_peer.get().close()
+
+    @reg.handle_notification("quit")
+    async def quit_(_value):
+        await rpc.current_peer.get().close()
+
+    async with served(flavour, reg) as (server, peer):
+        async with asyncio.timeout(2):
+            with pytest.raises(rpc.ConnectionClosed):
+                await peer.request("bye", None)
+        scheme, query = FLAVOURS[flavour]
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        async with rpc.connect(url, registry=rpc.Registry(), reconnect=False) as other:
+            other.notify("quit")
+            async with asyncio.timeout(2):
+                await other.closed
+
+
 async def test_notifications_both_ways_and_callbacks(flavour: str) -> None:
     server_reg = make_registry()
     client_reg = rpc.Registry()
