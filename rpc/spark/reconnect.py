@@ -10,7 +10,10 @@ outage is older than their budget fail at once, while the reconnect task keeps t
 (every ``cap`` seconds at most) for as long as calls keep asking, so a peer that comes back
 is found again. A new connection carries one call (the probe) until that call has ended
 with the connection still open: a connection that the kernel of a dying peer accepted just
-before its listening socket closed then costs one call, not a window of them.
+before its listening socket closed then costs one call, not a window of them. Only that
+answer ends the outage: a connection that closes before it (a server at ``max_connections``
+accepts and closes; Chatter has no handshake to fail) is a failed attempt, so the outage,
+its start, its error and its back-off go on instead of a new outage reconnecting at once.
 
 Any failure of connection set-up counts as the peer being unreachable (refused, timed out,
 TLS errors, and errors inside the protocol such as missing schemas): it is named in the
@@ -121,8 +124,12 @@ class Link:
         self._news: asyncio.Future[None] = loop.create_future()
         """Resolved (and replaced) after every connection attempt."""
         self._down_since: float | None = None
+        """When the outage began (None: the connection has answered, or none was needed)."""
         self._error: str | None = None
         """Why the last attempt of this outage failed (None: none failed yet)."""
+        self._failures = 0
+        """Failed attempts in this outage (a connection closed unanswered is one): the
+        exponent of the back-off before the next attempt."""
         self._refused = False
         """The last attempt failed on one of :data:`REFUSALS`: calls fail at once."""
         self._waiters = 0
@@ -147,14 +154,17 @@ class Link:
         is always waited for (``connect_timeout`` bounds it)."""
         while True:
             peer = self._peer
-            if peer is not None and peer.is_open:
-                if self._proven:
+            if peer is not None:
+                if self._proven and peer.is_open:
                     return peer, False
-                if not self._probing:
+                if self._probing:
+                    await asyncio.shield(self._news)  # the probe settles it
+                    continue
+                if peer.is_open:
                     self._probing = True
                     return peer, True
-                await asyncio.shield(self._news)  # the probe settles it
-                continue
+                if not self._proven:
+                    self._closed_unanswered()  # closed before any call went out on it
             now = self._loop.time()
             if self._down_since is None or self._task is None:
                 self._outage_starts(now)  # a new outage, or an old one nobody asked about
@@ -175,16 +185,30 @@ class Link:
                 self._waiters -= 1
 
     def settled(self, peer: Peer) -> None:
-        """The probe's call on ``peer`` ended: a peer still open has answered."""
+        """The probe's call on ``peer`` ended: a peer still open has answered (the outage
+        is over); one closed meanwhile never did (a failed attempt, the outage goes on)."""
         if peer is self._peer and self._probing:
             self._probing = False
             self._proven = peer.is_open
+            if self._proven:
+                self._outage_ends()
+            else:
+                self._closed_unanswered()
             news, self._news = self._news, self._loop.create_future()
             news.set_result(None)
+
+    def _closed_unanswered(self) -> None:
+        """The new connection closed before answering: count a failed attempt and start
+        the reconnect task, which backs off before its first attempt."""
+        self._peer = None
+        self._failed(ConnectionClosed("connection closed before answering"))
+        if self._task is None:
+            self._task = self._loop.create_task(self._reconnect())
 
     def _outage_starts(self, now: float) -> None:
         self._down_since = now
         self._error = None
+        self._failures = 0
         self._refused = False
         self._gave_up = False
         if self._peer is not None:
@@ -202,48 +226,52 @@ class Link:
             )
 
     async def _reconnect(self) -> None:
-        failures = 0
         try:
             while True:
+                if self._failures:
+                    await asyncio.sleep(self._backoff.delay(self._failures - 1))
                 self.attempts += 1
                 try:
                     peer = await self._connect()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # any set-up failure: the peer is unreachable
-                    self._failed(exc, failures)
-                    failures += 1
+                    self._failed(exc)
                 else:
-                    self._connected(peer, failures)
+                    self._connected(peer)
                     return
                 finally:
                     news, self._news = self._news, self._loop.create_future()
                     news.set_result(None)
                 if self._waiters == 0 and self._loop.time() - self._asked > self._backoff.cap:
                     return  # nobody asked for a while: stop until asked again
-                await asyncio.sleep(self._backoff.delay(failures - 1))
         finally:
             self._task = None
 
-    def _failed(self, exc: BaseException, failures: int) -> None:
+    def _failed(self, exc: BaseException) -> None:
         self._error = cause(exc, self.url)
         self._refused = isinstance(exc, REFUSALS)
-        if failures == 0:
+        if self._failures == 0:
             log.warning("cannot connect to %s: %s; retrying with back-off", self.url, self._error)
+        self._failures += 1
 
-    def _connected(self, peer: Peer, failures: int) -> None:
+    def _connected(self, peer: Peer) -> None:
+        """A new connection: the outage lasts until it answers (see :meth:`settled`)."""
         self._peer = peer
         self._proven = self._probing = False
         self.connects += 1
-        if failures:
+
+    def _outage_ends(self) -> None:
+        if self._failures:
             log.warning(
                 "connected to %s after %.1f s and %d failed attempts",
                 self.url,
                 self._loop.time() - (self._down_since or 0.0),
-                failures,
+                self._failures,
             )
         self._down_since = None
         self._error = None
+        self._failures = 0
         self._refused = False
 
     async def close(self) -> None:
