@@ -45,10 +45,17 @@ EXIT_TIMEOUT = 4
 EXIT_REMOTE_ERROR = 5
 EXIT_RETRY = 6
 
+STREAM_QUEUE = 65_536
+"""``max_stream_queue`` of ``peerwire stream``: results that may wait unread before the
+stream fails (StreamOverflow). The default 256 is less than one read of small results."""
+FLUSH_DELAY = 0.1
+"""Seconds a streamed result written to a file or pipe may wait in the output buffer."""
+
 EPILOG = """\
 exit codes:
   0  success
-  1  any other failure (e.g. a result that is not JSON)
+  1  any other failure (e.g. a result that is not JSON, a stream whose results
+     outran the output)
   2  usage: bad arguments, URL, JSON or module
   3  connection refused, failed or closed (also a failed listen)
   4  no result within --timeout
@@ -390,9 +397,39 @@ def _client_ssl(args: argparse.Namespace, url: rpc.PeerUrl) -> ssl.SSLContext | 
         raise CliError(f"cannot load TLS files: {exc}", EXIT_USAGE) from None
 
 
-def _print_json(value: Any) -> None:
+def _json_line(value: Any) -> str:
     # msgspec, not json: SBS results may hold bytes (base64) and tuples (arrays)
-    print(msgspec.json.encode(value).decode(), flush=True)
+    return msgspec.json.encode(value).decode()
+
+
+class _Lines:
+    """Streamed results on stdout, one JSON line each. On a terminal stdout is line
+    buffered; into a file or pipe a write per line kept a fast stream from keeping up
+    (StreamOverflow), so lines are buffered and flushed ``FLUSH_DELAY`` s after the first
+    unflushed one, and at the end."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+        self._failed: OSError | None = None  # of a timed flush: stdout closed (`| head -1`)
+
+    def write(self, value: Any) -> None:
+        if self._failed is not None:
+            raise self._failed
+        print(_json_line(value))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        try:
+            sys.stdout.flush()
+        except OSError as exc:
+            self._failed = exc
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        sys.stdout.flush()
 
 
 async def client(args: argparse.Namespace) -> int:
@@ -406,10 +443,15 @@ async def client(args: argparse.Namespace) -> int:
         parts = None
         value = _json_arg("null" if args.payload is None else args.payload, "PAYLOAD")
     ctx = _client_ssl(args, url)
+    streaming = args.command == "stream"
     log.debug("connecting to %s", url)
     try:
         peer = await rpc.connect(
-            args.url, ssl=ctx, connect_timeout=args.connect_timeout, reconnect=False
+            args.url,
+            ssl=ctx,
+            connect_timeout=args.connect_timeout,
+            reconnect=False,
+            options=rpc.Options(max_stream_queue=STREAM_QUEUE) if streaming else None,
         )
     except rpc.ConnectionClosed as exc:  # its text already names the URL and the cause
         raise CliError(str(exc), EXIT_CONNECTION) from None
@@ -417,13 +459,17 @@ async def client(args: argparse.Namespace) -> int:
         raise CliError(f"cannot connect to {args.url}: {exc}", EXIT_CONNECTION) from None
     try:
         if args.command == "call":
-            _print_json(await peer.request(args.op, value, timeout=args.timeout))
+            print(_json_line(await peer.request(args.op, value, timeout=args.timeout)))
         elif args.command == "notify":
             peer.notify(args.op, value)
         else:
-            results = peer.stream(args.op, parts=parts, value=value, item_timeout=args.timeout)
-            async for item in results:
-                _print_json(item)
+            lines = _Lines()
+            try:
+                results = peer.stream(args.op, parts=parts, value=value, item_timeout=args.timeout)
+                async for item in results:
+                    lines.write(item)
+            finally:
+                lines.close()
     finally:
         await peer.close()
     return EXIT_OK
@@ -461,11 +507,15 @@ def _run(args: argparse.Namespace) -> int:
     except (rpc.ConnectionClosed, OSError) as exc:
         print(f"peerwire: connection failed: {exc}{_dialect_hint(args)}", file=sys.stderr)
         return EXIT_CONNECTION
-    except rpc.PayloadError as exc:
+    except rpc.RpcError as exc:  # PayloadError, StreamOverflow and any the core may add
         print(f"peerwire: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # one line for scripts, as for every other failure; -v: where
+        log.debug("unexpected failure", exc_info=True)
+        print(f"peerwire: {type(exc).__name__}: {exc} (-v shows where)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _dialect_hint(args: argparse.Namespace) -> str:
