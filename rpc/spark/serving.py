@@ -7,7 +7,10 @@
 Every request is one row (an object with the schema's fields). Requests that arrive while a
 job runs wait for the next one, so under load each Spark job answers many requests and the
 work is spread over the executors; when idle, a request waits at most ``max_wait`` for
-company. One job runs at a time per batcher.
+company. One job runs at a time per batcher, for at most ``job_timeout``: a job still
+running then is cancelled (its Spark job group, interrupting its tasks), its batch's
+requests fail with a timeout error and the next batch runs, so one stuck job does not
+wedge the op.
 
 The job gets a DataFrame of the batch's rows plus a ``__peerwire_row`` column and must
 return a DataFrame with one row per input row that keeps ``__peerwire_row`` (any
@@ -17,11 +20,15 @@ row-wise transformation does, including :func:`rpc.spark.apply_frame`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import DataType, LongType, StructField, StructType
@@ -34,6 +41,12 @@ log = logging.getLogger("peerwire.spark")
 ROW_ID = "__peerwire_row"
 
 Job = Callable[[DataFrame], DataFrame]
+
+_groups = itertools.count(1)
+
+
+class JobTimeout(TimeoutError):
+    """A batch's Spark job ran past ``job_timeout`` and was cancelled."""
 
 
 class SparkBatcher:
@@ -49,11 +62,16 @@ class SparkBatcher:
         max_batch: int = 10_000,
         max_wait: float = 0.005,
         max_pending: int = 100_000,
+        job_timeout: float = 300.0,
     ) -> None:
         """``schema``: the request's fields (a StructType or DDL string such as
         ``"name string, x double"``). ``result``: the job's output column that is the
         answer; None answers with an object of all output columns. Past ``max_pending``
-        waiting requests, new ones get an error result at once (bounded memory)."""
+        waiting requests, new ones get an error result at once (bounded memory). A job
+        running longer than ``job_timeout`` seconds (default 300) is cancelled and its
+        batch's requests fail with a timeout error; the next batch's job starts at once."""
+        if not job_timeout > 0:
+            raise ValueError(f"job_timeout must be positive: {job_timeout!r}")
         parsed: DataType | None = parse_type(schema)
         if not isinstance(parsed, StructType):
             raise TypeError(f"schema must describe a struct (the request's fields): {schema!r}")
@@ -66,6 +84,11 @@ class SparkBatcher:
         self.max_batch = max_batch
         self.max_wait = max_wait
         self.max_pending = max_pending
+        self.job_timeout = job_timeout
+        try:
+            self._context: SparkContext | None = spark.sparkContext
+        except Exception:  # Spark Connect has no SparkContext: its jobs are tagged instead
+            self._context = None
         self._fields = parsed.fieldNames()
         with_row = StructType([*parsed.fields, StructField(ROW_ID, LongType(), False)])
         row_type = to_arrow_type(with_row, timezone="UTC")
@@ -76,6 +99,8 @@ class SparkBatcher:
         """Spark jobs run so far."""
         self.answered = 0
         """Requests answered so far."""
+        self.timeouts = 0
+        """Jobs cancelled at ``job_timeout`` so far."""
 
     async def submit(self, params: Any) -> Any:
         """Queue one request; returns its result once its batch's job has run."""
@@ -113,7 +138,9 @@ class SparkBatcher:
                 if not batch:
                     continue
                 try:
-                    outcomes = await asyncio.to_thread(self._run_job, [p for p, _ in batch])
+                    outcomes = await self._bounded_job([p for p, _ in batch])
+                except JobTimeout as exc:
+                    outcomes = [(None, str(exc))] * len(batch)
                 except Exception as exc:
                     log.warning("spark job for %d requests failed", len(batch), exc_info=True)
                     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -129,6 +156,57 @@ class SparkBatcher:
                     self.answered += 1
         finally:
             self._runner = None
+
+    async def _bounded_job(self, values: list[dict[str, Any]]) -> list[tuple[Any, str | None]]:
+        """Run the batch's job in a thread of its own for at most ``job_timeout``, then
+        cancel it and raise :class:`JobTimeout`. Its thread is not waited for (a cancelled
+        Spark job ends its action at once; a job stuck outside Spark cannot be stopped),
+        and its late outcome is dropped."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[list[tuple[Any, str | None]]] = loop.create_future()
+        group = f"peerwire-serving-{next(_groups)}"
+
+        def settle(outcome: Any, error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is None:
+                done.set_result(outcome)
+            else:
+                done.set_exception(error)
+
+        def run() -> None:
+            try:
+                outcome, error = self._run_job(values, group), None
+            except Exception as exc:  # handed to the loop, raised there
+                outcome, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, outcome, error)
+
+        threading.Thread(target=run, name=group, daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self.job_timeout)
+        except TimeoutError:
+            self.timeouts += 1
+            log.warning(
+                "spark job for %d requests still running after %g s: cancelled",
+                len(values),
+                self.job_timeout,
+            )
+            try:
+                await asyncio.to_thread(self._cancel, group)
+            except Exception:
+                log.warning("cancelling spark job group %s failed", group, exc_info=True)
+            raise JobTimeout(
+                f"Spark job timed out after {self.job_timeout:g} s (cancelled)"
+            ) from None
+        finally:
+            done.cancel()  # settled already, or the thread's late outcome is dropped
+
+    def _cancel(self, group: str) -> None:
+        if self._context is not None:
+            self._context.cancelJobGroup(group)
+        else:
+            self.spark.interruptTag(group)
 
     def _rows(self, values: list[dict[str, Any]]) -> tuple[pa.Table, list[str | None]]:
         """The batch as an Arrow table; rows that do not fit the schema are left out and
@@ -147,12 +225,22 @@ class SparkBatcher:
                     errors[i] = f"request does not fit {self.schema.simpleString()}: {exc}"
             return pa.Table.from_pylist(good, schema=self._arrow_schema), errors
 
-    def _run_job(self, values: list[dict[str, Any]]) -> list[tuple[Any, str | None]]:
+    def _run_job(self, values: list[dict[str, Any]], group: str) -> list[tuple[Any, str | None]]:
+        """The batch's job, on this thread under job group (or tag) ``group``, which
+        :meth:`_cancel` cancels."""
         table, errors = self._rows(values)
         outcomes: list[tuple[Any, str | None]] = [(None, e) for e in errors]
         if table.num_rows == 0:
             return outcomes
-        output = self.job(self.spark.createDataFrame(table)).toArrow()
+        if self._context is not None:
+            self._context.setJobGroup(group, "peerwire serving batch", interruptOnCancel=True)
+        else:
+            self.spark.addTag(group)
+        try:
+            output = self.job(self.spark.createDataFrame(table)).toArrow()
+        finally:
+            if self._context is None:
+                self.spark.removeTag(group)
         self.jobs += 1
         if ROW_ID not in output.column_names:
             raise ValueError(f"the job's output lost the {ROW_ID} column")
