@@ -30,6 +30,7 @@ import msgspec
 
 import rpc
 from rpc import loops, metrics_dir
+from rpc import top as live_view
 from rpc.eventer import cli as eventer_cli
 from rpc.workers import freeze_startup_objects, serve_workers
 from transports.stream import client_ssl_context, server_ssl_context
@@ -55,7 +56,7 @@ EPILOG = """\
 exit codes:
   0  success
   1  any other failure (e.g. a result that is not JSON, a stream whose results
-     outran the output)
+     outran the output, a `top` URL that answers but is not a metrics endpoint)
   2  usage: bad arguments, URL, JSON or module
   3  connection refused, failed or closed (also a failed listen)
   4  no result within --timeout
@@ -162,13 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Scrape URL (a `serve --metrics` endpoint; HOST:PORT will do) every "
         "--interval seconds and show per op calls/s, error rate and latency percentiles.",
     )
-    top.add_argument("url", metavar="URL", help="e.g. 127.0.0.1:9100 or http://host:9100/metrics")
-    top.add_argument("--interval", metavar="S", type=float, default=1.0, help="default 1")
-    top.add_argument("--count", metavar="N", type=int, help="stop after N refreshes")
-    top.add_argument(
-        "--side", choices=("server", "client"), default="server", help="whose calls to show"
-    )
-    top.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    live_view.add_arguments(top)
 
     client = argparse.ArgumentParser(add_help=False, parents=[verbose])
     client.add_argument("url", metavar="URL", help="e.g. tcp+sbs://127.0.0.1:4000?dialect=Hat")
@@ -366,17 +361,15 @@ async def _serve_here(
 
 
 def top(args: argparse.Namespace) -> int:
-    try:
-        from rpc import top as live_view
-    except ImportError:
-        raise CliError("top needs: pip install 'peerwire[top]'", EXIT_USAGE) from None
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise CliError("top needs: pip install 'peerwire[top]'", EXIT_USAGE)
     try:
         live_view.run(
             args.url, interval=args.interval, count=args.count, side=args.side, plain=args.plain
         )
-    except OSError as exc:  # urllib's URLError included
+    except OSError as exc:  # urllib's URLError and an answer that is not HTTP included
         raise CliError(f"cannot read {args.url}: {exc}", EXIT_CONNECTION) from None
-    except ValueError as exc:  # not a Prometheus exposition
+    except live_view.NotMetrics as exc:  # HTTP, but not a Prometheus exposition
         raise CliError(f"{args.url} is not a metrics endpoint: {exc}", EXIT_FAILED) from None
     return EXIT_OK
 

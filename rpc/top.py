@@ -11,6 +11,8 @@ refresh, so it can be piped or logged.
 
 from __future__ import annotations
 
+import argparse
+import http.client
 import math
 import sys
 import time
@@ -19,9 +21,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from prometheus_client.parser import text_string_to_metric_families
-
 QUANTILES = (0.5, 0.9, 0.99)
+
+
+class NotMetrics(ValueError):
+    """The endpoint answered, but not with Prometheus text (or not with sane histograms)."""
 
 
 @dataclass
@@ -44,6 +48,34 @@ class Snapshot:
     sent: float
 
 
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < math.inf:  # 0 would scrape in a tight loop
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0: {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text) if text.isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``peerwire top`` (rpc.cli runs it), checked as they are parsed."""
+    parser.add_argument("url", metavar="URL", help="e.g. 127.0.0.1:9100 or http://h:9100/metrics")
+    parser.add_argument("--interval", metavar="S", type=_interval, default=1.0, help="default 1")
+    parser.add_argument("--count", metavar="N", type=_count, help="stop after N refreshes")
+    parser.add_argument(
+        "--side", choices=("server", "client"), default="server", help="whose calls to show"
+    )
+    parser.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+
+
 def metrics_url(target: str) -> str:
     if "://" not in target:
         target = f"http://{target}"
@@ -54,6 +86,17 @@ def metrics_url(target: str) -> str:
 
 
 def parse(text: str, side: str = "server", at: float = 0.0) -> Snapshot:
+    """Raises NotMetrics when ``text`` is not Prometheus text (any server may answer)."""
+    try:
+        return _parse(text, side, at)
+    except ValueError as exc:  # the parser's one error type, for any malformed line
+        raise NotMetrics(str(exc) or f"malformed line in {text[:60]!r}") from None
+
+
+def _parse(text: str, side: str, at: float) -> Snapshot:
+    # imported here, so that the CLI can say which extra is missing
+    from prometheus_client.parser import text_string_to_metric_families
+
     ops: dict[str, OpCounts] = defaultdict(OpCounts)
     totals: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
@@ -76,6 +119,8 @@ def parse(text: str, side: str = "server", at: float = 0.0) -> Snapshot:
             elif name == "peerwire_errors_total":
                 counts.errors += sample.value
             elif name == "peerwire_request_duration_seconds_bucket":
+                if "le" not in labels:
+                    raise NotMetrics(f"a histogram bucket without `le`: {labels}")
                 le = float(labels["le"])
                 counts.buckets[le] = counts.buckets.get(le, 0.0) + sample.value
     return Snapshot(
@@ -201,8 +246,18 @@ def _rich_frame(url: str, before: Snapshot | None, now: Snapshot) -> Any:
 
 
 def fetch(url: str, timeout: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return str(response.read().decode())
+    """The body at ``url``. Raises OSError when nothing answers, NotMetrics for a body that
+    is not text, and ConnectionError for an answer that is not HTTP (an RPC port, say) or is
+    cut short: http.client's errors are no OSError, and are as much a failed scrape."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body: bytes = response.read()
+    except http.client.HTTPException as exc:
+        raise ConnectionError(f"not a whole HTTP answer: {exc!r}") from None
+    try:
+        return body.decode()
+    except UnicodeDecodeError as exc:
+        raise NotMetrics(f"the body is not UTF-8 text ({exc})") from None
 
 
 def run(
@@ -214,8 +269,11 @@ def run(
     plain: bool = False,
     out: TextIO = sys.stdout,
 ) -> None:
-    """Refresh every ``interval`` s, ``count`` times (forever when None). Raises OSError
-    (urllib's URLError is one) when the endpoint cannot be scraped."""
+    """Refresh every ``interval`` s (> 0), ``count`` times (forever when None). Raises
+    OSError (urllib's URLError is one) when the endpoint cannot be scraped, NotMetrics when
+    what it answers is not Prometheus text."""
+    if not interval > 0:
+        raise ValueError(f"interval must be above 0 s, not {interval}")
     url = metrics_url(target)
     use_rich = not plain and out.isatty() and _have_rich()
     before: Snapshot | None = None

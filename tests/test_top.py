@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
 import rpc
 from rpc import top
+from rpc.cli import build_parser
 from tests.test_cli import Serving, run_cli
 from tests.test_metrics import scrape
 
@@ -67,3 +70,62 @@ async def test_top_of_nothing_exits_3() -> None:
     code, _, err = await run_cli("top", "127.0.0.1:1", "--count", "1", "--plain")
     assert code == 3
     assert "cannot read 127.0.0.1:1" in err
+
+
+async def answering(replies: dict[bytes, bytes]) -> asyncio.Server:
+    """A server on port 0 that reads one request and writes the reply for its path."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        path = request.split(b" ")[1]
+        writer.write(replies[path])
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def http_ok(body: bytes, length: int | None = None) -> bytes:
+    size = len(body) if length is None else length
+    return b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (size, body)
+
+
+async def test_top_of_what_is_not_a_metrics_endpoint_says_so_in_one_line() -> None:
+    """An RPC port (it answers `01f00000001`), a body cut short, and bodies that are not
+    Prometheus text: before, BadStatusLine, IncompleteRead and KeyError tracebacks."""
+    bucket = b'peerwire_request_duration_seconds_bucket{side="server",op="x"} 1\n'
+    server = await answering(
+        {
+            b"/gotalk": b"01f00000001",
+            b"/short": http_ok(b"peerwire_connections_open 1\n", length=100),
+            b"/no-le": http_ok(bucket),
+            b"/html": http_ok(b"<html><body>hello</body></html>\n"),
+        }
+    )
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    expected = {"/gotalk": 3, "/short": 3, "/no-le": 1, "/html": 1}
+    try:
+        done = await asyncio.gather(
+            *(run_cli("top", base + path, "--count", "1", "--plain") for path in expected)
+        )
+    finally:
+        server.close()
+        await server.wait_closed()
+    for (path, code), (status, out, err) in zip(expected.items(), done, strict=True):
+        assert (status, out) == (code, ""), (path, err)
+        assert "Traceback" not in err and err.count("\n") == 1, (path, err)
+        url = base + path
+        what = f"cannot read {url}: " if code == 3 else f"{url} is not a metrics endpoint: "
+        assert err.startswith(f"peerwire: {what}"), (path, err)
+    assert "not a whole HTTP answer: BadStatusLine('01f00000001')" in done[0][2]
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "soon"])
+def test_top_refuses_an_interval_that_is_no_positive_number(
+    interval: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An interval of 0 scraped the endpoint in a tight loop."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["top", "127.0.0.1:9100", "--interval", interval])
+    assert exit_info.value.code == 2
+    assert "--interval: must be a number of seconds above 0" in capsys.readouterr().err
