@@ -120,7 +120,7 @@
     if (ArrayBuffer.isView(value)) {
       return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
     }
-    return JSON.stringify(value);
+    return jsonPayload(value);
   }
 
   function payloadSize(payload) {
@@ -128,8 +128,13 @@
     return typeof payload === 'string' ? utf8Length(payload) : payload.length;
   }
 
+  /** JSON text of `value` (undefined is null); throws a TypeError when it has none. */
   function jsonPayload(value) {
-    return JSON.stringify(value === undefined ? null : value);
+    const json = JSON.stringify(value === undefined ? null : value);
+    if (json === undefined) {
+      throw new TypeError('gotalk: a ' + typeof value + ' value cannot be sent as JSON');
+    }
+    return json;
   }
 
   function decodeJSON(bytes) {
@@ -440,9 +445,10 @@
       }
       const size = payloadSize(payload);
       if (!this._started) {
+        const header = makeHeader('s', this.id, this.op, null, size); // may throw: not pending
         this._started = true;
         sock._pending.set(this.id, this);
-        sock._sendMessage(makeHeader('s', this.id, this.op, null, size), payload);
+        sock._sendMessage(header, payload);
       } else {
         sock._sendMessage(makeHeader('p', this.id, null, null, size), payload);
       }
@@ -723,13 +729,25 @@
       }
     }
 
-    _call(op, payload, buffer, cb) {
+    /**
+     * Send request `op` with the payload `encode()` returns. Whatever fails before the request
+     * is sent (a value without JSON form, a name too long) rejects, and leaves nothing pending.
+     */
+    _call(op, encode, buffer, cb) {
       const promise = new Promise((resolve, reject) => {
         if (!this._canSend()) {
           reject(new Error('socket is closed'));
           return;
         }
-        const id = this._newId(false);
+        let payload, id, header;
+        try {
+          payload = encode();
+          id = this._newId(false);
+          header = makeHeader('r', id, op, null, payloadSize(payload));
+        } catch (err) {
+          reject(err);
+          return;
+        }
         const call = {
           op: op, payload: payload, attempts: 0, timer: null,
           _result: (type, bytes) => {
@@ -752,7 +770,7 @@
           _retry: (wait, message) => this._retry(id, call, wait, message),
         };
         this._pending.set(id, call);
-        this._sendMessage(makeHeader('r', id, op, null, payloadSize(payload)), payload);
+        this._sendMessage(header, payload);
       });
       if (typeof cb === 'function') promise.then((value) => cb(null, value), (err) => cb(err));
       return promise;
@@ -777,14 +795,25 @@
       }, wait);
     }
 
-    /** Request `op` with `value` as JSON; resolves with the decoded JSON result. */
+    /**
+     * Request `op` with `value` as JSON; resolves with the decoded JSON result.
+     * `request(op, cb)` (old gotalk.js pages) sends null and calls `cb(err, result)`.
+     */
     request(op, value, cb) {
-      return this._call(op, jsonPayload(value), false, cb);
+      if (typeof value === 'function' && cb === undefined) {
+        cb = value;
+        value = null;
+      }
+      return this._call(op, () => jsonPayload(value), false, cb);
     }
 
     /** Request `op` with a raw payload (string or bytes); resolves with a Uint8Array. */
     bufferRequest(op, buf, cb) {
-      return this._call(op, rawPayload(buf), true, cb);
+      if (typeof buf === 'function' && cb === undefined) {
+        cb = buf;
+        buf = null;
+      }
+      return this._call(op, () => rawPayload(buf), true, cb);
     }
 
     streamRequest(op) {
@@ -919,8 +948,14 @@
       let answered = false;
       const reply = (value) => {
         if (answered || ws !== this.ws) return;
+        let out;
+        try {
+          out = entry.buffer ? rawPayload(value) : jsonPayload(value);
+        } catch (err) {
+          fail('cannot send the result: ' + err.message);
+          return;
+        }
         answered = true;
-        const out = entry.buffer ? rawPayload(value) : jsonPayload(value);
         this._sendMessage(makeHeader('R', id, null, null, payloadSize(out)), out);
       };
       const fail = (err) => {
