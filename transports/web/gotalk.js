@@ -27,6 +27,10 @@
   'use strict';
 
   const HEARTBEAT_INTERVAL = 20000; // ms; Go peers drop a peer silent for 30 s
+  // A server that has sent heartbeats and then nothing at all for this many of its (or our)
+  // heartbeat intervals is taken for dead: the connection closes with a timeout error.
+  const SILENT_BEATS = 3;
+  const CONNECT_TIMEOUT = 10000; // ms for the WebSocket handshake and the server's "01"
   const BACKOFF_FIRST = 500; // ms before the first reconnect attempt, doubled per failure
   const BACKOFF_MAX = 5000;
   const MAX_RETRIES = 5; // retry results honoured per request before giving up
@@ -496,6 +500,8 @@
       this.handlers = handlers || defaultHandlers;
       this.ws = null;
       this.heartbeatInterval = HEARTBEAT_INTERVAL;
+      this.connectTimeout = CONNECT_TIMEOUT;
+      this.requestTimeout = 0; // ms per request, retries included; 0: no limit
       this.maxRetries = MAX_RETRIES;
       this.maxMessageSize = MAX_MESSAGE_SIZE;
       this.sendBufferLimit = SEND_BUFFER_LIMIT;
@@ -508,6 +514,7 @@
       this._backoff = BACKOFF_FIRST;
       this._reconnectTimer = null;
       this._heartbeatTimer = null;
+      this._connectTimer = null;
       this._ending = false;
       this._userClosed = false;
       this._onconnect = null;
@@ -523,6 +530,12 @@
       this._opened = false;
       this._error = null;
       this._refusedStreams.clear();
+      // liveness, per connection
+      this._lastReceived = 0; // Date.now() of the last frame
+      this._lastTick = 0;
+      this._silence = 0; // ms without frames, counted by heartbeat ticks
+      this._lastBeat = 0; // Date.now() of the server's last heartbeat (the open before one)
+      this._beatGap = -1; // longest gap seen between the server's heartbeats; -1: none yet
     }
 
     get isOpen() {
@@ -572,6 +585,9 @@
       this._resetConnectionState();
       ws.binaryType = 'arraybuffer';
       this.ws = ws;
+      // Armed after the caller's synchronous code, so `sock.connectTimeout = ...` right after
+      // gotalk.open() / gotalk.connection() applies to the first attempt.
+      Promise.resolve().then(() => this._armConnectTimer(ws));
       ws.onopen = () => this._onOpen(ws);
       ws.onmessage = (event) => this._onFrame(ws, event.data);
       ws.onerror = () => {
@@ -581,6 +597,30 @@
         if (!this._opened) this._lost(ws, new Error('cannot connect to ' + this._address));
       };
       ws.onclose = (event) => this._onClose(ws, event);
+    }
+
+    /** Fail the attempt unless the handshake and the server's "01" come within the limit. */
+    _armConnectTimer(ws) {
+      const timeout = this.connectTimeout;
+      if (ws !== this.ws || this._versionOk || !(timeout > 0)) return;
+      this._connectTimer = setTimeout(() => {
+        this._connectTimer = null;
+        if (ws !== this.ws || this._versionOk) return;
+        const message = 'no answer from ' + this._address + ' within ' + timeout + ' ms';
+        if (this._opened) {
+          this._protocolFailure(ws, protocolError(ERR_TIMEOUT, message), true);
+          return;
+        }
+        const err = new Error('gotalk: cannot connect: ' + message);
+        err.timeout = true;
+        this._error = err;
+        this._lost(ws, err);
+        try {
+          ws.close();
+        } catch (e) {
+          // already closing
+        }
+      }, timeout);
     }
 
     _connectFailed(err) {
@@ -594,13 +634,14 @@
       if (ws !== this.ws) return;
       this._opened = true;
       this._backoff = BACKOFF_FIRST;
+      this._lastTick = this._lastBeat = Date.now();
       ws.send(ascii('01'));
       const queued = this._queued;
       this._queued = [];
       this._queuedMessages = 0;
       for (const frame of queued) ws.send(frame);
       if (this.heartbeatInterval > 0) {
-        this._heartbeatTimer = setInterval(() => this.sendHeartbeat(0), this.heartbeatInterval);
+        this._heartbeatTimer = setInterval(() => this._tick(ws), this.heartbeatInterval);
       }
       this.emit('open', this);
       const cb = this._onconnect;
@@ -617,6 +658,28 @@
       this._lost(ws, err);
     }
 
+    /**
+     * The heartbeat tick: send ours, and close when a server that sends heartbeats has sent
+     * nothing for SILENT_BEATS times the longer of our interval and the longest gap between
+     * its heartbeats. Each tick counts at most one interval of silence, so a tab whose timers
+     * were throttled or that slept does not count the time it was away.
+     */
+    _tick(ws) {
+      if (ws !== this.ws) return;
+      const now = Date.now();
+      const interval = this.heartbeatInterval;
+      const since = Math.max(this._lastTick, this._lastReceived);
+      this._silence += Math.max(0, Math.min(now - since, interval));
+      this._lastTick = now;
+      const limit = SILENT_BEATS * Math.max(interval, this._beatGap);
+      if (this._beatGap >= 0 && this._silence >= limit) {
+        this._protocolFailure(ws, protocolError(
+          ERR_TIMEOUT, 'timeout: nothing from the server for ' + this._silence + ' ms'), true);
+        return;
+      }
+      this.sendHeartbeat(0);
+    }
+
     /** The connection `ws` is gone: reject what is pending, emit close, maybe reconnect. */
     _lost(ws, err) {
       if (ws !== this.ws) return;
@@ -625,6 +688,8 @@
       this._opened = false;
       clearInterval(this._heartbeatTimer);
       this._heartbeatTimer = null;
+      clearTimeout(this._connectTimer);
+      this._connectTimer = null;
       ws.onopen = ws.onmessage = ws.onerror = ws.onclose = null;
       const reason = err || new Error('socket is closed');
       const pending = Array.from(this._pending.values());
@@ -681,8 +746,9 @@
       if (this._ending && this._pending.size === 0) this.close();
     }
 
-    /** Send f0000000<code>, then close: for input we cannot make sense of. */
-    _protocolFailure(ws, err) {
+    /** Send f0000000<code>, then close: for input we cannot make sense of, or a timeout. */
+    _protocolFailure(ws, err, timeout) {
+      if (timeout) err.timeout = true;
       this._error = err;
       try {
         ws.send(ascii('f' + pad(err.code.toString(16), 8)));
@@ -749,8 +815,9 @@
           return;
         }
         const call = {
-          op: op, payload: payload, attempts: 0, timer: null,
+          op: op, payload: payload, attempts: 0, timer: null, deadline: null,
           _result: (type, bytes) => {
+            clearTimeout(call.deadline);
             this._settled(id, call);
             if (buffer) {
               resolve(bytes);
@@ -764,11 +831,21 @@
           },
           _fail: (err) => {
             clearTimeout(call.timer);
+            clearTimeout(call.deadline);
             this._settled(id, call);
             reject(err);
           },
           _retry: (wait, message) => this._retry(id, call, wait, message),
         };
+        const timeout = this.requestTimeout;
+        if (timeout > 0) {
+          call.deadline = setTimeout(() => {
+            if (this._pending.get(id) !== call) return;
+            const err = new Error('gotalk: no result for ' + op + ' within ' + timeout + ' ms');
+            err.timeout = true;
+            call._fail(err); // a late result for this id is ignored
+          }, timeout);
+        }
         this._pending.set(id, call);
         this._sendMessage(header, payload);
       });
@@ -842,6 +919,8 @@
 
     _onFrame(ws, data) {
       if (ws !== this.ws) return;
+      this._lastReceived = Date.now();
+      this._silence = 0;
       this._rx.push(typeof data === 'string' ? encoder.encode(data) : new Uint8Array(data));
       try {
         this._read(ws);
@@ -861,6 +940,8 @@
                               JSON.stringify(version));
         }
         this._versionOk = true;
+        clearTimeout(this._connectTimer);
+        this._connectTimer = null;
       }
       while (queue.length > 0 || this._header) {
         if (!this._header) {
@@ -913,9 +994,13 @@
         case 'n':
           this._notification(msg.name, payload);
           break;
-        case 'h':
+        case 'h': {
+          const now = Date.now();
+          this._beatGap = Math.max(this._beatGap, now - this._lastBeat);
+          this._lastBeat = now;
           this.emit('heartbeat', { time: new Date(msg.time * 1000), load: msg.load });
           break;
+        }
         case 'f': {
           const err = protocolError(msg.code, 'the server sent f' + pad(msg.code.toString(16), 8));
           this._error = err;
