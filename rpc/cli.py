@@ -6,7 +6,9 @@
     peerwire top 127.0.0.1:9100
 
 Payloads and results are JSON, one result per line, so the output pipes into ``jq``.
-Exit codes tell failures apart for scripts; see ``EPILOG``.
+Exit codes tell failures apart for scripts; see ``EPILOG``. This module is the entry
+point (arguments, dispatch, exit codes, ``top`` and the client commands); ``serve`` is in
+rpc.cli_serve.
 """
 
 from __future__ import annotations
@@ -14,37 +16,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib
 import importlib.util
 import json
 import logging
 import os
-import signal
 import ssl
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import msgspec
 
 import rpc
-from rpc import loops, metrics_dir
+from rpc import loops
 from rpc import top as live_view
+from rpc.cli_serve import (
+    EXIT_CONNECTION,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REMOTE_ERROR,
+    EXIT_RETRY,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    CliError,
+    serve,
+    url_arg,
+)
 from rpc.eventer import cli as eventer_cli
-from rpc.workers import freeze_startup_objects, serve_workers
-from transports.stream import client_ssl_context, server_ssl_context
+from transports.stream import client_ssl_context
 from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.cli")
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_CONNECTION = 3
-EXIT_TIMEOUT = 4
-EXIT_REMOTE_ERROR = 5
-EXIT_RETRY = 6
 
 STREAM_QUEUE = 65_536
 """``max_stream_queue`` of ``peerwire stream``: results that may wait unread before the
@@ -65,14 +66,6 @@ exit codes:
 """
 
 
-class CliError(Exception):
-    """A failure to report in one line on stderr, with its exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 # --- arguments -----------------------------------------------------------------------------
 
 
@@ -81,13 +74,6 @@ def _json_arg(text: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{what} is not JSON ({exc}): {text!r}", EXIT_USAGE) from None
-
-
-def _parse_url(url: str) -> rpc.PeerUrl:
-    try:
-        return rpc.parse_url(url)
-    except rpc.UrlError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 def _positive_int(text: str) -> int:
@@ -206,158 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --- serve ---------------------------------------------------------------------------------
-
-
-def load_module(spec: str) -> ModuleType:
-    """A file path (anything ending in .py or naming an existing file) or a dotted name."""
-    try:
-        if spec.endswith(".py") or Path(spec).is_file():
-            return _load_file(Path(spec))
-        return importlib.import_module(spec)
-    except Exception as exc:
-        log.debug("importing %s failed", spec, exc_info=True)
-        raise CliError(f"cannot import {spec}: {type(exc).__name__}: {exc}", EXIT_USAGE) from None
-
-
-def _load_file(path: Path) -> ModuleType:
-    name = path.stem if path.stem not in sys.modules else f"_peerwire_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"not a Python module: {path}")
-    module = importlib.util.module_from_spec(spec)
-    # as `python file.py` would: sibling imports work, and dataclasses find their module
-    sys.path.insert(0, str(path.resolve().parent))
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def find_registry(module: ModuleType) -> rpc.Registry:
-    registry = getattr(module, "registry", None)
-    if registry is None:
-        return rpc.default_registry
-    if not isinstance(registry, rpc.Registry):
-        raise CliError(
-            f"{module.__name__}.registry is a {type(registry).__name__}, not an rpc.Registry",
-            EXIT_USAGE,
-        )
-    return registry
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise CliError(f"expected HOST:PORT, got {text!r}", EXIT_USAGE)
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _start_metrics(address: str) -> tuple[Any, Any]:
-    """(Metrics, HTTP server) for ``--metrics HOST:PORT``."""
-    host, port = _host_port(address)
-    try:
-        from prometheus_client import CollectorRegistry
-
-        from rpc import metrics
-    except ImportError:
-        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE) from None
-    registry = CollectorRegistry()
-    collected = metrics.Metrics(registry)
-    try:
-        http, _ = metrics.start_http_server(host, port, registry=registry)
-    except OSError as exc:
-        raise CliError(f"cannot serve metrics on {address}: {exc}", EXIT_CONNECTION) from None
-    print(f"metrics on http://{host}:{http.server_port}/metrics", flush=True)
-    return collected, http
-
-
-def serve(args: argparse.Namespace) -> int:
-    """Serve in this process, or with ``--workers N`` in N forked worker processes."""
-    if not (args.metrics and args.workers > 1):
-        return _serve(args)
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
-    # the multiprocess directory must be set before the served module might import
-    # prometheus_client; it is removed when serving ends
-    with metrics_dir.owned():
-        return _serve(args)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    urls = [_parse_url(url) for url in args.listen]
-    registry = find_registry(load_module(args.module))
-    if not registry.names():
-        log.warning("%s registers no request handlers", args.module)
-    server_ctx: ssl.SSLContext | None = None
-    if any(url.tls for url in urls):
-        if not args.cert:
-            raise CliError("TLS URLs (ssl+, wss+) need --cert (and --key)", EXIT_USAGE)
-        try:
-            server_ctx = server_ssl_context(args.cert, args.key, client_cafile=args.client_ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise CliError(f"cannot load certificate: {exc}", EXIT_USAGE) from None
-    try:
-        loops.resolve(args.loop)
-    except loops.LoopUnavailable as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-    if args.workers == 1:
-        return loops.run(_serve_here(urls, registry, server_ctx, args.metrics), args.loop)
-    metrics = _host_port(args.metrics) if args.metrics else None
-    try:
-        serve_workers(
-            args.listen,
-            workers=args.workers,
-            registry=registry,
-            ssl=server_ctx,
-            loop=args.loop,
-            on_ready=_print_listening,
-            metrics=metrics,
-            on_metrics=lambda url: print(f"metrics on {url}", flush=True),
-        )
-    except OSError as exc:
-        where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
-        raise CliError(f"cannot listen on {where}: {exc}", EXIT_CONNECTION) from None
-    return EXIT_OK
-
-
-def _print_listening(urls: list[str]) -> None:
-    for url in urls:
-        print(f"listening on {url}", flush=True)
-
-
-async def _serve_here(
-    urls: list[rpc.PeerUrl],
-    registry: rpc.Registry,
-    server_ctx: ssl.SSLContext | None,
-    metrics_address: str | None,
-) -> int:
-    servers: list[rpc.Server] = []
-    metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
-    try:
-        for url in urls:
-            # the core refuses a TLS context for a plain URL: only TLS URLs get one
-            server = rpc.serve(
-                str(url), registry=registry, ssl=server_ctx if url.tls else None, metrics=metrics
-            )
-            try:
-                await server.start()
-            except OSError as exc:
-                raise CliError(f"cannot listen on {url}: {exc}", EXIT_CONNECTION) from None
-            servers.append(server)
-            print(f"listening on {server.url}", flush=True)
-        freeze_startup_objects()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("stopping: closing %d server(s)", len(servers))
-    finally:
-        await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
-        if http is not None:
-            http.shutdown()
-            http.server_close()  # the listening socket too, not at the process's exit
-    return EXIT_OK
+# --- top -----------------------------------------------------------------------------------
 
 
 def top(args: argparse.Namespace) -> int:
@@ -426,7 +261,7 @@ class _Lines:
 
 
 async def client(args: argparse.Namespace) -> int:
-    url = _parse_url(args.url)
+    url = url_arg(args.url)
     if args.command == "stream" and args.part is not None:
         if args.payload is not None:
             raise CliError("give PAYLOAD or --part values, not both", EXIT_USAGE)

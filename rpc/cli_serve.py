@@ -1,0 +1,207 @@
+"""``peerwire serve``: import a module, serve its registry on every ``--listen`` URL in this
+process or in ``--workers`` processes, with ``--metrics``, until SIGINT/SIGTERM.
+
+rpc.cli (the entry point: arguments, dispatch, exit codes, the client commands) imports
+this module. ``CliError`` and the exit codes live here, not there, because both modules
+raise them and this one must not import rpc.cli: under ``python -m rpc.cli`` that is
+``__main__``, and importing it again would make a second ``CliError`` its handler misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import logging
+import signal
+import ssl
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import rpc
+from rpc import loops, metrics_dir
+from rpc.workers import freeze_startup_objects, serve_workers
+from transports.stream import server_ssl_context
+
+log = logging.getLogger("peerwire.cli")  # the entry point's: -v output reads as before
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONNECTION = 3
+EXIT_TIMEOUT = 4
+EXIT_REMOTE_ERROR = 5
+EXIT_RETRY = 6
+
+
+class CliError(Exception):
+    """A failure to report in one line on stderr, with its exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def url_arg(url: str) -> rpc.PeerUrl:
+    """A URL argument (``--listen``, a client's URL), or a usage error."""
+    try:
+        return rpc.parse_url(url)
+    except rpc.UrlError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+# --- serve ---------------------------------------------------------------------------------
+
+
+def load_module(spec: str) -> ModuleType:
+    """A file path (anything ending in .py or naming an existing file) or a dotted name."""
+    try:
+        if spec.endswith(".py") or Path(spec).is_file():
+            return _load_file(Path(spec))
+        return importlib.import_module(spec)
+    except Exception as exc:
+        log.debug("importing %s failed", spec, exc_info=True)
+        raise CliError(f"cannot import {spec}: {type(exc).__name__}: {exc}", EXIT_USAGE) from None
+
+
+def _load_file(path: Path) -> ModuleType:
+    name = path.stem if path.stem not in sys.modules else f"_peerwire_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"not a Python module: {path}")
+    module = importlib.util.module_from_spec(spec)
+    # as `python file.py` would: sibling imports work, and dataclasses find their module
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def find_registry(module: ModuleType) -> rpc.Registry:
+    registry = getattr(module, "registry", None)
+    if registry is None:
+        return rpc.default_registry
+    if not isinstance(registry, rpc.Registry):
+        raise CliError(
+            f"{module.__name__}.registry is a {type(registry).__name__}, not an rpc.Registry",
+            EXIT_USAGE,
+        )
+    return registry
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CliError(f"expected HOST:PORT, got {text!r}", EXIT_USAGE)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _start_metrics(address: str) -> tuple[Any, Any]:
+    """(Metrics, HTTP server) for ``--metrics HOST:PORT``."""
+    host, port = _host_port(address)
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from rpc import metrics
+    except ImportError:
+        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE) from None
+    registry = CollectorRegistry()
+    collected = metrics.Metrics(registry)
+    try:
+        http, _ = metrics.start_http_server(host, port, registry=registry)
+    except OSError as exc:
+        raise CliError(f"cannot serve metrics on {address}: {exc}", EXIT_CONNECTION) from None
+    print(f"metrics on http://{host}:{http.server_port}/metrics", flush=True)
+    return collected, http
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Serve in this process, or with ``--workers N`` in N forked worker processes."""
+    if not (args.metrics and args.workers > 1):
+        return _serve(args)
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
+    # the multiprocess directory must be set before the served module might import
+    # prometheus_client; it is removed when serving ends
+    with metrics_dir.owned():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    urls = [url_arg(url) for url in args.listen]
+    registry = find_registry(load_module(args.module))
+    if not registry.names():
+        log.warning("%s registers no request handlers", args.module)
+    server_ctx: ssl.SSLContext | None = None
+    if any(url.tls for url in urls):
+        if not args.cert:
+            raise CliError("TLS URLs (ssl+, wss+) need --cert (and --key)", EXIT_USAGE)
+        try:
+            server_ctx = server_ssl_context(args.cert, args.key, client_cafile=args.client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise CliError(f"cannot load certificate: {exc}", EXIT_USAGE) from None
+    try:
+        loops.resolve(args.loop)
+    except loops.LoopUnavailable as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    if args.workers == 1:
+        return loops.run(_serve_here(urls, registry, server_ctx, args.metrics), args.loop)
+    metrics = _host_port(args.metrics) if args.metrics else None
+    try:
+        serve_workers(
+            args.listen,
+            workers=args.workers,
+            registry=registry,
+            ssl=server_ctx,
+            loop=args.loop,
+            on_ready=_print_listening,
+            metrics=metrics,
+            on_metrics=lambda url: print(f"metrics on {url}", flush=True),
+        )
+    except OSError as exc:
+        where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
+        raise CliError(f"cannot listen on {where}: {exc}", EXIT_CONNECTION) from None
+    return EXIT_OK
+
+
+def _print_listening(urls: list[str]) -> None:
+    for url in urls:
+        print(f"listening on {url}", flush=True)
+
+
+async def _serve_here(
+    urls: list[rpc.PeerUrl],
+    registry: rpc.Registry,
+    server_ctx: ssl.SSLContext | None,
+    metrics_address: str | None,
+) -> int:
+    servers: list[rpc.Server] = []
+    metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
+    try:
+        for url in urls:
+            # the core refuses a TLS context for a plain URL: only TLS URLs get one
+            server = rpc.serve(
+                str(url), registry=registry, ssl=server_ctx if url.tls else None, metrics=metrics
+            )
+            try:
+                await server.start()
+            except OSError as exc:
+                raise CliError(f"cannot listen on {url}: {exc}", EXIT_CONNECTION) from None
+            servers.append(server)
+            print(f"listening on {server.url}", flush=True)
+        freeze_startup_objects()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping: closing %d server(s)", len(servers))
+    finally:
+        await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
+        if http is not None:
+            http.shutdown()
+            http.server_close()  # the listening socket too, not at the process's exit
+    return EXIT_OK
