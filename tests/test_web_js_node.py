@@ -371,7 +371,8 @@ async def test_unsupported_version_is_refused(tmp_path: Path) -> None:
 
 async def test_keepalive_backoff_and_pending_requests(tmp_path: Path) -> None:
     """Dropped: pending requests rejected; reconnects 0.5, 1, 2 s apart while refused; after a
-    successful connection the back-off starts again at 0.5 s."""
+    connection that answered a request the back-off starts again at 0.5 s. The delays are
+    random up to those bounds; Math.random() is pinned to 1 here to see the bounds."""
     attempts: list[float] = []
     closes: list[float] = []
 
@@ -402,6 +403,7 @@ async def test_keepalive_backoff_and_pending_requests(tmp_path: Path) -> None:
         result = await run_node(
             tmp_path,
             """
+            Math.random = () => 1;
             const s = gotalk.connection(ADDR);
             const events = [];
             s.on('open', () => events.push('open')).on('close', (e) => events.push(e));

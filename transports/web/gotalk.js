@@ -31,7 +31,12 @@
   // heartbeat intervals is taken for dead: the connection closes with a timeout error.
   const SILENT_BEATS = 3;
   const CONNECT_TIMEOUT = 10000; // ms for the WebSocket handshake and the server's "01"
-  const BACKOFF_FIRST = 500; // ms before the first reconnect attempt, doubled per failure
+  // Reconnect delays: a random time up to the bound (full jitter), the bound doubled per
+  // failure from BACKOFF_FIRST to BACKOFF_MAX; after a protocol error, BACKOFF_MAX/2 to
+  // BACKOFF_MAX. The bound drops back to BACKOFF_FIRST only after a connection that served
+  // us (a message other than a heartbeat, or one heartbeat interval up): a server that
+  // accepts and closes at once is not hit every 0.5 s.
+  const BACKOFF_FIRST = 500;
   const BACKOFF_MAX = 5000;
   const MAX_RETRIES = 5; // retry results honoured per request before giving up
   // Sent as a query parameter at connect so a peerwire server knows we understand retry
@@ -490,7 +495,7 @@
 
   /**
    * One connection to a gotalk responder. `open()` connects once; `openKeepAlive()` stays
-   * connected, reconnecting after 500 ms, then 1, 2, 4 and at most 5 s between attempts.
+   * connected, reconnecting after random delays of up to 500 ms, then 1, 2, 4 and 5 s.
    * Events: `open` (the socket), `close` (an Error, or null after a normal close),
    * `heartbeat` ({time, load}) and `retry` ({op, wait, message, attempt}).
    */
@@ -530,7 +535,9 @@
       this._opened = false;
       this._error = null;
       this._refusedStreams.clear();
-      // liveness, per connection
+      // liveness and back-off, per connection
+      this._openedAt = 0;
+      this._served = false; // the server sent a message other than a heartbeat
       this._lastReceived = 0; // Date.now() of the last frame
       this._lastTick = 0;
       this._silence = 0; // ms without frames, counted by heartbeat ticks
@@ -627,14 +634,13 @@
       const cb = this._onconnect;
       this._onconnect = null;
       if (cb) cb(err, this);
-      if (this._keepAlive && !this._userClosed) this._scheduleReconnect();
+      if (this._keepAlive && !this._userClosed) this._scheduleReconnect(err);
     }
 
     _onOpen(ws) {
       if (ws !== this.ws) return;
       this._opened = true;
-      this._backoff = BACKOFF_FIRST;
-      this._lastTick = this._lastBeat = Date.now();
+      this._openedAt = this._lastTick = this._lastBeat = Date.now();
       ws.send(ascii('01'));
       const queued = this._queued;
       this._queued = [];
@@ -684,6 +690,10 @@
     _lost(ws, err) {
       if (ws !== this.ws) return;
       const wasOpen = this._opened;
+      if (wasOpen && (this._served || Date.now() - this._openedAt >=
+                      (this.heartbeatInterval > 0 ? this.heartbeatInterval : HEARTBEAT_INTERVAL))) {
+        this._backoff = BACKOFF_FIRST; // it served us: a reconnect is not a storm
+      }
       this.ws = null;
       this._opened = false;
       clearInterval(this._heartbeatTimer);
@@ -702,13 +712,22 @@
         this._onconnect = null;
         if (cb) cb(err || new Error('connection failed'), this);
       }
-      if (this._keepAlive && !this._userClosed) this._scheduleReconnect();
+      if (this._keepAlive && !this._userClosed) this._scheduleReconnect(err);
     }
 
-    _scheduleReconnect() {
+    /** Reconnect after a random delay (see BACKOFF_FIRST): many tabs do not come in step. */
+    _scheduleReconnect(err) {
       if (this._reconnectTimer !== null) return;
-      const delay = this._backoff;
-      this._backoff = Math.min(this._backoff * 2, BACKOFF_MAX);
+      let delay;
+      if (err && err.isGotalkProtocolError && err.code !== ERR_TIMEOUT) {
+        // the server does not want us (a version it does not speak, input it rejects):
+        // trying again soon would only repeat that, as gotalk.js waits its longest delay
+        this._backoff = BACKOFF_MAX;
+        delay = BACKOFF_MAX * (0.5 + Math.random() / 2);
+      } else {
+        delay = this._backoff * Math.random();
+        this._backoff = Math.min(this._backoff * 2, BACKOFF_MAX);
+      }
       this._reconnectTimer = setTimeout(() => {
         this._reconnectTimer = null;
         if (this._keepAlive && !this._userClosed) this._connect();
@@ -957,6 +976,7 @@
     }
 
     _dispatch(ws, msg, payload) {
+      if (msg.type !== 'h' && msg.type !== 'f') this._served = true;
       switch (msg.type) {
         case 'R':
         case 'S': {

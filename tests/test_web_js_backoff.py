@@ -1,0 +1,79 @@
+"""Keep-alive back-off of our browser library (transports/web/gotalk.js) in Node against
+servers that accept the WebSocket and then drop it at once.
+
+A connection that brought no message and did not stay up one heartbeat interval does not
+reset the back-off, delays are random up to the bound (full jitter), and after a Gotalk
+protocol error from the server the client waits 2.5 to 5 s, as gotalk.js waits its longest
+delay. Before, every such server got a reconnect every 0.5 s for good.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+
+from tests.test_web_js_node import Scripted, run_node
+
+CLOSES = """
+const s = gotalk.connection(ADDR);
+const errors = [];
+await new Promise((resolve) => s.on('close', (e) => {
+  errors.push(e && e.message);
+  if (errors.length === %d) resolve();
+}));
+s.close();
+return errors;
+"""
+
+
+def attempt_times(attempts: list[float]) -> Any:
+    def record(connection: ServerConnection, request: Any) -> None:
+        attempts.append(time.monotonic())
+
+    return record
+
+
+async def test_a_protocol_error_waits_the_longest_delay(tmp_path: Path) -> None:
+    """`01` then `f00000001` (a version the server does not speak): the next attempts come
+    2.5 to 5 s apart, so at most 3 attempts in 6 s (there were 12)."""
+    attempts: list[float] = []
+
+    async def script(ws: ServerConnection, recv: Any, _: int) -> None:
+        await ws.send(b"01")
+        await ws.send(b"f00000001")
+        await ws.wait_closed()
+
+    scripted = Scripted(script, process_request=attempt_times(attempts))
+    async with scripted as address:
+        errors = await run_node(tmp_path, CLOSES % 3, address)
+    scripted.check()
+    assert errors == ["gotalk protocol error: the server sent f00000001"] * 3
+    gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)]
+    assert len(gaps) == 2
+    for gap in gaps:
+        assert 2.5 <= gap <= 5.5, gaps
+
+
+async def test_drops_at_once_grow_the_delay_with_jitter(tmp_path: Path) -> None:
+    """`01`, then a close (1011): each drop doubles the bound (no reset for a connection
+    that served nothing), and the delay is Math.random() times it: pinned to 0.5, the gaps
+    are 0.25, 0.5, 1 and 2 s (there were 0.5 s each)."""
+    attempts: list[float] = []
+
+    async def script(ws: ServerConnection, recv: Any, _: int) -> None:
+        await ws.send(b"01")
+        await ws.close(1011)
+
+    scripted = Scripted(script, process_request=attempt_times(attempts))
+    async with scripted as address:
+        errors = await run_node(tmp_path, "Math.random = () => 0.5;\n" + CLOSES % 5, address)
+    scripted.check()
+    assert errors == ["connection closed (code 1011)"] * 5
+    gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)]
+    assert len(gaps) == 4
+    for gap, expected in zip(gaps, [0.25, 0.5, 1.0, 2.0], strict=True):
+        assert expected - 0.05 <= gap <= expected + 0.4, (gaps, expected)
