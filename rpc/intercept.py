@@ -32,6 +32,7 @@ from rpc.errors import (
     RetryLater,
     UnknownOperation,
 )
+from rpc.logs import violations
 from rpc.middleware import Call, CallKind
 from rpc.registry import Handler, HandlerKind
 from rpc.responder import OWN_CANCEL, PLAIN_RESULTS
@@ -251,8 +252,8 @@ async def _notify(peer: Peer, call: Call, handler: Handler | None) -> None:
         await mw.run(peer.middleware, call, lambda c: _handle_notification(c, handler))
     except (Rejected, UnknownOperation, RetryLater) as exc:
         log.debug("notification %r from %s dropped: %s", call.op, peer.remote_address, exc)
-    except PayloadError as exc:
-        log.warning("notification %r from %s dropped: %s", call.op, peer.remote_address, exc)
+    except PayloadError as exc:  # the peer's fault, per message: rate-limited
+        violations.warning("notification %r from %s dropped: %s", call.op, peer.remote_address, exc)
     except Exception:
         log.exception("notification handler %r failed", call.op)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from rpc import intercept
 from rpc.errors import ConnectionClosed, PayloadError, RemoteError, RetryLater
 from rpc.key import K
+from rpc.logs import violations
 from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
@@ -111,8 +112,10 @@ class Responder(Generic[K]):
             return
         try:
             value = self.adapter.decode_params(handler, payload)
-        except PayloadError as exc:
-            log.warning("notification %r from %s dropped: %s", name, self.remote_address, exc)
+        except PayloadError as exc:  # the peer's fault, per message: rate-limited
+            violations.warning(
+                "notification %r from %s dropped: %s", name, self.remote_address, exc
+            )
             return
         run_notification(handler, value, self._tasks)  # current_peer: set by the peer
 
