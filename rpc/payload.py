@@ -3,7 +3,8 @@
 A handler's first parameter annotation says what it wants: ``bytes`` (raw payload), a
 dataclass, a ``msgspec.Struct`` or any type msgspec understands (decoded and validated), or
 nothing (any JSON value). Bad input raises :class:`PayloadError`, which the core turns into
-an error result that says what is wrong.
+an error result that says what is wrong. JSON nested deeper than the interpreter's recursion
+limit (about 1,000 levels: msgspec raises RecursionError) is such bad input too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ __all__ = ["PayloadError", "convert", "decode_any", "decoder_for", "encode_value
 
 _encoder = msgspec.json.Encoder()
 _any_decoder = msgspec.json.Decoder()
+TOO_DEEP = "JSON payload nested too deeply"
+"""The :class:`PayloadError` message for a value msgspec cannot decode or convert without
+passing the recursion limit: a peer's payload, never a reason to stop its connection."""
 
 
 def encode_value(value: Any) -> bytes:
@@ -42,6 +46,8 @@ def decode_any(data: bytes) -> Any:
         return _any_decoder.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise PayloadError(f"invalid JSON payload: {exc}") from None
+    except RecursionError:
+        raise PayloadError(TOO_DEEP) from None
 
 
 def decoder_for(annotation: Any) -> Callable[[bytes], Any]:
@@ -59,6 +65,8 @@ def decoder_for(annotation: Any) -> Callable[[bytes], Any]:
             raise PayloadError(f"invalid parameters: {exc}") from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise PayloadError(f"invalid JSON payload: {exc}") from None
+        except RecursionError:
+            raise PayloadError(TOO_DEEP) from None
 
     return decode
 
@@ -71,3 +79,5 @@ def convert(value: Any, annotation: Any) -> Any:
         return msgspec.convert(value, annotation)
     except msgspec.ValidationError as exc:
         raise PayloadError(f"invalid parameters: {exc}") from None
+    except RecursionError:
+        raise PayloadError(TOO_DEEP) from None

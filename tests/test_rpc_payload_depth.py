@@ -1,16 +1,118 @@
-"""Notifications with bad payloads cost at most a rate-limited warning each."""
+"""JSON nested past the recursion limit is bad input like any other (a PayloadError), and
+notifications with bad payloads cost at most a rate-limited warning each."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import inspect
 import logging
 from typing import Any
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rpc
 from rpc.logs import violations
 from rpc.middleware import Call, CallNext
-from tests.rpc_helpers import served, wait_until
+from rpc.payload import convert, decode_any, decoder_for
+from tests.rpc_helpers import FLAVOURS, served, wait_until
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+class Node(msgspec.Struct):
+    """A type as deep as its value: converting a deep value recurses as deep."""
+
+    a: Node | None = None
+
+
+ANNOTATIONS = [inspect.Parameter.empty, list, dict, Point, Node]
+
+
+def nested(depth: int, kind: str) -> bytes:
+    if kind == "list":
+        return b"[" * depth + b"]" * depth
+    return b'{"a":' * depth + b"null" + b"}" * depth
+
+
+@settings(max_examples=60)
+@given(
+    st.integers(min_value=500, max_value=5000),
+    st.sampled_from(["list", "dict"]),
+    st.sampled_from(ANNOTATIONS),
+)
+def test_deep_json_decodes_or_is_a_payload_error(depth: int, kind: str, annotation: Any) -> None:
+    """Every decoder a handler can get returns a value or raises PayloadError, whatever the
+    depth (msgspec raises RecursionError past about 1,000 levels)."""
+    decode = decoder_for(annotation)
+    with contextlib.suppress(rpc.PayloadError):
+        decode(nested(depth, kind))
+
+
+def test_too_deep_is_said_so() -> None:
+    deep = nested(5000, "list")
+    for decode in (decode_any, decoder_for(list)):
+        with pytest.raises(rpc.PayloadError, match="nested too deeply"):
+            decode(deep)
+    value: Any = None
+    for _ in range(5000):  # an already-decoded value (e.g. from SBS), converted to a type
+        value = {"a": value}
+    with pytest.raises(rpc.PayloadError, match="nested too deeply"):
+        convert(value, Node)
+
+
+DEEP = nested(3000, "list")
+
+
+def deep_registry(seen: list[Any]) -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle_notification("note")
+    def note(value: Any) -> None:
+        seen.append(value)
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    @reg.handle("deep")
+    def deep(_value: Any) -> bytes:
+        return DEEP  # bytes go out as they are: JSON our client cannot decode
+
+    return reg
+
+
+async def passing(call: Call, call_next: CallNext) -> Any:
+    return await call_next(call)
+
+
+@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+async def test_deep_json_from_a_peer_leaves_its_connection_serving(
+    flavour: str, middleware: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deep notification is dropped with one warning, a deep request gets an error
+    result, a deep result is a PayloadError for our caller, and the connection goes on."""
+    violations.reset()  # earlier tests' violations must not use up this window
+    seen: list[Any] = []
+    options = rpc.Options(middleware=(passing,)) if middleware else None
+    async with served(flavour, deep_registry(seen), options=options) as (_, peer):
+        peer.notify("note", DEEP)  # bytes go out as they are
+        with pytest.raises(rpc.RemoteError, match="nested too deeply"):
+            await peer.request("echo", DEEP)
+        with pytest.raises(rpc.PayloadError, match="nested too deeply"):
+            await peer.request("deep", None)
+        assert await peer.request("echo", [1]) == [1]
+        assert seen == []
+    dropped = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].name == "peerwire.rpc.violations"
+    assert "nested too deeply" in dropped[0].getMessage() and dropped[0].exc_info is None
 
 
 @pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
