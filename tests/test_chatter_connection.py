@@ -6,7 +6,8 @@ import pytest
 
 from wire import ConversationError, LocalProtocolError, MalformedMessage, MessageTooLarge
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg, encode_frame
-from wire.chatter.connection import JOINED_FRAME, MAX_PING_DATA
+from wire.chatter.connection import JOINED_FRAME, MAX_PING_DATA, PING_TYPES
+from wire.chatter.framing import MAX_HEADER
 
 CUR = Dialect.CURRENT
 
@@ -132,6 +133,46 @@ def test_ping_pong_hidden_from_application() -> None:
     assert deliver(b, a) == []
     assert (b.pings_received, a.pongs_received) == (1, 1)
     assert a.open_conversations == b.open_conversations == 0
+
+
+@pytest.mark.parametrize("dialect", list(Dialect))
+@pytest.mark.parametrize(("token", "last"), [(True, True), (False, True), (False, False)])
+def test_ping_that_cannot_be_answered_counts_without_a_pong(
+    dialect: Dialect, token: bool, last: bool
+) -> None:
+    """A Ping closing its conversation (``last``) or keeping the token cannot be answered
+    under the rules a strict connection holds: it counts (the peer is alive), no Pong goes
+    out, the rest of the read is delivered and the connection stays usable."""
+    module, ping, _ = PING_TYPES[dialect]
+    conn = ChatterConnection(dialect)
+    frames = encode_frame(Msg(1, 1, True, token, last, ping, b"", module), dialect)
+    if (dialect, token, last) == (CUR, True, True):  # the review's frame
+        assert frames.hex() == "011681810101018f486174436861747465722e50696e6780"
+    frames += encode_frame(Msg(2, 2, True, True, True, "After", b"x", module), dialect)
+    assert [m.type for m in conn.receive_data(frames)] == ["After"]
+    assert conn.pings_received == 1 and conn.data_to_send() == b""
+    conn.send("Ours", b"1")  # not dead, not stuck
+    assert conn.data_to_send()
+
+
+def test_ping_and_pong_data_are_kept_cut_to_max_ping_data() -> None:
+    """Only MAX_PING_DATA bytes of a Ping's or a Pong's data outlive the message: with a
+    frame of nearly max_size half received, the connection holds that frame and little
+    more."""
+    big = 1 << 16
+    conn = ChatterConnection(CUR, max_size=big)
+    ping = Msg(1, 1, True, True, False, "HatChatter.Ping", b"p" * (big - 64), None)
+    pong = Msg(2, 2, True, True, True, "HatChatter.Pong", b"q" * (big - 64), None)
+    assert conn.receive_data(encode_frame(ping, CUR) + encode_frame(pong, CUR)) == []
+    assert conn.last_ping_data == b"p" * MAX_PING_DATA
+    assert conn.last_pong_data == b"q" * MAX_PING_DATA
+    echo = ChatterConnection(CUR, strict=False)
+    assert echo.receive_data(conn.data_to_send()) == []
+    assert echo.last_pong_data == b"p" * MAX_PING_DATA  # the echo, as before
+    rest = encode_frame(Msg(3, 3, True, True, True, "X", b"x" * (big - 64), None), CUR)
+    assert conn.receive_data(rest[:-1]) == []
+    held = conn.buffered + len(conn.last_ping_data) + len(conn.last_pong_data)
+    assert held <= MAX_HEADER + big + 2 * MAX_PING_DATA
 
 
 def test_legacy_dialect_carries_module() -> None:
@@ -260,7 +301,8 @@ def test_the_data_of_every_ping_and_pong_of_a_read_is_kept_until_taken() -> None
     a.send("HatChatter.Ping", b"x" * 100, token=True, last=False)  # more than a Ping takes
     b.receive_data(a.data_to_send())  # one read: 13 Pings
     pings, pongs = b.take_ping_data()
-    assert b.pings_received == 13 and b.last_ping_data == b"x" * 100  # the last one alone
+    assert b.pings_received == 13  # the last one alone, cut to 64 bytes:
+    assert b.last_ping_data == b"x" * MAX_PING_DATA
     kept = [b"first", *(b"%d" % i for i in range(7))]
     assert pings == kept and pongs == []  # none empty; 8 at most
     a.send("HatChatter.Ping", b"y" * 100, token=True, last=False)

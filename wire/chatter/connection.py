@@ -25,7 +25,8 @@ JOINED_FRAME = 1024
 (:meth:`ChatterConnection.encode`); larger ones as pieces, so that their payload is copied
 only once, when written."""
 MAX_PING_DATA = 64
-"""Bytes of a Ping's data echoed in its Pong; the rest is not echoed."""
+"""Bytes of a Ping's data echoed in its Pong and kept (of a Pong's too); the rest is
+dropped with the message, so a connection holds at most a frame and twice this."""
 MAX_PING_RECORDS = 8
 """Data of Pings (and of Pongs) kept for :meth:`ChatterConnection.take_ping_data` between
 two calls; later ones are not kept (each is still answered)."""
@@ -38,6 +39,12 @@ class ChatterConnection:
       sending before it is known raises :class:`~wire.errors.LocalProtocolError`.
     - :meth:`receive_data` accepts any chunking and returns the application messages;
       Ping and Pong are handled here and never returned (a Pong is queued for each Ping).
+      With ``strict``, a Ping whose conversation we may not answer in (sent with ``last``,
+      or keeping the token) still counts as a Ping (``pings_received``: the peer is alive)
+      but gets no Pong: a Pong there would break the rules we hold the peer to. Neither
+      reference closes a connection for it (they check no flags and answer every Ping), so
+      neither do we. Of a Ping's or a Pong's data, the first :data:`MAX_PING_DATA` bytes
+      are kept (``last_ping_data``, ``last_pong_data``, :meth:`take_ping_data`).
     - :meth:`send` queues bytes; :meth:`data_to_send` hands them out in one piece, so a
       caller that sends several messages writes once.
     - Errors: any :class:`~wire.errors.ProtocolError` means the peer broke the protocol and
@@ -81,11 +88,12 @@ class ChatterConnection:
         self.pings_received = 0
         self.pongs_received = 0
         self.last_ping_data = b""
-        """Data of the last Ping received (Hat peers send none; peerwire peers announce
-        their extensions there in the current dialect)."""
+        """Data of the last Ping received, its first :data:`MAX_PING_DATA` bytes (Hat peers
+        send none; peerwire peers announce their extensions there in the current
+        dialect)."""
         self.last_pong_data = b""
-        """Data of the last Pong received (the echo of our Ping's data, from a peer that
-        echoes it)."""
+        """Data of the last Pong received, its first :data:`MAX_PING_DATA` bytes (the echo
+        of our Ping's data, from a peer that echoes it)."""
         self._ping_data: list[bytes] = []
         self._pong_data: list[bytes] = []
 
@@ -124,17 +132,20 @@ class ChatterConnection:
                 continue
             if msg.module == module and msg.type == ping:
                 self.pings_received += 1
-                self.last_ping_data = msg.data
-                if msg.data and len(self._ping_data) < MAX_PING_RECORDS:
-                    self._ping_data.append(msg.data[:MAX_PING_DATA])
+                data = self.last_ping_data = msg.data[:MAX_PING_DATA]  # not the whole Ping
+                if data and len(self._ping_data) < MAX_PING_RECORDS:
+                    self._ping_data.append(data)
+                conversation = Conversation.of_received(msg)
+                if strict and not tracker.holds_token(conversation):
+                    continue  # sent with last or without the token: see the class doc
                 # a Pong echoes the Ping's data: peers that put none (all Hat peers) get none
-                reply = msg.data[:MAX_PING_DATA] if dialect is Dialect.CURRENT else b""
-                self.send(pong, reply, conversation=Conversation.of_received(msg), module=module)
+                reply = data if dialect is Dialect.CURRENT else b""
+                self.send(pong, reply, conversation=conversation, module=module)
             elif msg.module == module and msg.type == pong:
                 self.pongs_received += 1
-                self.last_pong_data = msg.data
-                if msg.data and len(self._pong_data) < MAX_PING_RECORDS:
-                    self._pong_data.append(msg.data[:MAX_PING_DATA])
+                data = self.last_pong_data = msg.data[:MAX_PING_DATA]
+                if data and len(self._pong_data) < MAX_PING_RECORDS:
+                    self._pong_data.append(data)
             else:
                 messages.append(msg)
         return messages
