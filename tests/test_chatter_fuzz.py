@@ -143,17 +143,17 @@ PINGS_PONGS = {
 @st.composite
 def conversations(draw: st.DrawFn, dialect: Dialect) -> list[Msg]:
     """Messages a peer could send: ids that grow, conversations that exist (mostly), any
-    flags, and Pings and Pongs among them, with data up to most of a 512-byte frame."""
+    flags, and Pings and Pongs among them, with data up to most of a 1,024-byte frame."""
     msgs: list[Msg] = []
     msg_id = draw(st.integers(min_value=1, max_value=2**40))
     for _ in range(draw(st.integers(min_value=1, max_value=8))):
-        if msgs and draw(st.booleans()):  # in a conversation seen before
+        if draw(st.booleans()) and msgs:  # in a conversation seen before
             first, owner = draw(st.sampled_from([m.first for m in msgs])), draw(st.booleans())
         else:
             first, owner = msg_id, True
         names = st.sampled_from(PINGS_PONGS[dialect])
         module, name = draw(names | st.tuples(st.none(), texts))
-        size = draw(st.integers(min_value=0, max_value=440))
+        size = draw(st.sampled_from([0, MAX_PING_DATA, 960]) | st.integers(0, 960))
         token, last = draw(st.booleans()), draw(st.booleans())
         msgs.append(Msg(msg_id, first, owner, token, last, name, bytes(size), module))
         msg_id += draw(st.integers(min_value=1, max_value=3))
@@ -167,4 +167,4 @@ def test_pings_and_pongs_with_any_flags(data: st.DataObject, dialect: Dialect, c
     or keeping the token) counts without a Pong, never a LocalProtocolError. A Ping's and a
     Pong's data are kept up to MAX_PING_DATA bytes, never whole."""
     stream = b"".join(encode_frame(m, dialect) for m in data.draw(conversations(dialect)))
-    feed_checked(ChatterConnection(dialect, max_size=512, strict=True), stream, chunk)
+    feed_checked(ChatterConnection(dialect, max_size=1024, strict=True), stream, chunk)
