@@ -81,6 +81,22 @@ async def test_iterators_end_when_the_client_closes(tmp_path: Path) -> None:
         assert [[e.type for e in events] async for events in full] == [[("q", "0")], [("q", "1")]]
 
 
+async def test_closing_an_iterator_ends_its_waiting_reader(tmp_path: Path) -> None:
+    """aclose() ends a reader waiting in that iterator, as the client's close does (which
+    cannot reach an iterator closed before it)."""
+    async with running_server(tmp_path, database=":memory:") as server:
+        c = await eventer.connect(url_of(server), "it", subscriptions=[("q", "*")])
+        try:
+            events = c.events()
+            waiting = asyncio.ensure_future(anext(events))
+            await asyncio.sleep(0)  # the reader waits in the iterator's queue
+            await events.aclose()
+            with pytest.raises(StopAsyncIteration):
+                await asyncio.wait_for(waiting, 5)  # waited for good before
+        finally:
+            await c.close()
+
+
 @pytest.mark.parametrize("in_a_task", [False, True])
 async def test_a_callback_that_queries_is_answered_past_the_bound(
     tmp_path: Path, in_a_task: bool

@@ -17,7 +17,8 @@ from typing import Any
 from rpc.eventer.values import Event
 
 CLOSED = object()
-"""Put in the queue of an iterator that waits for events when the client closes."""
+"""Put in the queue of an iterator that waits for events when the client closes or the
+iterator is closed."""
 
 
 class EventsIterator(AsyncIterator[list[Event]]):
@@ -79,3 +80,4 @@ def _unfeed(iterators: set[asyncio.Queue[Any]], queue: asyncio.Queue[Any]) -> No
     iterators.discard(queue)
     while not queue.empty():  # wakes a delivery that waits for room in it
         queue.get_nowait()
+    queue.put_nowait(CLOSED)  # and ends a reader waiting in it (the client no longer can)
