@@ -33,7 +33,7 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Collection, Coroutine, Generator
 from typing import Any, Generic, TypeAlias
 
 from rpc.key import K
@@ -182,15 +182,19 @@ class HandlerRunner(Generic[K]):
                 self._done(job[4])
                 return
 
-    def drain(self, current: asyncio.Task[Any] | None = None) -> asyncio.Future[None] | None:
+    def drain(self, closing: Collection[asyncio.Task[Any]] = ()) -> asyncio.Future[None] | None:
         """A future that resolves once every job submitted so far has ended (None: there is
-        none), for a graceful close: jobs submitted later are not waited for, nor the job
-        that ``current`` (the task asking) runs, if it is one of ours: that job waits for
-        the close, not the close for it."""
+        none), for a graceful close: jobs submitted later are not waited for, nor those
+        the tasks in ``closing`` run, if they are ours (handlers waiting for the close: it
+        does not wait for them). Asked again before it resolved, the same future counts
+        again. (Should such a job end after all, the drain may end one job early.)"""
         left = self.jobs
-        if current is not None and self._workers is not None and current in self._workers:
-            left -= 1
+        workers = self._workers
+        if workers is not None:
+            left -= sum(1 for task in closing if task in workers)
         if left <= 0:
+            if self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)  # an earlier close waits for no more
             return None
         if self._drained is None or self._drained.done():
             self._drained = self._loop.create_future()

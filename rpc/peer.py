@@ -138,6 +138,9 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         """The middleware of calls served here, outermost first (fixed at connection time;
         our own calls go through ``options.middleware`` alone)."""
         self._intercepted = bool(self.middleware)
+        self._closers: set[asyncio.Task[Any]] = set()
+        """Tasks waiting in :meth:`close`: the graceful close does not wait for those of
+        them that are the connection's own (handlers or notifications that close it)."""
         self._task_slots = max(1, self.options.max_concurrent)
         """Notification (and ``on_open``) tasks at once: ``max_concurrent``, but at least
         one, since a notification cannot be refused (``max_concurrent=0`` refuses every
@@ -447,15 +450,21 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             self.connection_lost(None)  # never opened (a TLS handshake still running)
             return
         current = asyncio.current_task(self._loop)
-        pending: list[Any] = [
-            c.future for c in self._calls.values() if c.future is not None and c.queue is None
-        ]
-        pending += [task for task in self._tasks if task is not current]
-        drained = self._runner.drain(current)  # the requests being served now, not later
-        if drained is not None:
-            pending.append(drained)
-        if pending:
-            await asyncio.wait(pending, timeout=drain_timeout)
-        if self._transport is not None:
-            self._close_transport()
-        await asyncio.shield(self.closed)
+        closers = self._closers
+        if current is not None:
+            closers.add(current)
+        try:
+            pending: list[Any] = [
+                c.future for c in self._calls.values() if c.future is not None and c.queue is None
+            ]
+            pending += [task for task in self._tasks if task not in closers]
+            drained = self._runner.drain(closers)  # those served now, not later ones
+            if drained is not None:
+                pending.append(drained)
+            if pending:
+                await asyncio.wait(pending, timeout=drain_timeout)
+            if self._transport is not None:
+                self._close_transport()
+            await asyncio.shield(self.closed)
+        finally:
+            closers.discard(current)

@@ -143,7 +143,8 @@ async def test_a_handler_closing_its_own_connection_does_not_wait_for_itself(
 ) -> None:
     """``await rpc.current_peer.get().close()`` in a request handler or a notification
     handler closes at once: the graceful close waits for the connection's other work, not
-    for the handler awaiting it (before: the whole drain_timeout, 5 s)."""
+    for the handler awaiting it, nor for another handler closing it at the same time
+    (before: the whole drain_timeout, 5 s)."""
     reg = make_registry()
 
     @reg.handle("bye")
@@ -160,6 +161,12 @@ async def test_a_handler_closing_its_own_connection_does_not_wait_for_itself(
                 await peer.request("bye", None)
         scheme, query = FLAVOURS[flavour]
         url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        async with rpc.connect(url, registry=rpc.Registry(), reconnect=False) as other:
+            async with asyncio.timeout(2):  # two at once: neither waits for the other
+                results = await asyncio.gather(
+                    other.request("bye", 1), other.request("bye", 2), return_exceptions=True
+                )
+            assert all(isinstance(r, rpc.ConnectionClosed) for r in results), results
         async with rpc.connect(url, registry=rpc.Registry(), reconnect=False) as other:
             other.notify("quit")
             async with asyncio.timeout(2):
