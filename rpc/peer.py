@@ -168,7 +168,10 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
         )
         self.adapter.start()
         if self.options.handshake_timeout:
-            start = self.accepted_at if self.accepted_at is not None else self._loop.time()
+            # a WebSocket transport knows when the socket was accepted, before its upgrade
+            start = transport.get_extra_info("accepted_at", self.accepted_at)
+            if start is None:
+                start = self._loop.time()
             when = start + self.options.handshake_timeout
             self.deadlines.set("handshake", when, self._handshake_due, coarse=True)
         if self.on_open is not None:

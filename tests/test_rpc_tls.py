@@ -216,31 +216,3 @@ async def test_refused_tls_connections_are_closed_before_any_tls(pki: Pki) -> No
         await wait_until(lambda: not srv.peers, timeout=5)
         async with rpc.connect(str(srv.url), ssl=client_ssl_context(cafile=pki.ca)) as peer:
             assert await peer.request("whoami") == "anonymous"
-
-
-@pytest.mark.both_loops
-async def test_the_tls_handshake_counts_toward_handshake_timeout(pki: Pki) -> None:
-    """A client that takes most of ``handshake_timeout`` over its TLS handshake and then
-    says nothing is closed at the limit counted from the accept, not a whole limit later."""
-    server_ctx = server_ssl_context(pki.server_cert, pki.server_key)
-    limit = 1.0
-    async with rpc.serve(
-        "ssl+gotalk://127.0.0.1:0",
-        registry=registry(),
-        ssl=server_ctx,
-        options=rpc.Options(handshake_timeout=limit),
-    ) as srv:
-        loop = asyncio.get_running_loop()
-        raw = socket.create_connection(("127.0.0.1", srv.url.port))
-        accepted = loop.time()
-        await wait_until(lambda: len(srv.peers) == 1)
-        await asyncio.sleep(0.7)  # the slow handshake itself: most of the limit, on purpose
-        reader, writer = await asyncio.open_connection(
-            sock=raw, ssl=client_ssl_context(cafile=pki.ca), server_hostname="localhost"
-        )
-        async with asyncio.timeout(3):
-            while await reader.read(100):  # the server's version; it closes at the limit
-                pass
-        closed_after = loop.time() - accepted
-        writer.close()
-        assert closed_after < limit + 0.35, closed_after  # was 1.7 s: the limit again

@@ -86,7 +86,8 @@ class WebSocketTransport(asyncio.Transport):
 
     Writes after the closing handshake started are dropped (as asyncio drops writes to a
     closed transport). ``get_extra_info("message_framed")`` is True; ``"request"`` and
-    ``"response"`` give the opening handshake; other names go to the socket's transport.
+    ``"response"`` give the opening handshake, ``"accepted_at"`` the loop time the
+    connection was made; other names go to the socket's transport.
     """
 
     __slots__ = ("_conn", "_raw", "_ws")
@@ -128,6 +129,8 @@ class WebSocketTransport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "message_framed":
             return True
+        if name == "accepted_at":  # loop time, before any TLS or WebSocket handshake
+            return self._conn.made_at
         if name in ("request", "response"):
             return self._conn.handshake_events.get(name, default)
         if name == "peerwire_retry":  # the peer said it takes Gotalk "e" results
@@ -177,6 +180,8 @@ class Connection(SharedBufferProtocol):
         self.opening = opening
         self.settings = settings
         self.loop = asyncio.get_running_loop()
+        self.made_at = self.loop.time()
+        """When the connection was accepted (made): ``get_extra_info("accepted_at")``."""
         self.raw: asyncio.Transport | None = None
         self.sink: ByteSink | None = None
         self.transport: WebSocketTransport | None = None
