@@ -350,7 +350,7 @@ async def _open_stream(call: Call, wait: ResultWait, raw: bool) -> AsyncIterator
     adapter = peer.adapter
     wait.check()
     if peer.outbox.blocked:
-        await wait.bounded(peer.outbox.wait_writable())
+        await wait.bounded(peer.outbox.wait_writable(), each=True)
     peer._check_open()
     queue = StreamQueue(peer.loop)
     metadata = _metadata(call, call.deadline is not None)

@@ -32,6 +32,7 @@ from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
 from rpc.streaming import END, StreamQueue
+from rpc.tasks import being_cancelled
 
 if TYPE_CHECKING:
     from rpc.call_bounds import CallBounds
@@ -353,8 +354,7 @@ class Responder(Generic[K]):
         awaited something another task cancelled): every cancel of ours (the caller's, a
         deadline's, the connection's end) cancels the task running the job, which is then
         cancelling; the handler's own does not, and is answered as any other error."""
-        task = asyncio.current_task(self._loop)
-        return task is not None and not task.cancelling()
+        return not being_cancelled(self._loop)
 
     def _fail_stream(self, key: K, message: str) -> None:
         """End our streamed result ``key`` with an error."""

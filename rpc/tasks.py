@@ -16,6 +16,14 @@ from typing import Any
 log = logging.getLogger("peerwire.rpc")
 
 
+def being_cancelled(loop: asyncio.AbstractEventLoop | None = None) -> bool:
+    """Whether the running task itself was cancelled (True outside a task), not merely
+    handed a CancelledError by something it awaited (a future another task cancelled):
+    only the first ends a handler's worker; the second is the handler's own error."""
+    task = asyncio.current_task(loop)
+    return task is None or task.cancelling() > 0
+
+
 class TaskSet:
     """Owns tasks until they finish. ``on_done`` runs after each one (e.g. to admit more)."""
 

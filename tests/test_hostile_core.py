@@ -407,12 +407,24 @@ async def server_that_never_reads() -> AsyncIterator[int]:
         await server.wait_closed()
 
 
+async def _pass_through(call: rpc.Call, call_next: rpc.CallNext) -> Any:
+    return await call_next(call)
+
+
+@pytest.mark.parametrize("middleware", [False, True])
 @pytest.mark.parametrize("kind", ["request", "stream"])
-async def test_calls_to_a_peer_that_never_reads_end_at_their_timeouts(kind: str) -> None:
+async def test_calls_to_a_peer_that_never_reads_end_at_their_timeouts(
+    kind: str, middleware: bool
+) -> None:
     """Once our output backs up (a peer that never reads), a new request still ends at its
-    timeout with RequestTimeout, and a stream at its item_timeout; before, both waited for
-    the transport to drain until the connection died (30 s here, or for good)."""
-    options = rpc.Options(high_water=64 * 1024, low_water=16 * 1024)
+    timeout with RequestTimeout, and a stream at its item_timeout, through middleware too;
+    before, both waited for the transport to drain until the connection died (30 s here,
+    or for good)."""
+    options = rpc.Options(
+        high_water=64 * 1024,
+        low_water=16 * 1024,
+        middleware=(_pass_through,) if middleware else (),
+    )
     async with server_that_never_reads() as port:
         peer = await rpc.connect(
             f"tcp+gotalk://127.0.0.1:{port}",

@@ -53,10 +53,10 @@ from rpc.spark.worker import (
     Pipeline,
     Results,
     Tally,
-    being_cancelled,
     describe,
     runtime,
 )
+from rpc.tasks import being_cancelled
 
 # types Arrow converts itself: kept as they are when a typed result is made builtin
 _ARROW_NATIVE = (

@@ -42,6 +42,7 @@ from rpc.payload import PayloadError
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
 from rpc.spark.reconnect import Link, LoopErrors
+from rpc.tasks import being_cancelled
 from transports.stream import client_ssl_context
 
 log = logging.getLogger("peerwire.spark")
@@ -323,13 +324,6 @@ def make_caller(
 
 
 # --- the pipeline ------------------------------------------------------------------------
-
-
-def being_cancelled() -> bool:
-    """Whether the running task itself was cancelled (not merely handed a CancelledError by
-    something it awaited): only then does a CancelledError end the task."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
 
 
 class _Batch:
