@@ -34,6 +34,7 @@ from rpc.errors import (
 )
 from rpc.logs import violations
 from rpc.middleware import Call, CallKind
+from rpc.notifications import failures
 from rpc.registry import Handler, HandlerKind
 from rpc.responder import OWN_CANCEL, PLAIN_RESULTS
 from rpc.streaming import END, ResultWait, StreamQueue
@@ -255,7 +256,7 @@ async def _notify(peer: Peer, call: Call, handler: Handler | None) -> None:
     except PayloadError as exc:  # the peer's fault, per message: rate-limited
         violations.warning("notification %r from %s dropped: %s", call.op, peer.remote_address, exc)
     except Exception:
-        log.exception("notification handler %r failed", call.op)
+        failures.exception("notification handler %r failed", call.op)
 
 
 async def _handle_notification(call: Call, handler: Handler | None) -> None:

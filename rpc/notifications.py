@@ -2,7 +2,8 @@
 connection (:meth:`rpc.peer.Peer.on_notification`) and a group node
 (:class:`rpc.group.dispatch.Dispatcher`).
 
-Nothing is answered, so nothing is raised: a handler's failure is logged. A coroutine
+Nothing is answered, so nothing is raised: a handler's failure is logged with its
+traceback, at most 20 per 10 s (a peer can send what makes a handler fail). A coroutine
 handler runs as a task of the caller's :class:`~rpc.tasks.TaskSet`; with ``max_tasks``, a
 notification that arrives while that many run is not dispatched (one warning).
 """
@@ -16,10 +17,13 @@ from typing import Any
 
 from rpc.registry import Handler
 from rpc.tasks import TaskSet
+from transports.logs import RateLimitedLog
 
 __all__ = ["run_notification"]
 
 log = logging.getLogger("peerwire.rpc")
+failures = RateLimitedLog(log)
+"""Where notification handlers' failures are logged."""
 
 
 def run_notification(
@@ -30,7 +34,7 @@ def run_notification(
     try:
         result = handler.fn(value)
     except Exception:
-        log.exception("notification handler %r failed", handler.name)
+        failures.exception("notification handler %r failed", handler.name)
         return False
     if not inspect.isawaitable(result):
         return True
@@ -47,4 +51,4 @@ async def _run(name: str, awaitable: Awaitable[Any]) -> None:
     try:
         await awaitable
     except Exception:
-        log.exception("notification handler %r failed", name)
+        failures.exception("notification handler %r failed", name)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import rpc
 from rpc.logs import violations
 from rpc.middleware import Call, CallNext
+from rpc.notifications import failures
 from rpc.payload import convert, decode_any, decoder_for
 from tests.rpc_helpers import FLAVOURS, served, wait_until
 
@@ -153,3 +154,42 @@ async def test_notifications_with_bad_payloads_are_rate_limited_warnings(
     dropped = [r for r in caplog.records if "dropped" in r.getMessage()]
     assert 1 <= len(dropped) <= 21
     assert all(r.name == "peerwire.rpc.violations" for r in dropped)
+
+
+@pytest.mark.parametrize("coroutine", [False, True])
+async def test_a_failing_notification_handler_logs_rate_limited_tracebacks(
+    coroutine: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer that sends what a notification handler raises on gets at most 20 tracebacks
+    logged per 10 s (rpc.notifications.failures), not one per notification."""
+    failures.reset()
+    failed = 0
+    reg = rpc.Registry()
+
+    def fail(value: int) -> None:
+        nonlocal failed
+        failed += 1
+        raise ValueError(f"no {value}")
+
+    if coroutine:
+
+        @reg.handle_notification("note")
+        async def async_note(value: int) -> None:
+            fail(value)
+
+    else:
+        reg.handle_notification("note")(fail)
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    with caplog.at_level(logging.ERROR):
+        async with served("gotalk", reg) as (_, peer):
+            for i in range(1000):
+                peer.notify("note", i)
+            assert await peer.request("echo", 1) == 1
+            await wait_until(lambda: failed == 1000, timeout=10)
+    logged = [r for r in caplog.records if "notification handler" in r.getMessage()]
+    assert 1 <= len(logged) <= 21, len(logged)  # was 1,000
+    assert logged[0].exc_info is not None  # with its traceback

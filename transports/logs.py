@@ -32,13 +32,21 @@ class RateLimitedLog:
         self._started, self._count, self._suppressed = 0.0, 0, 0
 
     def warning(self, message: str, *args: Any) -> None:
-        if not self._logger.isEnabledFor(logging.WARNING):
+        self._log(logging.WARNING, message, args, False)
+
+    def exception(self, message: str, *args: Any) -> None:
+        """An ERROR record with the exception being handled (its traceback)."""
+        self._log(logging.ERROR, message, args, True)
+
+    def _log(self, level: int, message: str, args: tuple[Any, ...], exc_info: bool) -> None:
+        logger = self._logger
+        if not logger.isEnabledFor(level):
             return
         now = time.monotonic()
         if now - self._started >= self._window:
             if self._suppressed:
-                self._logger.warning(
-                    "%d similar warnings suppressed in the last %.0f s",
+                logger.warning(
+                    "%d similar records suppressed in the last %.0f s",
                     self._suppressed,
                     self._window,
                 )
@@ -47,4 +55,4 @@ class RateLimitedLog:
             self._suppressed += 1
             return
         self._count += 1
-        self._logger.warning(message, *args)
+        logger.log(level, message, *args, exc_info=exc_info)
