@@ -1,5 +1,6 @@
 """Shared test settings: hypothesis profile (CI runs the same examples every time), PKI, and
-the event loop the async tests run on (``pytest --loop asyncio|uvloop|both``)."""
+the event loop the async tests run on (``pytest --loop asyncio|uvloop|both``), and fresh
+rate-limited logs per test."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from rpc import loops
+from rpc.logs import violations
+from rpc.notifications import failures
 from tests.certs import Pki, make_pki
+from transports import websocket
 
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -55,3 +59,13 @@ def pytest_asyncio_loop_factories(
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A CA with server and client certificates, generated for this test session."""
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(autouse=True)
+def fresh_rate_limited_logs() -> None:
+    """Each test starts a new window of the process-wide rate-limited logs (protocol
+    violations, notification handlers' failures, refused HTTP requests): one test's burst
+    must not hide the next test's records."""
+    violations.reset()
+    failures.reset()
+    websocket.violations.reset()

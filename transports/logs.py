@@ -55,4 +55,7 @@ class RateLimitedLog:
             self._suppressed += 1
             return
         self._count += 1
-        logger.log(level, message, *args, exc_info=exc_info)
+        if exc_info:
+            logger.log(level, message, *args, exc_info=True)
+        else:  # no exc_info at all: a warning never carries a traceback
+            logger.log(level, message, *args)
