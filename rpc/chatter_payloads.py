@@ -1,8 +1,11 @@
 """Chatter payloads as values: SBS for message types in the schema repository, else as
 :mod:`rpc.payload` encodes them (JSON, or bytes as they are).
 
-A received SBS payload is decoded when it arrives, so that a payload that does not decode
-fails as a PayloadError for its own message alone, when a handler or caller reads it.
+A received SBS payload is kept as bytes and decoded when a handler or a waiting caller
+reads it (:attr:`Sbs.value`), never for a message no one takes: a payload that does not
+decode fails as a PayloadError for its own message alone. Before hat-sbs sees the bytes,
+:func:`wire.schemas.check` walks them, so that a count, a length or a nesting the bytes do
+not back is refused at a cost in proportion to the payload's size.
 """
 
 from __future__ import annotations
@@ -27,17 +30,39 @@ class Reply:
 
 
 @final
-@dataclass(slots=True, frozen=True)
 class Sbs:
-    """A payload already decoded from SBS (as opposed to raw bytes)."""
+    """A received payload of a type in the schema repository: its ``data``, decoded on the
+    first read of :attr:`value` (PayloadError if it does not decode) and kept."""
 
-    value: Any
+    __slots__ = ("_decoded", "_payloads", "data", "op")
+
+    def __init__(self, payloads: SbsPayloads, op: str, data: bytes) -> None:
+        self._payloads = payloads
+        self.op = op
+        self.data = data
+        self._decoded: Any = _UNREAD
+
+    @property
+    def value(self) -> Any:
+        decoded = self._decoded
+        if decoded is _UNREAD:
+            decoded = self._decoded = self._payloads.decode(self.op, self.data)
+        if type(decoded) is Undecodable:
+            raise PayloadError(decoded.reason)
+        return decoded
+
+    def __repr__(self) -> str:
+        return f"Sbs({self.op!r}, {len(self.data)} bytes)"
+
+
+_UNREAD: Any = object()
 
 
 @final
 @dataclass(slots=True, frozen=True)
 class Undecodable:
-    """A payload whose SBS did not decode: a PayloadError for whoever reads it."""
+    """What :meth:`SbsPayloads.decode` gives for bytes that do not decode: a PayloadError
+    for whoever reads the payload."""
 
     reason: str
 
@@ -57,13 +82,21 @@ class SbsPayloads:
         """Every ``Module.Type`` name the repository defines."""
 
     def incoming(self, op: str, data: bytes) -> Incoming:
-        """A received payload of message type ``op``, as the peer holds it."""
+        """A received payload of message type ``op``, as the peer holds it: nothing is
+        decoded yet (see the module doc)."""
         if op in self.names:
-            try:
-                return Sbs(self.repo.decode(op, data))
-            except schemas.SBS_ERRORS as exc:
-                return Undecodable(f"invalid {op} SBS payload: {exc}")
+            return Sbs(self, op, data)
         return data
+
+    def decode(self, op: str, data: bytes) -> Any:
+        """``data`` decoded as ``op`` (a type in the repository), checked first by
+        :func:`wire.schemas.check`; :class:`Undecodable` for bytes that do not fit ``op``
+        or that it refuses."""
+        try:
+            schemas.check(self.repo, op, data)
+            return self.repo.decode(op, data)
+        except schemas.SBS_ERRORS as exc:
+            return Undecodable(f"invalid {op} SBS payload: {exc}")
 
     def encode(self, op: str, value: Any) -> bytes:
         """The payload of ``value`` as message type ``op``; PayloadError if it does not fit
