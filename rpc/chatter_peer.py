@@ -273,11 +273,11 @@ class ChatterAdapter:
             peer.on_result_part(conv, self.payloads.incoming(op, msg.data))
 
     def _sbs_decode(self, op: str, data: bytes, fallback: Any) -> Any:
-        try:
-            return self.sbs_repo.decode(op, data)
-        except schemas.SBS_ERRORS as exc:
-            log.warning("undecodable %s from %s: %s", op, self.peer.remote_address, exc)
+        value = self.payloads.decode(op, data)
+        if type(value) is Undecodable:
+            violations.warning("chatter peer %s: %s", self.peer.remote_address, value.reason)
             return fallback(data) if callable(fallback) else fallback
+        return value
 
     # --- payloads --------------------------------------------------------------------------
 
