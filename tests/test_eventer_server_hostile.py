@@ -33,6 +33,7 @@ from tests.peers.eventer_helpers import (
 )
 from wire import schemas
 from wire.chatter import Dialect
+from wire.sbs import encode_integer
 
 
 async def test_token_refusal_answers_then_closes(tmp_path: Path) -> None:
@@ -75,6 +76,23 @@ async def test_protocol_violations_close_the_connection(tmp_path: Path) -> None:
         async with await eventer.connect(url_of(server), "q") as client:
             with pytest.raises(rpc.ConnectionClosed):  # the reference closes too
                 await client.query(QueryServerParams(1, last_event_id=EventId(2, 1, 1)))
+
+
+async def test_an_init_with_a_huge_array_count_is_refused_at_once(tmp_path: Path) -> None:
+    """A MsgInitReq whose subscriptions claim 2**30 entries in a few bytes is refused at
+    once (hat-sbs alone would allocate the array first: 2 s of the loop), its connection
+    closed, and the server goes on serving."""
+    async with running_server(tmp_path) as server:
+        peer = await raw_peer(server)
+        bogus = b"\x80\x80" + encode_integer(2**30)  # name, no token, 2**30 subscriptions
+        started = time.monotonic()
+        res = await peer.request(common.MSG_INIT_REQ, bogus, raw=True)
+        assert time.monotonic() - started < 0.5  # 2 s before
+        status, why = common.decode(common.MSG_INIT_RES, res)
+        assert status == "error" and "Array" in why, why
+        await asyncio.wait_for(asyncio.shield(peer.closed), 3)  # refused: closed
+        async with await eventer.connect(url_of(server), "after") as client:
+            assert client.status is Status.OPERATIONAL
 
 
 async def test_bad_registrations_fail_without_side_effects(tmp_path: Path) -> None:

@@ -75,9 +75,12 @@ def encode(type_name: str, value: Any) -> bytes:
 
 def decode(type_name: str, data: bytes) -> Any:
     """Decode, turning every hat-sbs failure (including its SystemError on truncated
-    input) into :class:`InvalidMessage`."""
+    input) into :class:`InvalidMessage`. The bytes are checked first
+    (:func:`wire.schemas.check`): hat-sbs would allocate an Array from a peer's count."""
+    repo = eventer_repository()
     try:
-        return eventer_repository().decode(_ref(type_name), data)
+        schemas.check(repo, type_name, data)
+        return repo.decode(_ref(type_name), data)
     except HAT_SBS_ERRORS as exc:
         raise InvalidMessage(f"{type_name}: {type(exc).__name__}: {exc}") from None
 
