@@ -56,7 +56,8 @@ class Call:
     """``server``: the peer calls us; ``client``: we call the peer."""
     peer: Peer
     payload: Any
-    """Server: the payload as received (bytes; an SBS value for typed Chatter messages;
+    """Server: the payload as received (bytes; for typed Chatter messages an
+    ``rpc.chatter_payloads.Sbs``: its ``data``, and its ``value`` decoded when first read;
     the first part of a stream request). Client: the value given to ``request()``."""
     id: Any = None
     """The request id (Gotalk: 4 bytes; Chatter: the conversation). Client calls get it
