@@ -23,13 +23,14 @@ A handler is keyed by the message type (legacy dialect: ``module.type``), so a p
 peer that sends a message in a new conversation and waits for the reply calls our handlers,
 and our ``request`` calls a plain Hat service (any reply that ends the conversation is its
 result). Payloads are SBS when the type is in the schema repository, bytes otherwise (JSON
-for non-bytes values). Pings and the silence limits: :mod:`rpc.chatter_pings`.
+for non-bytes values). Pings and the silence limits: :mod:`rpc.chatter_pings`; when our
+replies may go, and as what: :mod:`rpc.chatter_replies`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import hat.sbs
@@ -38,23 +39,18 @@ from rpc import intercept
 from rpc.chatter_extension import ChatterHandshake
 from rpc.chatter_payloads import Incoming, Reply, Sbs, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
-from rpc.errors import retry_wait_ms
+from rpc.chatter_replies import END, ERROR, PART, RESULT, RETRY, RPC_MODULE, ChatterReplies
 from rpc.logs import violations
 from rpc.payload import PayloadError, convert, decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
 from rpc.request_meta import MetaState
-from rpc.token_waits import TokenWaits
 from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
 from wire.errors import MessageTooLarge, ProtocolError
 
 log = logging.getLogger("peerwire.rpc.chatter")
 
-RPC_MODULE = "PeerwireRpc"
-_PART, _END_TYPE, _ERROR, _RETRY, _RESULT = (
-    f"{RPC_MODULE}.{t}" for t in ("Part", "End", "Error", "Retry", "Result")
-)
 _CANCEL = f"{RPC_MODULE}.Cancel"
 _META = f"{RPC_MODULE}.Meta"
 _TIMEOUT = f"{RPC_MODULE}.Timeout"
@@ -97,15 +93,20 @@ class ChatterAdapter:
         self.sbs_repo = sbs_repo or schemas.repository()
         self.payloads = SbsPayloads(self.sbs_repo)
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
-        self._foreign: set[Conversation] = set()
-        """Open requests from plain legacy Hat peers: never answered with our own types.
-        Freed when answered or when the requester ends the conversation itself."""
-        self._waits = TokenWaits(
-            peer.options.max_stream_queue, peer.options.max_size, self.send_error
+        replies = self.replies = ChatterReplies(
+            peer, self.codec, self.payloads, self.sbs_repo, self._send
         )
-        """Replies to incoming streams waiting for the requester's token (it still sends
-        parts); sent once its End hands the token over (see :mod:`rpc.token_waits`): at
-        most ``max_stream_queue`` a stream and ``max_size`` bytes over all streams."""
+        """Our replies in the peer's conversations: when they may go, and as what
+        (:mod:`rpc.chatter_replies`). Its parts are bound here, not wrapped: a message
+        costs no call or look-up more."""
+        self._foreign = replies.foreign
+        self._waits = replies.waits
+        self._token_back = replies.token_back
+        self.send_result = replies.send_result
+        self.send_result_part = replies.send_result_part
+        self.send_result_end = replies.send_result_end
+        self.send_error = replies.send_error
+        self.send_retry = replies.send_retry
 
     def _send(
         self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool
@@ -214,14 +215,14 @@ class ChatterAdapter:
                 self._with_meta(conv, op, payload, not msg.token)
             return
         if conv.owner:  # a reply in a conversation we started
-            if op == _RESULT:  # the common reply, without a call more
+            if op == RESULT:  # the common reply, without a call more
                 peer.on_result(conv, msg.data)
             else:
                 self._on_reply(conv, op, msg)
             return
-        if op == _PART:
+        if op == PART:
             peer.on_request_part(conv, msg.data)
-        elif op == _END_TYPE:
+        elif op == END:
             self._waits.stream_ended(conv)
             peer.on_request_end(conv)
             self._token_back(conv)
@@ -255,17 +256,17 @@ class ChatterAdapter:
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
         """A reply other than ``PeerwireRpc.Result`` (which :meth:`dispatch` hands over)."""
         peer = self.peer
-        if op == _ERROR:
+        if op == ERROR:
             peer.on_error(conv, self._sbs_decode(op, msg.data, _undecodable))
-        elif op == _RETRY:
+        elif op == RETRY:
             retry = self._sbs_decode(op, msg.data, None)
             if retry is None:
                 peer.on_error(conv, "undecodable PeerwireRpc.Retry result")
             else:
                 peer.on_retry(conv, retry["waitMs"] / 1000, retry["message"])
-        elif op == _PART:
+        elif op == PART:
             peer.on_result_part(conv, msg.data)
-        elif op == _END_TYPE:
+        elif op == END:
             peer.on_result_end(conv)
         elif msg.last:
             peer.on_result(conv, self.payloads.incoming(op, msg.data))
@@ -359,94 +360,12 @@ class ChatterAdapter:
 
     def send_request_part(self, key: Conversation, payload: bytes) -> None:
         try:
-            self._send(_PART, payload, key, token=False, last=False)
+            self._send(PART, payload, key, token=False, last=False)
         except MessageTooLarge as exc:  # the caller forgets the stream (a cancel follows)
             raise PayloadError(f"a stream request's part: {exc}") from None
 
     def send_request_end(self, key: Conversation) -> None:
-        self._send(_END_TYPE, b"", key, token=True, last=False)
-
-    def _our_turn(self, key: Conversation, send: Callable[..., None], *args: Any) -> bool:
-        """True when we hold ``key``'s token and may send in it. While the requester holds
-        it (it still sends parts) the reply ``send(*args)`` waits for it instead of being
-        lost; a conversation that has ended takes nothing more. ``strict=False`` keeps no
-        turns: a reply waits only while an incoming stream still takes parts, until its
-        End, whatever the token flags say."""
-        codec = self.codec
-        if codec.holds_token(key):
-            return True
-        if codec.strict:
-            if not codec.is_open(key):
-                return False  # ended: nothing goes back in it
-        elif not self._waits.keeps(key):
-            return True  # no turns kept: only an incoming stream's End is one
-        self._waits.hold(key, send, args)
-        return False
-
-    def _answerable(self, key: Conversation, what: str) -> bool:
-        """May we end ``key`` (whose token we hold) with one of our own types? (see the
-        module doc)"""
-        if key in self._foreign:
-            self._foreign.discard(key)
-            log.info(
-                "not sending %s to legacy Hat peer %s (it cannot decode PeerwireRpc types)",
-                what,
-                self.peer.remote_address,
-            )
-            return False
-        return True
-
-    def _token_back(self, key: Conversation) -> None:
-        """The requester handed ``key``'s token over: send what waited for it."""
-        if key in self._waits and (self.codec.holds_token(key) or not self.codec.strict):
-            self._waits.release(key)
-
-    def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
-        if not self.codec.holds_token(key) and not self._our_turn(
-            key, self.send_result, key, payload, stream
-        ):  # _our_turn after its first check, written out: once per request
-            return
-        if isinstance(payload, Reply):
-            self._foreign.discard(key)
-            try:
-                data = self.payloads.encode(payload.type, payload.value)
-            except PayloadError as exc:
-                self.send_error(key, str(exc))
-                return
-            self._send_last(key, payload.type, data)
-        elif key not in self._foreign or self._answerable(key, "a PeerwireRpc.Result"):
-            self._send_last(key, _RESULT, payload)
-
-    def _send_last(self, key: Conversation, type_name: str, data: bytes) -> None:
-        try:
-            self._send(type_name, data, key, token=True, last=True)
-        except MessageTooLarge as exc:  # the conversation is still ours: say why
-            self.send_error(key, str(exc))
-
-    def send_result_part(self, key: Conversation, payload: bytes) -> None:
-        if self._our_turn(key, self.send_result_part, key, payload) and key not in self._foreign:
-            self._send(_PART, payload, key, token=False, last=False)
-
-    def send_result_end(self, key: Conversation, failed: bool) -> None:
-        if failed:
-            return  # the error result already ended the conversation
-        if self._our_turn(key, self.send_result_end, key, failed) and self._answerable(
-            key, "a PeerwireRpc.End"
-        ):
-            self._send(_END_TYPE, b"", key, token=True, last=True)
-
-    def send_error(self, key: Conversation, message: str) -> None:
-        if self._our_turn(key, self.send_error, key, message) and self._answerable(
-            key, f"an error ({message})"
-        ):
-            self._send(_ERROR, self.sbs_repo.encode(_ERROR, message), key, True, True)
-
-    def send_retry(self, key: Conversation, wait: float, message: str) -> None:
-        if self._our_turn(key, self.send_retry, key, wait, message) and self._answerable(
-            key, "a retry result"
-        ):
-            data = self.sbs_repo.encode(_RETRY, {"waitMs": retry_wait_ms(wait), "message": message})
-            self._send(_RETRY, data, key, token=True, last=True)
+        self._send(END, b"", key, token=True, last=False)
 
     def send_notification(self, name: str, payload: bytes) -> None:
         self._send(name, payload, None, token=True, last=True)
