@@ -29,6 +29,17 @@ const failure = (e) => [e.message, e.timeout === true, e.code === undefined ? nu
 """
 
 
+async def record_until_closed(ws: ServerConnection, seen: list[Any]) -> None:
+    """Append every frame but heartbeats to ``seen`` until the client closes, then its
+    close code (None: no close frame)."""
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            frame = await ws.recv()
+            if not (isinstance(frame, bytes) and frame[:1] == b"h"):
+                seen.append(frame)
+    seen.append(closed.value.rcvd.code if closed.value.rcvd else None)
+
+
 async def test_a_server_that_never_answers_the_upgrade(tmp_path: Path) -> None:
     """gotalk.open's callback and a queued request get the timeout error within
     connectTimeout + 1 s; a kept-alive socket rejects its queued request and tries again."""
@@ -100,12 +111,7 @@ async def test_a_server_that_never_sends_its_version(tmp_path: Path) -> None:
 
     async def script(ws: ServerConnection, recv: Any, _: int) -> None:
         seen.append(await recv())  # the client's "01"; ours never comes
-        with pytest.raises(ConnectionClosed) as closed:
-            while True:
-                frame = await ws.recv()
-                if not (isinstance(frame, bytes) and frame[:1] == b"h"):
-                    seen.append(frame)
-        seen.append(closed.value.rcvd.code if closed.value.rcvd else None)
+        await record_until_closed(ws, seen)
 
     scripted = Scripted(script)
     async with scripted as address:
@@ -138,12 +144,7 @@ async def test_a_server_silent_after_its_heartbeat_is_closed(tmp_path: Path) -> 
         await ws.send(b"01")
         await ws.send(b"h0000%08x" % int(time.time()))
         seen.extend([await recv(), await recv(), await recv()])  # 01, the request
-        with pytest.raises(ConnectionClosed) as closed:
-            while True:
-                frame = await ws.recv()
-                if not (isinstance(frame, bytes) and frame[:1] == b"h"):
-                    seen.append(frame)
-        seen.append(closed.value.rcvd.code if closed.value.rcvd else None)
+        await record_until_closed(ws, seen)
 
     scripted = Scripted(script)
     async with scripted as address:
