@@ -13,12 +13,11 @@ its call on the loop: nothing it started goes on in the background.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import threading
+from collections import deque
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Awaitable,
     Callable,
     Coroutine,
@@ -31,7 +30,7 @@ from typing import Any, TypeVar, cast
 
 from rpc import loops
 from rpc.api import connect as async_connect
-from rpc.errors import ConnectionClosed
+from rpc.errors import ConnectionClosed, StreamOverflow
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
 from rpc.streaming import legacy_stream_args
@@ -75,104 +74,207 @@ async def _on_loop(call: Callable[[], Awaitable[T]]) -> T:
 
 
 _END: Any = object()
+"""What a buffer's take() returns once the stream ended."""
 
 
-async def _next(results: AsyncIterator[Any]) -> Any:
-    """The next result, or ``_END`` (StopAsyncIteration does not cross to another thread)."""
-    try:
-        return await anext(results)
-    except StopAsyncIteration:
-        return _END
+MAX_BUFFERED = 65_536
+"""Default ``max_buffered`` of :meth:`BlockingPeer.stream`: results a stream holds for its
+reading thread before it fails with StreamOverflow."""
 
-
-_closing: set[asyncio.Future[Any]] = set()
-"""Closes started for streams dropped unread (held until done: the loop keeps only weak
+_stopping: set[asyncio.Task[None]] = set()
+"""Pumps cancelled by a close that does not wait (held until done: the loop keeps only weak
 references to tasks)."""
 
 
-def _close_soon(results: AsyncGenerator[Any, None]) -> None:
-    """Close ``results`` on the loop without waiting (from a finalizer, or the loop's thread)."""
+def _cancel_soon(pump: asyncio.Task[None]) -> None:
+    """Cancel ``pump`` on the loop without waiting (from any thread, a finalizer too)."""
 
-    def start() -> None:
-        task = asyncio.ensure_future(results.aclose())
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
+    def cancel() -> None:
+        pump.cancel()
+        _stopping.add(pump)
+        pump.add_done_callback(_stopping.discard)
 
     with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
-        _background_loop().call_soon_threadsafe(start)
+        _background_loop().call_soon_threadsafe(cancel)
+
+
+async def _stopped(pump: asyncio.Task[None]) -> None:
+    """Wait until ``pump`` is done: its stream closed (cancelled pumps close theirs)."""
+    await asyncio.wait([pump])
+
+
+class _Buffer:
+    """Results on their way from the loop to the reading threads, then how the stream ended
+    (StopIteration, or the error). At most ``limit`` results: one more finishes it with
+    StreamOverflow. The mutex is held for a few steps only; a reader with nothing to take
+    waits on ``_bell``, a raw lock, unlocked when there may be something: its ``acquire()``
+    is one C call, so an interrupt (KeyboardInterrupt) cannot leave a lock half taken, as
+    one in ``Condition.wait``'s Python code can. ``waiting``: readers waiting now."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.waiting = 0
+        self._items: deque[Any] = deque()
+        self._finished = False
+        self._error: BaseException | None = None
+        self._mutex = threading.Lock()
+        self._bell = threading.Lock()
+
+    def put(self, item: Any) -> bool:
+        """Add a result (on the loop); False once finished: closed, or now over the limit."""
+        with self._mutex:
+            if self._finished:
+                return False
+            if len(self._items) >= self.limit:
+                limit = self.limit
+                self._finish(StreamOverflow(f"more than {limit} results buffered unread"))
+                return False
+            self._items.append(item)
+            self._ring()
+            return True
+
+    def finish(self, error: BaseException | None = None, *, drop: bool = False) -> None:
+        """The stream ends after the results held (``drop``: at once); the first end wins."""
+        with self._mutex:
+            if drop:
+                self._items.clear()
+            if not self._finished:
+                self._finish(error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._finished = True
+        self._error = error
+        self._ring()
+
+    def _ring(self) -> None:
+        if self._bell.locked():
+            self._bell.release()
+
+    def take(self) -> Any:
+        """The next result, or ``_END``; raises the error the stream ended with (once)."""
+        while True:
+            with self._mutex:
+                if self._items:
+                    item = self._items.popleft()
+                    if self._items or self._finished:
+                        self._ring()  # for another reader
+                    return item
+                if self._finished:
+                    self._ring()  # for another reader
+                    error, self._error = self._error, None
+                    if error is not None:
+                        raise error
+                    return _END
+                self._bell.acquire(blocking=False)  # nothing to take: quiet until a put
+                self.waiting += 1
+            try:
+                self._bell.acquire()
+            finally:
+                with self._mutex:
+                    self.waiting -= 1
+
+
+async def _pump(
+    results: AsyncGenerator[Any, None], buffer: _Buffer, first: asyncio.Future[None]
+) -> None:
+    """Move the results into ``buffer`` as they come, whatever the pace of the reader (the
+    core's queue of the stream stays short: this task waits on it from the start), until
+    they end, the buffer is finished (closed, or at its limit) or this task is cancelled;
+    then close them: a stream that still runs stops, and a peerwire server cancels its
+    handler. ``first`` is settled by the first result or the end (an error before any
+    result is set on it, to raise from ``stream()``)."""
+    try:
+        async for item in results:
+            kept = buffer.put(item)
+            if not first.done():
+                first.set_result(None)
+            if not kept:
+                break
+    except Exception as error:
+        if first.done():
+            buffer.finish(error)
+        else:
+            first.set_exception(error)
+    finally:
+        buffer.finish()  # no-op unless it ended, or this was cancelled: waiting readers wake
+        if not first.done():
+            first.set_result(None)
+        await results.aclose()
 
 
 class BlockingStream(Iterator[Any]):
-    """The results of :meth:`BlockingPeer.stream`: an iterator that fetches each next result
-    from the loop when asked, so an endless stream (a subscription) costs one result at a
-    time. Read-ahead: none past the first result, which ``stream()`` waits for.
+    """The results of :meth:`BlockingPeer.stream`. A task on the loop (the pump) takes them
+    from the connection as they come and buffers them for the reading thread, up to
+    ``max_buffered`` (default :data:`MAX_BUFFERED`): a reader slower than the server gets
+    them all, and one that falls that far behind gets StreamOverflow (the server is told, as
+    on a cancel) after the results before it, as it gets an error the stream ends with.
 
-    Closing it (:meth:`close`, the end of a ``with`` block, breaking out of a ``for`` over
-    it, or dropping it) stops the stream, which tells a peerwire peer to cancel its handler.
-    One thread reads it at a time; another may close it, which ends a ``next()`` that waits.
+    Closing it (:meth:`close`, the end of a ``with`` block, dropping it, or an interrupt
+    such as KeyboardInterrupt in ``next()``) stops the pump and the stream, which tells a
+    peerwire peer to cancel its handler; breaking out of a ``for`` over it does so once it
+    is no longer referenced. Several threads may read it (each result goes to one); any
+    may close it, which ends the ``next()`` calls that wait with StopIteration.
     """
 
-    def __init__(self, results: AsyncGenerator[Any, None], first: Any) -> None:
-        self._results: AsyncGenerator[Any, None] | None = None if first is _END else results
-        self._ahead = [] if first is _END else [first]
-        self._fetch: concurrent.futures.Future[Any] | None = None
-        self._lock = threading.Lock()
+    def __init__(self, max_buffered: int = MAX_BUFFERED) -> None:
+        if max_buffered < 1:
+            raise ValueError("max_buffered must be at least 1")
+        self._buffer = _Buffer(max_buffered)
+        self._pump: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()  # one _stop() takes the pump to cancel it
+
+    async def _begin(self, results: AsyncGenerator[Any, None]) -> None:
+        """On the loop: start the pump and wait for the first result or the end; an error
+        before any result raises here, and an interrupted ``stream()`` (this cancelled)
+        stops the pump."""
+        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._pump = asyncio.ensure_future(_pump(results, self._buffer, first))
+        try:
+            await first
+        except BaseException:
+            self._stop()
+            raise
+
+    @property
+    def waiting(self) -> int:
+        """``next()`` calls waiting for a result now (a test interrupts one of them)."""
+        return self._buffer.waiting
 
     def __iter__(self) -> BlockingStream:
         return self
 
     def __next__(self) -> Any:
-        with self._lock:
-            if self._ahead:
-                return self._ahead.pop()
-            results = self._results
-            if results is None:
-                raise StopIteration
-            if self._fetch is not None:
-                raise RuntimeError("a blocking stream is read by one thread at a time")
-            fetch = self._fetch = asyncio.run_coroutine_threadsafe(
-                _next(results), _background_loop()
-            )
         try:
-            item = fetch.result()
-        except concurrent.futures.CancelledError:
-            self._ended()
-            raise StopIteration from None  # closed by another thread
-        except BaseException:
-            self._ended()  # the stream ended with its error, or our cancel ends it
-            if not fetch.cancel() and fetch.exception() is None:
-                _close_soon(results)  # interrupted just as a result came: end it here
-            raise
-        with self._lock:
-            self._fetch = None
+            item = self._buffer.take()
             if item is _END:
-                self._results = None
                 raise StopIteration
-        return item
+            return item
+        except BaseException:  # its end, its error, or an interrupt: the stream stops
+            self._stop()
+            raise
 
-    def _ended(self) -> None:
+    def _stop(self) -> asyncio.Task[None] | None:
+        """Finish the buffer, dropping what it holds, and cancel the pump; the pump if any."""
+        self._buffer.finish(drop=True)
         with self._lock:
-            self._fetch = None
-            self._results = None
+            pump, self._pump = self._pump, None
+        if pump is not None:
+            _cancel_soon(pump)
+        return pump
 
     def close(self) -> None:
-        """Stop the stream; nothing more is fetched. Idempotent. Waits until it is closed on
-        the loop, except on the loop's own thread or while another thread's ``next()`` waits
-        (that wait is cancelled, which closes it, and ends with StopIteration)."""
-        with self._lock:
-            results, self._results = self._results, None
-            fetch = self._fetch
-            self._ahead.clear()
-        if results is None or (fetch is not None and fetch.cancel()):
-            return  # done, or the fetch another thread waits for was cancelled: that ends it
+        """Stop the stream; nothing more is read. Idempotent. Waits until it is closed on
+        the loop, except on the loop's own thread."""
+        pump = self._stop()
+        if pump is None:
+            return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is _background_loop():
-            _close_soon(results)
-        else:
-            _run(results.aclose())
+        if running is not _background_loop():
+            _run(_stopped(pump))
 
     def __enter__(self) -> BlockingStream:
         return self
@@ -183,10 +285,8 @@ class BlockingStream(Iterator[Any]):
         self.close()
 
     def __del__(self) -> None:
-        results = getattr(self, "_results", None)
-        if results is not None:
-            self._results = None
-            _close_soon(results)
+        if getattr(self, "_pump", None) is not None:
+            self._stop()
 
 
 class BlockingPeer:
@@ -237,24 +337,31 @@ class BlockingPeer:
         timeout: float | None = None,
         item_timeout: float | None = None,
         raw: bool = False,
-    ) -> Iterator[Any]:
+        max_buffered: int = MAX_BUFFERED,
+    ) -> BlockingStream:
         """Send the request and wait for its first result (or its end, or its error); the
-        results then come one at a time as they are iterated (:class:`BlockingStream`).
-        Arguments as in :meth:`rpc.peer.Peer.stream` (``stream(op, parts, value)`` is
+        results then come as they are iterated (:class:`BlockingStream`), buffered for the
+        reader up to ``max_buffered`` (default :data:`MAX_BUFFERED`, 65,536) results.
+        Other arguments as in :meth:`rpc.peer.Peer.stream` (``stream(op, parts, value)`` is
         deprecated)."""
         if legacy:
             parts, value = legacy_stream_args(legacy, parts, value)
         peer = self.peer
+        stream = BlockingStream(max_buffered)
 
-        async def start() -> tuple[AsyncGenerator[Any, None], Any]:
+        async def start() -> None:
             # made on the loop: a reconnecting peer picks its connection when called
             results = peer.stream(
                 op, value=value, parts=parts, timeout=timeout, item_timeout=item_timeout, raw=raw
             )  # an async generator either way (Peer.stream's is typed as an iterator)
-            return cast(AsyncGenerator[Any, None], results), await _next(results)
+            await stream._begin(cast(AsyncGenerator[Any, None], results))
 
-        results, first = _run(start())
-        return BlockingStream(results, first)
+        try:
+            _run(start())
+        except BaseException:  # its error before any result, or an interrupt: stop the pump
+            stream._stop()
+            raise
+        return stream
 
     def notify(self, name: str, value: Any = None) -> None:
         async def send() -> None:
