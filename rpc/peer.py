@@ -364,6 +364,9 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
             current_peer.reset(token)
         self.outbox.flush()
         if not backlog and not self.outbox.blocked and not self._reading:
+            if handled:  # what this turn handled may have woken readers of our streams:
+                self._next_turn()  # they run first, and reading resumes after them (uvloop
+                return  # reads before the callbacks queued meanwhile: a stream overflowed)
             self._reading = True
             self._hold_told = False
             self.resumed_at = self._loop.time()
