@@ -49,6 +49,9 @@ current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_cu
 
 OWN_CANCEL = "the handler was cancelled (not by its caller)"
 """The error result of a handler that ended in a CancelledError of its own."""
+PARTS_PER_TURN = 256
+"""Parts of a streamed result sent in one go: then the loop gets a turn (the connection's
+other work, the caller's cancel), even from a generator that never waits."""
 ENDED_STREAMS = 256
 """Incoming streams remembered after we stopped taking their parts (refused, failed or
 answered early), so their late parts are dropped instead of counting as parts of an
@@ -323,13 +326,18 @@ class Responder(Generic[K]):
 
     async def _stream_result(self, key: K, agen: Any) -> None:
         adapter = self.adapter
+        sent = 0
         try:
             async for item in agen:
                 if self.outbox.blocked:
                     await self.outbox.wait_writable()
+                elif sent == PARTS_PER_TURN:  # a generator that never waits yields the loop
+                    sent = 0
+                    await asyncio.sleep(0)
                 if not self.is_open:
                     return
                 adapter.send_result_part(key, self._encoded_result(item))
+                sent += 1
         except asyncio.CancelledError as exc:
             if self.own_cancel():  # the handler's own: an error as any other
                 if self.is_open:

@@ -330,3 +330,37 @@ async def test_a_handlers_own_cancellation_is_an_error_result(
                 got.append(item)
         assert got == [1]
         assert await peer.request("echo", "after") == "after"
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_streamed_result_that_never_waits_can_be_cancelled(flavour: str) -> None:
+    """A handler's generator that never awaits still gives the loop a turn every few
+    hundred parts: the caller's cancel reaches it at once, and another connection is
+    served meanwhile (before, the loop was the generator's until its output backed up:
+    seconds, and over a fast reader for good)."""
+    stopped = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("firehose")
+    async def firehose(_: object = None):
+        try:
+            number = 0
+            while True:
+                yield number  # no await: it never waits
+                number += 1
+        finally:
+            stopped.set()
+
+    @reg.handle("echo")
+    def echo(value: object) -> object:
+        return value
+
+    async with served(flavour, reg) as (server, peer):
+        results = peer.stream("firehose")
+        assert [await anext(results) for _ in range(3)] == [0, 1, 2]
+        scheme = "tcp+gotalk" if flavour == "gotalk" else "tcp+sbs"
+        other_url = f"{scheme}://127.0.0.1:{server.url.port}"
+        async with rpc.connect(other_url, registry=rpc.Registry(), reconnect=False) as other:
+            assert await other.request("echo", "served", timeout=2) == "served"
+        await results.aclose()
+        await asyncio.wait_for(stopped.wait(), 2)
