@@ -489,7 +489,9 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close.
         Called from a handler (or notification) of this connection, it does not wait for
-        that one, which is cancelled with the connection's other work once it is closed."""
+        that one, which is cancelled with the connection's other work once it is closed.
+        (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
+        3.11, which then waits for the handler too, up to ``drain_timeout``.)"""
         if self._transport is None and not self.closed.done():
             self.connection_lost(None)  # never opened (a TLS handshake still running)
             return

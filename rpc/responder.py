@@ -330,8 +330,9 @@ class Responder(Generic[K]):
         try:
             async for item in agen:
                 if self.outbox.blocked:
-                    await self.outbox.wait_writable()
-                elif sent == PARTS_PER_TURN:  # a generator that never waits yields the loop
+                    await self.outbox.wait_writable()  # a turn of the loop too
+                    sent = 0
+                elif sent >= PARTS_PER_TURN:  # a generator that never waits yields the loop
                     sent = 0
                     await asyncio.sleep(0)
                 if not self.is_open:

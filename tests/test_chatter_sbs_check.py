@@ -98,3 +98,18 @@ def test_a_payload_is_decoded_once_and_only_when_read() -> None:
             held.value  # noqa: B018 (the property decodes)
     good = PAYLOADS.incoming("HatEventer.EventType", b"\x81\x81x")
     assert type(good) is Sbs and good.value == ["x"] and good.value is good.value
+
+
+def test_a_record_of_one_empty_type_twice_takes_no_bytes() -> None:
+    """``Pair = Record { a: Unit  b: Unit }`` takes no bytes: an Array of two of them in one
+    byte is valid (the check took the second ``Unit`` for a loop, so "takes bytes", and
+    refused the Array's count)."""
+    repo = hat.sbs.Repository(
+        "module S\n"
+        "Unit = None\n"
+        "Pair = Record { a: Unit  b: Unit }\n"
+        "Pairs = Record { pairs: Array(Pair)  n: Integer }\n"
+    )
+    data = repo.encode("S.Pairs", {"pairs": [{"a": None, "b": None}] * 2, "n": 5})
+    schemas.check(repo, "S.Pairs", data)  # raised SbsRejected before
+    assert read(SbsPayloads(repo), "S.Pairs", data) == repo.decode("S.Pairs", data)

@@ -7,11 +7,13 @@ loop callbacks is the subject, and a socket's timing would blur it)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import rpc
 from rpc.gotalk_peer import GotalkPeer
 from rpc.peer import MESSAGES_PER_TURN
+from rpc.responder import PARTS_PER_TURN
 from tests.rpc_helpers import wait_until
 from wire import gotalk
 
@@ -86,5 +88,43 @@ async def test_reading_resumes_after_the_stream_readers_a_turn_woke() -> None:
         assert got == [b"%d" % i for i in range(count)]
         peer.data_received(gotalk.encode(gotalk.StreamResult(key, b"")))  # the end
         await asyncio.wait_for(reading, 5)
+    finally:
+        peer.connection_lost(None)
+
+
+async def test_a_streamed_result_gives_a_turn_every_256_parts_after_waiting_too() -> None:
+    """A generator that never waits yields the loop at least every PARTS_PER_TURN parts,
+    also after its output backed up once exactly at that count (the count then stayed past
+    the limit and the yields stopped for the rest of the stream)."""
+    peer = GotalkPeer(rpc.Registry())
+    peer.connection_made(RecordingTransport())
+    try:
+        produced = 0
+
+        async def parts() -> Any:
+            nonlocal produced
+            while produced < 5000:
+                if produced == PARTS_PER_TURN:  # the output backs up just then, once
+                    peer.outbox.pause()
+                    asyncio.get_running_loop().call_soon(peer.outbox.resume)
+                produced += 1
+                yield produced
+
+        seen: list[int] = []
+        done = False
+
+        async def ticker() -> None:  # another task: what it sees between its turns
+            while not done:
+                seen.append(produced)
+                await asyncio.sleep(0)
+
+        ticking = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        await peer._stream_result(b"0001", parts())
+        done = True
+        await ticking
+        seen.append(produced)
+        longest = max(b - a for a, b in itertools.pairwise(seen))
+        assert longest <= PARTS_PER_TURN + 1, longest  # 4,700 or so before
     finally:
         peer.connection_lost(None)

@@ -55,7 +55,8 @@ class RateLimitedLog:
             self._suppressed += 1
             return
         self._count += 1
+        # stacklevel: the record names the caller of warning()/exception(), not this module
         if exc_info:
-            logger.log(level, message, *args, exc_info=True)
+            logger.log(level, message, *args, exc_info=True, stacklevel=3)
         else:  # no exc_info at all: a warning never carries a traceback
-            logger.log(level, message, *args)
+            logger.log(level, message, *args, stacklevel=3)

@@ -242,8 +242,8 @@ def _takes_no_bytes(node: _Node, seen: set[int]) -> bool:
             return False
         seen.add(id(node))
         node = node.items[0]
-    if node.kind == "Record":
-        return all(_takes_no_bytes(item, seen) for item in node.items)
+    if node.kind == "Record":  # each entry on its own path: a type used twice is no loop
+        return all(_takes_no_bytes(item, set(seen)) for item in node.items)
     return node.kind == "None"
 
 
