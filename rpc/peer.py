@@ -10,10 +10,11 @@ is a coroutine or async generator); its result goes back
 through the adapter's encoder into the :class:`~rpc.outbox.Outbox`, which writes what one
 read produced at its end, with a write forced every 16 messages or 64 KiB queued.
 
-The peer is three parts, each in its module: this one (the transport's callbacks, input
-flow and backpressure, closing), :class:`~rpc.responder.Responder` (the calls the peer
-makes to us) and :class:`~rpc.calls.Caller` (the calls we make); its settings and the
-wire format's adapter are in :mod:`rpc.options`.
+The peer is four parts, each in its module: this one (the transport's callbacks, input
+flow and backpressure), :class:`~rpc.responder.Responder` (the calls the peer makes to
+us), :class:`~rpc.calls.Caller` (the calls we make) and :class:`~rpc.closing.Closing`
+(abort, graceful close, the linger after it); its settings and the wire format's adapter
+are in :mod:`rpc.options`.
 
 Everything per connection is bounded and freed when the connection goes:
 - calls of ours in ``_calls`` (bounded by the caller; each has a deadline or, for a
@@ -48,6 +49,7 @@ from typing import Any
 from rpc.call_bounds import CallBounds
 from rpc.calls import Caller
 from rpc.calls import _Call as _Call
+from rpc.closing import Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
@@ -70,15 +72,10 @@ MESSAGES_PER_TURN = 256
 """Messages handled per connection in one go; the rest of a larger read wait for the next
 loop iteration (reading paused meanwhile), so other connections get their turn."""
 
-LINGER = 5.0
-"""Seconds a connection we closed may take to hand over the bytes still queued for it (a
-protocol's last word, the answers of a graceful close) before it is cut: a peer that does
-not read would otherwise keep it open, and its ``close()`` waiting, for good."""
-
 log = logging.getLogger("peerwire.rpc")
 
 
-class Peer(Responder[K], Caller[K], SharedBufferProtocol):
+class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
     """One connection's RPC state. Built by :class:`~rpc.gotalk_peer.GotalkPeer` or
     :class:`~rpc.chatter_peer.ChatterPeer` with their adapter.
 
@@ -453,64 +450,3 @@ class Peer(Responder[K], Caller[K], SharedBufferProtocol):
     def write_buffer_size(self) -> int:
         """Bytes queued or held by the transport that the peer has not taken yet."""
         return self.outbox.buffered
-
-    # --- closing -------------------------------------------------------------------------
-
-    def abort(self, exc: BaseException | None = None) -> None:
-        """Close now, dropping work in flight. Queued bytes (a protocol's last word, such as
-        Gotalk's ``f`` message) still go out, unless the peer has stopped reading: then the
-        connection is cut at once rather than waiting on it forever."""
-        if self._transport is None:
-            return
-        if self.outbox.blocked:
-            self._transport.abort()
-            return
-        self._close_transport()
-
-    def _close_transport(self) -> None:
-        """Write what is queued and close; with bytes still unsent, the connection is cut
-        :data:`LINGER` s later unless the peer has taken them by then."""
-        transport = self._transport
-        self.outbox.flush()
-        transport.close()
-        if transport.get_write_buffer_size() and self.deadlines.when("linger") is None:
-            self.deadlines.set("linger", self._loop.time() + LINGER, self._linger_due)
-
-    def _linger_due(self) -> None:
-        if self._transport is not None:
-            log.info(
-                "%s peer %s did not take what was left to send within %s s of closing; cut off",
-                self.protocol_name,
-                self.remote_address,
-                LINGER,
-            )
-            self._transport.abort()
-
-    async def close(self, *, drain_timeout: float = 5.0) -> None:
-        """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close.
-        Called from a handler (or notification) of this connection, it does not wait for
-        that one, which is cancelled with the connection's other work once it is closed.
-        (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
-        3.11, which then waits for the handler too, up to ``drain_timeout``.)"""
-        if self._transport is None and not self.closed.done():
-            self.connection_lost(None)  # never opened (a TLS handshake still running)
-            return
-        current = asyncio.current_task(self._loop)
-        closers = self._closers
-        if current is not None:
-            closers.add(current)
-        try:
-            pending: list[Any] = [
-                c.future for c in self._calls.values() if c.future is not None and c.queue is None
-            ]
-            pending += [task for task in self._tasks if task not in closers]
-            drained = self._runner.drain(closers)  # those served now, not later ones
-            if drained is not None:
-                pending.append(drained)
-            if pending:
-                await asyncio.wait(pending, timeout=drain_timeout)
-            if self._transport is not None:
-                self._close_transport()
-            await asyncio.shield(self.closed)
-        finally:
-            closers.discard(current)

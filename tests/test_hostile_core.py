@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import rpc
+import rpc.closing
 from rpc.logs import RateLimitedLog, violations
 from tests.certs import Pki
 from tests.rpc_helpers import wait_until as until
@@ -106,7 +107,7 @@ async def test_closing_on_a_peer_that_never_reads_ends_after_the_linger(
     """Output below ``high_water`` that a peer never takes does not keep a connection we
     close open for good: the server's close returns once ``LINGER`` has passed. Before,
     the transport waited for the peer to read, and ``server.close()`` with it."""
-    monkeypatch.setattr(rpc.peer, "LINGER", 0.5, raising=False)  # 5 s in use: not waited for
+    monkeypatch.setattr(rpc.closing, "LINGER", 0.5)  # 5 s in use: not waited for
 
     def small_send_buffer(peer: rpc.Peer) -> None:
         peer.transport.get_extra_info("socket").setsockopt(

@@ -1,0 +1,104 @@
+"""Closing a connection: at once (:meth:`Closing.abort`) or gracefully (:meth:`Closing.close`),
+and the linger that bounds both against a peer that does not read. Mixed into
+:class:`~rpc.peer.Peer`, which sets up the attributes below."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from rpc.deadlines import Deadlines
+from rpc.outbox import Outbox
+
+if TYPE_CHECKING:
+    from rpc.handler_runner import HandlerRunner
+    from rpc.tasks import TaskSet
+
+LINGER = 5.0
+"""Seconds a connection we closed may take to hand over the bytes still queued for it (a
+protocol's last word, the answers of a graceful close) before it is cut: a peer that does
+not read would otherwise keep it open, and its ``close()`` waiting, for good."""
+
+log = logging.getLogger("peerwire.rpc")
+
+
+class Closing:
+    """How a connection closes (mixed into :class:`~rpc.peer.Peer`)."""
+
+    _transport: Any
+    _loop: asyncio.AbstractEventLoop
+    _calls: dict[Any, Any]
+    _tasks: TaskSet
+    _runner: HandlerRunner[Any]
+    _closers: set[asyncio.Task[Any]]
+    outbox: Outbox
+    deadlines: Deadlines
+    closed: asyncio.Future[BaseException | None]
+    remote_address: Any
+
+    if TYPE_CHECKING:
+
+        @property
+        def protocol_name(self) -> str: ...
+
+        def connection_lost(self, exc: BaseException | None) -> None: ...
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Close now, dropping work in flight. Queued bytes (a protocol's last word, such as
+        Gotalk's ``f`` message) still go out, unless the peer has stopped reading: then the
+        connection is cut at once rather than waiting on it forever."""
+        if self._transport is None:
+            return
+        if self.outbox.blocked:
+            self._transport.abort()
+            return
+        self._close_transport()
+
+    def _close_transport(self) -> None:
+        """Write what is queued and close; with bytes still unsent, the connection is cut
+        :data:`LINGER` s later unless the peer has taken them by then."""
+        transport = self._transport
+        self.outbox.flush()
+        transport.close()
+        if transport.get_write_buffer_size() and self.deadlines.when("linger") is None:
+            self.deadlines.set("linger", self._loop.time() + LINGER, self._linger_due)
+
+    def _linger_due(self) -> None:
+        if self._transport is not None:
+            log.info(
+                "%s peer %s did not take what was left to send within %s s of closing; cut off",
+                self.protocol_name,
+                self.remote_address,
+                LINGER,
+            )
+            self._transport.abort()
+
+    async def close(self, *, drain_timeout: float = 5.0) -> None:
+        """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close.
+        Called from a handler (or notification) of this connection, it does not wait for
+        that one, which is cancelled with the connection's other work once it is closed.
+        (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
+        3.11, which then waits for the handler too, up to ``drain_timeout``.)"""
+        if self._transport is None and not self.closed.done():
+            self.connection_lost(None)  # never opened (a TLS handshake still running)
+            return
+        current = asyncio.current_task(self._loop)
+        closers = self._closers
+        if current is not None:
+            closers.add(current)
+        try:
+            pending: list[Any] = [
+                c.future for c in self._calls.values() if c.future is not None and c.queue is None
+            ]
+            pending += [task for task in self._tasks if task not in closers]
+            drained = self._runner.drain(closers)  # those served now, not later ones
+            if drained is not None:
+                pending.append(drained)
+            if pending:
+                await asyncio.wait(pending, timeout=drain_timeout)
+            if self._transport is not None:
+                self._close_transport()
+            await asyncio.shield(self.closed)
+        finally:
+            closers.discard(current)
