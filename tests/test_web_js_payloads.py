@@ -70,14 +70,22 @@ class Echo(Scripted):
                 self.ask = None
 
 
+async def run_on(echo: Echo, tmp_path: Path, script: str) -> Any:
+    """Run ``script`` (after SETTLED's helpers) in Node against ``echo``; what it returns.
+    The server's own checks must hold."""
+    async with echo as address:
+        result = await run_node(tmp_path, SETTLED + script, address)
+    echo.check()
+    return result
+
+
 async def test_old_two_argument_request_form(tmp_path: Path) -> None:
     """``s.request('echo', cb)`` sends null and calls ``cb(null, result)``; ``end()`` closes."""
     echo = Echo()
-    async with echo as address:
-        result = await run_node(
-            tmp_path,
-            SETTLED
-            + """
+    result = await run_on(
+        echo,
+        tmp_path,
+        """
             const s = await connect(ADDR);
             const out = await new Promise((resolve) => {
               const p = s.request('echo', (err, value) => resolve([err, value, typeof p.then]));
@@ -87,9 +95,7 @@ async def test_old_two_argument_request_form(tmp_path: Path) -> None:
             out.push(await ended(s));
             return out;
         """,
-            address,
-        )
-    echo.check()
+    )
     assert result == [None, None, "function", [None, 0], "closed"]
     assert echo.seen == [[b"r0000004echo00000004", "null"], [b"r0001004echo00000000", ""]]
 
@@ -98,11 +104,10 @@ async def test_a_value_without_json_rejects_and_end_closes(tmp_path: Path) -> No
     """A Symbol, a toJSON returning undefined, a BigInt: TypeError rejections, nothing sent
     (not even a request id used), nothing pending: ``end()`` closes at once."""
     echo = Echo()
-    async with echo as address:
-        result = await run_node(
-            tmp_path,
-            SETTLED
-            + """
+    result = await run_on(
+        echo,
+        tmp_path,
+        """
             const s = await connect(ADDR);
             const out = [];
             for (const value of [Symbol('x'), {toJSON: () => undefined}, 10n]) {
@@ -112,9 +117,7 @@ async def test_a_value_without_json_rejects_and_end_closes(tmp_path: Path) -> No
             out.push(await ended(s));
             return out;
         """,
-            address,
-        )
-    echo.check()
+    )
     assert result == ["TypeError", "TypeError", "TypeError", 'resolved: "after"', "closed"]
     assert echo.seen == [[b"r0000004echo00000007", '"after"']]
 
@@ -122,20 +125,17 @@ async def test_a_value_without_json_rejects_and_end_closes(tmp_path: Path) -> No
 async def test_a_circular_value_rejects(tmp_path: Path) -> None:
     """``request`` and ``bufferRequest`` with a circular object reject; they threw before."""
     echo = Echo()
-    async with echo as address:
-        result = await run_node(
-            tmp_path,
-            SETTLED
-            + """
+    result = await run_on(
+        echo,
+        tmp_path,
+        """
             const s = await connect(ADDR);
             const out = [await settled(() => s.request('x', circular)),
                          await settled(() => s.bufferRequest('x', circular))];
             out.push(await ended(s));
             return out;
         """,
-            address,
-        )
-    echo.check()
+    )
     assert result == ["TypeError", "TypeError", "closed"]
     assert echo.seen == []
 
@@ -145,11 +145,10 @@ async def test_a_handler_result_without_json_is_an_error_result(tmp_path: Path) 
     the exception escaped the WebSocket's message handler and the request was never
     answered."""
     echo = Echo(ask=b"r\x01\x02\x03\x04006circle00000000")
-    async with echo as address:
-        result = await run_node(
-            tmp_path,
-            SETTLED
-            + """
+    result = await run_on(
+        echo,
+        tmp_path,
+        """
             gotalk.handle('circle', () => circular);
             const s = await connect(ADDR);
             const out = [await settled(() => s.request('echo', 1))];
@@ -157,9 +156,7 @@ async def test_a_handler_result_without_json_is_an_error_result(tmp_path: Path) 
             out.push(await ended(s));
             return out;
         """,
-            address,
-        )
-    echo.check()
+    )
     assert result == ["resolved: 1", "resolved: 2", "closed"]
     answers = [frames for frames in echo.seen if frames[0][:1] == b"E"]
     assert len(answers) == 1 and answers[0][0][:5] == b"E\x01\x02\x03\x04", echo.seen
@@ -170,11 +167,10 @@ async def test_a_stream_request_that_cannot_start_leaves_nothing_pending(tmp_pat
     """An operation name over 4095 bytes: the first ``write`` throws, and ``end()`` of the
     socket still closes (the stream used to stay pending for good)."""
     echo = Echo()
-    async with echo as address:
-        result = await run_node(
-            tmp_path,
-            SETTLED
-            + """
+    result = await run_on(
+        echo,
+        tmp_path,
+        """
             const s = await connect(ADDR);
             const st = s.streamRequest('x'.repeat(4096));
             let thrown;
@@ -185,8 +181,6 @@ async def test_a_stream_request_that_cannot_start_leaves_nothing_pending(tmp_pat
             }
             return [thrown, await ended(s)];
         """,
-            address,
-        )
-    echo.check()
+    )
     assert result == ["gotalk: name too long: " + "x" * 4096, "closed"]
     assert echo.seen == []
