@@ -20,19 +20,28 @@ MAX_INTEGER_BYTES = 10
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 
-_ONE_BYTE = [bytes(((n & 0x7F) | 0x80,)) for n in range(-64, 64)]
+ONE_BYTE = [bytes(((n & 0x7F) | 0x80,)) for n in range(-64, 64)]
+"""The SBS Integer bytes of -64..63, at ``n + 64``."""
+_GROUP = [bytes((g,)) for g in range(128)]
+"""A 7-bit group that is not the last, as a byte."""
+_LAST = [bytes((g | 0x80,)) for g in range(128)]
+"""The last 7-bit group, as a byte (bit 7 set)."""
 
 
 def encode_integer(n: int) -> bytes:
     """SBS Integer bytes of ``n`` (minimal length)."""
     if -64 <= n < 64:
-        return _ONE_BYTE[n + 64]
-    if 0 < n < 0x2000:  # ids: 2, 3 and 4 groups without the loop
-        return bytes((n >> 7, (n & 0x7F) | 0x80))
+        return ONE_BYTE[n + 64]
+    # ids: 2, 3 and 4 groups without the loop, joined from cached bytes (a bytes object
+    # built from a tuple costs more)
+    if 0 < n < 0x2000:
+        return _GROUP[n >> 7] + _LAST[n & 0x7F]
     if 0 < n < 0x100000:
-        return bytes((n >> 14, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
+        return _GROUP[n >> 14] + _GROUP[(n >> 7) & 0x7F] + _LAST[n & 0x7F]
     if 0 < n < 0x8000000:
-        return bytes((n >> 21, (n >> 14) & 0x7F, (n >> 7) & 0x7F, (n & 0x7F) | 0x80))
+        return (
+            _GROUP[n >> 21] + _GROUP[(n >> 14) & 0x7F] + _GROUP[(n >> 7) & 0x7F] + _LAST[n & 0x7F]
+        )
     groups = bytearray()
     while True:
         groups.append(n & 0x7F)

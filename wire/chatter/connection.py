@@ -11,7 +11,7 @@ from __future__ import annotations
 from wire import DEFAULT_MAX_SIZE
 from wire.chatter.conversations import Conversation, ConversationTracker
 from wire.chatter.envelope import Dialect, Msg, decode_msg, detect_dialect, envelope_head
-from wire.chatter.framing import FrameReader, frame_header
+from wire.chatter.framing import SIZE_HEADERS, FrameReader, frame_header
 from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
 
 PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
@@ -209,7 +209,10 @@ class ChatterConnection:
             raise LocalProtocolError("Chatter dialect not known yet; nothing received")
         tracker = self._tracker
         msg_id = tracker.next_id
-        first, owner = _origin(conversation, msg_id)
+        if conversation is None:  # _origin written out: once per message
+            first, owner = msg_id, True
+        else:
+            owner, first = conversation
         data_size = len(data)
         head = envelope_head(msg_id, first, owner, token, last, type, module, data_size, dialect)
         size = len(head) + data_size
@@ -218,7 +221,9 @@ class ChatterConnection:
         if self.strict:
             tracker.outgoing(conversation, token, last)
         else:
-            tracker.outgoing_unchecked(conversation)
+            tracker.next_id = msg_id + 1  # outgoing_unchecked written out
+        if size < 256:  # one piece, frame_header written out
+            return msg_id, [b"".join((SIZE_HEADERS[size], head, data))]
         if size <= JOINED_FRAME:  # one piece: cheaper to queue and to join at the flush
             return msg_id, [b"".join((frame_header(size), head, data))]
         return msg_id, [frame_header(size) + head, data]

@@ -92,18 +92,17 @@ class ConversationTracker:
                 self._open[(True, msg_id)] = not token
             self.next_id = msg_id + 1
             return msg_id, msg_id, True
-        key = (conversation[0], conversation[1])
-        holder = self._open.get(key)
+        holder = self._open.get(conversation)  # its own key: it hashes as the tuple does
         if holder is None:
             raise LocalProtocolError(f"conversation {conversation} is not open")
         if not holder:
             raise LocalProtocolError(f"the peer holds the token of conversation {conversation}")
         if last:
-            del self._open[key]
+            del self._open[conversation]
         elif token:
-            self._open[key] = False
+            self._open[conversation] = False
         self.next_id = msg_id + 1
-        return msg_id, key[1], key[0]
+        return msg_id, conversation[1], conversation[0]
 
     def outgoing_unchecked(self, conversation: Conversation | None) -> tuple[int, int, bool]:
         """Assign the next id without any rule checks (lenient connections)."""

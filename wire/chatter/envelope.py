@@ -16,7 +16,7 @@ import enum
 import msgspec
 
 from wire.errors import LocalProtocolError, MalformedMessage
-from wire.sbs import encode_integer, read_integer, read_string
+from wire.sbs import ONE_BYTE, encode_integer, read_integer, read_string
 
 
 class Dialect(enum.Enum):
@@ -91,13 +91,25 @@ def envelope_head(
     """The SBS bytes of one envelope up to its data (which follows as it is), from the
     fields themselves: a sender need not build a :class:`Msg`, and a large payload is
     copied only once, when written."""
+    encoded_id = encode_integer(msg_id)
+    # the data's size read from the cache when it takes one byte (0..63), as encode_integer
+    # would: a call less per message
+    if module is None and dialect is Dialect.CURRENT:  # the common case: no module field
+        return b"".join(
+            (
+                encoded_id,
+                encoded_id if first == msg_id else encode_integer(first),
+                _FLAGS[owner << 2 | token << 1 | last],
+                _TEXT_CACHE.get(type_name) or _encode_text(type_name),
+                ONE_BYTE[data_size + 64] if data_size < 64 else encode_integer(data_size),
+            )
+        )
     if module is None:
-        encoded_module = _NONE_MODULE if dialect is Dialect.LEGACY else b""
+        encoded_module = _NONE_MODULE
     elif dialect is Dialect.LEGACY:
         encoded_module = _SOME_MODULE + _encode_text(module)
     else:
         raise LocalProtocolError("the current Chatter dialect has no module field")
-    encoded_id = encode_integer(msg_id)
     return b"".join(
         (
             encoded_id,

@@ -12,13 +12,14 @@ from wire.errors import MessageTooLarge
 MAX_HEADER = 256
 """Largest possible header: the ``m`` byte plus 255 length bytes."""
 
-_SIZE_HEADERS = [bytes((1, k)) for k in range(256)]
+SIZE_HEADERS = [bytes((1, k)) for k in range(256)]
+"""The header of each body size below 256, by size."""
 
 
 def frame_header(size: int) -> bytes:
     """The header for a body of ``size`` bytes, with the minimal ``m``."""
     if size < 256:
-        return _SIZE_HEADERS[size]
+        return SIZE_HEADERS[size]
     length = size.to_bytes((size.bit_length() + 7) // 8, "big")
     return bytes((len(length),)) + length
 
