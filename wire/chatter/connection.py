@@ -130,7 +130,8 @@ class ChatterConnection:
             msg = decode_msg(buf, start, end, dialect)
             if strict and not tracker.incoming(msg):
                 continue
-            if msg.module == module and msg.type == ping:
+            type_name = msg.type  # one look-up, and the module only for a Ping or a Pong
+            if type_name == ping and msg.module == module:
                 self.pings_received += 1
                 data = self.last_ping_data = msg.data[:MAX_PING_DATA]  # not the whole Ping
                 if data and len(self._ping_data) < MAX_PING_RECORDS:
@@ -141,7 +142,7 @@ class ChatterConnection:
                 # a Pong echoes the Ping's data: peers that put none (all Hat peers) get none
                 reply = data if dialect is Dialect.CURRENT else b""
                 self.send(pong, reply, conversation=conversation, module=module)
-            elif msg.module == module and msg.type == pong:
+            elif type_name == pong and msg.module == module:
                 self.pongs_received += 1
                 data = self.last_pong_data = msg.data[:MAX_PING_DATA]
                 if data and len(self._pong_data) < MAX_PING_RECORDS:

@@ -118,25 +118,32 @@ class ConversationTracker:
         Returns False for a message that belongs to an abandoned conversation (to be
         dropped); raises ConversationError when the peer broke a rule.
         """
-        if msg.id <= self._last_received_id:
-            raise ConversationError(f"message id {msg.id} does not follow {self._last_received_id}")
-        self._last_received_id = msg.id
-        key = (not msg.owner, msg.first)
-        if msg.owner and msg.first == msg.id:
-            if not msg.last:
-                if len(self._open) >= self.max_open:
-                    raise ConversationError(f"peer opened more than {self.max_open} conversations")
-                self._open[key] = msg.token
-            return True
+        msg_id = msg.id
+        if msg_id <= self._last_received_id:
+            raise ConversationError(f"message id {msg_id} does not follow {self._last_received_id}")
+        self._last_received_id = msg_id
+        first = msg.first
+        if msg.owner:
+            if first == msg_id:
+                if not msg.last:
+                    if len(self._open) >= self.max_open:
+                        raise ConversationError(
+                            f"peer opened more than {self.max_open} conversations"
+                        )
+                    self._open[(False, first)] = msg.token
+                return True
+            key = (False, first)
+        else:
+            key = (True, first)
         holder = self._open.get(key)
         if holder is None:
             if key in self._abandoned:
                 if msg.last:
                     del self._abandoned[key]
                 return False
-            raise ConversationError(f"message {msg.id} for unknown conversation {key}")
+            raise ConversationError(f"message {msg_id} for unknown conversation {key}")
         if holder:
-            raise ConversationError(f"message {msg.id} sent without the token of {key}")
+            raise ConversationError(f"message {msg_id} sent without the token of {key}")
         if msg.last:
             del self._open[key]
         elif msg.token:

@@ -142,8 +142,29 @@ def _encode_text(text: str) -> bytes:
 def decode_msg(buf: bytes | bytearray, start: int, end: int, dialect: Dialect) -> Msg:
     """Decode exactly ``buf[start:end]`` as one envelope; trailing bytes are an error."""
     try:
-        msg_id, pos = read_integer(buf, start)
-        first, pos = read_integer(buf, pos)
+        # the two ids: read_integer's paths for two and three bytes written out (ids take
+        # two from 64 on, three from 8,192); a byte past the id that is not there is a
+        # truncation as read_integer's own would be, and the rest goes to read_integer
+        b = buf[start]
+        c = buf[start + 1]
+        if b >= 0x40:  # one byte, or negative
+            msg_id, pos = read_integer(buf, start)
+        elif c & 0x80:
+            msg_id, pos = b << 7 | c & 0x7F, start + 2
+        elif buf[start + 2] & 0x80:
+            msg_id, pos = b << 14 | c << 7 | buf[start + 2] & 0x7F, start + 3
+        else:
+            msg_id, pos = read_integer(buf, start)
+        b = buf[pos]
+        c = buf[pos + 1]
+        if b >= 0x40:
+            first, pos = read_integer(buf, pos)
+        elif c & 0x80:
+            first, pos = b << 7 | c & 0x7F, pos + 2
+        elif buf[pos + 2] & 0x80:
+            first, pos = b << 14 | c << 7 | buf[pos + 2] & 0x7F, pos + 3
+        else:
+            first, pos = read_integer(buf, pos)
         if pos + 3 > end:
             raise MalformedMessage("Chatter Msg truncated")
         owner = buf[pos] != 0
