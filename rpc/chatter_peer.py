@@ -51,6 +51,10 @@ from wire.errors import MessageTooLarge, ProtocolError
 
 log = logging.getLogger("peerwire.rpc.chatter")
 
+_new = tuple.__new__
+"""Builds a :class:`Conversation` as its own classmethods do (see wire.chatter.conversations):
+one per message received."""
+
 _CANCEL = f"{RPC_MODULE}.Cancel"
 _META = f"{RPC_MODULE}.Meta"
 _TIMEOUT = f"{RPC_MODULE}.Timeout"
@@ -92,6 +96,7 @@ class ChatterAdapter:
         self.codec = ChatterConnection(dialect, max_size=peer.options.max_size, strict=strict)
         self.sbs_repo = sbs_repo or schemas.repository()
         self.payloads = SbsPayloads(self.sbs_repo)
+        self._sbs_names = self.payloads.names
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
         replies = self.replies = ChatterReplies(
             peer, self.codec, self.payloads, self.sbs_repo, self._send
@@ -113,12 +118,14 @@ class ChatterAdapter:
     ) -> int:
         """Queue one message (in a new conversation when ``conv`` is None); its id. In the
         legacy dialect ``op`` is split into ``module.type``."""
-        module = None
-        if self.codec.dialect is Dialect.LEGACY and "." in op:
+        codec = self.codec
+        if codec.dialect is Dialect.LEGACY and "." in op:
             module, _, op = op.rpartition(".")
-        msg_id, frame = self.codec.encode(
-            op, data, conversation=conv, token=token, last=last, module=module
-        )
+            msg_id, frame = codec.encode(
+                op, data, conversation=conv, token=token, last=last, module=module
+            )
+        else:
+            msg_id, frame = codec.encode(op, data, conversation=conv, token=token, last=last)
         if len(frame) == 1:  # the common case: no pieces to count
             self.peer.outbox.push(frame[0])
         else:
@@ -184,51 +191,60 @@ class ChatterAdapter:
         self.cancels, self.metadata, self.timeout_defaults = level >= 1, level >= 2, level >= 3
 
     def dispatch(self, msg: Msg) -> None:
-        peer = self.peer
-        op = f"{msg.module}.{msg.type}" if msg.module else msg.type
-        conv = Conversation.of_received(msg)
-        if msg.owner and msg.first == msg.id:  # a peer starts a conversation
-            if msg.last:
-                if op == _CANCEL and self.cancels:
-                    first = self._sbs_decode(op, msg.data, None)
-                    if isinstance(first, int):
-                        peer.on_cancel(Conversation(False, first))
-                    return
-                if op == _META and self.metadata:
-                    self._on_meta(msg.data)
-                    return
-                if op == _TIMEOUT and self.timeout_defaults:
-                    self._on_timeout(msg.data)
-                    return
-                peer.on_notification(op, self.payloads.incoming(op, msg.data))
-                return
-            if msg.module is not None and msg.module != RPC_MODULE:
-                self._foreign.add(conv)
-            if not msg.token and not self.codec.strict:  # a stream request: parts to come
-                self._waits.stream_opened(conv)
-            sbs = msg.token and op in self.payloads.names  # else incoming() keeps the bytes
-            payload = self.payloads.incoming(op, msg.data) if sbs else msg.data
-            meta = self.meta
-            if meta.pending is None and meta.default is None:
-                peer.on_request(conv, op, payload, not msg.token)
-            else:
-                self._with_meta(conv, op, payload, not msg.token)
-            return
-        if conv.owner:  # a reply in a conversation we started
+        # each field read once; a conversation built as Conversation.of_received builds it,
+        # without its call, and not for a notification
+        module = msg.module
+        op = f"{module}.{msg.type}" if module else msg.type
+        first = msg.first
+        if not msg.owner:  # a reply in a conversation we started
+            conv = _new(Conversation, (True, first))
             if op == RESULT:  # the common reply, without a call more
-                peer.on_result(conv, msg.data)
+                self.peer.on_result(conv, msg.data)
             else:
                 self._on_reply(conv, op, msg)
             return
-        if op == PART:
-            peer.on_request_part(conv, msg.data)
-        elif op == END:
-            self._waits.stream_ended(conv)
-            peer.on_request_end(conv)
-            self._token_back(conv)
-        if msg.last:  # the requester ended its conversation: nothing can go back in it
-            self._foreign.discard(conv)
-            self._waits.drop(conv)
+        if first != msg.id:  # a stream request's part or End, or its requester's end
+            conv = _new(Conversation, (False, first))
+            if op == PART:
+                self.peer.on_request_part(conv, msg.data)
+            elif op == END:
+                self._waits.stream_ended(conv)
+                self.peer.on_request_end(conv)
+                self._token_back(conv)
+            if msg.last:  # the requester ended its conversation: nothing can go back in it
+                self._foreign.discard(conv)
+                self._waits.drop(conv)
+            return
+        peer = self.peer  # a peer starts a conversation
+        if msg.last:
+            if op == _CANCEL and self.cancels:
+                cancelled = self._sbs_decode(op, msg.data, None)
+                if isinstance(cancelled, int):
+                    peer.on_cancel(Conversation(False, cancelled))
+                return
+            if op == _META and self.metadata:
+                self._on_meta(msg.data)
+                return
+            if op == _TIMEOUT and self.timeout_defaults:
+                self._on_timeout(msg.data)
+                return
+            peer.on_notification(op, self.payloads.incoming(op, msg.data))
+            return
+        conv = _new(Conversation, (False, first))
+        if module is not None and module != RPC_MODULE:
+            self._foreign.add(conv)
+        token = msg.token
+        if not token and not self.codec.strict:  # a stream request: parts to come
+            self._waits.stream_opened(conv)
+        if token and op in self._sbs_names:
+            payload: Incoming = self.payloads.incoming(op, msg.data)
+        else:  # else incoming() keeps the bytes
+            payload = msg.data
+        meta = self.meta
+        if meta.pending is None and meta.default is None:
+            peer.on_request(conv, op, payload, not token)
+        else:
+            self._with_meta(conv, op, payload, not token)
 
     def _on_meta(self, data: bytes) -> None:
         try:
@@ -283,7 +299,9 @@ class ChatterAdapter:
     # --- payloads --------------------------------------------------------------------------
 
     def encode_request(self, op: str, value: Any) -> bytes:
-        return self.payloads.encode(op, value)
+        if op in self._sbs_names:
+            return self.payloads.encode(op, value)
+        return encode_value(value)  # as payloads.encode would, without its call
 
     def encode_result(self, value: Any) -> bytes | Reply:
         if isinstance(value, Reply):
@@ -311,7 +329,10 @@ class ChatterAdapter:
         caller's error, as a payload over it is: nothing queued, the connection lives on)."""
         if self.meta.sent_default is not None and self.meta.cover(None):
             self._announce()  # it goes without a timeout: say so first
-        return self._write_request(op, payload, stream)
+        try:  # _write_request written out: once per request
+            return _new(Conversation, (True, self._send(op, payload, None, not stream, False)))
+        except MessageTooLarge as exc:
+            raise PayloadError(f"{op}: {exc}") from None
 
     def _write_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
         try:

@@ -118,7 +118,10 @@ class ChatterReplies:
                 return
             self._send_last(key, payload.type, data)
         elif key not in self.foreign or self._answerable(key, "a PeerwireRpc.Result"):
-            self._send_last(key, RESULT, payload)
+            try:  # _send_last written out: once per request
+                self._send(RESULT, payload, key, True, True)
+            except MessageTooLarge as exc:  # the conversation is still ours: say why
+                self.send_error(key, str(exc))
 
     def _send_last(self, key: Conversation, type_name: str, data: bytes) -> None:
         try:

@@ -256,7 +256,9 @@ class ChatterConnection:
         self._tracker.abandon(conversation)
 
     def holds_token(self, conversation: Conversation) -> bool:
-        return self._tracker.holds_token(conversation)
+        """True while this side may send in ``conversation`` (the tracker's answer, read
+        here: a reply checks it once, and a call less counts)."""
+        return self._tracker._open.get(conversation, False)
 
     def is_open(self, conversation: Conversation) -> bool:
         return self._tracker.is_open(conversation)
