@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from rpc.deadlines import Deadlines
     from rpc.options import Adapter, Options
     from rpc.outbox import Outbox
+    from rpc.stream_hold import StreamHold
 
 T = TypeVar("T")
 
@@ -69,6 +70,7 @@ class Caller(Generic[K]):
     _calls: dict[K, _Call]
     _calls_at: float
     _intercepted: bool
+    _stream_hold: StreamHold
 
     if TYPE_CHECKING:
 
@@ -235,7 +237,10 @@ class Caller(Generic[K]):
     def _forget(self, key: K) -> None:
         """We stop waiting for ``key``'s result: a call still registered was given up on
         (timeout, cancellation, an error of ours), which the adapter tells the peer."""
-        if self._calls.pop(key, None) is not None:
+        call = self._calls.pop(key, None)
+        if call is not None:
+            if call.queue is not None:
+                self._stream_hold.drop(call.queue)  # its reader takes no more
             self.adapter.abandon(key)
 
     async def stream(
@@ -269,7 +274,7 @@ class Caller(Generic[K]):
             await wait.bounded(self.outbox.wait_writable(), each=True)
         self._check_open()
         adapter = self.adapter
-        queue = StreamQueue(self._loop)
+        queue = StreamQueue(self._loop, wait.item)
         key = None
         try:
             if parts is None:
@@ -423,21 +428,29 @@ class Caller(Generic[K]):
             call.future.set_result(payload)
 
     def on_result_part(self, key: K, payload: Any) -> None:
-        """Queue a result of our stream ``key``; past ``options.max_stream_queue`` unread
-        results the stream fails alone (StreamOverflow; the peer is told, as on a cancel).
-        A request of ours (not a stream) answered with a streamed result fails at once."""
+        """Queue a result of our stream ``key``. Past ``options.max_stream_queue`` unread
+        results, raises InputHeld (see :mod:`rpc.stream_hold`): the result waits, and the
+        stream fails alone should its reader take none within its ``item_timeout``
+        (StreamOverflow; the peer is told, as on a cancel). A request of ours (not a
+        stream) answered with a streamed result fails at once."""
         call = self._calls.get(key)
         if call is None:
             return
-        if call.queue is None:
+        queue = call.queue
+        if queue is None:
             self._fail_call(key, _streamed_answer(call.op))
             self.adapter.abandon(key)  # the peer is told, as on a cancel: it stops
             return
-        if len(call.queue) < self.options.max_stream_queue:
-            call.queue.put(payload)
-            return
-        limit = self.options.max_stream_queue
-        self._fail_call(key, StreamOverflow(f"more than {limit} unread stream results"))
+        if len(queue) >= self.options.max_stream_queue:
+            stall = self._timeout(None)
+            self._stream_hold.hold(queue, stall, lambda: self._stalled_results(key, queue))
+        queue.put(payload)
+
+    def _stalled_results(self, key: K, queue: StreamQueue) -> None:
+        """Our stream's reader took none of its full queue's results in time: the stream
+        fails alone, and the peer is told."""
+        limit, stall = self.options.max_stream_queue, queue.stall
+        self._fail_call(key, StreamOverflow(f"{limit} stream results unread for {stall} s"))
         self.adapter.abandon(key)
 
     def on_result_end(self, key: K) -> None:

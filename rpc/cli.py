@@ -49,7 +49,8 @@ log = logging.getLogger("peerwire.cli")
 
 STREAM_QUEUE = 65_536
 """``max_stream_queue`` of ``peerwire stream``: results that may wait unread before the
-stream fails (StreamOverflow). The default 256 is less than one read of small results."""
+connection stops reading (:mod:`rpc.stream_hold`). The default 256 is less than one read of
+small results: the connection would pause for each read."""
 FLUSH_DELAY = 0.1
 """Seconds a streamed result written to a file or pipe may wait in the output buffer."""
 

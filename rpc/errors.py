@@ -56,10 +56,10 @@ class PayloadError(RpcError, ValueError):
 
 
 class StreamOverflow(RpcError):
-    """Our stream's results arrived faster than we read them: more than
-    ``Options.max_stream_queue`` (default 256) were waiting unread. That stream alone fails
-    (the peer is told, as on a cancel, when it speaks the peerwire extension); read faster
-    or raise the limit."""
+    """Our stream's reader fell behind and stopped: ``Options.max_stream_queue`` (default
+    256) results were waiting unread, the connection stopped reading for it, and it took
+    none of them within the stream's ``item_timeout``. That stream alone fails (the peer is
+    told, as on a cancel, when it speaks the peerwire extension), and reading resumes."""
 
 
 class Rejected(RpcError):

@@ -353,7 +353,7 @@ async def _open_stream(call: Call, wait: ResultWait, raw: bool) -> AsyncIterator
     if peer.outbox.blocked:
         await wait.bounded(peer.outbox.wait_writable(), each=True)
     peer._check_open()
-    queue = StreamQueue(peer.loop)
+    queue = StreamQueue(peer.loop, wait.item)
     metadata = _metadata(call, call.deadline is not None)
     if call.kind == "request":
         payload = _encoded(peer, call, adapter.encode_request(call.op, call.payload))

@@ -32,8 +32,11 @@ class Options:
     """Largest message accepted or sent, in bytes. A result above it becomes an error result;
     a request above it raises PayloadError before anything is sent."""
     max_stream_queue: int = 256
-    """Parts buffered per stream, either way: an incoming stream past it fails with an error
-    result; our stream with more unread results fails with StreamOverflow."""
+    """Items waiting unread per stream, either way (parts of a stream request to us, results
+    of a stream of ours). Past it the connection stops reading until the reader has taken
+    half; a reader that takes none for its stall limit (our stream: its ``item_timeout``; a
+    stream request: the request timeout) fails that stream alone, our own with
+    StreamOverflow (see :mod:`rpc.stream_hold`)."""
     high_water: int = 256 * 1024
     """Unsent output (bytes) above which we stop reading from the peer."""
     low_water: int = 64 * 1024

@@ -20,7 +20,7 @@ Everything per connection is bounded and freed when the connection goes:
 - calls of ours in ``_calls`` (bounded by the caller; each has a deadline or, for a
   stream, a wait per result);
 - incoming streams in ``_streams`` (at most ``max_concurrent``; each queue at most
-  ``max_stream_queue`` parts, past which that stream alone fails);
+  ``max_stream_queue`` parts, past which reading pauses: :mod:`rpc.stream_hold`);
 - requests being served in the :class:`~rpc.handler_runner.HandlerRunner` (jobs, queued or
   running, and a worker task per job that waits) and tasks in a :class:`~rpc.tasks.TaskSet`
   (notifications, ``on_open``): together at most ``max_concurrent``. Past it a request
@@ -31,7 +31,8 @@ Everything per connection is bounded and freed when the connection goes:
 - decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
   reading stops as soon as the backlog is non-empty); one read's messages past
   ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
-  connection does not keep the others waiting;
+  connection does not keep the others waiting; so do those after an item for a stream
+  whose queue is full, until its reader makes room (:mod:`rpc.stream_hold`);
 - output in the outbox and the transport: reading pauses above ``high_water`` bytes.
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
@@ -58,8 +59,9 @@ from rpc.logs import violations
 from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
-from rpc.responder import ENDED_STREAMS, NotificationsHeld, Responder, _awaited, current_peer
+from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
 from rpc.responder import _parts as _parts
+from rpc.stream_hold import InputHeld, StreamHold
 from rpc.streaming import ResultWait, StreamQueue
 from rpc.tasks import TaskSet
 from transports.read_buffer import SharedBufferProtocol
@@ -96,6 +98,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         "_reading",
         "_runner",
         "_running",
+        "_stream_hold",
         "_streams",
         "_task_slots",
         "_tasks",
@@ -148,6 +151,8 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self._turn: asyncio.Handle | None = None
         """The next turn at a backlog cut at MESSAGES_PER_TURN (see :meth:`_run`) or left
         by a handler that ended."""
+        self._stream_hold = StreamHold(self.deadlines, self._next_turn)
+        """The stream whose full queue holds our input, if any (:mod:`rpc.stream_hold`)."""
         self._context = contextvars.copy_context()
         """The context turns at the backlog run in (the one the peer was made in)."""
         self._reading = True
@@ -264,6 +269,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self._ended.clear()
         self._running.clear()
         self._backlog.clear()
+        self._stream_hold.clear()
         if self._turn is not None:
             self._turn.cancel()
             self._turn = None
@@ -286,9 +292,11 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         """True when no more input may be handled now: output is backed up, or every
         notification (and ``on_open``) task slot is taken (``_task_slots``), or every
         handler slot is taken and the peer does not understand retry results (one that
-        does gets them for requests past the limit instead)."""
+        does gets them for requests past the limit instead), or a stream's full queue holds
+        it (:mod:`rpc.stream_hold`)."""
         return (
             self.outbox.blocked
+            or self._stream_hold.active
             or len(self._tasks) >= self._task_slots
             or (
                 not self.adapter.retry_results
@@ -320,7 +328,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
                     return
                 try:  # free unless raised (3.11's zero-cost exceptions)
                     dispatch(message)
-                except NotificationsHeld:
+                except InputHeld:  # a notification, or an item for a full stream
                     self._backlog.extend(messages[index:])
                     self._pause_reading()
                     return
@@ -348,7 +356,12 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
                     self.outbox.flush()
                     self._next_turn()
                     return
-                self.adapter.dispatch(backlog.popleft())  # _held(): room for a notification
+                message = backlog.popleft()
+                try:
+                    self.adapter.dispatch(message)  # _held(): room for a notification
+                except InputHeld:  # an item for a stream whose queue is full: it waits
+                    backlog.appendleft(message)
+                    break
                 handled += 1
         except ProtocolError as exc:
             self._violation(exc)
@@ -424,14 +437,15 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
     @property
     def holding_input(self) -> bool:
         """True while we hold the peer's input for reasons of our own (every handler slot
-        or notification task taken, a turn given to other connections) and something will
-        end the hold (a handler running, a turn due); not while it stopped reading our
+        or notification task taken, a turn given to other connections, a stream's full
+        queue) and something will end the hold (a handler running, a turn due, a stream's
+        stall limit); not while it stopped reading our
         output. The liveness checks (read timeout, Ping, keepalive) then count it alive,
         since what it sent waits unread. A handler that never ends holds it for good."""
         return (
             not self._reading
             and not self.outbox.blocked
-            and (self._turn is not None or self.handlers_running > 0)
+            and (self._turn is not None or self.handlers_running > 0 or self._stream_hold.active)
         )
 
     @property

@@ -6,7 +6,8 @@ middleware or request metadata go through :mod:`rpc.intercept` instead, which ha
 single request for an ``async def`` with its caller's deadline back, when there is no
 middleware, to :meth:`Responder.serve_bounded`). Its state,
 set up by the peer: incoming streams in ``_streams`` (at most ``max_concurrent``; each
-queue at most ``max_stream_queue`` parts, past which that stream alone fails), streams
+queue at most ``max_stream_queue`` parts, past which reading pauses until its handler makes
+room: :mod:`rpc.stream_hold`), streams
 ended early in ``_ended`` (the last :data:`ENDED_STREAMS`), and the keys of the requests
 the peer may cancel in ``_running``; all freed with the connection. Handlers that return an
 awaitable or an async generator are served as jobs of the peer's
@@ -31,6 +32,7 @@ from rpc.logs import violations
 from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
+from rpc.stream_hold import InputHeld, StreamHold
 from rpc.streaming import END, StreamQueue
 from rpc.tasks import being_cancelled
 
@@ -61,7 +63,7 @@ PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, 
 them (those are ABC checks, slow)."""
 
 
-class NotificationsHeld(Exception):
+class NotificationsHeld(InputHeld):
     """Raised by :meth:`Responder.on_notification` when the connection's tasks are all taken:
     a notification has no answer to refuse it with, so the peer keeps it (and what follows
     it) until a task ends. Raised only then, so that the per-message loop checks nothing
@@ -82,6 +84,7 @@ class Responder(Generic[K]):
     _runner: HandlerRunner[K]
     _backlog: deque[Any]
     _streams: dict[K, StreamQueue]
+    _stream_hold: StreamHold
     _ended: OrderedDict[K, None]
     _running: set[K]
     _intercepted: bool
@@ -225,28 +228,36 @@ class Responder(Generic[K]):
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
-        self._streams.pop(key, None)
+        queue = self._streams.pop(key, None)
+        if queue is not None:
+            self._stream_hold.drop(queue)  # its reader takes no more
         ended = self._ended
         ended[key] = None
         if len(ended) > ENDED_STREAMS:
             ended.popitem(last=False)
 
     def on_request_part(self, key: K, payload: Any) -> bool:
-        """Queue a part for its stream's handler. False: no such stream, now or lately."""
+        """Queue a part for its stream's handler. False: no such stream, now or lately.
+        Past ``max_stream_queue`` parts unread, raises InputHeld (see
+        :mod:`rpc.stream_hold`): the part waits, and the handler's stream fails should it
+        take none within the connection's request timeout."""
         queue = self._streams.get(key)
         if queue is None:
             return key in self._ended  # refused, failed or answered: dropped
         if len(queue) >= self.options.max_stream_queue:
-            self._end_stream(key)
-            queue.put(
-                RemoteError(
-                    f"stream request parts arrive faster than handled "
-                    f"(more than {self.options.max_stream_queue} queued)"
-                )
-            )
-            return True
+            timeout = self.options.timeout or self.adapter.default_timeout
+            self._stream_hold.hold(queue, timeout, lambda: self._stalled_parts(key, timeout))
         queue.put(payload)
         return True
+
+    def _stalled_parts(self, key: K, timeout: float) -> None:
+        """A stream handler took none of its full queue's parts within ``timeout``: its
+        stream fails alone (the error ends its parts; later parts are dropped)."""
+        queue = self._streams.get(key)
+        if queue is not None:
+            self._end_stream(key)
+            limit = self.options.max_stream_queue
+            queue.put(RemoteError(f"{limit} stream request parts unread for {timeout} s"))
 
     def on_request_end(self, key: K) -> bool:
         """End a stream's parts. False: no such stream, now or lately."""

@@ -8,7 +8,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+)
 from typing import Any, TypeVar, cast
 
 from rpc.errors import RequestTimeout
@@ -21,21 +28,24 @@ END = object()
 
 class StreamQueue:
     """One stream's items in arrival order until its one reader takes them: the results
-    of a stream of ours (read by :meth:`~rpc.calls.Caller.stream`), or the parts of a stream request
-    to us (read by its handler). A deque and at most one waiting reader, lighter than an
-    ``asyncio.Queue``, which every item passed through twice. Unbounded here: the writers
-    fail the stream past ``options.max_stream_queue`` unread items
-    (:meth:`~rpc.calls.Caller.on_result_part`,
-    :meth:`~rpc.responder.Responder.on_request_part`). One reader: a second waiting at
-    the same time would replace the first's waiter (each stream has one generator reading
-    it, and a generator cannot be run by two tasks at once)."""
+    of a stream of ours (read by :meth:`~rpc.calls.Caller.stream`), or the parts of a stream
+    request to us (read by its handler). A deque and at most one waiting reader, lighter than
+    an ``asyncio.Queue``, which every item passed through twice. Unbounded here: past
+    ``options.max_stream_queue`` unread items the writers hold the connection's input until
+    the reader makes room (:mod:`rpc.stream_hold`). ``stall``: the seconds its reader may
+    take nothing while it holds (None: the connection's request timeout). One reader: a
+    second waiting at the same time would replace the first's waiter (each stream has one
+    generator reading it, and a generator cannot be run by two tasks at once)."""
 
-    __slots__ = ("_items", "_loop", "_waiter")
+    __slots__ = ("_items", "_loop", "_on_room", "_room_at", "_waiter", "stall")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, stall: float | None = None) -> None:
         self._loop = loop
         self._items: collections.deque[Any] = collections.deque()
         self._waiter: asyncio.Future[bool] | None = None
+        self._on_room: Callable[[], None] | None = None
+        self._room_at = 0
+        self.stall = stall
 
     def __len__(self) -> int:
         return len(self._items)
@@ -48,7 +58,17 @@ class StreamQueue:
 
     def take(self) -> Any:
         """The oldest item; IndexError when there is none."""
-        return self._items.popleft()
+        item = self._items.popleft()
+        if self._on_room is not None and len(self._items) <= self._room_at:
+            on_room, self._on_room = self._on_room, None
+            on_room()
+        return item
+
+    def when_room(self, at: int, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once, from the reader's :meth:`take`, when at most ``at``
+        items are left (None: forget the callback set before)."""
+        self._on_room = callback
+        self._room_at = at
 
     async def wait(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: for as long as it takes) for an item; one

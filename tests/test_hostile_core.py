@@ -43,14 +43,6 @@ def registry() -> rpc.Registry:
     def big(size: int) -> bytes:
         return b"x" * size
 
-    @reg.handle_stream("slow_sum")
-    async def slow_sum(parts: Any) -> int:
-        total = 0
-        async for part in parts:
-            await asyncio.sleep(0.05)
-            total += part
-        return total
-
     return reg
 
 
@@ -126,75 +118,6 @@ async def test_closing_on_a_peer_that_never_reads_ends_after_the_linger(
         async with asyncio.timeout(4):  # hung for good before
             await srv.close(drain_timeout=0.1)
         assert attacker.closed.done()
-
-
-async def test_stream_outrunning_its_handler_fails_alone() -> None:
-    options = rpc.Options(max_stream_queue=4)
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
-        async with raw_connection(srv.url.port) as (reader, writer):
-            rid = b"\x00\x00\x00\x01"
-            parts = b"".join(gotalk.encode(gotalk.StreamRequestPart(rid, b"1")) for _ in range(50))
-            writer.write(
-                b"01"
-                + gotalk.encode(gotalk.StreamRequest(rid, "slow_sum", b"1"))
-                + parts
-                + gotalk.encode(gotalk.StreamRequestPart(rid, b""))
-                + gotalk_request(2, "echo", b'"still here"')
-            )
-            codec = gotalk.GotalkConnection()
-            seen: list[Any] = []
-            async with asyncio.timeout(5):
-                while not any(isinstance(m, gotalk.ErrorResult) for m in seen) or not any(
-                    isinstance(m, gotalk.Result) for m in seen
-                ):
-                    seen += codec.receive_data(await reader.read(65536))
-            [error] = [m for m in seen if isinstance(m, gotalk.ErrorResult)]
-            assert error.id == rid and b"faster than handled" in error.payload
-            assert [m.payload for m in seen if isinstance(m, gotalk.Result)] == [b'"still here"']
-            assert not [m for m in seen if isinstance(m, gotalk.Fault)]
-
-
-@pytest.mark.parametrize(
-    ("scheme", "query", "told"),
-    [("tcp+gotalk", "", True), ("tcp+sbs", "?dialect=HatChatter", True), ("tcp+sbs", "", False)],
-)
-async def test_our_stream_with_unread_results_fails_alone(
-    scheme: str, query: str, told: bool
-) -> None:
-    """A peer streaming results faster than we read them: past max_stream_queue unread
-    results that stream fails with StreamOverflow (its results no longer pile up), the
-    connection goes on, and a peer that speaks the extension (not legacy Hat Chatter, which
-    has no room for it) is told and cancels its handler."""
-    reg = registry()
-    produced: list[int] = []
-    stopped = asyncio.Event()
-
-    @reg.handle("flood")
-    async def flood(count: int) -> Any:
-        try:
-            for i in range(count):
-                produced.append(i)
-                yield i
-                await asyncio.sleep(0)
-        finally:
-            stopped.set()
-
-    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as srv:
-        options = rpc.Options(max_stream_queue=16)
-        url = str(srv.url) + query
-        async with rpc.connect(
-            url, options=options, registry=rpc.Registry(), reconnect=False
-        ) as peer:
-            results = peer.stream("flood", value=100_000)
-            assert await anext(results) == 0
-            await until(lambda: len(produced) > 16)  # the rest arrive while we do not read
-            with pytest.raises(rpc.StreamOverflow):
-                async for _ in results:
-                    await stopped.wait()  # read nothing more until the handler has ended
-            assert (len(produced) < 100_000) is told  # cancelled, or run to its end
-            assert await peer.request("echo", "still here", timeout=5) == "still here"
-            caller = peer._calls  # our side keeps no state for the failed stream
-            assert not caller
 
 
 async def test_a_flood_on_one_connection_yields_to_the_others() -> None:

@@ -1,0 +1,90 @@
+"""Backpressure for streams: a stream whose reader falls behind holds the connection's input.
+
+A stream's items wait in its :class:`~rpc.streaming.StreamQueue` until its reader takes
+them: the results of a stream of ours, or the parts of a stream request to one of our
+handlers. Neither Gotalk nor Chatter has flow control per stream, so when an item comes for
+a queue that already holds ``max_stream_queue`` (default 256) unread items, the connection
+stops reading: that item and the rest of its read wait in the peer's backlog, the peer's
+further output waits in TCP, and its sender slows down. Reading resumes once the reader has
+taken the queue down to half. A reader that takes nothing for its queue's ``stall`` seconds
+while it holds (a stream of ours: its ``item_timeout``; a stream request: the connection's
+request timeout) fails its stream alone, and reading resumes.
+
+While one stream holds, nothing else from that peer is read: results of other calls wait
+behind it (the price of one byte stream without windows per stream). One read of a fast
+sender can hold many items; without the hold a reader that keeps up, but had no turn of the
+loop in between (uvloop reads a full socket again before it runs other callbacks), saw its
+stream fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NoReturn
+
+from rpc.deadlines import Deadlines
+from rpc.streaming import StreamQueue
+
+SLOT = "stream-hold"
+"""The :class:`~rpc.deadlines.Deadlines` slot of the hold's stall limit."""
+
+
+class InputHeld(Exception):
+    """Raised by a handler of one message, before it acts on it, when the message must wait:
+    the peer keeps it and the rest of its read in its backlog, reading paused, until the
+    cause ends and something gives the peer a turn. Raised only then, so that the loop
+    over a read's messages checks nothing for it."""
+
+
+class StreamHold:
+    """The one stream whose full queue holds a connection's input (nothing else is handled
+    while it holds, so there is never a second). Owned by the peer; ``resume`` gives the
+    peer a turn at its backlog."""
+
+    __slots__ = ("_deadlines", "_fail", "_queue", "_resume")
+
+    def __init__(self, deadlines: Deadlines, resume: Callable[[], None]) -> None:
+        self._deadlines = deadlines
+        self._resume = resume
+        self._queue: StreamQueue | None = None
+        self._fail: Callable[[], None] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._queue is not None
+
+    def hold(self, queue: StreamQueue, stall: float, fail: Callable[[], None]) -> NoReturn:
+        """Hold input until ``queue``'s reader has taken it down to half, or ``fail()`` its
+        stream when it took nothing for ``stall`` seconds (``queue.stall`` when set).
+        Raises :class:`InputHeld`, for the message that found the queue full."""
+        if self._queue is None:
+            self._queue, self._fail = queue, fail
+            queue.when_room(len(queue) // 2, self._room)
+            seconds = stall if queue.stall is None else queue.stall
+            self._deadlines.set(SLOT, self._deadlines.now() + seconds, self._stalled)
+        raise InputHeld
+
+    def drop(self, queue: StreamQueue) -> None:
+        """``queue``'s reader is gone (the stream given up on, the handler ended): it will
+        make no room, so a hold for it ends now."""
+        if queue is self._queue:
+            queue.when_room(0, None)
+            self._room()
+
+    def clear(self) -> None:
+        """The connection is gone: forget the hold (its deadline went with the others)."""
+        if self._queue is not None:
+            self._queue.when_room(0, None)
+        self._queue = self._fail = None
+
+    def _room(self) -> None:
+        self._deadlines.clear(SLOT)
+        self._queue = self._fail = None
+        self._resume()
+
+    def _stalled(self) -> None:
+        fail = self._fail
+        self.clear()
+        if fail is not None:
+            fail()
+        self._resume()
