@@ -30,7 +30,7 @@ from typing import Any, TypeVar, cast
 
 from rpc import loops
 from rpc.api import connect as async_connect
-from rpc.errors import ConnectionClosed, StreamOverflow
+from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
 from rpc.streaming import legacy_stream_args
@@ -79,7 +79,9 @@ _END: Any = object()
 
 MAX_BUFFERED = 65_536
 """Default ``max_buffered`` of :meth:`BlockingPeer.stream`: results a stream holds for its
-reading thread before it fails with StreamOverflow."""
+reading thread; past it the stream stops taking them from the connection until the readers
+have taken half (the connection's own queue then fills, and it stops reading: see
+:mod:`rpc.stream_hold`)."""
 
 _stopping: set[asyncio.Task[None]] = set()
 """Pumps cancelled by a close that does not wait (held until done: the loop keeps only weak
@@ -105,11 +107,12 @@ async def _stopped(pump: asyncio.Task[None]) -> None:
 
 class _Buffer:
     """Results on their way from the loop to the reading threads, then how the stream ended
-    (StopIteration, or the error). At most ``limit`` results: one more finishes it with
-    StreamOverflow. The mutex is held for a few steps only; a reader with nothing to take
-    waits on ``_bell``, a raw lock, unlocked when there may be something: its ``acquire()``
-    is one C call, so an interrupt (KeyboardInterrupt) cannot leave a lock half taken, as
-    one in ``Condition.wait``'s Python code can. ``waiting``: readers waiting now."""
+    (StopIteration, or the error). ``limit`` results at most: the pump then waits
+    (:meth:`room`) until the readers have taken half. The mutex is held for a few steps
+    only; a reader with nothing to take waits on ``_bell``, a raw lock, unlocked when there
+    may be something: its ``acquire()`` is one C call, so an interrupt (KeyboardInterrupt)
+    cannot leave a lock half taken, as one in ``Condition.wait``'s Python code can.
+    ``waiting``: readers waiting now."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -119,19 +122,35 @@ class _Buffer:
         self._error: BaseException | None = None
         self._mutex = threading.Lock()
         self._bell = threading.Lock()
+        self._room: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        """The pump's wait for room, and its loop (see :meth:`room`)."""
 
     def put(self, item: Any) -> bool:
-        """Add a result (on the loop); False once finished: closed, or now over the limit."""
+        """Add a result (on the loop); False once finished (closed)."""
         with self._mutex:
             if self._finished:
-                return False
-            if len(self._items) >= self.limit:
-                limit = self.limit
-                self._finish(StreamOverflow(f"more than {limit} results buffered unread"))
                 return False
             self._items.append(item)
             self._ring()
             return True
+
+    def room(self) -> asyncio.Future[None] | None:
+        """On the loop, after a put: None while there is room; at the limit, a future that
+        resolves once the readers have taken half of it, or the buffer finished."""
+        with self._mutex:
+            if self._finished or len(self._items) < self.limit:
+                return None
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._room = (loop, waiter)
+            return waiter
+
+    def _make_room(self) -> None:
+        """Under the mutex: wake the pump's wait for room (from a reading thread)."""
+        room, self._room = self._room, None
+        if room is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
+                room[0].call_soon_threadsafe(_settle, room[1])
 
     def finish(self, error: BaseException | None = None, *, drop: bool = False) -> None:
         """The stream ends after the results held (``drop``: at once); the first end wins."""
@@ -145,6 +164,7 @@ class _Buffer:
         self._finished = True
         self._error = error
         self._ring()
+        self._make_room()
 
     def _ring(self) -> None:
         if self._bell.locked():
@@ -158,6 +178,8 @@ class _Buffer:
                     item = self._items.popleft()
                     if self._items or self._finished:
                         self._ring()  # for another reader
+                    if self._room is not None and len(self._items) <= self.limit // 2:
+                        self._make_room()
                     return item
                 if self._finished:
                     self._ring()  # for another reader
@@ -174,15 +196,20 @@ class _Buffer:
                     self.waiting -= 1
 
 
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 async def _pump(
     results: AsyncGenerator[Any, None], buffer: _Buffer, first: asyncio.Future[None]
 ) -> None:
-    """Move the results into ``buffer`` as they come, whatever the pace of the reader (the
-    core's queue of the stream stays short: this task waits on it from the start), until
-    they end, the buffer is finished (closed, or at its limit) or this task is cancelled;
-    then close them: a stream that still runs stops, and a peerwire server cancels its
-    handler. ``first`` is settled by the first result or the end (an error before any
-    result is set on it, to raise from ``stream()``)."""
+    """Move the results into ``buffer`` as they come (the core's queue of the stream stays
+    short: this task waits on it from the start); at the buffer's limit, wait until the
+    readers have taken half. Until they end, the buffer is finished (closed) or this task
+    is cancelled; then close them: a stream that still runs stops, and a peerwire server
+    cancels its handler. ``first`` is settled by the first result or the end (an error
+    before any result is set on it, to raise from ``stream()``)."""
     try:
         async for item in results:
             kept = buffer.put(item)
@@ -190,6 +217,9 @@ async def _pump(
                 first.set_result(None)
             if not kept:
                 break
+            room = buffer.room()
+            if room is not None:
+                await room
     except Exception as error:
         if first.done():
             buffer.finish(error)
@@ -205,9 +235,11 @@ async def _pump(
 class BlockingStream(Iterator[Any]):
     """The results of :meth:`BlockingPeer.stream`. A task on the loop (the pump) takes them
     from the connection as they come and buffers them for the reading thread, up to
-    ``max_buffered`` (default :data:`MAX_BUFFERED`): a reader slower than the server gets
-    them all, and one that falls that far behind gets StreamOverflow (the server is told, as
-    on a cancel) after the results before it, as it gets an error the stream ends with.
+    ``max_buffered`` (default :data:`MAX_BUFFERED`); past it the pump waits, so a reader
+    slower than the server slows the server down (see :mod:`rpc.stream_hold`) and gets
+    every result. One that takes none for the stream's ``item_timeout`` while the
+    connection waits for it gets StreamOverflow (the server is told, as on a cancel) after
+    the results before it, as it gets an error the stream ends with.
 
     Closing it (:meth:`close`, the end of a ``with`` block, dropping it, or an interrupt
     such as KeyboardInterrupt in ``next()``) stops the pump and the stream, which tells a

@@ -234,16 +234,35 @@ def test_threads_reading_one_stream_share_its_results() -> None:
         assert all(mine == sorted(mine) for mine in got)
 
 
-def test_a_stream_past_max_buffered_fails_and_stops_the_handler() -> None:
+def test_a_reader_slower_than_the_server_past_max_buffered_gets_every_result() -> None:
+    """A reader that falls more than ``max_buffered`` (100) results behind a server that
+    sends as fast as it can: the stream waits for it (the pump, then the connection stop
+    taking results) and it gets them all. Before, the stream failed with StreamOverflow."""
+    feeds = Feeds()
+    with serving(feeds.registry) as url, rpc.blocking.connect(url, reconnect=False) as peer:
+        got = []
+        for item in peer.stream("count", value=5_000, max_buffered=100):
+            got.append(item)
+            if len(got) % 1_000 == 0:
+                time.sleep(0.05)  # a slow reader now and then (load, not synchronisation)
+        assert got == list(range(5_000))
+        assert peer.request("echo", "after") == "after"
+
+
+def test_a_stream_whose_reader_stops_fails_at_its_item_timeout() -> None:
+    """Nothing read: the pump holds ``max_buffered`` (100) results, the connection's queue
+    of the stream 256 more, and the connection stops reading; at the stream's
+    ``item_timeout`` (0.5 s) the stream fails alone and the server's handler is stopped.
+    The reader then gets the results before the error, the error, and nothing more."""
     feeds = Feeds()
     _, ended = feeds.expect("f")
     with serving(feeds.registry) as url, rpc.blocking.connect(url, reconnect=False) as peer:
-        results = peer.stream("flood", value="f", max_buffered=100)
+        results = peer.stream("flood", value="f", max_buffered=100, item_timeout=0.5)
         assert ended.wait(5), "the server's handler still runs"  # nothing read meanwhile
         got: list[int] = []
-        with pytest.raises(rpc.StreamOverflow, match="more than 100 results"):
+        with pytest.raises(rpc.StreamOverflow, match=r"256 stream results unread for 0\.5 s"):
             got.extend(results)
-        assert got == list(range(100))  # the results before it come first
+        assert got == list(range(100 + 256))  # the results before it come first
         assert list(results) == []
         assert peer.request("echo", "after") == "after"  # the connection lives on
         with pytest.raises(ValueError, match="max_buffered"):
