@@ -458,8 +458,11 @@ def serve(
     """Serve ``registry``'s handlers on ``url``: ``async with serve(url) as server``.
 
     Port 0 picks a free port; ``server.url`` is the bound URL. TLS URLs need ``ssl``.
-    ``on_connect(peer)`` runs for every accepted connection (sync or async); connections
-    past ``max_connections`` are closed at once. WebSocket URLs serve their endpoint at the
+    ``on_connect(peer)`` runs for every accepted connection (sync or async: a coroutine
+    runs as a task of the connection, and the peer's requests are served meanwhile, so it
+    may make requests of its own to the peer); if it raises, the connection is closed (a
+    rate-limited ERROR line with the traceback). Connections past ``max_connections`` are
+    closed at once. WebSocket URLs serve their endpoint at the
     URL's path; ``web`` sets allowed origins, a static folder and the like. ``sock``, an
     already bound TCP socket, is served instead of binding the URL's host and port (which
     then only name it); :mod:`rpc.workers` passes one per worker process.

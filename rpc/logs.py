@@ -1,5 +1,7 @@
-"""Where peers' protocol violations are logged: one WARNING line per violation, at most 20
-per 10 s (:class:`~transports.logs.RateLimitedLog`, shared with the transports)."""
+"""Where what a peer can make us log per connection goes: its protocol violations, one
+WARNING line each, and the failures of ``on_open`` (a server's ``on_connect``) that closed
+its connection, with their tracebacks; each at most 20 records per 10 s
+(:class:`~transports.logs.RateLimitedLog`, shared with the transports)."""
 
 from __future__ import annotations
 
@@ -9,3 +11,6 @@ from transports.logs import RateLimitedLog
 
 violations = RateLimitedLog(logging.getLogger("peerwire.rpc.violations"))
 """Where peers' protocol violations are reported."""
+refusals = RateLimitedLog(logging.getLogger("peerwire.rpc"))
+"""Where an ``on_open`` callback's failure that closed the connection is reported (a
+server refusing clients in ``on_connect`` would otherwise log a traceback each)."""

@@ -44,7 +44,7 @@ import contextvars
 import inspect
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rpc.call_bounds import CallBounds
@@ -55,11 +55,11 @@ from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
 from rpc.key import K
-from rpc.logs import violations
+from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
-from rpc.responder import ENDED_STREAMS, Responder, _awaited, current_peer
+from rpc.responder import ENDED_STREAMS, Responder, current_peer
 from rpc.responder import _parts as _parts
 from rpc.stream_hold import InputHeld, StreamHold
 from rpc.streaming import ResultWait, StreamQueue
@@ -219,13 +219,21 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
             try:
                 result = self.on_open(self)
                 if inspect.isawaitable(result):
-                    self._tasks.spawn(_awaited(result))
+                    self._tasks.spawn(self._opening(result))
             except Exception:
-                log.exception("on_open callback failed; closing")
+                refusals.exception("%s: on_open callback failed; closing", self.remote_address)
                 self.abort()
             finally:
                 current_peer.reset(token)
         self.outbox.flush()
+
+    async def _opening(self, result: Awaitable[Any]) -> None:
+        """An async ``on_open``: its failure closes the connection, as a plain one's does."""
+        try:
+            await result
+        except Exception:
+            refusals.exception("%s: on_open callback failed; closing", self.remote_address)
+            self.abort()
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the peer: what a stream transport read into the thread's shared

@@ -421,10 +421,6 @@ class Responder(Generic[K]):
         self.adapter.send_result(key, payload, stream)
 
 
-async def _awaited(awaitable: Any) -> None:
-    await awaitable
-
-
 async def _parts(queue: StreamQueue, decode: Any) -> AsyncIterator[Any]:
     """The async iterator a stream handler reads its request parts from."""
     while True:

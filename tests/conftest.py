@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from rpc import loops
-from rpc.logs import violations
+from rpc.logs import refusals, violations
 from rpc.notifications import failures
 from tests.certs import Pki, make_pki
 from transports import websocket
@@ -67,5 +67,6 @@ def fresh_rate_limited_logs() -> None:
     violations, notification handlers' failures, refused HTTP requests): one test's burst
     must not hide the next test's records."""
     violations.reset()
+    refusals.reset()
     failures.reset()
     websocket.violations.reset()

@@ -338,6 +338,40 @@ async def test_on_connect_and_connection_limit(flavour: str) -> None:
         assert len(opened) == 1
 
 
+@pytest.mark.parametrize("kind", ["plain", "async"])
+async def test_a_server_on_connect_that_raises_closes_its_connection(
+    flavour: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server's ``on_connect`` that refuses a client by raising closes that connection,
+    sync or async. Before, an async one's error was logged as a task's and the connection
+    went on being served."""
+    scheme, query = FLAVOURS[flavour]
+    refused: list[rpc.Peer] = []
+
+    def refuse(peer: rpc.Peer) -> None:
+        refused.append(peer)
+        raise rpc.Rejected("not on the list")
+
+    async def refuse_later(peer: rpc.Peer) -> None:
+        await asyncio.sleep(0)
+        refuse(peer)
+
+    on_connect = refuse if kind == "plain" else refuse_later
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=make_registry(), on_connect=on_connect
+    ) as server:
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        try:
+            peer = await rpc.connect(url, reconnect=False)
+        except rpc.ConnectionClosed:
+            assert kind == "plain"  # closed before the client saw it open
+        else:
+            await asyncio.wait_for(peer.closed, 5)
+        await wait_until(lambda: not server.peers)
+        assert len(refused) == 1
+    assert "on_open callback failed; closing" in caplog.text
+
+
 async def test_drain_bounds_what_a_slow_reader_costs(flavour: str) -> None:
     scheme, query = FLAVOURS[flavour]
     async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=make_registry()) as server:
