@@ -49,7 +49,8 @@ class Transition:
     wait: float | None = None
     """Seconds before the round of attempts starts (reconnecting only)."""
     error: str | None = None
-    """Why the connection dropped or the last attempt failed (None: no failure)."""
+    """Why the connection dropped (naming the URL it was to: ``url`` is the next one tried)
+    or the last attempt failed (None: no failure)."""
     failures: int = 0
     """Failed attempts in a row so far."""
 
@@ -157,9 +158,9 @@ def _log(transition: Transition) -> None:
         transition.failures,
     )
     if state is ConnectionState.RECONNECTING:
-        if failures == 0:
+        if failures == 0:  # error: the URL that was lost, and why
             log.info(
-                "connection to %s lost (%s); reconnecting in %.3f s", url, error, transition.wait
+                "connection lost: %s; reconnecting to %s in %.3f s", error, url, transition.wait
             )
         else:
             log.info(

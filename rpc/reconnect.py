@@ -321,6 +321,8 @@ class ReconnectingPeer:
                 try:
                     peer = await self._attempt(url)
                 except Exception as exc:
+                    if self._closing:  # closed meanwhile (by on_connect): no more URLs
+                        raise
                     error = exc
                     if url != urls[-1]:  # the last failure is raised
                         log.info("%s; trying the next URL", _failure(url, exc))
@@ -345,6 +347,8 @@ class ReconnectingPeer:
             result = self._on_connect(peer)
             if inspect.isawaitable(result):
                 await result
+            if self._closing:  # on_connect closed the client: this connection goes too
+                raise ConnectionClosed(f"the client was closed during on_connect ({url})")
             if not peer.is_open:
                 raise ConnectionClosed(f"connection to {url} closed during on_connect")
         except BaseException:
@@ -370,13 +374,14 @@ class ReconnectingPeer:
                 exc = await asyncio.shield(peer.closed)
                 proven = self._proven is not None
                 self._peer = self._proven = None
-                why = str(peer.violation or exc or "closed by the peer")
+                why = f"{self.url}: {peer.violation or exc or 'closed by the peer'}"
                 lived = self._loop.time() - self._opened_at
                 if proven or lived >= self.policy.backoff.cap:
                     self._failures = self._rounds = 0  # it worked: back-off starts again
                 else:  # accepted, then closed before it answered: a failed attempt
                     self._failures += 1
-                    why = f"{self.url} closed after {lived:.3f} s, before answering: {why}"
+                    cause = peer.violation or exc or "closed by the peer"
+                    why = f"{self.url} closed after {lived:.3f} s, before answering: {cause}"
                 if not await self._reconnect(why):
                     return
         except Exception as exc:  # a bug of ours: say so, and do not leave callers waiting
@@ -402,6 +407,8 @@ class ReconnectingPeer:
                 try:
                     peer = await self._attempt(url)
                 except Exception as exc:
+                    if self._closing:  # closed meanwhile (by on_connect): no more attempts
+                        return False
                     self._failures += 1
                     why = _failure(url, exc)
                     last = self.urls.index(url)

@@ -205,6 +205,37 @@ async def test_transitions_iterator_and_state_names() -> None:
             assert [t async for t in client.transitions()][-1].state is CLOSED  # at once
 
 
+async def test_a_client_closed_by_its_on_connect_while_reconnecting_stays_closed() -> None:
+    """``close()`` from ``on_connect`` on a reconnect: that connection is closed, the client
+    stays closed and stops reconnecting. Before, the connection opened anyway after the
+    close (state ``closed`` then ``open``) and was never freed, nor was the client's task."""
+    connections = 0
+    clients: list[rpc.ReconnectingPeer] = []
+
+    async def on_connect(peer: rpc.Peer) -> None:
+        nonlocal connections
+        connections += 1
+        if connections == 2:
+            await clients[0].close()
+
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=named("s")) as server:
+        async with Proxy(server.url.port) as proxy:
+            url = f"tcp+gotalk://127.0.0.1:{proxy.port}"
+            client = await rpc.connect(url, reconnect=FAST, on_connect=on_connect)
+            clients.append(client)
+            assert await client.request("who") == "s"
+            proxy.drop()
+            task = client._task
+            assert task is not None
+            await asyncio.wait_for(asyncio.wait([task]), 5)  # reconnecting stopped
+            assert connections == 2
+            assert client.connection_state is CLOSED
+            assert client.connection is None
+            with pytest.raises(rpc.ConnectionClosed):
+                await client.request("who", timeout=1)
+            await wait_until(lambda: not server.peers)
+
+
 async def test_transitions_are_logged_with_address_and_wait(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -218,8 +249,8 @@ async def test_transitions_are_logged_with_address_and_wait(
                 await wait_until(lambda: client.connects == 2)
     lines = [r.getMessage() for r in caplog.records if r.name == "peerwire.rpc"]
     assert f"connecting to {url}" in lines
-    assert any(line.startswith(f"connection to {url} lost (") for line in lines)
-    assert any(" reconnecting in 0.0" in line and line.endswith(" s") for line in lines)
+    assert any(line.startswith(f"connection lost: {url}: ") for line in lines)
+    assert any(f"; reconnecting to {url} in 0.0" in line and line.endswith(" s") for line in lines)
     assert lines.count(f"connected to {url}") == 2
     assert lines[-1] == f"connection to {url} closed"
 
@@ -254,6 +285,28 @@ async def test_failover_between_urls(scheme: str, pki: Pki) -> None:
     finally:
         await a.close(drain_timeout=0)
         await b.close(drain_timeout=0)
+
+
+async def test_a_failover_logs_the_url_lost_and_the_url_tried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The line of a drop names the URL that was lost, then the next one tried. Before, it
+    said the next one was lost (the transition's ``url``), sending operators to the healthy
+    server."""
+    caplog.set_level(logging.INFO, "peerwire.rpc")
+    a = await rpc.serve("tcp+gotalk://127.0.0.1:0", registry=named("a"))
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=named("b")) as b:
+        try:
+            async with rpc.connect([str(a.url), str(b.url)], reconnect=FAST) as client:
+                assert await client.request("who") == "a"
+                await a.close(drain_timeout=0)
+                assert await client.request("who", timeout=5) == "b"
+        finally:
+            await a.close(drain_timeout=0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "peerwire.rpc"]
+    lost = [line for line in lines if line.startswith("connection lost: ")]
+    assert lost and lost[0].startswith(f"connection lost: {a.url}: ")
+    assert f"; reconnecting to {b.url} in " in lost[0]
 
 
 async def test_shuffled_failover_tries_the_urls_in_random_orders(
