@@ -48,7 +48,9 @@ class Reconnect:
     """How :func:`rpc.connect` reconnects (``connect(url, reconnect=Reconnect(...))``)."""
 
     backoff: Backoff = field(default_factory=Backoff)
-    """Wait before each round of attempts (default: from 0.1 s, at most 10 s)."""
+    """Wait before each round of attempts (default: from 0.1 s, at most 10 s). Its base and
+    cap must be positive: a zero would try again at once for good, a loop that burns a core
+    against a server that refuses."""
     attempts: int | None = None
     """Failed attempts in a row after which the client closes; None: no limit; 0: the
     client closes when its connection drops."""
@@ -57,5 +59,7 @@ class Reconnect:
     URL that dropped)."""
 
     def __post_init__(self) -> None:
+        if not (self.backoff.base > 0 and self.backoff.cap > 0):
+            raise ValueError(f"a reconnecting client's back-off must be positive: {self.backoff}")
         if self.attempts is not None and self.attempts < 0:
             raise ValueError(f"attempts must not be negative: {self.attempts}")

@@ -58,6 +58,9 @@ def test_backoff_bounds_and_full_jitter() -> None:
         assert 0.4 * ceiling < sum(waits) / len(waits) < 0.6 * ceiling
     with pytest.raises(ValueError):
         rpc.Backoff(base=-1.0)
+    for zero in ({"base": 0.0}, {"cap": 0.0}):  # a retry at once for good: refused
+        with pytest.raises(ValueError, match="positive"):
+            rpc.Reconnect(backoff=rpc.Backoff(**zero))
     with pytest.raises(ValueError):
         rpc.Reconnect(attempts=-1)
 
