@@ -121,5 +121,9 @@ class Deadlines:
             slot = self._slots.pop(name, None)
             if slot is not None:
                 slot[1]()  # may set slots again, or close
-        if self._slots and self._handle is None:
-            self._arm(min(when for when, _ in self._slots.values()))
+        # a callback that set its slot again armed the timer for it: a slot due before that
+        # one (not due now) must not wait for it
+        if self._slots:
+            earliest = min(when for when, _ in self._slots.values())
+            if earliest < self._armed_at:
+                self._arm(earliest)

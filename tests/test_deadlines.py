@@ -82,6 +82,25 @@ async def test_a_deadline_just_past_a_millisecond_wakes_its_timer_once() -> None
         server.close()
 
 
+async def test_a_slot_that_sets_itself_again_leaves_an_earlier_slot_on_time() -> None:
+    """A slot due first whose callback sets it again later (a heartbeat does each beat)
+    armed the timer for its own next time: a slot due in between waited for that one.
+    Before, "between" (due at +0.2 s) fired at +1.0 s with "beat"."""
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    start = loop.time()
+    between = asyncio.Event()
+
+    def beat() -> None:
+        deadlines.set("beat", start + 1.0, nothing)
+
+    deadlines.set("beat", start + 0.05, beat)
+    deadlines.set("between", start + 0.2, between.set)
+    await asyncio.wait_for(between.wait(), 0.8)  # at +1.0 before: TimeoutError
+    assert loop.time() - start < 0.8
+    deadlines.close()
+
+
 async def test_a_stream_result_already_queued_is_taken_without_a_wait() -> None:
     """Results that came in one read are queued before the caller asks: they are taken at
     once, even with no time left to wait for one; an empty queue still times out, and the
