@@ -79,8 +79,8 @@ _END: Any = object()
 
 MAX_BUFFERED = 65_536
 """Default ``max_buffered`` of :meth:`BlockingPeer.stream`: results a stream holds for its
-reading thread; past it the stream stops taking them from the connection until the readers
-have taken half (the connection's own queue then fills, and it stops reading: see
+reading thread; past it the stream takes one more from the connection each time a reader
+takes one (the connection's own queue then fills, and it stops reading: see
 :mod:`rpc.stream_hold`)."""
 
 _stopping: set[asyncio.Task[None]] = set()
@@ -108,7 +108,8 @@ async def _stopped(pump: asyncio.Task[None]) -> None:
 class _Buffer:
     """Results on their way from the loop to the reading threads, then how the stream ended
     (StopIteration, or the error). ``limit`` results at most: the pump then waits
-    (:meth:`room`) until the readers have taken half. The mutex is held for a few steps
+    (:meth:`room`) until a reader takes one, so that the connection's stall limit counts
+    from the readers' last take. The mutex is held for a few steps
     only; a reader with nothing to take waits on ``_bell``, a raw lock, unlocked when there
     may be something: its ``acquire()`` is one C call, so an interrupt (KeyboardInterrupt)
     cannot leave a lock half taken, as one in ``Condition.wait``'s Python code can.
@@ -136,7 +137,7 @@ class _Buffer:
 
     def room(self) -> asyncio.Future[None] | None:
         """On the loop, after a put: None while there is room; at the limit, a future that
-        resolves once the readers have taken half of it, or the buffer finished."""
+        resolves once a reader took one, or the buffer finished."""
         with self._mutex:
             if self._finished or len(self._items) < self.limit:
                 return None
@@ -178,7 +179,7 @@ class _Buffer:
                     item = self._items.popleft()
                     if self._items or self._finished:
                         self._ring()  # for another reader
-                    if self._room is not None and len(self._items) <= self.limit // 2:
+                    if self._room is not None:  # the pump waits: one more may come
                         self._make_room()
                     return item
                 if self._finished:
@@ -205,8 +206,8 @@ async def _pump(
     results: AsyncGenerator[Any, None], buffer: _Buffer, first: asyncio.Future[None]
 ) -> None:
     """Move the results into ``buffer`` as they come (the core's queue of the stream stays
-    short: this task waits on it from the start); at the buffer's limit, wait until the
-    readers have taken half. Until they end, the buffer is finished (closed) or this task
+    short: this task waits on it from the start); at the buffer's limit, wait until a
+    reader takes one. Until they end, the buffer is finished (closed) or this task
     is cancelled; then close them: a stream that still runs stops, and a peerwire server
     cancels its handler. ``first`` is settled by the first result or the end (an error
     before any result is set on it, to raise from ``stream()``)."""

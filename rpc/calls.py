@@ -450,7 +450,9 @@ class Caller(Generic[K]):
         """Our stream's reader took none of its full queue's results in time: the stream
         fails alone, and the peer is told."""
         limit, stall = self.options.max_stream_queue, queue.stall
-        self._fail_call(key, StreamOverflow(f"{limit} stream results unread for {stall} s"))
+        self._fail_call(
+            key, StreamOverflow(f"{limit} stream results waiting, none taken for {stall} s")
+        )
         self.adapter.abandon(key)
 
     def on_result_end(self, key: K) -> None:

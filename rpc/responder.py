@@ -245,7 +245,9 @@ class Responder(Generic[K]):
         if queue is None:
             return key in self._ended  # refused, failed or answered: dropped
         if len(queue) >= self.options.max_stream_queue:
-            timeout = self.options.timeout or self.adapter.default_timeout
+            timeout = self.options.timeout
+            if timeout is None:
+                timeout = self.adapter.default_timeout
             self._stream_hold.hold(queue, timeout, lambda: self._stalled_parts(key, timeout))
         queue.put(payload)
         return True
@@ -257,7 +259,9 @@ class Responder(Generic[K]):
         if queue is not None:
             self._end_stream(key)
             limit = self.options.max_stream_queue
-            queue.put(RemoteError(f"{limit} stream request parts unread for {timeout} s"))
+            queue.put(
+                RemoteError(f"{limit} stream request parts waiting, none taken for {timeout} s")
+            )
 
     def on_request_end(self, key: K) -> bool:
         """End a stream's parts. False: no such stream, now or lately."""

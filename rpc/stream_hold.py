@@ -6,9 +6,10 @@ handlers. Neither Gotalk nor Chatter has flow control per stream, so when an ite
 a queue that already holds ``max_stream_queue`` (default 256) unread items, the connection
 stops reading: that item and the rest of its read wait in the peer's backlog, the peer's
 further output waits in TCP, and its sender slows down. Reading resumes once the reader has
-taken the queue down to half. A reader that takes nothing for its queue's ``stall`` seconds
-while it holds (a stream of ours: its ``item_timeout``; a stream request: the connection's
-request timeout) fails its stream alone, and reading resumes.
+taken the queue down to half. A reader that goes its queue's ``stall`` seconds without
+taking an item while it holds (a stream of ours: its ``item_timeout``; a stream request:
+the connection's request timeout) fails its stream alone, and reading resumes; a slow
+reader that keeps taking never does.
 
 While one stream holds, nothing else from that peer is read: results of other calls wait
 behind it (the price of one byte stream without windows per stream). One read of a fast
@@ -41,13 +42,14 @@ class StreamHold:
     while it holds, so there is never a second). Owned by the peer; ``resume`` gives the
     peer a turn at its backlog."""
 
-    __slots__ = ("_deadlines", "_fail", "_queue", "_resume")
+    __slots__ = ("_deadlines", "_fail", "_queue", "_resume", "_stall")
 
     def __init__(self, deadlines: Deadlines, resume: Callable[[], None]) -> None:
         self._deadlines = deadlines
         self._resume = resume
         self._queue: StreamQueue | None = None
         self._fail: Callable[[], None] | None = None
+        self._stall = 0.0
 
     @property
     def active(self) -> bool:
@@ -55,13 +57,13 @@ class StreamHold:
 
     def hold(self, queue: StreamQueue, stall: float, fail: Callable[[], None]) -> NoReturn:
         """Hold input until ``queue``'s reader has taken it down to half, or ``fail()`` its
-        stream when it took nothing for ``stall`` seconds (``queue.stall`` when set).
-        Raises :class:`InputHeld`, for the message that found the queue full."""
+        stream once it went ``stall`` seconds (``queue.stall`` when set) without taking an
+        item. Raises :class:`InputHeld`, for the message that found the queue full."""
         if self._queue is None:
             self._queue, self._fail = queue, fail
+            self._stall = stall if queue.stall is None else queue.stall
             queue.when_room(len(queue) // 2, self._room)
-            seconds = stall if queue.stall is None else queue.stall
-            self._deadlines.set(SLOT, self._deadlines.now() + seconds, self._stalled)
+            self._deadlines.set(SLOT, queue.taken_at + self._stall, self._stalled)
         raise InputHeld
 
     def drop(self, queue: StreamQueue) -> None:
@@ -83,6 +85,13 @@ class StreamHold:
         self._resume()
 
     def _stalled(self) -> None:
+        queue = self._queue
+        if queue is None:
+            return
+        due = queue.taken_at + self._stall
+        if due > self._deadlines.now():  # it took one since: a slow reader, not a stalled one
+            self._deadlines.set(SLOT, due, self._stalled)
+            return
         fail = self._fail
         self.clear()
         if fail is not None:

@@ -33,11 +33,12 @@ class StreamQueue:
     an ``asyncio.Queue``, which every item passed through twice. Unbounded here: past
     ``options.max_stream_queue`` unread items the writers hold the connection's input until
     the reader makes room (:mod:`rpc.stream_hold`). ``stall``: the seconds its reader may
-    take nothing while it holds (None: the connection's request timeout). One reader: a
+    go without taking an item while it holds (None: the connection's request timeout). One
+    reader: a
     second waiting at the same time would replace the first's waiter (each stream has one
     generator reading it, and a generator cannot be run by two tasks at once)."""
 
-    __slots__ = ("_items", "_loop", "_on_room", "_room_at", "_waiter", "stall")
+    __slots__ = ("_items", "_loop", "_on_room", "_room_at", "_waiter", "stall", "taken_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stall: float | None = None) -> None:
         self._loop = loop
@@ -46,6 +47,8 @@ class StreamQueue:
         self._on_room: Callable[[], None] | None = None
         self._room_at = 0
         self.stall = stall
+        self.taken_at = 0.0
+        """Loop time of the reader's last take while a room callback is set."""
 
     def __len__(self) -> int:
         return len(self._items)
@@ -59,16 +62,20 @@ class StreamQueue:
     def take(self) -> Any:
         """The oldest item; IndexError when there is none."""
         item = self._items.popleft()
-        if self._on_room is not None and len(self._items) <= self._room_at:
-            on_room, self._on_room = self._on_room, None
-            on_room()
+        if self._on_room is not None:  # a hold waits for room: the reader is alive
+            self.taken_at = self._loop.time()
+            if len(self._items) <= self._room_at:
+                on_room, self._on_room = self._on_room, None
+                on_room()
         return item
 
     def when_room(self, at: int, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` once, from the reader's :meth:`take`, when at most ``at``
-        items are left (None: forget the callback set before)."""
+        items are left (None: forget the callback set before); until then each take's
+        time is kept in :attr:`taken_at` (from now)."""
         self._on_room = callback
         self._room_at = at
+        self.taken_at = self._loop.time()
 
     async def wait(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: for as long as it takes) for an item; one

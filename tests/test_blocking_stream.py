@@ -249,6 +249,24 @@ def test_a_reader_slower_than_the_server_past_max_buffered_gets_every_result() -
         assert peer.request("echo", "after") == "after"
 
 
+def test_a_slow_but_steady_reader_past_max_buffered_outlasts_its_item_timeout() -> None:
+    """A thread that takes a result every 10 ms from a stream 64 results ahead of it in its
+    buffer and 16 in the connection's queue, with an ``item_timeout`` of 0.2 s: it never
+    goes 0.2 s without taking one, so it gets every result. Before, the pump waited for
+    half the buffer to be taken (0.32 s) and the connection failed the stream meanwhile."""
+    feeds = Feeds()
+    options = rpc.Options(max_stream_queue=16)
+    with (
+        serving(feeds.registry) as url,
+        rpc.blocking.connect(url, reconnect=False, options=options) as peer,
+    ):
+        got = []
+        for item in peer.stream("count", value=150, max_buffered=64, item_timeout=0.2):
+            got.append(item)
+            time.sleep(0.01)  # a slow reader (its pace, not a synchronisation)
+        assert got == list(range(150))
+
+
 def test_a_stream_whose_reader_stops_fails_at_its_item_timeout() -> None:
     """Nothing read: the pump holds ``max_buffered`` (100) results, the connection's queue
     of the stream 256 more, and the connection stops reading; at the stream's
@@ -260,7 +278,9 @@ def test_a_stream_whose_reader_stops_fails_at_its_item_timeout() -> None:
         results = peer.stream("flood", value="f", max_buffered=100, item_timeout=0.5)
         assert ended.wait(5), "the server's handler still runs"  # nothing read meanwhile
         got: list[int] = []
-        with pytest.raises(rpc.StreamOverflow, match=r"256 stream results unread for 0\.5 s"):
+        with pytest.raises(
+            rpc.StreamOverflow, match=r"256 stream results waiting, none taken for 0\.5 s"
+        ):
             got.extend(results)
         assert got == list(range(100 + 256))  # the results before it come first
         assert list(results) == []

@@ -132,7 +132,10 @@ async def test_a_stream_handler_that_stops_reading_fails_alone_at_the_timeout() 
             reader, lambda more: any(isinstance(m, gotalk.ErrorResult) for m in more), codec
         )
         [error] = [m for m in seen if isinstance(m, gotalk.ErrorResult)]
-        assert error.id == RID and b"4 stream request parts unread for 0.3 s" in error.payload
+        assert (
+            error.id == RID
+            and b"4 stream request parts waiting, none taken for 0.3 s" in error.payload
+        )
 
 
 async def test_a_stream_handler_that_ends_early_ends_the_hold_at_once() -> None:
@@ -152,6 +155,44 @@ async def test_a_stream_handler_that_ends_early_ends_the_hold_at_once() -> None:
         writer.write(stream_request(50))
         seen = await read_until(reader, lambda seen: len(results(seen)) == 2)
         assert results(seen) == {RID: b"1", b"\x00\x00\x00\x02": b'"still here"'}
+
+
+async def test_a_stream_handler_reading_slowly_but_steadily_is_never_failed() -> None:
+    """A handler that takes a part every 10 ms, with room for 64 and a request timeout of
+    0.2 s: taking half its queue takes 0.32 s, longer than the limit, but it never goes
+    0.2 s without taking one, so its stream goes on. Before, the limit counted from the
+    hold's start, and the stream failed."""
+    reg = registry()
+
+    @reg.handle_stream("sum")
+    async def total(parts: Any) -> int:
+        result = 0
+        async for part in parts:
+            await asyncio.sleep(0.01)  # a slow handler (its pace, not a synchronisation)
+            result += part
+        return result
+
+    options = rpc.Options(max_stream_queue=64, timeout=0.2)
+    async with raw_gotalk(reg, options) as (reader, writer):
+        writer.write(stream_request(120))
+        seen = await read_until(reader, lambda seen: len(results(seen)) == 2)
+        assert results(seen) == {RID: b"121", b"\x00\x00\x00\x02": b'"still here"'}
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_our_stream_with_a_slow_but_steady_reader_outlasts_its_item_timeout(
+    flavour: str,
+) -> None:
+    """A reader that takes a result every 10 ms, with room for 64 and an ``item_timeout``
+    of 0.2 s: half the queue takes it 0.32 s, but it never goes 0.2 s without taking one,
+    so it gets every result. Before, the stream failed at 0.2 s into the hold."""
+    options = rpc.Options(max_stream_queue=64)
+    async with served(flavour, registry(), client_options=options) as (_srv, peer):
+        got = []
+        async for item in peer.stream("count", value=120, item_timeout=0.2):
+            got.append(item)
+            await asyncio.sleep(0.01)  # a slow reader (its pace, not a synchronisation)
+        assert got == list(range(120))
 
 
 @pytest.mark.parametrize("flavour", list(FLAVOURS))
@@ -205,7 +246,9 @@ async def test_our_stream_whose_reader_stops_fails_alone(
             results = peer.stream("flood", value=20_000, item_timeout=0.5)
             assert (await anext(results))[0] == 0
             got = []
-            with pytest.raises(rpc.StreamOverflow, match=r"16 stream results unread for 0\.5 s"):
+            with pytest.raises(
+                rpc.StreamOverflow, match=r"16 stream results waiting, none taken for 0\.5 s"
+            ):
                 async for item in results:
                     await stopped.wait()  # read nothing more until the handler has ended
                     got.append(item[0])
