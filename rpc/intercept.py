@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("peerwire.rpc")
 
+_REQUEST, _STREAM = HandlerKind.REQUEST, HandlerKind.STREAM
+"""Module globals: an Enum member read off its class costs about 100 ns in Python 3.11."""
+
 DEADLINE_GRACE = 0.1
 """Seconds a handler may run past its caller's deadline before we cancel it: the caller
 gives up first (its RequestTimeout, and its cancel if it took the extension), so our
@@ -92,7 +95,7 @@ def serve_with_meta(
         if deadline is None or handler is None or not handler.is_async:
             peer.on_request(key, op, payload, stream)  # nothing to bound: the plain path
             return
-        if handler.coroutine and not stream and handler.kind is HandlerKind.REQUEST:
+        if handler.coroutine and not stream and handler.kind is _REQUEST:
             call = Call(
                 op, "request", "server", peer, payload, key, dict(meta.entries), deadline=deadline
             )
@@ -124,7 +127,7 @@ def serve_request(
         handler = peer.registry.get(op)
     queue: StreamQueue | None = None
     if stream:
-        if handler is not None and handler.kind is HandlerKind.STREAM:
+        if handler is not None and handler.kind is _STREAM:
             queue = StreamQueue(peer.loop)
             peer._streams[key] = queue
             if payload:
@@ -202,7 +205,7 @@ async def _handle(call: Call, handler: Handler | None, queue: StreamQueue | None
     peer = call.peer
     if handler is None:
         raise UnknownOperation(f'unknown operation "{call.op}"')
-    if (handler.kind is HandlerKind.STREAM) != (call.kind == "stream"):
+    if (handler.kind is _STREAM) != (call.kind == "stream"):
         kind = "stream" if call.kind == "stream" else "single"
         raise UnknownOperation(f'operation "{call.op}" does not take {kind} requests')
     if queue is not None:
