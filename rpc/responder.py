@@ -373,6 +373,10 @@ class Responder(Generic[K]):
             self._running.discard(key)
             if key in self._streams:
                 self._end_stream(key)
+            # left at a yield (cancelled, the connection gone, an unencodable item): its
+            # cleanup (finally, async with) runs now, not when a gc finds the cycle our
+            # exception's traceback makes with this frame (a lock it held stayed taken)
+            await _close(agen)
         if self.is_open:
             self._answer(adapter.send_result_end, key, False)
 
@@ -426,6 +430,15 @@ class Responder(Generic[K]):
             self.adapter.send_error(key, str(exc))
             return
         self.adapter.send_result(key, payload, stream)
+
+
+async def _close(agen: Any) -> None:
+    """Close a handler's async generator (nothing once it ended); its own failure in doing
+    so is logged, not raised over the reason it was closed."""
+    try:
+        await agen.aclose()
+    except Exception:
+        log.debug("closing a streamed result's generator failed", exc_info=True)
 
 
 async def _parts(queue: StreamQueue, decode: Any) -> AsyncIterator[Any]:

@@ -341,3 +341,42 @@ async def test_a_refused_protocol_option_leaves_no_socket_behind(scheme: str) ->
             gc.collect()
         assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
         assert not server.peers
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
+async def test_a_streamed_result_cut_off_at_a_yield_is_closed_at_once(scheme: str) -> None:
+    """A client that stops reading a streamed result and goes away while the server waits
+    for its output to drain: the handler's generator is closed then (its ``async with`` lock
+    released), not when a cyclic gc comes. Before, another call needing the lock timed
+    out (gc off here, so that none comes by chance)."""
+    reg = rpc.Registry()
+    lock = asyncio.Lock()
+
+    @reg.handle("export")
+    async def export(_: Any) -> Any:
+        async with lock:
+            for _ in range(10**7):
+                yield "x" * 1000
+
+    @reg.handle("locked")
+    async def locked(_: Any) -> str:
+        async with lock:
+            return "got the lock"
+
+    gc.disable()
+    try:
+        async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as server:
+            url = str(server.url) + ("?dialect=HatChatter" if scheme == "tcp+sbs" else "")
+            first = await rpc.connect(url, registry=rpc.Registry(), reconnect=False)
+            results = first.stream("export", value=1)
+            await anext(results)  # then nothing more is read
+            [served] = server.peers
+            await wait_until(lambda: served.outbox.blocked)
+            first.abort()
+            await served.closed
+            async with rpc.connect(url, registry=rpc.Registry(), reconnect=False) as second:
+                assert await second.request("locked", 1, timeout=2) == "got the lock"
+            await results.aclose()
+    finally:
+        gc.enable()
