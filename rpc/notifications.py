@@ -5,7 +5,8 @@ connection (:meth:`rpc.peer.Peer.on_notification`) and a group node
 Nothing is answered, so nothing is raised: a handler's failure is logged with its
 traceback, at most 20 per 10 s (a peer can send what makes a handler fail). A coroutine
 handler runs as a task of the caller's :class:`~rpc.tasks.TaskSet`; with ``max_tasks``, a
-notification that arrives while that many run is not dispatched (one warning).
+notification that arrives while that many run is not dispatched: a warning through the
+same rate-limited log (a group member can send such notifications by the thousand).
 """
 
 from __future__ import annotations
@@ -23,23 +24,26 @@ __all__ = ["run_notification"]
 
 log = logging.getLogger("peerwire.rpc")
 failures = RateLimitedLog(log)
-"""Where notification handlers' failures are logged."""
+"""Where notification handlers' failures, and notifications not run, are logged."""
 
 
 def run_notification(
     handler: Handler, value: Any, tasks: TaskSet, *, max_tasks: int | None = None
 ) -> bool:
     """Call ``handler.fn(value)`` (in the caller's context, e.g. with ``current_peer``
-    set); False if it failed or its coroutine was not run for ``max_tasks``."""
+    set); False only if its coroutine was not run for ``max_tasks`` (a handler that
+    failed did run: its failure is logged)."""
     try:
         result = handler.fn(value)
     except Exception:
         failures.exception("notification handler %r failed", handler.name)
-        return False
+        return True
     if not inspect.isawaitable(result):
         return True
     if max_tasks is not None and len(tasks) >= max_tasks:
-        log.warning("handler %r not run: %d handlers already running", handler.name, len(tasks))
+        failures.warning(
+            "handler %r not run: %d handlers already running", handler.name, len(tasks)
+        )
         if inspect.iscoroutine(result):
             result.close()
         return False

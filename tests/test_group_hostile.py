@@ -440,3 +440,31 @@ async def test_unknown_tags_do_not_reindex_the_handlers_each() -> None:
     dispatcher.dispatch(PayloadType.named("late").tag, b"7")
     assert (registry.reads, got) == (2, [7])
     await dispatcher.close()
+
+
+@on_both_loops
+async def test_broadcasts_past_max_handler_tasks_are_counted_and_logged_rate_limited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A member that has the key can send broadcasts by the thousand to a coroutine handler
+    that does not end: past ``max_handler_tasks`` each is not run, counted in
+    ``stats.not_run`` (not in ``dispatched``), and its warning is rate-limited (20 per
+    10 s), not one line each."""
+    sent = 300
+    gate = asyncio.Event()
+    async with group(2, max_handler_tasks=4) as (a, b):
+
+        @b.registry.handle_notification("stuck")
+        async def stuck(value: int) -> None:
+            await gate.wait()
+
+        with caplog.at_level(logging.WARNING, logger="peerwire.rpc"):
+            for i in range(sent):
+                await a.node.notify("stuck", i)
+            stats = b.node.stats
+            await wait_for(lambda: stats.dispatched + stats.not_run == sent, timeout=20)
+        gate.set()
+        assert (stats.dispatched, stats.not_run) == (4, sent - 4)
+        not_run = [r for r in caplog.records if "not run" in r.getMessage()]
+        assert 1 <= len(not_run) <= 20
+        await canary(a, b)

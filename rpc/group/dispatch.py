@@ -6,7 +6,8 @@ when an unknown tag arrives and handlers were registered since they were last re
 peer sending unknown tags costs a lookup each). A value the handler cannot decode is
 dropped with one rate-limited warning (:data:`rpc.logs.violations`). Coroutine handlers
 run as tasks, at most ``max_handler_tasks`` (default 1024) at once; past it a notification
-is not dispatched.
+is not dispatched: counted in ``stats.not_run`` (``stats.dispatched`` counts those run),
+with a rate-limited warning (:data:`rpc.notifications.failures`).
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ class Dispatcher:
             violations.warning("group broadcast %r dropped: %s", handler.name, exc)
             self._stats.malformed += 1
             return
-        self._stats.dispatched += 1
-        run_notification(handler, value, self._tasks, max_tasks=self._max_tasks)
+        if run_notification(handler, value, self._tasks, max_tasks=self._max_tasks):
+            self._stats.dispatched += 1
+        else:
+            self._stats.not_run += 1
 
     async def close(self) -> None:
         """Cancel running handlers and wait for them."""

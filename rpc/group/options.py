@@ -87,6 +87,9 @@ class GroupStats:
     multicast_received: int = 0
     own_multicast_ignored: int = 0
     dispatched: int = 0
+    """Broadcasts whose handler ran (or, for a coroutine handler, was started)."""
+    not_run: int = 0
+    """Broadcasts not dispatched: ``max_handler_tasks`` coroutine handlers were running."""
     duplicates: int = 0
     unhandled: int = 0
     skipped: int = 0
