@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -127,8 +127,12 @@ def on_finish(result: Any, finished: Callable[[BaseException | None], None]) -> 
 
 
 async def _watched(
-    parts: AsyncIterator[Any], finished: Callable[[BaseException | None], None]
+    parts: AsyncGenerator[Any, Any], finished: Callable[[BaseException | None], None]
 ) -> AsyncIterator[Any]:
+    """``parts``, then ``finished(error)``. When the consumer leaves early (cancels the
+    stream, the connection closes) ``parts`` is closed here and then, so the handler's own
+    cleanup (``finally``, ``async with lock``) runs now rather than whenever a garbage
+    collection finds it; ``error`` is dropped first, as its traceback holds this frame."""
     error: BaseException | None = None
     try:
         async for part in parts:
@@ -137,7 +141,11 @@ async def _watched(
         error = exc
         raise
     finally:
-        finished(error)
+        try:
+            finished(error)
+        finally:
+            error = None  # no frame -> exception -> traceback -> frame cycle
+            await parts.aclose()
 
 
 def outcome(error: BaseException | None, side: str) -> str:
