@@ -4,7 +4,9 @@ Every ``interval`` seconds (default 1) it scrapes ``URL`` (``HOST:PORT`` means
 ``http://HOST:PORT/metrics``), and shows per op the calls/s, the error rate and the latency
 percentiles over the last interval, computed from the differences of two scrapes (the
 percentiles interpolate inside histogram buckets, as Prometheus' ``histogram_quantile``
-does), and the server's open connections, refusals and bytes/s. With ``rich`` and a
+does), and the server's open connections, refusals and bytes/s. A counter lower than at
+the last scrape was reset (the server restarted): as Prometheus' ``rate()`` does, its value
+is then the increase since the reset, never a negative rate. With ``rich`` and a
 terminal it redraws a table; otherwise (or with ``--plain``) it prints one text block per
 refresh, so it can be piped or logged.
 """
@@ -153,6 +155,21 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
     return lower
 
 
+def _increase(before: float, now: float) -> float:
+    """A counter's increase between two scrapes: ``now`` itself when it dropped (a reset)."""
+    return now - before if now >= before else now
+
+
+def _was_reset(old: OpCounts, new: OpCounts) -> bool:
+    """Any of an op's counters dropped: the server restarted, and all of them started anew
+    (so the calls, errors and buckets of one interval stay consistent with each other)."""
+    return (
+        new.requests < old.requests
+        or new.errors < old.errors
+        or any(n < old.buckets.get(le, 0.0) for le, n in new.buckets.items())
+    )
+
+
 @dataclass
 class Row:
     op: str
@@ -168,6 +185,8 @@ def rows(before: Snapshot | None, now: Snapshot) -> list[Row]:
     result = []
     for op, counts in sorted(now.ops.items()):
         old = before.ops.get(op, OpCounts()) if before is not None else OpCounts()
+        if _was_reset(old, counts):
+            old = OpCounts()
         calls = counts.requests - old.requests
         errors = counts.errors - old.errors
         window = {le: n - old.buckets.get(le, 0.0) for le, n in counts.buckets.items()}
@@ -195,8 +214,8 @@ def _pct(value: float | None) -> str:
 def summary(before: Snapshot | None, now: Snapshot) -> str:
     elapsed = now.at - before.at if before is not None else 0.0
     if before is not None and elapsed > 0:
-        rx = (now.received - before.received) / elapsed
-        tx = (now.sent - before.sent) / elapsed
+        rx = _increase(before.received, now.received) / elapsed
+        tx = _increase(before.sent, now.sent) / elapsed
         rates = f"  in {rx:,.0f} B/s  out {tx:,.0f} B/s"
     else:
         rates = ""

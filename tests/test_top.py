@@ -129,3 +129,51 @@ def test_top_refuses_an_interval_that_is_no_positive_number(
         build_parser().parse_args(["top", "127.0.0.1:9100", "--interval", interval])
     assert exit_info.value.code == 2
     assert "--interval: must be a number of seconds above 0" in capsys.readouterr().err
+
+
+def metrics_text(requests: float, errors: float, fast: float, received: float) -> str:
+    """One scrape of a server that served ``requests`` echo calls, ``errors`` of them failed
+    (no such series while 0, as a fresh server has none), ``fast`` within 1 ms and the rest
+    within 10 ms, and received and sent ``received`` bytes each."""
+    echo = 'side="server",protocol="gotalk",op="echo"'
+    bucket = "peerwire_request_duration_seconds_bucket"
+    lines = [
+        "# TYPE peerwire_requests counter",
+        f'peerwire_requests_total{{{echo},kind="request"}} {requests}',
+        "# TYPE peerwire_request_duration_seconds histogram",
+        f'{bucket}{{{echo},le="0.001"}} {fast}',
+        f'{bucket}{{{echo},le="0.01"}} {requests}',
+        f'{bucket}{{{echo},le="+Inf"}} {requests}',
+        f"peerwire_request_duration_seconds_count{{{echo}}} {requests}",
+        f"peerwire_request_duration_seconds_sum{{{echo}}} 1.0",
+        "# TYPE peerwire_received_bytes counter",
+        f"peerwire_received_bytes_total {received}",
+        "# TYPE peerwire_sent_bytes counter",
+        f"peerwire_sent_bytes_total {received}",
+    ]
+    if errors:
+        lines.append("# TYPE peerwire_errors counter")
+        lines.append(f'peerwire_errors_total{{{echo},error="handler"}} {errors}')
+    return "\n".join(lines) + "\n"
+
+
+def test_counters_reset_by_a_restart_count_from_zero_not_negative() -> None:
+    """After a server restart its counters start again from 0: the view takes the new value
+    as the increase since the reset (as Prometheus' rate() does). Before, the calls/s and
+    bytes/s of that interval were negative (echo -4,990.0 calls/s)."""
+    before = top.parse(metrics_text(5000, 100, 4000, 10_000_000), "server", 10.0)
+    now = top.parse(metrics_text(10, 2, 10, 500), "server", 12.0)
+    (row,) = top.rows(before, now)
+    assert (row.op, row.rate, row.error_rate, row.total) == ("echo", 5.0, 0.2, 10)
+    assert all(v is not None and 0 <= v <= 0.001 for v in row.latencies), row.latencies
+    assert "in 250 B/s  out 250 B/s" in top.summary(before, now)
+    # the same scrape with the error series not yet there again (no error since the restart)
+    no_errors = top.parse(metrics_text(10, 0, 10, 500), "server", 12.0)
+    (row,) = top.rows(before, no_errors)
+    assert (row.rate, row.error_rate) == (5.0, 0.0)
+    # counters that only grew: the difference, as before
+    later = top.parse(metrics_text(30, 2, 20, 2500), "server", 14.0)
+    (row,) = top.rows(now, later)
+    assert (row.rate, row.error_rate) == (10.0, 0.0)
+    assert "in 1,000 B/s" in top.summary(now, later)
+    assert row.latencies[1] is not None and 0.001 < row.latencies[1] <= 0.01
