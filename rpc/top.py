@@ -253,15 +253,19 @@ def plain_frame(url: str, before: Snapshot | None, now: Snapshot) -> str:
 
 
 def _rich_frame(url: str, before: Snapshot | None, now: Snapshot) -> Any:
+    """Every string as a ``Text``: rich reads a plain str as markup, and op names (any
+    server's, any peer's) and URLs may hold brackets (``items[/x]`` raised MarkupError)."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"peerwire top {url}  {time.strftime('%H:%M:%S')}", caption=None)
+    title = Text(f"peerwire top {url}  {time.strftime('%H:%M:%S')}")
+    table = Table(title=title, caption=None)
     for i, header in enumerate(HEADERS):
         table.add_column(header, justify="left" if i == 0 else "right")
     for row in rows(before, now):
-        table.add_row(*cells(row))
-    return Group(table, summary(before, now))
+        table.add_row(*(Text(cell) for cell in cells(row)))
+    return Group(table, Text(summary(before, now)))
 
 
 def fetch(url: str, timeout: float) -> str:

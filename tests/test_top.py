@@ -4,6 +4,7 @@ a client calling it, and the live view (plain text) reading them back."""
 from __future__ import annotations
 
 import asyncio
+import io
 import re
 
 import pytest
@@ -177,3 +178,19 @@ def test_counters_reset_by_a_restart_count_from_zero_not_negative() -> None:
     assert (row.rate, row.error_rate) == (10.0, 0.0)
     assert "in 1,000 B/s" in top.summary(now, later)
     assert row.latencies[1] is not None and 0.001 < row.latencies[1] <= 0.01
+
+
+@pytest.mark.parametrize("op", ["items[/x]", "[red]x", "[bold]", "a\\[b]"])
+def test_rich_view_shows_op_names_as_they_are(op: str) -> None:
+    """Op names are anyone's text: the rich table read them as markup, so `items[/x]`
+    (a closing tag with nothing open) raised MarkupError and `[red]x` showed as `x`."""
+    from rich.console import Console
+
+    escaped = op.replace("\\", "\\\\").replace('"', '\\"')
+    text = f'peerwire_requests_total{{side="server",op="{escaped}",kind="request"}} 7\n'
+    now = top.parse(text, "server", 1.0)
+    assert list(now.ops) == [op]
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(top._rich_frame("h:1", None, now))
+    (line,) = [line for line in out.getvalue().splitlines() if line.rstrip().endswith("7 │")]
+    assert line.split("│")[1].strip() == op
