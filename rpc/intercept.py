@@ -127,13 +127,13 @@ def serve_request(
         handler = peer.registry.get(op)
     queue: StreamQueue | None = None
     if stream:
-        if handler is not None and handler.kind is _STREAM:
+        if (handler is not None and handler.kind is _STREAM) or peer.middleware:
             queue = StreamQueue(peer.loop)
             peer._streams[key] = queue
             if payload:
                 queue.put(payload)
-        else:
-            peer._end_stream(key)  # its parts are dropped; the chain says why
+        else:  # no middleware to give the call another op: its parts are dropped
+            peer._end_stream(key)  # (the error result says why)
     kind: CallKind = "stream" if stream else "request"
     call = Call(op, kind, "server", peer, payload, key, metadata or {}, deadline=deadline)
     if adapter.cancels:  # before the job can run (and end)
@@ -151,7 +151,7 @@ async def _serve(
         _enter(peer, call)
         try:
             if peer.middleware:
-                result = await mw.run(peer.middleware, call, lambda c: _handle(c, handler, queue))
+                result = await mw.run(peer.middleware, call, _innermost(call, handler, queue))
             else:  # a call that came with a deadline: no chain to build
                 result = await _handle(call, handler, queue)
         except asyncio.CancelledError as exc:
@@ -200,8 +200,36 @@ def _end(peer: Peer, key: Any, stream: bool) -> None:
         peer._end_stream(key)
 
 
+def _innermost(received: Call, handler: Handler | None, queue: StreamQueue | None) -> mw.CallNext:
+    """The last ``call_next`` of a served call's chain: ``handler`` (``received.op``'s) for
+    the call as received; for one middleware changed or replaced, the handler of its op."""
+    op = received.op
+
+    def innermost(call: Call) -> Any:
+        if call is received and call.op is op:  # the common case: nothing looked up
+            return _handle(call, handler, queue)
+        return _handle(call, _changed(call, received, op, handler, False), queue)
+
+    return innermost
+
+
+def _changed(
+    call: Call, received: Call, op: str, handler: Handler | None, notification: bool
+) -> Handler | None:
+    """The handler for a call middleware changed or replaced (``received``: the call as
+    received, for ``op``): looked up again when its op is another one; ``current_call`` is
+    the call the handler is given from now on."""
+    if call is not received:
+        mw.current_call.set(call)
+    if call.op == op:
+        return handler
+    registry = call.peer.registry
+    return registry.get_notification(call.op) if notification else registry.get(call.op)
+
+
 async def _handle(call: Call, handler: Handler | None, queue: StreamQueue | None) -> Any:
-    """The innermost step: the handler itself (a streamed result is returned unread)."""
+    """The innermost step: the handler itself (a streamed result is returned unread);
+    ``handler`` is ``call.op``'s."""
     peer = call.peer
     if handler is None:
         raise UnknownOperation(f'unknown operation "{call.op}"')
@@ -252,8 +280,15 @@ def serve_notification(peer: Peer, name: str, payload: Any) -> None:
 
 async def _notify(peer: Peer, call: Call, handler: Handler | None) -> None:
     _enter(peer, call)
+    name = call.op
+
+    def innermost(c: Call) -> Any:
+        if c is call and c.op is name:
+            return _handle_notification(c, handler)
+        return _handle_notification(c, _changed(c, call, name, handler, True))
+
     try:
-        await mw.run(peer.middleware, call, lambda c: _handle_notification(c, handler))
+        await mw.run(peer.middleware, call, innermost)
     except (Rejected, UnknownOperation, RetryLater) as exc:
         log.debug("notification %r from %s dropped: %s", call.op, peer.remote_address, exc)
     except PayloadError as exc:  # the peer's fault, per message: rate-limited

@@ -1,0 +1,96 @@
+"""Server middleware that change the call they pass on, over real sockets: another op runs
+that op's handler (requests, streamed results, stream requests, notifications), and the
+handler sees the call it was given as ``rpc.current_call``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import rpc
+from tests.rpc_helpers import FLAVOURS
+
+pytestmark = pytest.mark.parametrize("flavour", list(FLAVOURS))
+
+
+def registry(seen: list[Any]) -> rpc.Registry:
+    """``x`` and ``v1-x`` both registered: a rewrite that is not honoured shows as ``v1-x``'s
+    answer; ``count``, ``sum`` and ``note`` only under their plain names."""
+    reg = rpc.Registry()
+
+    @reg.handle("x")
+    def x(value: Any) -> Any:
+        call = rpc.current_call.get()
+        seen.append(call)
+        return ["x", value, call.op, call.context.get("by")]
+
+    @reg.handle("v1-x")
+    def old_x(value: Any) -> Any:
+        return ["v1-x", value]
+
+    @reg.handle("count")
+    async def count(n: int) -> AsyncIterator[Any]:
+        for i in range(n):
+            yield [i, rpc.current_call.get().op]
+
+    @reg.handle_stream("sum")
+    async def total(parts: AsyncIterator[int]) -> Any:
+        return [sum([p async for p in parts]), rpc.current_call.get().op]
+
+    @reg.handle_notification("note")
+    def note(value: Any) -> None:
+        seen.append(("note", value, rpc.current_call.get().op))
+
+    return reg
+
+
+async def strip_in_place(call: rpc.Call, call_next: Any) -> Any:
+    """Changes the call it was given."""
+    if call.op.startswith("v1-"):
+        call.op = call.op[3:]
+        call.context["by"] = "in place"
+    return await call_next(call)
+
+
+async def strip_to_new_call(call: rpc.Call, call_next: Any) -> Any:
+    """Passes a new call on, leaving the one it was given as received."""
+    if call.op.startswith("v1-"):
+        new = dataclasses.replace(call, op=call.op[3:], context={"by": "new call"})
+        return await call_next(new)
+    return await call_next(call)
+
+
+@pytest.mark.parametrize("rewrite", [strip_in_place, strip_to_new_call])
+async def test_another_op_runs_that_ops_handler(flavour: str, rewrite: rpc.Middleware) -> None:
+    seen: list[Any] = []
+    scheme, query = FLAVOURS[flavour]
+    reg = registry(seen)
+    noted = asyncio.Event()
+    reg.handle_notification("done")(lambda _: noted.set())
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg, middleware=[rewrite]) as srv:
+        url = f"{scheme}://127.0.0.1:{srv.url.port}{query}"
+        async with rpc.connect(url, registry=rpc.Registry(), reconnect=False) as peer:
+            by = "in place" if rewrite is strip_in_place else "new call"
+            assert await peer.request("v1-x", 7) == ["x", 7, "x", by]
+            [call] = seen
+            assert call.op == "x"  # rpc.current_call in the handler: the call it was given
+            with pytest.raises(rpc.RemoteError, match='unknown operation "nope"'):
+                await peer.request("v1-nope", 1)
+            # a streamed result, and a stream request for an op only middleware know
+            assert [x async for x in peer.stream("v1-count", value=2)] == [
+                [0, "count"],
+                [1, "count"],
+            ]
+            assert [x async for x in peer.stream("v1-sum", parts=[1, 2, 3])] == [[6, "sum"]]
+            # a stream request for a single-request op: the usual error, naming that op
+            with pytest.raises(rpc.RemoteError, match='"x" does not take stream requests'):
+                [x async for x in peer.stream("v1-x", parts=[1])]
+            assert await peer.request("x", 1) == ["x", 1, "x", None]  # as received: unchanged
+            peer.notify("v1-note", 5)
+            peer.notify("done", None)  # their handlers start in order
+            await asyncio.wait_for(noted.wait(), 5)
+    assert seen[-1] == ("note", 5, "note")
