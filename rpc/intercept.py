@@ -48,6 +48,9 @@ log = logging.getLogger("peerwire.rpc")
 _REQUEST, _STREAM = HandlerKind.REQUEST, HandlerKind.STREAM
 """Module globals: an Enum member read off its class costs about 100 ns in Python 3.11."""
 
+_UNSEEN: Any = object()
+"""``_handle``'s ``first`` for a call as received: its payload needs no comparing."""
+
 DEADLINE_GRACE = 0.1
 """Seconds a handler may run past its caller's deadline before we cancel it: the caller
 gives up first (its RequestTimeout, and its cancel if it took the extension), so our
@@ -202,13 +205,14 @@ def _end(peer: Peer, key: Any, stream: bool) -> None:
 
 def _innermost(received: Call, handler: Handler | None, queue: StreamQueue | None) -> mw.CallNext:
     """The last ``call_next`` of a served call's chain: ``handler`` (``received.op``'s) for
-    the call as received; for one middleware changed or replaced, the handler of its op."""
-    op = received.op
+    the call as received; for one middleware changed or replaced, the handler of its op,
+    and its payload (a stream request's first part too)."""
+    op, first = received.op, received.payload
 
     def innermost(call: Call) -> Any:
-        if call is received and call.op is op:  # the common case: nothing looked up
+        if call is received and call.op is op and call.payload is first:  # the common case
             return _handle(call, handler, queue)
-        return _handle(call, _changed(call, received, op, handler, False), queue)
+        return _handle(call, _changed(call, received, op, handler, False), queue, first)
 
     return innermost
 
@@ -227,9 +231,12 @@ def _changed(
     return registry.get_notification(call.op) if notification else registry.get(call.op)
 
 
-async def _handle(call: Call, handler: Handler | None, queue: StreamQueue | None) -> Any:
+async def _handle(
+    call: Call, handler: Handler | None, queue: StreamQueue | None, first: Any = _UNSEEN
+) -> Any:
     """The innermost step: the handler itself (a streamed result is returned unread);
-    ``handler`` is ``call.op``'s."""
+    ``handler`` is ``call.op``'s, ``first`` the payload received if middleware may have
+    changed it (else :data:`_UNSEEN`)."""
     peer = call.peer
     if handler is None:
         raise UnknownOperation(f'unknown operation "{call.op}"')
@@ -237,7 +244,10 @@ async def _handle(call: Call, handler: Handler | None, queue: StreamQueue | None
         kind = "stream" if call.kind == "stream" else "single"
         raise UnknownOperation(f'operation "{call.op}" does not take {kind} requests')
     if queue is not None:
-        result = handler.fn(core._parts(queue, handler.decode))
+        parts = core._parts(queue, handler.decode)
+        if first is not _UNSEEN and call.payload is not first:  # middleware changed it
+            parts = _first_replaced(call.payload, first, queue, parts, handler.decode)
+        result = handler.fn(parts)
     else:
         result = handler.fn(peer.adapter.decode_params(handler, call.payload))
     if result.__class__ in PLAIN_RESULTS:  # no inspect checks (ABC checks, slow)
@@ -253,6 +263,22 @@ async def _handle(call: Call, handler: Handler | None, queue: StreamQueue | None
         except BoundPassed as exc:  # middleware see a RequestTimeout
             raise RequestTimeout(str(exc)) from None
     return result
+
+
+def _first_replaced(
+    first: Any, received: Any, queue: StreamQueue, parts: AsyncIterator[Any], decode: Any
+) -> AsyncIterator[Any]:
+    """A stream handler's parts when middleware changed ``call.payload`` (the request's first
+    part): ``first`` in place of ``received``, queued first (none if it is empty)."""
+    if received and len(queue):
+        queue.take()
+    return _after(first, parts, decode) if first else parts
+
+
+async def _after(first: Any, parts: AsyncIterator[Any], decode: Any) -> AsyncIterator[Any]:
+    yield decode(first)
+    async for part in parts:
+        yield part
 
 
 async def _parts_until(call: Call, parts: Any, deadline: float) -> AsyncIterator[Any]:

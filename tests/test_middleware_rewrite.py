@@ -94,3 +94,24 @@ async def test_another_op_runs_that_ops_handler(flavour: str, rewrite: rpc.Middl
             peer.notify("done", None)  # their handlers start in order
             await asyncio.wait_for(noted.wait(), 5)
     assert seen[-1] == ("note", 5, "note")
+
+
+async def test_a_changed_first_part_reaches_a_stream_handler(flavour: str) -> None:
+    """``call.payload`` of a stream request is its first part: a middleware that replaces
+    it, or adds one where none came, is heard; one that empties it drops it."""
+
+    async def first_part(call: rpc.Call, call_next: Any) -> Any:
+        if call.kind == "stream":
+            call.payload = {"ten": b"10", "none": b""}.get(call.op, call.payload)
+            call.op = "sum"
+        return await call_next(call)
+
+    scheme, query = FLAVOURS[flavour]
+    reg = registry([])
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg, middleware=[first_part]) as srv:
+        url = f"{scheme}://127.0.0.1:{srv.url.port}{query}"
+        async with rpc.connect(url, registry=rpc.Registry(), reconnect=False) as peer:
+            assert [x async for x in peer.stream("ten", parts=[1, 2, 3])] == [[15, "sum"]]
+            assert [x async for x in peer.stream("ten", parts=[])] == [[10, "sum"]]
+            assert [x async for x in peer.stream("none", parts=[1, 2, 3])] == [[5, "sum"]]
+            assert [x async for x in peer.stream("sum", parts=[1, 2, 3])] == [[6, "sum"]]
