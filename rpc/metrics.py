@@ -6,7 +6,8 @@
     start_http_server("127.0.0.1", 9100)                  # GET /metrics
 
 Per call (labels ``side``, ``protocol``, ``op``; ops no handler is registered for are
-counted as ``(unknown)``, so a hostile peer cannot grow the label set):
+counted as ``(unknown)`` (:func:`rpc.middleware.op_name`, as spans are named), so a hostile
+peer cannot grow the label set):
 ``peerwire_requests_total`` (and ``kind``: request, stream, notification),
 ``peerwire_errors_total`` (and ``error``: rejected, unknown_operation, payload, handler, remote,
 timeout, connection, local, cancelled), ``peerwire_retries_total`` (retry results sent by a
@@ -48,14 +49,14 @@ from prometheus_client import (
 )
 
 from rpc import workers_metrics
-from rpc.middleware import Call, CallNext, on_finish, outcome
+from rpc.middleware import UNKNOWN_OP as UNKNOWN_OP  # the op label of unregistered ops
+from rpc.middleware import Call, CallNext, on_finish, op_name, outcome
 from rpc.peer import Peer
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 """Seconds; the default buckets of ``peerwire_request_duration_seconds``."""
-UNKNOWN_OP = "(unknown)"
 
 _CALL = ("side", "protocol", "op")
 
@@ -120,7 +121,7 @@ class Metrics:
         return self._observe
 
     async def _observe(self, call: Call, call_next: CallNext) -> Any:
-        labels = (call.side, call.protocol, _op_label(call))
+        labels = (call.side, call.protocol, op_name(call))
         self.requests.labels(*labels, call.kind).inc()
         in_flight = self.in_flight.labels(*labels)
         in_flight.inc()
@@ -150,16 +151,6 @@ class Metrics:
 
     def refused(self, protocol: str) -> None:
         self.connections_refused.labels(protocol).inc()
-
-
-def _op_label(call: Call) -> str:
-    if call.side == "client":
-        return call.op
-    registry = call.peer.registry
-    known = (
-        registry.get_notification(call.op) if call.kind == "notification" else registry.get(call.op)
-    )
-    return call.op if known is not None else UNKNOWN_OP
 
 
 def _violation_kind(exc: BaseException) -> str:

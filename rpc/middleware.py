@@ -148,6 +148,27 @@ async def _watched(
             await parts.aclose()
 
 
+UNKNOWN_OP = "(unknown)"
+"""The name metrics and spans give a served call whose op has no handler."""
+MAX_OP_NAME = 128
+"""Characters of a peer-sent op name kept where it is recorded as given (tracing's
+``rpc.peerwire.requested_op``); default 128."""
+
+
+def op_name(call: Call) -> str:
+    """What metrics and spans call ``call``'s op: ours as we gave it; a served one as the
+    peer sent it when the serving registry has a handler for it (a notification handler for
+    a notification), else :data:`UNKNOWN_OP`, so a peer cannot grow the set of names."""
+    if call.side == "client":
+        return call.op
+    registry = call.peer.registry
+    if call.kind == "notification":
+        known: object = registry.get_notification(call.op)
+    else:
+        known = registry.get(call.op)
+    return call.op if known is not None else UNKNOWN_OP
+
+
 def outcome(error: BaseException | None, side: str) -> str:
     """What a call's end is called in metrics and spans: ``ok``, ``retry``, ``cancelled``,
     or the kind of error (``rejected``, ``unknown_operation``, ``payload``, ``remote``,

@@ -3,10 +3,14 @@
     rpc.serve(url, middleware=[Tracing()])     # a SERVER span per call served
     rpc.connect(url, middleware=[Tracing()])   # a CLIENT span per request sent (per attempt)
 
-Spans are named after the op and carry ``rpc.system`` (``peerwire``), ``rpc.method``,
-``rpc.peerwire.protocol``, ``rpc.peerwire.kind``, ``network.peer.address`` and ``.port``, and
-``rpc.peerwire.result`` (``ok``, ``retry`` or the kind of error, as in :mod:`rpc.metrics`);
-errors also set the span's status. A streamed result's span ends after its last part.
+Spans are named after the op (:func:`rpc.middleware.op_name`: a served op no handler is
+registered for is ``(unknown)``, so a peer cannot grow the set of span names; the name it
+sent, cut to :data:`~rpc.middleware.MAX_OP_NAME` (128) characters, is then the attribute
+``rpc.peerwire.requested_op``) and carry ``rpc.system`` (``peerwire``), ``rpc.method`` (the
+span's name), ``rpc.peerwire.protocol``, ``rpc.peerwire.kind``, ``network.peer.address``
+and ``.port``, and ``rpc.peerwire.result`` (``ok``, ``retry`` or the kind of error, as in
+:mod:`rpc.metrics`); errors also set the span's status. A streamed result's span ends after
+its last part.
 
 Trace context travels between peerwire peers only, in ``Call.metadata`` (W3C
 ``traceparent``/``tracestate`` through OpenTelemetry's configured propagator), which goes
@@ -27,7 +31,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from rpc.middleware import Call, CallNext, on_finish, outcome
+from rpc.middleware import MAX_OP_NAME, UNKNOWN_OP, Call, CallNext, on_finish, op_name, outcome
 
 _EMPTY = otel_context.Context()
 
@@ -53,11 +57,12 @@ class Tracing:
 
     async def __call__(self, call: Call, call_next: CallNext) -> Any:
         server = call.side == "server"
+        name = op_name(call)
         span = self._tracer.start_span(
-            call.op,
+            name,
             context=extract_context(call.metadata) if server else None,
             kind=SpanKind.SERVER if server else SpanKind.CLIENT,
-            attributes=_attributes(call),
+            attributes=_attributes(call, name),
         )
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
@@ -72,13 +77,15 @@ class Tracing:
         return on_finish(result, lambda error: _end(span, call.side, error))
 
 
-def _attributes(call: Call) -> dict[str, Any]:
+def _attributes(call: Call, name: str) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "rpc.system": "peerwire",
-        "rpc.method": call.op,
+        "rpc.method": name,
         "rpc.peerwire.protocol": call.protocol,
         "rpc.peerwire.kind": call.kind,
     }
+    if name == UNKNOWN_OP:
+        attributes["rpc.peerwire.requested_op"] = call.op[:MAX_OP_NAME]
     address = call.address
     if isinstance(address, tuple) and len(address) >= 2:
         attributes["network.peer.address"] = str(address[0])

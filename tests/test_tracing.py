@@ -226,3 +226,45 @@ async def test_nothing_new_reaches_a_hat_drivers_server(spans: Any) -> None:
     finally:
         await srv.async_close()
     assert received == ["Anything"] * 3
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_unregistered_ops_share_one_server_span_name(spans: Any, flavour: str) -> None:
+    """A peer choosing op names cannot grow the set of server span names: requests and
+    notifications no handler is registered for are all ``(unknown)`` (as metrics label
+    them), the name sent kept, cut to 128 characters, in ``rpc.peerwire.requested_op``."""
+    provider, exporter = spans
+    reg = traced_registry(provider)
+    noted: list[Any] = []
+    reg.handle_notification("noted")(noted.append)
+    scheme, query = FLAVOURS[flavour]
+    long_op = "o" * 300
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=reg, middleware=[Tracing(provider)]
+    ) as server:
+        async with rpc.connect(
+            f"{server.url}{query}", registry=rpc.Registry(), reconnect=False
+        ) as p:
+            for op in [f"made-up-{i}" for i in range(5)] + [long_op]:
+                with pytest.raises(rpc.RemoteError):
+                    await p.request(op, 1)
+            for i in range(5):
+                p.notify(f"made-up-note-{i}", 1)
+            p.notify("noted", 1)
+            assert await p.request("work", 1) == 2
+
+            def served() -> list[Any]:
+                return [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+
+            await wait_until(lambda: len(served()) == 13)
+    names = {s.name for s in served()}
+    assert names == {"(unknown)", "noted", "work"}
+    unknown = [s for s in served() if s.name == "(unknown)"]
+    assert len(unknown) == 11
+    assert {s.attributes["rpc.method"] for s in unknown} == {"(unknown)"}
+    requested = {s.attributes["rpc.peerwire.requested_op"] for s in unknown}
+    assert "o" * 128 in requested and "made-up-note-4" in requested and "made-up-0" in requested
+    assert max(map(len, requested)) == 128
+    assert all(
+        "rpc.peerwire.requested_op" not in s.attributes for s in served() if s not in unknown
+    )
