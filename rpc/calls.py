@@ -266,8 +266,12 @@ class Caller(Generic[K]):
         wait = ResultWait(self._loop, op, timeout, self._timeout(item_timeout))
         # a deadline for the whole stream travels to peers that take request metadata
         if self._intercepted or (timeout is not None and self.adapter.metadata):
-            async for item in intercept.stream(self, op, parts, value, wait, raw):  # type: ignore[arg-type]
-                yield item
+            chained = intercept.stream(self, op, parts, value, wait, raw)  # type: ignore[arg-type]
+            try:
+                async for item in chained:
+                    yield item
+            finally:  # left early: the call is forgotten now, not when the loop finalizes it
+                await chained.aclose()
             return
         wait.check()
         if self.outbox.blocked:

@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
@@ -395,22 +395,28 @@ async def stream(
     value: Any,
     wait: ResultWait,
     raw: bool,
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """:meth:`Peer.stream` through the chain: the innermost step sends the request (and
     its parts) and returns the async iterator of results."""
     kind: CallKind = "request" if parts is None else "stream"
     payload = value if parts is None else parts
     call = Call(op, kind, "client", peer, payload, deadline=wait.deadline)
+    # the keys of what the chain sent: a middleware may pass call_next another call (whose
+    # id this call never gets), or call it twice; each is forgotten here, its hold ended
+    sent: list[Any] = []
     try:
-        results = await mw.run(peer.options.middleware, call, lambda c: _open_stream(c, wait, raw))
+        chain = peer.options.middleware
+        results = await mw.run(chain, call, lambda c: _open_stream(c, wait, raw, sent))
         async for item in results:
             yield item
     finally:
-        if call.id is not None:
-            peer._forget(call.id)
+        for key in sent:
+            peer._forget(key)
 
 
-async def _open_stream(call: Call, wait: ResultWait, raw: bool) -> AsyncIterator[Any]:
+async def _open_stream(
+    call: Call, wait: ResultWait, raw: bool, sent: list[Any]
+) -> AsyncIterator[Any]:
     peer = call.peer
     adapter = peer.adapter
     wait.check()
@@ -430,6 +436,7 @@ async def _open_stream(call: Call, wait: ResultWait, raw: bool) -> AsyncIterator
             wait,
             lambda data: _send_request(call, _encoded(peer, call, data), True, metadata),
         )
+    sent.append(call.id)
     return _results(call, queue, wait, raw)
 
 

@@ -115,3 +115,46 @@ async def test_a_changed_first_part_reaches_a_stream_handler(flavour: str) -> No
             assert [x async for x in peer.stream("ten", parts=[])] == [[10, "sum"]]
             assert [x async for x in peer.stream("none", parts=[1, 2, 3])] == [[5, "sum"]]
             assert [x async for x in peer.stream("sum", parts=[1, 2, 3])] == [[6, "sum"]]
+
+
+@pytest.mark.parametrize("passes", ["the call", "a copy"])
+async def test_a_client_stream_left_early_is_forgotten_whatever_call_the_chain_sent(
+    flavour: str, passes: str
+) -> None:
+    """A client middleware that passes call_next a copy of the call: a stream left after 3
+    results is forgotten all the same (the server told, its handler ended; our hold on the
+    connection ended). Before, only the outer call's id was forgotten, which a copy never
+    gets: the stream's results held the connection until its 30-s item_timeout."""
+    scheme, query = FLAVOURS[flavour]
+    reg = rpc.Registry()
+    ended = asyncio.Event()
+
+    @reg.handle("endless")
+    async def endless(_: Any) -> AsyncIterator[int]:
+        try:
+            number = 0
+            while True:
+                yield number
+                number += 1
+                await asyncio.sleep(0)
+        finally:
+            ended.set()
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    async def copying(call: rpc.Call, call_next: Any) -> Any:
+        return await call_next(dataclasses.replace(call) if passes == "a copy" else call)
+
+    options = rpc.Options(middleware=(copying,), max_stream_queue=8)
+    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as server:
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        async with rpc.connect(url, options=options, reconnect=False) as peer:
+            results = peer.stream("endless", value=0, item_timeout=30)
+            assert [await anext(results) for _ in range(3)] == [0, 1, 2]
+            await results.aclose()
+            assert not peer._calls and not peer._stream_hold.active
+            assert await peer.request("echo", "after", timeout=5) == "after"
+            if flavour != "chatter-legacy":  # the legacy dialect has no cancel to tell it
+                await asyncio.wait_for(ended.wait(), 5)
