@@ -36,7 +36,8 @@ class Options:
     of a stream of ours). Past it the connection stops reading until the reader has taken
     half; a reader that takes none for its stall limit (our stream: its ``item_timeout``; a
     stream request: the request timeout) fails that stream alone, our own with
-    StreamOverflow (see :mod:`rpc.stream_hold`)."""
+    StreamOverflow (see :mod:`rpc.stream_hold`). At least 1: with 0 a stream's first item
+    would wait for a reader with nothing to take (ValueError)."""
     high_water: int = 256 * 1024
     """Unsent output (bytes) above which we stop reading from the peer."""
     low_water: int = 64 * 1024
@@ -48,6 +49,10 @@ class Options:
     middleware: tuple[Middleware, ...] = ()
     """Wrapped around every call of the connection, both ways, first outermost (see
     :mod:`rpc.middleware`); the registry's own middleware run inside these."""
+
+    def __post_init__(self) -> None:
+        if self.max_stream_queue < 1:
+            raise ValueError(f"max_stream_queue must be at least 1, not {self.max_stream_queue}")
 
 
 class Adapter(Protocol[K]):

@@ -270,3 +270,10 @@ async def test_our_held_stream_given_up_on_ends_the_hold_at_once() -> None:
         async with asyncio.timeout(5):
             assert await peer.request("echo", "after", timeout=5) == "after"
         assert not peer._stream_hold.active
+
+
+def test_a_stream_queue_holds_at_least_one_item() -> None:
+    """With room for none, a stream's first item would wait for a reader that has nothing
+    to take, until the stall limit: refused when the options are made."""
+    with pytest.raises(ValueError, match="max_stream_queue must be at least 1"):
+        rpc.Options(max_stream_queue=0)
