@@ -433,10 +433,10 @@ class Caller(Generic[K]):
 
     def on_result_part(self, key: K, payload: Any) -> None:
         """Queue a result of our stream ``key``. Past ``options.max_stream_queue`` unread
-        results, raises InputHeld (see :mod:`rpc.stream_hold`): the result waits, and the
-        stream fails alone should its reader take none within its ``item_timeout``
-        (StreamOverflow; the peer is told, as on a cancel). A request of ours (not a
-        stream) answered with a streamed result fails at once."""
+        results or ``options.max_size`` bytes of them, raises InputHeld (see
+        :mod:`rpc.stream_hold`): the result waits, and the stream fails alone should its
+        reader take none within its ``item_timeout`` (StreamOverflow; the peer is told,
+        as on a cancel). A request of ours answered with a streamed result fails at once."""
         call = self._calls.get(key)
         if call is None:
             return
@@ -445,7 +445,8 @@ class Caller(Generic[K]):
             self._fail_call(key, _streamed_answer(call.op))
             self.adapter.abandon(key)  # the peer is told, as on a cancel: it stops
             return
-        if len(queue) >= self.options.max_stream_queue:
+        options = self.options
+        if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
             stall = self._timeout(None)
             self._stream_hold.hold(queue, stall, lambda: self._stalled_results(key, queue))
         queue.put(payload)
@@ -453,9 +454,9 @@ class Caller(Generic[K]):
     def _stalled_results(self, key: K, queue: StreamQueue) -> None:
         """Our stream's reader took none of its full queue's results in time: the stream
         fails alone, and the peer is told."""
-        limit, stall = self.options.max_stream_queue, queue.stall
+        waiting, stall = len(queue), queue.stall
         self._fail_call(
-            key, StreamOverflow(f"{limit} stream results waiting, none taken for {stall} s")
+            key, StreamOverflow(f"{waiting} stream results waiting, none taken for {stall} s")
         )
         self.adapter.abandon(key)
 

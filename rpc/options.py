@@ -33,11 +33,12 @@ class Options:
     a request above it raises PayloadError before anything is sent."""
     max_stream_queue: int = 256
     """Items waiting unread per stream, either way (parts of a stream request to us, results
-    of a stream of ours). Past it the connection stops reading until the reader has taken
-    half; a reader that takes none for its stall limit (our stream: its ``item_timeout``; a
-    stream request: the request timeout) fails that stream alone, our own with
-    StreamOverflow (see :mod:`rpc.stream_hold`). At least 1: with 0 a stream's first item
-    would wait for a reader with nothing to take (ValueError)."""
+    of a stream of ours). Past it, or past ``max_size`` bytes of them, the connection stops
+    reading until the reader has taken half; a reader that takes none for its stall limit
+    (our stream: its ``item_timeout``; a stream request: the request timeout) fails that
+    stream alone, our own with StreamOverflow (see :mod:`rpc.stream_hold`). At least 1:
+    with 0 a stream's first item would wait for a reader with nothing to take
+    (ValueError)."""
     high_water: int = 256 * 1024
     """Unsent output (bytes) above which we stop reading from the peer."""
     low_water: int = 64 * 1024

@@ -241,14 +241,15 @@ class Responder(Generic[K]):
 
     def on_request_part(self, key: K, payload: Any) -> bool:
         """Queue a part for its stream's handler. False: no such stream, now or lately.
-        Past ``max_stream_queue`` parts unread, raises InputHeld (see
-        :mod:`rpc.stream_hold`): the part waits, and the handler's stream fails should it
-        take none within the connection's request timeout."""
+        Past ``max_stream_queue`` parts unread or ``max_size`` bytes of them, raises
+        InputHeld (see :mod:`rpc.stream_hold`): the part waits, and the handler's stream
+        fails should it take none within the connection's request timeout."""
         queue = self._streams.get(key)
         if queue is None:
             return key in self._ended  # refused, failed or answered: dropped
-        if len(queue) >= self.options.max_stream_queue:
-            timeout = self.options.timeout
+        options = self.options
+        if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
+            timeout = options.timeout
             if timeout is None:
                 timeout = self.adapter.default_timeout
             self._stream_hold.hold(queue, timeout, lambda: self._stalled_parts(key, timeout))
@@ -261,9 +262,9 @@ class Responder(Generic[K]):
         queue = self._streams.get(key)
         if queue is not None:
             self._end_stream(key)
-            limit = self.options.max_stream_queue
+            waiting = len(queue)
             queue.put(
-                RemoteError(f"{limit} stream request parts waiting, none taken for {timeout} s")
+                RemoteError(f"{waiting} stream request parts waiting, none taken for {timeout} s")
             )
 
     def on_request_end(self, key: K) -> bool:

@@ -3,10 +3,11 @@
 A stream's items wait in its :class:`~rpc.streaming.StreamQueue` until its reader takes
 them: the results of a stream of ours, or the parts of a stream request to one of our
 handlers. Neither Gotalk nor Chatter has flow control per stream, so when an item comes for
-a queue that already holds ``max_stream_queue`` (default 256) unread items, the connection
-stops reading: that item and the rest of its read wait in the peer's backlog, the peer's
-further output waits in TCP, and its sender slows down. Reading resumes once the reader has
-taken the queue down to half. A reader that goes its queue's ``stall`` seconds without
+a queue that already holds ``max_stream_queue`` (default 256) unread items, or ``max_size``
+bytes of them (16 MiB: large items must not make a stream hold 256 times that), the
+connection stops reading: that item and the rest of its read wait in the peer's backlog,
+the peer's further output waits in TCP, and its sender slows down. Reading resumes once the
+reader has taken the queue down to half. A reader that goes its queue's ``stall`` seconds without
 taking an item while it holds (a stream of ours: its ``item_timeout``; a stream request:
 the connection's request timeout) fails its stream alone, and reading resumes; a slow
 reader that keeps taking never does.

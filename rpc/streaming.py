@@ -38,7 +38,16 @@ class StreamQueue:
     second waiting at the same time would replace the first's waiter (each stream has one
     generator reading it, and a generator cannot be run by two tasks at once)."""
 
-    __slots__ = ("_items", "_loop", "_on_room", "_room_at", "_waiter", "stall", "taken_at")
+    __slots__ = (
+        "_items",
+        "_loop",
+        "_on_room",
+        "_room_at",
+        "_waiter",
+        "bytes",
+        "stall",
+        "taken_at",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stall: float | None = None) -> None:
         self._loop = loop
@@ -49,11 +58,15 @@ class StreamQueue:
         self.stall = stall
         self.taken_at = 0.0
         """Loop time of the reader's last take while a room callback is set."""
+        self.bytes = 0
+        """Bytes of the ``bytes`` items waiting (payloads as received; others count 0)."""
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put(self, item: Any) -> None:
+        if item.__class__ is bytes:
+            self.bytes += len(item)
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -62,6 +75,8 @@ class StreamQueue:
     def take(self) -> Any:
         """The oldest item; IndexError when there is none."""
         item = self._items.popleft()
+        if item.__class__ is bytes:
+            self.bytes -= len(item)
         if self._on_room is not None:  # a hold waits for room: the reader is alive
             self.taken_at = self._loop.time()
             if len(self._items) <= self._room_at:
