@@ -1,5 +1,6 @@
-"""Shared by the reconnecting client's tests (test_reconnect.py, test_reconnect_direct.py):
-fast back-off, named registries, servers with or without TLS, a transition recorder."""
+"""Shared by the reconnecting client's tests (test_reconnect.py, test_reconnect_failover.py,
+test_reconnect_direct.py): fast back-off, named registries, servers with or without TLS, a
+transition recorder."""
 
 from __future__ import annotations
 
