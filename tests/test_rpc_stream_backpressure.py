@@ -178,8 +178,9 @@ async def test_a_stream_handler_that_ends_early_ends_the_hold_at_once() -> None:
 
     @reg.handle_stream("sum")
     async def first_only(parts: Any) -> int:
+        peer = rpc.current_peer.get()
         async for part in parts:
-            await asyncio.sleep(0.05)  # the other parts fill the queue meanwhile
+            await until(lambda: peer._stream_hold.active)  # the other parts fill the queue
             return int(part)
         return 0
 
