@@ -447,8 +447,7 @@ class Caller(Generic[K]):
             return
         options = self.options
         if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
-            stall = self._timeout(None)
-            self._stream_hold.hold(queue, stall, lambda: self._stalled_results(key, queue))
+            self._stream_hold.hold(queue, lambda: self._stalled_results(key, queue))
         queue.put(payload)
 
     def _stalled_results(self, key: K, queue: StreamQueue) -> None:

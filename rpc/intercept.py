@@ -131,7 +131,7 @@ def serve_request(
     queue: StreamQueue | None = None
     if stream:
         if (handler is not None and handler.kind is _STREAM) or peer.middleware:
-            queue = StreamQueue(peer.loop)
+            queue = peer.parts_queue()
             peer._streams[key] = queue
             if payload:
                 queue.put(payload)

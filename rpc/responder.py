@@ -154,7 +154,7 @@ class Responder(Generic[K]):
             return
         try:  # current_peer is set: the peer sets it around every batch it dispatches
             if stream:
-                queue = StreamQueue(self._loop)
+                queue = self.parts_queue()
                 self._streams[key] = queue
                 if payload:
                     queue.put(payload)
@@ -249,23 +249,26 @@ class Responder(Generic[K]):
             return key in self._ended  # refused, failed or answered: dropped
         options = self.options
         if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
-            timeout = options.timeout
-            if timeout is None:
-                timeout = self.adapter.default_timeout
-            self._stream_hold.hold(queue, timeout, lambda: self._stalled_parts(key, timeout))
+            self._stream_hold.hold(queue, lambda: self._stalled_parts(key))
         queue.put(payload)
         return True
 
-    def _stalled_parts(self, key: K, timeout: float) -> None:
-        """A stream handler took none of its full queue's parts within ``timeout``: its
+    def _stalled_parts(self, key: K) -> None:
+        """A stream handler took none of its full queue's parts within its stall limit: its
         stream fails alone (the error ends its parts; later parts are dropped)."""
         queue = self._streams.get(key)
         if queue is not None:
             self._end_stream(key)
-            waiting = len(queue)
+            waiting, stall = len(queue), queue.stall
             queue.put(
-                RemoteError(f"{waiting} stream request parts waiting, none taken for {timeout} s")
+                RemoteError(f"{waiting} stream request parts waiting, none taken for {stall} s")
             )
+
+    def parts_queue(self) -> StreamQueue:
+        """The queue of a stream request's parts: its handler may go the connection's
+        request timeout without taking one while it holds (:mod:`rpc.stream_hold`)."""
+        stall = self.options.timeout
+        return StreamQueue(self._loop, self.adapter.default_timeout if stall is None else stall)
 
     def on_request_end(self, key: K) -> bool:
         """End a stream's parts. False: no such stream, now or lately."""

@@ -43,28 +43,26 @@ class StreamHold:
     while it holds, so there is never a second). Owned by the peer; ``resume`` gives the
     peer a turn at its backlog."""
 
-    __slots__ = ("_deadlines", "_fail", "_queue", "_resume", "_stall")
+    __slots__ = ("_deadlines", "_fail", "_queue", "_resume")
 
     def __init__(self, deadlines: Deadlines, resume: Callable[[], None]) -> None:
         self._deadlines = deadlines
         self._resume = resume
         self._queue: StreamQueue | None = None
         self._fail: Callable[[], None] | None = None
-        self._stall = 0.0
 
     @property
     def active(self) -> bool:
         return self._queue is not None
 
-    def hold(self, queue: StreamQueue, stall: float, fail: Callable[[], None]) -> NoReturn:
+    def hold(self, queue: StreamQueue, fail: Callable[[], None]) -> NoReturn:
         """Hold input until ``queue``'s reader has taken it down to half, or ``fail()`` its
-        stream once it went ``stall`` seconds (``queue.stall`` when set) without taking an
-        item. Raises :class:`InputHeld`, for the message that found the queue full."""
+        stream once it went ``queue.stall`` seconds without taking an item. Raises
+        :class:`InputHeld`, for the message that found the queue full."""
         if self._queue is None:
             self._queue, self._fail = queue, fail
-            self._stall = stall if queue.stall is None else queue.stall
             queue.when_room(len(queue) // 2, self._room)
-            self._deadlines.set(SLOT, queue.taken_at + self._stall, self._stalled)
+            self._deadlines.set(SLOT, queue.taken_at + queue.stall, self._stalled)
         raise InputHeld
 
     def drop(self, queue: StreamQueue) -> None:
@@ -89,7 +87,7 @@ class StreamHold:
         queue = self._queue
         if queue is None:
             return
-        due = queue.taken_at + self._stall
+        due = queue.taken_at + queue.stall
         if due > self._deadlines.now():  # it took one since: a slow reader, not a stalled one
             self._deadlines.set(SLOT, due, self._stalled)
             return

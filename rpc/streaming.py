@@ -33,8 +33,8 @@ class StreamQueue:
     an ``asyncio.Queue``, which every item passed through twice. Unbounded here: past
     ``options.max_stream_queue`` unread items the writers hold the connection's input until
     the reader makes room (:mod:`rpc.stream_hold`). ``stall``: the seconds its reader may
-    go without taking an item while it holds (None: the connection's request timeout). One
-    reader: a
+    go without taking an item while it holds (a stream of ours: its ``item_timeout``; a
+    stream request's parts: the connection's request timeout). One reader: a
     second waiting at the same time would replace the first's waiter (each stream has one
     generator reading it, and a generator cannot be run by two tasks at once)."""
 
@@ -49,7 +49,7 @@ class StreamQueue:
         "taken_at",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stall: float | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, stall: float) -> None:
         self._loop = loop
         self._items: collections.deque[Any] = collections.deque()
         self._waiter: asyncio.Future[bool] | None = None

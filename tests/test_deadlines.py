@@ -106,7 +106,7 @@ async def test_a_stream_result_already_queued_is_taken_without_a_wait() -> None:
     once, even with no time left to wait for one; an empty queue still times out, and the
     whole stream's deadline still holds with results queued."""
     loop = asyncio.get_running_loop()
-    queue = StreamQueue(loop)
+    queue = StreamQueue(loop, 30.0)
     for n in (1, 2):
         queue.put(n)
     wait = ResultWait(loop, "op", None, 0.0)
