@@ -192,12 +192,22 @@ class _Pipes:
     parent_only: tuple[int, ...]
 
 
-def _worker_main(listeners: list[Listener], config: WorkerConfig, pipes: _Pipes) -> None:
+def _worker_main(
+    listeners: list[Listener],
+    config: WorkerConfig,
+    pipes: _Pipes,
+    metrics_socket: socket.socket | None = None,
+) -> None:
+    """A worker's process. The parent's pipes and the metrics listening socket (the
+    exporter's) are closed first: held here, the metrics port stayed bound as long as any
+    worker lived, a worker whose parent died included, until its drain ended."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # dies at once until it serves
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the parent too
     for fd in pipes.parent_only:
         os.close(fd)
+    if metrics_socket is not None:
+        metrics_socket.close()
     loops.run(_serve_worker(listeners, config, pipes), config.loop)
 
 
@@ -312,7 +322,7 @@ class _Supervisor:
         else:
             slot.process = self._mp.Process(
                 target=_worker_main,
-                args=(self.listeners, self.config, pipes),
+                args=(self.listeners, self.config, pipes, self.metrics_socket),
                 name=f"peerwire-worker-{slot.index}",
             )
         slot.process.start()

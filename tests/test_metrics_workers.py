@@ -18,7 +18,7 @@ import pytest
 
 import rpc
 from tests.test_metrics import Scrape, scrape
-from tests.test_workers import SERVE, Running, ask
+from tests.test_workers import SERVE, Running, answering_pids, ask
 
 pytestmark = [
     pytest.mark.timeout(90),
@@ -102,6 +102,44 @@ async def test_one_scrape_shows_every_worker(tmp_path: Path) -> None:
     exits = [line for line in server.output("stderr").splitlines() if "exited" in line]
     assert len(exits) == 1 and f"(pid {victim})" in exits[0], exits  # the exporter never did
     assert list(tmp_path.iterdir()) == []  # the parent removed its multiprocess directory
+
+
+def listening_inode(port: int) -> str:
+    """The inode of the socket listening on 127.0.0.1:``port`` (from /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":
+            return fields[9]
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def holds_socket(pid: int, inode: str) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.readlink(fds / fd) == f"socket:[{inode}]" for fd in os.listdir(fds))
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")
+async def test_only_the_exporter_holds_the_metrics_socket() -> None:
+    server = Running([*SERVE, "--workers=2", "--listen=tcp+gotalk://127.0.0.1:0",
+                      "--metrics=127.0.0.1:0"])  # fmt: skip
+    try:
+        [line] = await asyncio.to_thread(server.wait_lines, "stdout", "metrics on ")
+        port = urllib.parse.urlsplit(line.split()[-1]).port
+        assert port
+        [url] = await asyncio.to_thread(server.urls, 1)
+        workers = await answering_pids(url, lambda pids: len(pids) == 2)
+        pid = server.process.pid
+        children = {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+        [exporter] = children - workers
+        inode = listening_inode(port)
+        assert holds_socket(exporter, inode)
+        assert holds_socket(pid, inode)  # the parent, for the exporter it would restart
+        for worker in workers:
+            assert not holds_socket(worker, inode), f"worker {worker} holds the metrics port"
+    finally:
+        code = await asyncio.to_thread(server.stop)
+        server.kill()
+    assert code == 0, server.output("stderr")
 
 
 def test_metrics_address_taken_exits_3() -> None:
