@@ -6,7 +6,9 @@ MsgInitReq (last=False)    request handler; answers MsgInitRes (``rpc.Reply``); 
 MsgRegisterReq             request (last=False) -> MsgRegisterRes after the commit;
                            notification (last=True) -> registered, nothing answered
 MsgQueryReq                request -> MsgQueryRes; a latest result over
-                           ``max_message_size`` -> an error reply (``PeerwireRpc.Error``)
+                           ``max_message_size`` -> an error reply (``PeerwireRpc.Error``);
+                           one query per connection at a time, run once its output
+                           is below ``high_water``
 anything else              closes the connection, as the reference does
 =========================  ================================================================
 
@@ -192,20 +194,29 @@ class Handlers:
             log.warning("registration without response dropped (status %s)", service.status.value)
 
     async def _on_query(self, data: bytes) -> rpc.Reply:
-        _client()
+        """One query of a connection runs at a time, and only once the client has taken
+        our output (below the core's ``high_water``, 256 KiB): its result is made when it
+        can be sent. A client that sends many queries and reads nothing thus makes the
+        server hold at most two results (the one the transport holds, and the one made
+        before the client stopped reading), not one per query (1,024 at once, the core's
+        ``max_concurrent``: all the queries of one read used to run at once, each result
+        waiting in memory for the client to read)."""
+        client = _client()
         peer = rpc.current_peer.get()
-        try:
-            params = query_params_from_sbs(decode(MSG_QUERY_REQ, data))
-            blobs, more = await self._service.query(params)
-        except ResultTooLarge as exc:
-            # MsgQueryRes has no error field: an error reply; hat's client closes on it,
-            # which fails its query instead of leaving it waiting forever
-            log.warning("query from %s refused: %s", peer.remote_address, exc)
-            raise QueryError(f"{exc} (max_message_size)") from None
-        except (InvalidMessage, ValueError, KeyError) as exc:
-            _drop(peer, f"query failed: {exc}")
-            raise
-        return rpc.Reply(MSG_QUERY_RES, encode_query_result(blobs, more))
+        async with client.query_turn:
+            await peer.drain()  # ConnectionClosed once it is gone: nothing to answer
+            try:
+                params = query_params_from_sbs(decode(MSG_QUERY_REQ, data))
+                blobs, more = await self._service.query(params)
+            except ResultTooLarge as exc:
+                # MsgQueryRes has no error field: an error reply; hat's client closes on
+                # it, which fails its query instead of leaving it waiting forever
+                log.warning("query from %s refused: %s", peer.remote_address, exc)
+                raise QueryError(f"{exc} (max_message_size)") from None
+            except (InvalidMessage, ValueError, KeyError) as exc:
+                _drop(peer, f"query failed: {exc}")
+                raise
+            return rpc.Reply(MSG_QUERY_RES, encode_query_result(blobs, more))
 
 
 async def _register_reply(future: SessionFuture) -> rpc.Reply:

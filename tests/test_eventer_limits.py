@@ -1,0 +1,61 @@
+"""Our Eventer server's bounds on the memory one client can make it hold: the answers to
+queries it does not read, the notifications it does not ack, the registrations it sends
+faster than the disk takes them, and the system events its name goes into."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rpc import eventer
+from rpc.eventer import common
+from rpc.eventer.common import MSG_INIT_REQ, MSG_INIT_RES, MSG_QUERY_REQ, MSG_QUERY_RES
+from tests.chatter_socket import ChatterSocket
+from tests.peers.eventer_helpers import (
+    init_bytes,
+    json_event,
+    port_of,
+    running_server,
+    url_of,
+    wait_until,
+)
+from wire.chatter import Dialect
+
+
+async def _initialised_socket(port: int, name: str, subs: list[tuple[str, ...]]) -> ChatterSocket:
+    """A bare Chatter socket, initialised, that reads only when told to."""
+    sock = await ChatterSocket.connect("127.0.0.1", port, Dialect.CURRENT)
+    sock.conn.send(MSG_INIT_REQ, init_bytes(name, subs=subs), last=False)
+    sock.flush()
+    assert (await sock.receive()).type == MSG_INIT_RES
+    return sock
+
+
+async def test_queries_of_a_client_that_reads_nothing_wait_for_it_to_read(tmp_path: Path) -> None:
+    """All the queries of one read used to run at once, each result waiting in memory for
+    the client to read: 1,000 latest queries (35 kB sent) for a 1 MiB result made the
+    server hold 1.2 GiB. Now a connection's queries run one at a time, once its output
+    is taken: those answered after a new event is registered see it."""
+    size, count = 2 << 20, 24
+    big = common.QueryLatestParams([("big",)])
+    # ":memory:": one thread runs the commits and the queries, in the order they come
+    overrides = {"database": ":memory:", "sync": "full", "system_events": False}
+    async with running_server(tmp_path, **overrides) as server:
+        async with await eventer.connect(url_of(server), "writer") as writer:
+            assert await writer.register([json_event(("big",), "x" * size)], with_response=True)
+            hog = await _initialised_socket(port_of(server), "hog", [])
+            [client] = [c for c in server.clients if c.name == "hog"]
+            query = common.encode(MSG_QUERY_REQ, common.query_params_to_sbs(big))
+            for _ in range(count):
+                hog.conn.send(MSG_QUERY_REQ, query, last=False)
+            hog.flush()  # one write of 24 x 35 bytes: one read, all dispatched together
+            await wait_until(lambda: client.peer.handlers_running > 0)
+            # queries of our own, after those the server started for the hog: once they
+            # ran (twice, a started job's query may come one turn later), so had those
+            for _ in range(3):
+                assert len((await server.query(big)).events) == 1
+            assert await writer.register([json_event(("big",), "new")], with_response=True)
+            replies = [await hog.receive(timeout=10) for _ in range(count)]
+            await hog.close()
+    assert [r.type for r in replies] == [MSG_QUERY_RES] * count
+    made_before = sum(len(r.data) > size for r in replies)  # the rest: after "new"
+    assert 1 <= made_before <= count // 3, made_before
