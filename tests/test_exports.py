@@ -162,5 +162,13 @@ def test_transports_package_exports_through_its_modules() -> None:
     assert not hasattr(transports, "__all__")
     public = {n for n in vars(transports) if not n.startswith("_")}
     # only its submodules, as they get imported (by the tests above or by rpc)
-    modules = {"logs", "read_buffer", "stream", "web_http", "websocket", "ws_connection"}
+    modules = {
+        "logs",
+        "read_buffer",
+        "stream",
+        "web_http",
+        "websocket",
+        "ws_connection",
+        "ws_transport",
+    }
     assert public <= modules, public

@@ -35,7 +35,8 @@ from websockets.uri import parse_uri
 from transports.logs import RateLimitedLog
 from transports.stream import ByteSink, start_stream_server
 from transports.web_http import HostCheck, HttpOptions, Responder, refuse
-from transports.ws_connection import Connection, Settings, WebSocketTransport
+from transports.ws_connection import Connection, Settings
+from transports.ws_transport import WebSocketTransport
 
 log = logging.getLogger("peerwire.transports.websocket")
 

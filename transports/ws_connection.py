@@ -4,8 +4,8 @@
 bytes to a ``websockets`` ``ServerProtocol``/``ClientProtocol`` (public sans-I/O API only:
 ``receive_data``, ``events_received``, ``data_to_send``, ``send_*``, ``fail``) and hands every
 text, binary or continuation frame's payload to a byte sink as bytes. The sink sees
-:class:`WebSocketTransport`, an ``asyncio.Transport``: ``write`` = one binary message,
-``writelines`` = one message per item.
+:class:`~transports.ws_transport.WebSocketTransport`, an ``asyncio.Transport``: ``write``
+= one binary message, ``writelines`` = one message per item.
 
 One timer per connection, armed for its nearest deadline: the opening handshake
 (``handshake_timeout``), then keepalive (a ping after ``ping_interval`` seconds without
@@ -13,6 +13,9 @@ incoming data, the connection failed when nothing arrives within ``ping_timeout`
 closing handshake (``close_timeout``, then the socket is aborted). Backpressure: the socket's
 write buffer limits drive the sink's ``pause_writing``/``resume_writing``; the sink's
 ``pause_reading`` stops reading the socket, and frames already parsed wait until it resumes.
+The socket is read while our output is backed up (so that the sink can take replies), but a
+ping that comes then stops reading until the output drains: websockets answers every ping
+with a pong, and a peer that pings and never reads would grow our buffer a pong at a time.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ import asyncio
 import logging
 import os
 import socket
-import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -34,6 +36,7 @@ from websockets.server import ServerProtocol
 
 from transports.read_buffer import SharedBufferProtocol
 from transports.stream import ByteSink
+from transports.ws_transport import WebSocketTransport
 
 log = logging.getLogger("peerwire.transports.websocket")
 
@@ -45,9 +48,6 @@ Event = Request | Response | Frame
 TIMER_EARLY = 0.001
 """A keepalive timer may fire up to the loop's clock resolution early (uvloop's is a whole
 millisecond): a quiet period that ends within this many seconds has ended."""
-
-RETRY_FLAG = "peerwire-retry"
-"""Query parameter peerwire's browser client sends: it understands Gotalk retry results."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,96 +73,16 @@ class Settings:
                 raise ValueError(f"{name} must be positive or None, not {value!r}")
 
 
+def _has_ping(events: list[Event]) -> bool:
+    return any(type(event) is Frame and event.opcode is Opcode.PING for event in events)
+
+
 class Opening(Protocol):
     """The side-specific part of a connection: how it starts, opens and ends."""
 
     def started(self, conn: Connection) -> None: ...
     def handshake(self, conn: Connection, event: Request | Response) -> None: ...
     def lost(self, conn: Connection, exc: BaseException | None) -> None: ...
-
-
-class WebSocketTransport(asyncio.Transport):
-    """What the sink holds: one WebSocket connection as an ``asyncio.Transport``.
-
-    Writes after the closing handshake started are dropped (as asyncio drops writes to a
-    closed transport). ``get_extra_info("message_framed")`` is True; ``"request"`` and
-    ``"response"`` give the opening handshake, ``"accepted_at"`` the loop time the
-    connection was made; other names go to the socket's transport.
-    """
-
-    __slots__ = ("_conn", "_raw", "_ws")
-
-    def __init__(self, conn: Connection, raw: asyncio.Transport) -> None:
-        super().__init__()
-        self._conn = conn
-        self._ws = conn.ws
-        self._raw = raw
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        ws = self._ws
-        if ws.state is _OPEN:
-            ws.send_binary(data)
-            self._raw.write(ws.data_to_send()[0])
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        ws = self._ws
-        if ws.state is _OPEN:
-            for data in list_of_data:
-                ws.send_binary(data)
-            out = ws.data_to_send()
-            if out:
-                self._raw.writelines(out)
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        """Start the closing handshake (code 1000); the socket closes when it completes."""
-        self._conn.close(CloseCode.NORMAL_CLOSURE)
-
-    def abort(self) -> None:
-        self._raw.abort()
-
-    def is_closing(self) -> bool:
-        return self._ws.state is not _OPEN or self._raw.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "message_framed":
-            return True
-        if name == "accepted_at":  # loop time, before any TLS or WebSocket handshake
-            return self._conn.made_at
-        if name in ("request", "response"):
-            return self._conn.handshake_events.get(name, default)
-        if name == "peerwire_retry":  # the peer said it takes Gotalk "e" results
-            request = self._conn.handshake_events.get("request")
-            query = request.path.partition("?")[2] if isinstance(request, Request) else ""
-            return RETRY_FLAG in urllib.parse.parse_qs(query)
-        return self._raw.get_extra_info(name, default)
-
-    def get_write_buffer_size(self) -> int:
-        return self._raw.get_write_buffer_size()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._raw.get_write_buffer_limits()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._raw.set_write_buffer_limits(high, low)
-
-    def pause_reading(self) -> None:
-        self._conn.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._conn.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._conn.reading
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        raise NotImplementedError("a WebSocket transport feeds the sink it was opened with")
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        # the sink is any ByteSink (the RPC core's Peer is one), not always a BaseProtocol
-        return self._conn.sink  # type: ignore[return-value]
 
 
 class Connection(SharedBufferProtocol):
@@ -192,6 +112,9 @@ class Connection(SharedBufferProtocol):
         """Bytes the peer may still send before its request head is parsed (server)."""
         self._held: list[Event] = []
         self._write_paused = False
+        self._pongs_wait = False
+        """A ping came while our output was backed up: the socket is not read until the
+        output drains (see the module doc)."""
         self._timer: asyncio.TimerHandle | None = None
         self._heard_at = 0.0
         """Loop time of the last read from the peer (keepalive counts silence from it)."""
@@ -229,6 +152,10 @@ class Connection(SharedBufferProtocol):
         if out:
             self._send(out)
         if events:
+            if self._write_paused and not self._pongs_wait and _has_ping(events):
+                self._pongs_wait = True
+                if self.raw is not None and not self.raw.is_closing():
+                    self.raw.pause_reading()
             self._dispatch(events)
         if ws.state is not _OPEN:
             self._check_closing()
@@ -287,6 +214,11 @@ class Connection(SharedBufferProtocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._pongs_wait:
+            self._pongs_wait = False
+            raw = self.raw
+            if self.reading and not self._held and raw is not None and not raw.is_closing():
+                raw.resume_reading()
         if self.sink is not None:
             self.sink.resume_writing()
 
@@ -348,7 +280,7 @@ class Connection(SharedBufferProtocol):
             self._ping_out = False
             if self._held:
                 self.loop.call_soon(self._release)
-            elif self.raw is not None and not self.raw.is_closing():
+            elif self.raw is not None and not self.raw.is_closing() and not self._pongs_wait:
                 self.raw.resume_reading()
 
     def _release(self) -> None:
@@ -360,7 +292,13 @@ class Connection(SharedBufferProtocol):
         if held:
             self._dispatch(held)
         raw = self.raw
-        if self.reading and not self._held and raw is not None and not raw.is_closing():
+        if (
+            self.reading
+            and not self._held
+            and not self._pongs_wait
+            and raw is not None
+            and not raw.is_closing()
+        ):
             raw.resume_reading()
 
     # --- writing, closing ----------------------------------------------------------------
