@@ -193,6 +193,9 @@ class ChatterAdapter:
         level = self.handshake.level
         self.cancels, self.metadata, self.timeout_defaults = level >= 1, level >= 2, level >= 3
 
+    def is_reply(self, msg: Msg) -> bool:
+        return not msg.owner  # a message in a conversation we started
+
     def dispatch(self, msg: Msg) -> None:
         # each field read once; a conversation built as Conversation.of_received builds it,
         # without its call, and not for a notification

@@ -75,6 +75,9 @@ sent before every request that carries metadata."""
 _TIMEOUT_HEADER = gotalk.encode_parts(gotalk.Notification(TIMEOUT, bytes(4)))[0]
 """The header of a ``peerwire/timeout`` notification (its payload is always 4 bytes)."""
 _EXTENSION_PREFIX = "peerwire/"
+_REPLIES = frozenset(
+    (gotalk.Result, gotalk.StreamResult, gotalk.ErrorResult, gotalk.RetryResult)
+)
 LEVEL = 3
 """The extension level we speak."""
 _LEVEL = str(LEVEL).encode()
@@ -203,6 +206,9 @@ class GotalkAdapter:
     def decode(self, data: bytes) -> list[Any]:
         self._last_read = self._loop.time()  # also when request metadata arrived
         return self.codec.receive_data(data)
+
+    def is_reply(self, msg: Any) -> bool:
+        return msg.__class__ in _REPLIES
 
     def dispatch(self, msg: Any) -> None:
         peer = self.peer

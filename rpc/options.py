@@ -40,7 +40,8 @@ class Options:
     with 0 a stream's first item would wait for a reader with nothing to take
     (ValueError)."""
     high_water: int = 256 * 1024
-    """Unsent output (bytes) above which we stop reading from the peer."""
+    """Unsent output (bytes) above which we handle no input from the peer but replies to our
+    calls (reading pauses at its next request, notification, heartbeat or ping)."""
     low_water: int = 64 * 1024
     """Unsent output (bytes) below which reading resumes."""
     handshake_timeout: float | None = 10.0
@@ -83,6 +84,11 @@ class Adapter(Protocol[K]):
 
     def decode(self, data: bytes) -> list[Any]: ...
     def dispatch(self, message: Any) -> None: ...
+    def is_reply(self, message: Any) -> bool:
+        """True when ``message`` answers a call of ours (a result, a stream's result or
+        end, an error, a retry): the peer handles such input while its output waits."""
+        ...
+
     def last_word(self, exc: ProtocolError) -> None: ...
     def send_request(self, op: str, payload: Any, stream: bool) -> K: ...
     def send_request_meta(

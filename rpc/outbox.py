@@ -11,13 +11,15 @@ coroutine's single reply, a streamed result's end), are written at once (see
 :meth:`Outbox.hold`): nothing would join them but the wait.
 
 Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
-marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). The
-peer stops reading while blocked; :meth:`wait_writable` lets senders wait.
+marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). While
+blocked the peer handles no input but replies to its calls (see :mod:`rpc.peer`);
+:meth:`wait_writable` lets senders wait, and wakes them one at a time, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -55,7 +57,8 @@ class Outbox:
         "_pieces",
         "_size",
         "_transport",
-        "_waiter",
+        "_waiters",
+        "_waking",
         "blocked",
     )
 
@@ -68,7 +71,9 @@ class Outbox:
         self._size = 0
         self._handle: asyncio.Handle | None = None
         self._held = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        """Senders waiting for the transport to take more, in the order they came."""
+        self._waking: asyncio.Handle | None = None
         self._lost: BaseException | None = None
         self.blocked = False
         """True while the transport's buffer is above its high-water mark."""
@@ -176,18 +181,38 @@ class Outbox:
 
     def resume(self) -> None:
         self.blocked = False
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._waking is None:
+            self._wake_next()
+
+    def _wake_next(self) -> None:
+        """Wake the sender that has waited longest; once it has run (and written what it
+        had), the next, while the transport still takes more. One sender a turn, in order:
+        woken all at once at every resume, each of thousands of senders would find the
+        buffer full again after the first few, and wait again (a resume's cost grew with
+        the senders waiting)."""
+        self._waking = None
+        waiters = self._waiters
+        while waiters and not self.blocked:
+            waiter = waiters.popleft()
+            if not waiter.done():  # else cancelled while it waited
+                waiter.set_result(None)  # its task runs before the call below
+                self._waking = self._loop.call_soon(self._wake_next)
+                return
 
     async def wait_writable(self) -> None:
-        """Return once the transport accepts more; raise the loss error if it is gone."""
+        """Return once the transport accepts more (waiting senders go in the order they
+        came); raise the loss error if it is gone."""
+        first = True
         while self.blocked:
             if self._lost is not None:
                 raise self._lost
-            if self._waiter is None:
-                self._waiter = self._loop.create_future()
-            await asyncio.shield(self._waiter)
+            waiter = self._loop.create_future()
+            if first:
+                self._waiters.append(waiter)
+                first = False
+            else:  # woken, and blocked again before it ran: it keeps its place
+                self._waiters.appendleft(waiter)
+            await waiter
         if self._lost is not None:
             raise self._lost
 
@@ -200,7 +225,11 @@ class Outbox:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(error)
-            waiter.exception()  # retrieved: waiters re-raise it themselves
+        if self._waking is not None:
+            self._waking.cancel()
+            self._waking = None
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+                waiter.exception()  # retrieved: waiters re-raise it themselves

@@ -33,7 +33,11 @@ Everything per connection is bounded and freed when the connection goes:
   ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
   connection does not keep the others waiting; so do those after an item for a stream
   whose queue is full, until its reader makes room (:mod:`rpc.stream_hold`);
-- output in the outbox and the transport: reading pauses above ``high_water`` bytes.
+- output in the outbox and the transport: above ``high_water`` bytes, input other than
+  replies to our calls waits (reading pauses at the first such message). Replies are still
+  read and handled: handling one writes nothing and frees what its call held, and were
+  they held too, two peers each sending more than the other's buffers take would each
+  wait for the other to read (pipelined large requests, two-way streams).
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
 
@@ -287,8 +291,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
             self.closed.set_result(exc)
 
     def pause_writing(self) -> None:
-        self.outbox.pause()
-        self._pause_reading()
+        self.outbox.pause()  # reading goes on: _run and _continue hold what is not a reply
 
     def resume_writing(self) -> None:
         self.outbox.resume()
@@ -296,21 +299,22 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
 
     # --- input flow ----------------------------------------------------------------------
 
-    def _held(self) -> bool:
-        """True when no more input may be handled now: output is backed up, or every
-        notification (and ``on_open``) task slot is taken (``_task_slots``), or every
-        handler slot is taken and the peer does not understand retry results (one that
-        does gets them for requests past the limit instead), or a stream's full queue holds
-        it (:mod:`rpc.stream_hold`)."""
+    def _held(self, message: Any) -> bool:
+        """True when ``message`` may not be handled now: a stream's full queue holds all
+        input (:mod:`rpc.stream_hold`); backed-up output, every notification (and
+        ``on_open``) task slot taken (``_task_slots``), or every handler slot taken for a
+        peer that does not understand retry results (one that does gets them for requests
+        past the limit instead) hold all but replies to our calls (see the module doc)."""
+        if self._stream_hold.active:
+            return True
         return (
             self.outbox.blocked
-            or self._stream_hold.active
             or len(self._tasks) >= self._task_slots
             or (
                 not self.adapter.retry_results
                 and self.handlers_running >= self.options.max_concurrent
             )
-        )
+        ) and not self.adapter.is_reply(message)
 
     def _run(self, messages: list[Any]) -> None:
         """Dispatch one read's messages, with :data:`current_peer` set for them all (the
@@ -322,10 +326,13 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         slots = None if self.adapter.retry_results else self.options.max_concurrent
         tasks = self._tasks
         runner = self._runner
+        is_reply = self.adapter.is_reply
         token = current_peer.set(self)
         try:
             for index, message in enumerate(messages):
-                if outbox.blocked or (slots is not None and len(tasks) + runner.jobs >= slots):
+                if (
+                    outbox.blocked or (slots is not None and len(tasks) + runner.jobs >= slots)
+                ) and not is_reply(message):
                     self._backlog.extend(messages[index:])
                     self._pause_reading()
                     return
@@ -359,7 +366,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         token = current_peer.set(self)
         try:
             handled = 0
-            while backlog and not self._held():
+            while backlog and not self._held(backlog[0]):
                 if handled == MESSAGES_PER_TURN:
                     self.outbox.flush()
                     self._next_turn()
@@ -381,7 +388,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         finally:
             current_peer.reset(token)
         self.outbox.flush()
-        if not backlog and not self.outbox.blocked and not self._reading:
+        if not backlog and not self._reading:
             if handled:  # what this turn handled may have woken readers of our streams:
                 self._next_turn()  # they run first, and reading resumes after them (uvloop
                 return  # reads before the callbacks queued meanwhile: a stream overflowed)
