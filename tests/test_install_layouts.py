@@ -63,7 +63,10 @@ def test_wheel_holds_three_packages_and_every_schema(wheel: Path) -> None:
         assert top == {"rpc", "wire", "transports"}
         for sbs in sorted((ROOT / "schemas_sbs").glob("*.sbs")):
             assert whl.read(f"wire/schemas_sbs/{sbs.name}") == sbs.read_bytes()
-        assert "transports/web/gotalk.js" in names
+        web = ROOT / "transports" / "web"  # the browser library: its parts, list, Node loader
+        parts = json.loads((web / "gotalk.parts.json").read_text())
+        for name in [*parts, "gotalk.parts.json", "gotalk.js"]:
+            assert whl.read(f"transports/web/{name}") == (web / name).read_bytes(), name
         assert not [n for n in names if n.endswith(".sbs") and not n.startswith("wire/")]
         metadata = whl.read("peerwire-0.1.0.dist-info/METADATA").decode()
         assert "License-Expression: MIT" in metadata

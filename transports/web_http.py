@@ -3,12 +3,13 @@
 Every request's ``Host`` header must name a host the server is meant to be reached at
 (``allowed_hosts``; a DNS-rebound page is refused with 400). The endpoint (``mount``) accepts
 WebSocket handshakes from allowed origins (403 otherwise, 426 for plain GETs); the browser
-script (``<mount>gotalk.js`` and ``<mount>peerwire.js``) and files under ``static_dir`` are
-served with ETag, 304, Cache-Control and gzip. Each file is read, gzipped and hashed once, in
-a thread, and kept in a cache bounded in bytes (``static_cache_bytes``; a file over a quarter
-of it is not served), checked against the file's size and modification time on every
-request. No sockets here: requests in, ``Response`` objects out (or a future of one while
-its file loads).
+script (``<mount>gotalk.js`` and ``<mount>peerwire.js``: the parts ``web/gotalk.parts.json``
+lists, joined in that order) and files under ``static_dir`` are served with ETag, 304,
+Cache-Control and gzip. Each static file is read, gzipped and hashed once, in a thread, and
+kept in a cache bounded in bytes (``static_cache_bytes``; a file over a quarter of it is not
+served), checked against the file's size and modification time on every request; the script
+is read once per process. No sockets here: requests in, ``Response`` objects out (or a future
+of one while its file loads).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import functools
 import gzip
 import hashlib
 import ipaddress
+import json
 import logging
 import mimetypes
 import socket
@@ -34,7 +36,10 @@ from websockets.server import ServerProtocol
 
 log = logging.getLogger("peerwire.transports.websocket")
 
-SCRIPT = Path(__file__).parent / "web" / "gotalk.js"
+WEB = Path(__file__).parent / "web"
+SCRIPT_PARTS = WEB / "gotalk.parts.json"
+"""The browser library's parts, in the order that makes one script of them (a JSON list of
+file names in ``WEB``); ``web/gotalk.js`` joins the same parts for Node."""
 SCRIPT_NAMES = ("gotalk.js", "peerwire.js")
 SERVER_HEADER = "peerwire"
 _COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/svg+xml")
@@ -80,8 +85,12 @@ class Asset:
 
     @classmethod
     def load(cls, path: Path) -> Asset:
-        body = path.read_bytes()
-        ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        return cls.of(path.read_bytes(), path.name)
+
+    @classmethod
+    def of(cls, body: bytes, name: str) -> Asset:
+        """``body`` served as a file called ``name`` (its type is guessed from the name)."""
+        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
         gzipped = None
         if ctype.startswith(_COMPRESSIBLE):
             zipped = gzip.compress(body, mtime=0)
@@ -95,10 +104,17 @@ class Asset:
         return len(self.body) + len(self.gzipped or b"")
 
 
+def script_source() -> bytes:
+    """The browser library as one script: its parts (see :data:`SCRIPT_PARTS`) joined.
+    A part that is missing raises ``FileNotFoundError``."""
+    names: list[str] = json.loads(SCRIPT_PARTS.read_text(encoding="utf-8"))
+    return b"".join((WEB / name).read_bytes() for name in names)
+
+
 @functools.cache
 def script_asset() -> Asset:
-    """The browser library, loaded once per process."""
-    return Asset.load(SCRIPT)
+    """The browser library, read, joined, gzipped and hashed once per process."""
+    return Asset.of(script_source(), SCRIPT_NAMES[0])
 
 
 class StaticFiles:

@@ -1,0 +1,285 @@
+  // --- gotalk-sock.js: requests, and answering what the server sends -------------------------
+  // (a part of the library: statements of the function that gotalk-head.js opens)
+
+  /**
+   * One connection to a gotalk responder. `open()` connects once; `openKeepAlive()` stays
+   * connected, reconnecting after random delays of up to 500 ms, then 1, 2, 4 and 5 s.
+   * Events: `open` (the socket), `close` (an Error, or null after a normal close),
+   * `heartbeat` ({time, load}) and `retry` ({op, wait, message, attempt}). Connection
+   * (gotalk-connection.js) keeps the connection; this adds our requests (ids, results,
+   * retries, timeouts) and answers what the server sends.
+   */
+  class Sock extends Connection {
+    constructor(handlers) {
+      super();
+      this.handlers = handlers || defaultHandlers;
+      this.requestTimeout = 0; // ms per request, retries included; 0: no limit
+      this.maxRetries = MAX_RETRIES;
+      this._nextId = 0;
+      this._nextStreamId = 0;
+    }
+
+    _newId(stream) {
+      if (this._pending.size >= STREAM_IDS) throw new Error('gotalk: too many pending requests');
+      for (;;) {
+        let id;
+        if (stream) {
+          id = '!' + pad(this._nextStreamId.toString(36), 3);
+          this._nextStreamId = (this._nextStreamId + 1) % STREAM_IDS;
+        } else {
+          id = pad(this._nextId.toString(36), 4);
+          this._nextId = (this._nextId + 1) % SINGLE_IDS;
+        }
+        if (!this._pending.has(id)) return id;
+      }
+    }
+
+    /**
+     * Send request `op` with the payload `encode()` returns. Whatever fails before the request
+     * is sent (a value without JSON form, a name too long) rejects, and leaves nothing pending.
+     */
+    _call(op, encode, buffer, cb) {
+      const promise = new Promise((resolve, reject) => {
+        if (!this._canSend()) {
+          reject(new Error('socket is closed'));
+          return;
+        }
+        let payload, id, header;
+        try {
+          payload = encode();
+          id = this._newId(false);
+          header = makeHeader('r', id, op, null, payloadSize(payload));
+        } catch (err) {
+          reject(err);
+          return;
+        }
+        const call = {
+          op: op, payload: payload, attempts: 0, timer: null, deadline: null,
+          _result: (type, bytes) => {
+            clearTimeout(call.deadline);
+            this._settled(id, call);
+            if (buffer) {
+              resolve(bytes);
+              return;
+            }
+            try {
+              resolve(decodeJSON(bytes));
+            } catch (err) {
+              reject(new Error('invalid JSON in the result of ' + op + ': ' + err.message));
+            }
+          },
+          _fail: (err) => {
+            clearTimeout(call.timer);
+            clearTimeout(call.deadline);
+            this._settled(id, call);
+            reject(err);
+          },
+          _retry: (wait, message) => this._retry(id, call, wait, message),
+        };
+        const timeout = this.requestTimeout;
+        if (timeout > 0) {
+          call.deadline = setTimeout(() => {
+            if (this._pending.get(id) !== call) return;
+            const err = new Error('gotalk: no result for ' + op + ' within ' + timeout + ' ms');
+            err.timeout = true;
+            call._fail(err); // a late result for this id is ignored
+          }, timeout);
+        }
+        this._pending.set(id, call);
+        this._sendMessage(header, payload);
+      });
+      if (typeof cb === 'function') promise.then((value) => cb(null, value), (err) => cb(err));
+      return promise;
+    }
+
+    _retry(id, call, wait, message) {
+      call.attempts++;
+      if (call.attempts > this.maxRetries) {
+        call._fail(remoteError(message || 'retry limit reached', { retry: true, wait: wait }));
+        return;
+      }
+      this.emit('retry', { op: call.op, wait: wait, message: message, attempt: call.attempts });
+      call.timer = setTimeout(() => {
+        call.timer = null;
+        if (this._pending.get(id) !== call) return; // rejected meanwhile (disconnected)
+        if (!this.isOpen) {
+          call._fail(new Error('socket is closed'));
+          return;
+        }
+        this._sendMessage(makeHeader('r', id, call.op, null, payloadSize(call.payload)),
+                          call.payload);
+      }, wait);
+    }
+
+    /**
+     * Request `op` with `value` as JSON; resolves with the decoded JSON result.
+     * `request(op, cb)` (old gotalk.js pages) sends null and calls `cb(err, result)`.
+     */
+    request(op, value, cb) {
+      if (typeof value === 'function' && cb === undefined) {
+        cb = value;
+        value = null;
+      }
+      return this._call(op, () => jsonPayload(value), false, cb);
+    }
+
+    /** Request `op` with a raw payload (string or bytes); resolves with a Uint8Array. */
+    bufferRequest(op, buf, cb) {
+      if (typeof buf === 'function' && cb === undefined) {
+        cb = buf;
+        buf = null;
+      }
+      return this._call(op, () => rawPayload(buf), true, cb);
+    }
+
+    streamRequest(op) {
+      return new StreamRequest(this, op, this._newId(true));
+    }
+
+    notify(name, value) {
+      this.bufferNotify(name, jsonPayload(value));
+    }
+
+    bufferNotify(name, buf) {
+      if (!this._canSend()) throw new Error('socket is closed');
+      const payload = rawPayload(buf);
+      this._sendMessage(makeHeader('n', null, name, null, payloadSize(payload)), payload);
+    }
+
+    _dispatch(ws, msg, payload) {
+      if (msg.type !== 'h' && msg.type !== 'f') this._served = true;
+      switch (msg.type) {
+        case 'R':
+        case 'S': {
+          const call = this._pending.get(msg.id);
+          if (call) call._result(msg.type, payload);
+          break; // results for unknown ids are ignored, as Go peers do
+        }
+        case 'E': {
+          const call = this._pending.get(msg.id);
+          if (call) call._fail(remoteError(decoder.decode(payload)));
+          break;
+        }
+        case 'e': {
+          const call = this._pending.get(msg.id);
+          if (!call) break;
+          const message = decoder.decode(payload);
+          if (call._retry) call._retry(msg.wait, message);
+          else call._fail(remoteError(message, { retry: true, wait: msg.wait }));
+          break;
+        }
+        case 'r':
+          this._serve(msg.id, msg.name, payload);
+          break;
+        case 's':
+          // Browser peers take no stream requests (gotalk.js cannot either): refuse it.
+          this._refusedStreams.add(msg.id);
+          this._sendError(msg.id, 'stream requests not supported');
+          break;
+        case 'p':
+          if (!this._refusedStreams.has(msg.id)) {
+            throw protocolError(ERR_INVALID, 'stream part for an unknown stream');
+          }
+          if (payload.length === 0) this._refusedStreams.delete(msg.id);
+          break;
+        case 'n':
+          this._notification(msg.name, payload);
+          break;
+        case 'h': {
+          const now = Date.now();
+          this._beatGap = Math.max(this._beatGap, now - this._lastBeat);
+          this._lastBeat = now;
+          this.emit('heartbeat', { time: new Date(msg.time * 1000), load: msg.load });
+          break;
+        }
+        case 'f': {
+          const err = protocolError(msg.code, 'the server sent f' + pad(msg.code.toString(16), 8));
+          this._error = err;
+          try {
+            ws.close(4000 + Math.min(msg.code, 999));
+          } catch (e) {
+            // already closing
+          }
+          this._lost(ws, err);
+          break;
+        }
+        default:
+          throw protocolError(ERR_INVALID, 'unexpected message ' + msg.type);
+      }
+    }
+
+    _sendError(id, message) {
+      const payload = String(message);
+      this._sendMessage(makeHeader('E', id, null, null, utf8Length(payload)), payload);
+    }
+
+    /** Answer a request from the server with a handler registered on this side. */
+    _serve(id, op, payload) {
+      const entry = this.handlers._request(op);
+      if (!entry) {
+        this._sendError(id, 'unknown operation "' + op + '"');
+        return;
+      }
+      const ws = this.ws;
+      let answered = false;
+      const reply = (value) => {
+        if (answered || ws !== this.ws) return;
+        let out;
+        try {
+          out = entry.buffer ? rawPayload(value) : jsonPayload(value);
+        } catch (err) {
+          fail('cannot send the result: ' + err.message);
+          return;
+        }
+        answered = true;
+        this._sendMessage(makeHeader('R', id, null, null, payloadSize(out)), out);
+      };
+      const fail = (err) => {
+        if (answered || ws !== this.ws) return;
+        answered = true;
+        this._sendError(id, errorText(err));
+      };
+      const resolver = function (value) { reply(value); };
+      resolver.error = fail;
+      let params = payload;
+      if (!entry.buffer) {
+        try {
+          params = decodeJSON(payload);
+        } catch (err) {
+          fail('invalid JSON payload: ' + err.message);
+          return;
+        }
+      }
+      let returned;
+      try {
+        returned = entry.fn(params, resolver, op);
+      } catch (err) {
+        fail(err);
+        return;
+      }
+      // Handlers answer through the resolver (gotalk.js style) or by returning a value or
+      // a Promise.
+      if (returned && typeof returned.then === 'function') returned.then(reply, fail);
+      else if (returned !== undefined) reply(returned);
+    }
+
+    _notification(name, payload) {
+      const entry = this.handlers._notification(name);
+      if (!entry) return;
+      let value = payload;
+      if (!entry.buffer) {
+        try {
+          value = decodeJSON(payload);
+        } catch (err) {
+          return; // notifications cannot be answered with an error
+        }
+      }
+      try {
+        entry.fn(value, name);
+      } catch (err) {
+        setTimeout(() => { throw err; }, 0);
+      }
+    }
+  }
+  Sock.prototype.requestp = Sock.prototype.request;
+  Sock.prototype.bufferRequestp = Sock.prototype.bufferRequest;
