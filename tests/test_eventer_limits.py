@@ -59,3 +59,33 @@ async def test_queries_of_a_client_that_reads_nothing_wait_for_it_to_read(tmp_pa
     assert [r.type for r in replies] == [MSG_QUERY_RES] * count
     made_before = sum(len(r.data) > size for r in replies)  # the rest: after "new"
     assert 1 <= made_before <= count // 3, made_before
+
+
+async def test_a_client_that_does_not_ack_is_closed_past_max_client_backlog(
+    tmp_path: Path,
+) -> None:
+    """With ``events_ack``, what waited for a client's acks was bounded in count alone
+    (10,000 notifications, of up to 16 MiB each) until ``ack_timeout``: 1,500 events of
+    200 kB grew the server by 280 MiB more for one client that never acked."""
+    backlog = 256 * 1024
+    config = {"events_ack": True, "max_client_backlog": backlog, "system_events": False}
+    async with running_server(tmp_path, **config) as server:
+        mute = await _initialised_socket(port_of(server), "mute", [("*",)])
+        got: list[common.EventType] = []
+        async with (
+            await eventer.connect(
+                url_of(server),
+                "acks",
+                subscriptions=[("*",)],
+                events_cb=lambda _, events: got.extend(e.type for e in events),
+            ),
+            await eventer.connect(url_of(server), "writer") as writer,
+        ):
+            for i in range(32):  # 1 MiB of notifications, well within ack_timeout (30 s)
+                event = json_event(("big", str(i)), "x" * (backlog // 8))
+                assert await writer.register([event], with_response=True) is not None
+                await wait_until(lambda n=i + 1: len(got) == n)  # the one that acks keeps up
+            await wait_until(lambda: "mute" not in [c.name for c in server.clients])
+            assert got == [("big", str(i)) for i in range(32)]  # and stays
+            assert sorted(c.name for c in server.clients) == ["acks", "writer"]
+        await mute.close()

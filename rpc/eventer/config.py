@@ -49,8 +49,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_query_results: int = 4096
     """Server-side cap on events in one query result (the reference's default)."""
     max_client_backlog: int = 64 * 1024 * 1024
-    """Bytes of notifications a client without acks may leave unread; past it the server
-    closes that client (a slow reader must not make the server's memory grow)."""
+    """Bytes of notifications a client without acks may leave unread, or (``events_ack``)
+    may have queued for it and not yet acked (one larger notification alone passes); past
+    it the server closes that client (a slow reader must not make the server's memory
+    grow)."""
     max_message_size: int = 16 * 1024 * 1024
     """Largest Chatter message in bytes, both ways (the reference has no limit). A larger
     incoming message closes its connection; a registration whose events would not fit in

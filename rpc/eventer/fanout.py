@@ -4,7 +4,8 @@ Each client gets one session's events in one MsgEventsNotify (never split), filt
 subscription and server id; clients with the same selection share one encoding. Without
 ``events_ack`` a notification is written at once (a client past ``max_client_backlog``
 unread bytes is closed); with it, each client has an :class:`AckSender`: one events
-notification in flight, the next after the client's MsgEventsAck.
+notification in flight, the next after the client's MsgEventsAck; a client whose
+notifications not yet acked pass ``max_client_backlog`` bytes (or 10,000 of them) is closed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from rpc.tasks import TaskSet
 log = logging.getLogger("peerwire.eventer.server")
 
 MAX_QUEUED_NOTIFICATIONS = 10_000
-"""Notifications waiting for a slow client's acks at most; past it it is disconnected."""
+"""Notifications waiting for a slow client's acks at most; past it it is disconnected (so is
+one past ``max_client_backlog`` bytes of them: see :class:`AckSender`)."""
 MATCH_CACHE_SIZE = 65_536
 """Event types whose subscription match is remembered per client."""
 
@@ -141,12 +143,19 @@ class Fanout:
 class AckSender:
     """Per-client ordered sender for ``events_ack``: one events notification in flight,
     the next one only after the client's MsgEventsAck (status notifications keep their
-    place in the queue and need no ack). Its task belongs to ``tasks``."""
+    place in the queue and need no ack). Its task belongs to ``tasks``.
 
-    def __init__(self, client: ClientInfo, timeout: float, tasks: TaskSet) -> None:
+    Bounded as a client without acks is by its unread bytes: past ``max_bytes`` of
+    notifications queued or waiting for their ack (a single larger one is let through
+    alone), or past :data:`MAX_QUEUED_NOTIFICATIONS`, the client is closed."""
+
+    def __init__(self, client: ClientInfo, timeout: float, max_bytes: int, tasks: TaskSet) -> None:
         self._client = client
         self._timeout = timeout
+        self._max_bytes = max_bytes
         self._queue: deque[tuple[str, bytes]] = deque()
+        self.held = 0
+        """Bytes of the notifications queued or waiting for their ack."""
         self._ready = asyncio.Event()
         self.idle = asyncio.Event()
         """Set while nothing is queued or waiting for an ack."""
@@ -154,14 +163,21 @@ class AckSender:
         self._task = tasks.spawn(self._run())
 
     def push(self, msg_type: str, data: bytes) -> None:
-        if len(self._queue) >= MAX_QUEUED_NOTIFICATIONS:
+        held = self.held
+        if len(self._queue) >= MAX_QUEUED_NOTIFICATIONS or (
+            held and held + len(data) > self._max_bytes
+        ):
             log.warning(
-                "eventer client %d %r does not keep up with acks; closing",
+                "eventer client %d %r does not keep up with acks (%d notifications, %d bytes "
+                "waiting); closing",
                 self._client.id,
                 self._client.name,
+                len(self._queue),
+                held,
             )
             self._client.peer.abort()
             return
+        self.held = held + len(data)
         self._queue.append((msg_type, data))
         self.idle.clear()
         self._ready.set()
@@ -195,3 +211,5 @@ class AckSender:
                 log.warning("eventer client %d: bad ack (%s); closing", self._client.id, exc)
                 peer.abort()
                 return
+            finally:
+                self.held -= len(data)  # counted until its ack: held for the client till then

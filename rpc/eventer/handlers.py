@@ -141,7 +141,9 @@ class Handlers:
             peer=peer,
         )
         if self._config.events_ack:
-            client.sender = AckSender(client, self._config.ack_timeout, service.tasks)
+            client.sender = AckSender(
+                client, self._config.ack_timeout, self._config.max_client_backlog, service.tasks
+            )
         if self._config.system_events:
             service.register_system_nowait(("eventer", client.name), "CONNECTED")
         # its own CONNECTED is not notified to it
