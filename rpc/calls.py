@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
-from rpc import intercept
+from rpc import intercept, stream_request
 from rpc.errors import (
     ConnectionClosed,
     PayloadError,
@@ -26,8 +26,7 @@ from rpc.errors import (
     StreamOverflow,
 )
 from rpc.key import K
-from rpc.payload import encode_value
-from rpc.streaming import END, PartSource, ResultWait, StreamQueue, legacy_stream_args
+from rpc.streaming import END, ResultWait, StreamQueue, legacy_stream_args
 
 if TYPE_CHECKING:
     from rpc.deadlines import Deadlines
@@ -52,9 +51,8 @@ class _Call(msgspec.Struct):
     timeout: float = 0.0
     """The operation and timeout a single call's RequestTimeout names."""
     feeder: asyncio.Task[Any] | None = None
-    """While a stream request of ours takes parts from its source: the task doing so, which
-    the connection's loss cancels (``cut``), since the source may never yield again."""
-    cut: bool = False
+    """While a stream request of ours still sends parts: the task doing so, which ends
+    with the call (:func:`_stop`: answered, forgotten, or failed with the connection)."""
 
 
 class Caller(Generic[K]):
@@ -228,7 +226,7 @@ class Caller(Generic[K]):
         alone = not self._calls and self.outbox.hold()
         try:
             key = send()
-            self._calls[key] = _Call(None, queue, None)
+            self._stream_call(key, queue)
         finally:
             if alone:
                 self.outbox.release()
@@ -241,6 +239,7 @@ class Caller(Generic[K]):
         if call is not None:
             if call.queue is not None:
                 self._stream_hold.drop(call.queue)  # its reader takes no more
+                _stop(call)
             self.adapter.abandon(key)
 
     async def stream(
@@ -312,83 +311,27 @@ class Caller(Generic[K]):
         send: Callable[[bytes], K],
     ) -> K:
         """Send a stream request of ours and register ``queue`` for its results; its key.
-        ``send(data)`` sends the request with its first part (the plain and the middleware
-        paths encode and check it their own ways); the other parts and the end follow. A
-        failure on the way forgets the call (which tells the peer) before it raises.
+        ``send(data)`` sends the request with its first part; the other parts and the end
+        follow, by a task of the call's own once sending them has to wait, while the
+        caller reads results (see :mod:`rpc.stream_request`)."""
+        return await stream_request.send(self, op, parts, queue, wait, send)
 
-        Should the connection be lost while an async source is awaited, the wait ends with
-        ConnectionClosed (see :meth:`fail_calls`), not when the source next yields. (A
-        plain iterable's parts come without a wait; a wait for the transport to drain
-        ends with the loss anyway.)
-
-        A plain iterable's parts, with no other call in flight, are written at once with
-        the request and its end, as :meth:`_send` writes a lone request: nothing else
-        could join them before the loop's next turn (the hold ends before a wait for the
-        transport to drain)."""
-        source = PartSource(parts, wait)
-        first = await source.next()
-        self._check_open()  # the connection may have gone while the source waited
-        outbox = self.outbox
-        # taking a plain iterable's part never returns to the loop: the hold is kept
-        held = not source.awaits and not self._calls and outbox.hold()
-        try:
-            key = send(b"" if first is END else encode_value(first))
-            call = self._calls[key] = _Call(None, queue, None)
-            task = None
-            cancelling = 0
-            if source.awaits:  # the loss may have to cut a wait for the source (fail_calls)
-                task = call.feeder = asyncio.current_task()
-                cancelling = 0 if task is None else task.cancelling()  # cancels before ours
-            adapter = self.adapter
-            calls = self._calls
-            try:
-                if first is not END:
-                    while (part := await source.next()) is not END:
-                        if outbox.blocked:
-                            if held:  # never held across a wait
-                                held = False
-                                outbox.release()
-                            wait.check()  # past the deadline: no coroutine made
-                            await wait.bounded(outbox.wait_writable(), each=True)
-                        if key not in calls:  # answered (an error, a result) or failed
-                            return key  # its reader gets the answer; nothing more is sent
-                        self._check_open()
-                        payload = self._checked_payload(op, encode_value(part))
-                        adapter.send_request_part(key, payload)
-                if key in calls:
-                    adapter.send_request_end(key)
-            except asyncio.CancelledError:
-                self._forget(key)
-                if call.cut and task is not None and task.uncancel() <= cancelling:
-                    raise ConnectionClosed(
-                        "connection lost while sending a stream's parts"
-                    ) from None
-                raise
-            except BaseException:
-                self._forget(key)
-                raise
-            finally:
-                if task is not None:
-                    call.feeder = None
-        finally:
-            if held:
-                outbox.release()
-        return key
+    def _stream_call(self, key: K, queue: StreamQueue) -> _Call:
+        """Register ``queue`` for the results of our stream ``key``; its call."""
+        call = self._calls[key] = _Call(None, queue, None)
+        return call
 
     def fail_calls(self, error: ConnectionClosed) -> None:
         """The connection is gone: every call of ours fails with ``error``, and a stream
-        request still awaiting parts from its source stops waiting (its task is cancelled
-        and :meth:`send_stream_request` raises ``ConnectionClosed`` instead)."""
-        current = asyncio.current_task()  # None: the loop calls connection_lost itself
+        request still sending parts stops (its feeder is cancelled, even while it waits
+        for its source; the stream's reader gets ``error``)."""
         for call in self._calls.values():
             if call.future is not None and not call.future.done():
                 call.future.set_exception(error)
                 call.future.exception()  # retrieved: no "never retrieved" noise
             if call.queue is not None:
                 call.queue.put(error)
-            if call.feeder is not None and call.feeder is not current:
-                call.cut = True
-                call.feeder.cancel()
+                _stop(call)
         self._calls.clear()
 
     def notify(self, name: str, value: Any = None) -> None:
@@ -428,6 +371,7 @@ class Caller(Generic[K]):
         if call.queue is not None:
             call.queue.put(payload)
             call.queue.put(END)
+            _stop(call)
         elif call.future is not None and not call.future.done():
             call.future.set_result(payload)
 
@@ -465,6 +409,7 @@ class Caller(Generic[K]):
             return
         if call.queue is not None:
             call.queue.put(END)
+            _stop(call)
         elif call.future is not None and not call.future.done():  # a streamed answer
             call.future.set_exception(_streamed_answer(call.op))
 
@@ -479,6 +424,7 @@ class Caller(Generic[K]):
             return
         if call.queue is not None:
             call.queue.put(RetryLater(message, wait))
+            _stop(call)
         elif call.future is not None and not call.future.done():
             call.future.set_result(RetryLater(message, wait))
 
@@ -488,8 +434,17 @@ class Caller(Generic[K]):
             return
         if call.queue is not None:
             call.queue.put(exc)
+            _stop(call)
         elif call.future is not None and not call.future.done():
             call.future.set_exception(exc)
+
+
+def _stop(call: _Call) -> None:
+    """``call`` is answered or gone: the feeder still sending its parts (if any) stops
+    (a feeder failing forgets its call only after it has let go of it)."""
+    if call.feeder is not None:
+        call.feeder.cancel()
+        call.feeder = None
 
 
 def _streamed_answer(op: str) -> PayloadError:

@@ -92,9 +92,17 @@ class StreamQueue:
         self._room_at = at
         self.taken_at = self._loop.time()
 
+    def wake(self) -> None:
+        """Wake a waiting reader without an item (its :meth:`wait` returns True with none
+        queued): what it waits for has changed (:attr:`ResultWait.feeding`)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
     async def wait(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: for as long as it takes) for an item; one
-        timer, no task. False when none came. One reader at a time."""
+        timer, no task. False when none came; True with none queued after :meth:`wake`.
+        One reader at a time."""
         if self._items:
             return True
         loop = self._loop
@@ -115,9 +123,13 @@ def _time_up(waiter: asyncio.Future[bool]) -> None:
 
 class ResultWait:
     """How long a stream of ours waits: ``item`` seconds for each next result, and never
-    past ``timeout`` seconds from its start (None: no deadline for the whole stream)."""
+    past ``timeout`` seconds from its start (None: no deadline for the whole stream).
+    While its request's parts are still being sent (:attr:`feeding`), the wait for a
+    result has the deadline alone: the sending is bounded on its own (``item`` seconds for
+    the peer to take our output, the deadline for the source), as it was when the caller
+    read no result before the last part had gone; ``item`` counts again from the end."""
 
-    __slots__ = ("deadline", "item", "loop", "op", "timeout")
+    __slots__ = ("deadline", "feeding", "item", "loop", "op", "timeout")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, op: str, timeout: float | None, item: float
@@ -127,6 +139,9 @@ class ResultWait:
         self.timeout = timeout
         self.item = item
         self.deadline = None if timeout is None else loop.time() + timeout
+        self.feeding = 0
+        """Feeders (:mod:`rpc.stream_request`) sending this stream's parts: each one
+        :meth:`StreamQueue.wake` s the reader when it ends."""
 
     def _left(self, deadline: float) -> float:
         """Seconds left before ``deadline``; raises RequestTimeout once it passed."""
@@ -170,16 +185,25 @@ class ResultWait:
             raise self._overdue() from None
 
     async def next(self, queue: StreamQueue) -> Any:
-        """The next item of ``queue``, within ``item`` seconds and the deadline. An item
-        already queued (results that came in one read) is taken without a timer."""
-        wait, deadline = self.item, self.deadline
-        if deadline is not None:
-            wait = min(wait, self._left(deadline))
-        if len(queue) or await queue.wait(wait):
+        """The next item of ``queue``, within ``item`` seconds (once no part is being sent)
+        and the deadline. An item already queued (results that came in one read) is taken
+        without a timer."""
+        if len(queue):
             return queue.take()
-        if wait < self.item:  # the deadline came first
-            raise self._overdue()
-        raise RequestTimeout(f"{self.op}: no result within {self.item} s")
+        while True:
+            by_item = not self.feeding
+            wait = self.item if by_item else None
+            if self.deadline is not None:
+                left = self._left(self.deadline)
+                if wait is None or left < wait:
+                    wait, by_item = left, False
+            if await queue.wait(wait):
+                if len(queue):
+                    return queue.take()
+                continue  # woken: the parts have all gone, and ``item`` counts from now
+            if not by_item:  # the deadline came first
+                raise self._overdue()
+            raise RequestTimeout(f"{self.op}: no result within {self.item} s")
 
 
 def legacy_stream_args(legacy: tuple[Any, ...], parts: Any, value: Any) -> tuple[Any, Any]:
@@ -220,13 +244,20 @@ class PartSource:
         self.awaits = self._async is not None
         """True when taking a part may wait (an async iterable's)."""
 
-    async def next(self) -> Any:
-        """The next part, or ``END`` after the last; RequestTimeout once the stream's
-        deadline has passed (checked before each part is taken, from either kind)."""
+    def take(self) -> Any:
+        """A plain iterable's next part (no coroutine made), or ``END`` after the last;
+        RequestTimeout once the stream's deadline has passed."""
         wait = self._wait
         if wait.deadline is not None:
             wait.check()
-        sync = self._sync
-        if sync is not None:
-            return next(sync, END)
+        return next(cast(Iterator[Any], self._sync), END)
+
+    async def next(self) -> Any:
+        """The next part, or ``END`` after the last; RequestTimeout once the stream's
+        deadline has passed (checked before each part is taken, from either kind)."""
+        if self._sync is not None:
+            return self.take()
+        wait = self._wait
+        if wait.deadline is not None:
+            wait.check()
         return await wait.bounded(anext(cast(AsyncIterator[Any], self._async), END))
