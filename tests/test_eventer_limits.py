@@ -4,6 +4,7 @@ faster than the disk takes them, and the system events its name goes into."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from rpc import eventer
@@ -89,3 +90,23 @@ async def test_a_client_that_does_not_ack_is_closed_past_max_client_backlog(
             assert got == [("big", str(i)) for i in range(32)]  # and stays
             assert sorted(c.name for c in server.clients) == ["acks", "writer"]
         await mute.close()
+
+
+async def test_registrations_past_max_pending_bytes_fail_until_the_disk_catches_up(
+    tmp_path: Path,
+) -> None:
+    """Waiting registrations were bounded in count alone (500,000 events): 400 of 4 MiB
+    sent without response grew the server by 1.46 GiB. Registrations submitted together
+    wait for one commit: past ``max_pending_bytes`` of them, the others fail."""
+    limit, size = 1 << 20, 1 << 18
+    async with running_server(tmp_path, max_pending_bytes=limit, system_events=False) as server:
+        events = [[json_event(("big", str(i)), "x" * size)] for i in range(16)]
+        results = await asyncio.gather(*(server.register(e) for e in events))
+        accepted = [i for i, r in enumerate(results) if r is not None]
+        assert accepted == [0, 1, 2, 3]  # over 1 MiB after 4, the 5th and later refused
+        async with await eventer.connect(url_of(server), "c") as client:
+            for i in (4, 5):  # committed now: registrations go on, by request or not
+                assert await client.register(events[i], with_response=True) is not None
+            assert await client.register(events[6]) is None  # sent, nothing answered
+            result = await client.query(common.QueryLatestParams([("big", "*")]))
+            assert sorted(e.type[1] for e in result.events) == ["0", "1", "2", "3", "4", "5", "6"]

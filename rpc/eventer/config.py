@@ -53,6 +53,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     may have queued for it and not yet acked (one larger notification alone passes); past
     it the server closes that client (a slow reader must not make the server's memory
     grow)."""
+    max_pending_bytes: int = 256 * 1024 * 1024
+    """Bytes of registered events waiting for their commit (all clients together); while
+    this many wait, registrations fail (a request's answer is ``failure``, one sent as a
+    notification is dropped), so that clients registering faster than the disk commits
+    cannot fill the server's memory: at most this plus one registration waits."""
     max_message_size: int = 16 * 1024 * 1024
     """Largest Chatter message in bytes, both ways (the reference has no limit). A larger
     incoming message closes its connection; a registration whose events would not fit in
@@ -81,6 +86,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
             raise ConfigError("ack_timeout must be positive")
         if self.max_client_backlog < 1:
             raise ConfigError("max_client_backlog must be at least 1")
+        if self.max_pending_bytes < 1:
+            raise ConfigError("max_pending_bytes must be at least 1")
         if self.max_message_size < 4096:
             raise ConfigError("max_message_size must be at least 4096")
 

@@ -52,11 +52,14 @@ from rpc.eventer.values import (
     QueryError,
 )
 from rpc.registry import Handler, HandlerKind
+from transports.logs import RateLimitedLog
 
 if TYPE_CHECKING:
     from rpc.eventer.service import Service
 
 log = logging.getLogger("peerwire.eventer.server")
+dropped = RateLimitedLog(log)
+"""Registrations sent as notifications and refused: at most 20 lines per 10 s."""
 
 INIT_REFUSED_CLOSE_TIMEOUT = 0.5
 """After a refused init, seconds the client gets to close before we do (the reference's)."""
@@ -193,7 +196,11 @@ class Handlers:
             log.warning("registration dropped: %s", exc)
             return
         if session is None:
-            log.warning("registration without response dropped (status %s)", service.status.value)
+            dropped.warning(
+                "registration without response dropped (status %s, %d bytes wait for the disk)",
+                service.status.value,
+                service.writer.pending_bytes,
+            )
 
     async def _on_query(self, data: bytes) -> rpc.Reply:
         """One query of a connection runs at a time, and only once the client has taken

@@ -30,11 +30,15 @@ from rpc.eventer.values import (
 )
 from rpc.eventer.writer import Writer
 from rpc.tasks import TaskSet
+from transports.logs import RateLimitedLog
 
 log = logging.getLogger("peerwire.eventer.server")
+refusals = RateLimitedLog(log)
+"""Registrations refused for load: at most 20 lines per 10 s, however many clients send."""
 
 MAX_PENDING_EVENTS = 500_000
-"""Events waiting for their commit at most; past it registrations fail (bounded memory)."""
+"""Events waiting for their commit at most; past it registrations fail (bounded memory, with
+``max_pending_bytes`` of them: see :meth:`Service.submit`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +133,29 @@ class Service:
         ``future`` (if given) gets the session's events once committed. Raises
         InvalidMessage for bytes that are not a valid MsgRegisterReq or hold a payload that
         is not JSON; nothing is registered then.
+
+        Load: a registration that would make more than :data:`MAX_PENDING_EVENTS` events
+        wait for their commit is refused, and so is every one while ``max_pending_bytes``
+        of events wait (so at most that plus one registration's wait: registrations sent
+        faster than the disk takes them fail, the answer of a request ``failure``, a
+        notification dropped, rather than fill memory). Why not stop reading from the
+        registrant: the core stops reading a connection only once ``max_concurrent``
+        (1,024) of its handlers wait, each holding its message (up to
+        ``max_message_size``), which bounds nothing useful.
         """
         if self.status is not Status.OPERATIONAL and not force:
             return None
         parts = split_register_req(data)
-        pending = self.writer.pending_events
-        if pending + len(parts) > MAX_PENDING_EVENTS:
-            log.warning("registration refused: %d events wait for the disk", pending)
+        writer = self.writer
+        if (
+            writer.pending_events + len(parts) > MAX_PENDING_EVENTS
+            or writer.pending_bytes >= self.config.max_pending_bytes
+        ):
+            refusals.warning(
+                "registration refused: %d events (%d bytes) wait for the disk",
+                writer.pending_events,
+                writer.pending_bytes,
+            )
             return None
         session = self.registrar.session(parts, future)
         if session.rows:

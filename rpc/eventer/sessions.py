@@ -24,10 +24,12 @@ SessionFuture = asyncio.Future[list[bytes] | None]
 class Session:
     """One registration: its events' SBS bytes, store rows and types, and who waits."""
 
-    __slots__ = ("blobs", "future", "id", "rows", "types")
+    __slots__ = ("blobs", "future", "id", "rows", "size", "types")
 
     def __init__(self, session_id: int, future: SessionFuture | None) -> None:
         self.id = session_id
+        self.size = 0
+        """Bytes of its events (the blobs), as the writer's ``pending_bytes`` counts them."""
         self.blobs: list[bytes] = []
         self.rows: list[Row] = []
         self.types: list[EventType] = []
@@ -131,6 +133,7 @@ class Registrar:
             blobs.append(blob)
             rows.append((server, sid, instance, type_id, ts, part.source_key, blob))
             types.append(event_type)
+        session.size = size
         self.last_session = sid
         self._last_ts = ts
         return session

@@ -57,6 +57,8 @@ class Writer:
         """Id of the last session whose commit is over (done or failed)."""
         self.pending_events = 0
         """Events queued or being committed."""
+        self.pending_bytes = 0
+        """Bytes of those events (:attr:`Session.size`)."""
         self.stopped = False
         """Set when :meth:`run` has ended (cancelled, or failed unexpectedly)."""
         self._pending: deque[Session] = deque()
@@ -76,6 +78,7 @@ class Writer:
         self._last_pushed = session.id
         self._pending.append(session)
         self.pending_events += len(session.rows)
+        self.pending_bytes += session.size
         self._wake.set()
 
     async def wait_processed(self, session_id: int) -> None:
@@ -102,7 +105,7 @@ class Writer:
         for session in self._pending:
             session.resolve(None)
         self._pending.clear()
-        self.pending_events = 0
+        self.pending_events = self.pending_bytes = 0
         self.processed = max(self.processed, self._last_pushed)
         self._release_barriers()
 
@@ -153,6 +156,7 @@ class Writer:
                     session.resolve(session.blobs)
             finally:
                 self.pending_events -= count
+                self.pending_bytes -= sum(session.size for session in batch)
             self.processed = batch[-1].id
             if self._barriers:
                 self._release_barriers()
