@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from rpc import eventer
 from rpc.eventer import common
 from rpc.eventer.common import MSG_INIT_REQ, MSG_INIT_RES, MSG_QUERY_REQ, MSG_QUERY_RES
@@ -110,3 +112,20 @@ async def test_registrations_past_max_pending_bytes_fail_until_the_disk_catches_
             assert await client.register(events[6]) is None  # sent, nothing answered
             result = await client.query(common.QueryLatestParams([("big", "*")]))
             assert sorted(e.type[1] for e in result.events) == ["0", "1", "2", "3", "4", "5", "6"]
+
+
+async def test_a_name_too_long_for_its_system_events_is_refused_in_the_init_response(
+    tmp_path: Path,
+) -> None:
+    """Such an init was answered with a PeerwireRpc.Error, which hat's client cannot
+    decode: the CONNECTED event with the name in its type did not fit in a message."""
+    size = 1 << 16
+    async with running_server(tmp_path, max_message_size=size) as server:
+        with pytest.raises(eventer.EventerInitError, match="client name of 65336 bytes"):
+            await eventer.connect(url_of(server), "n" * (size - 200), max_size=size)
+        name = "n" * (size - 800)  # fits: connected, then its DISCONNECTED registered
+        await (await eventer.connect(url_of(server), name, max_size=size)).close()
+        await wait_until(lambda: not server.clients)
+        # removed and DISCONNECTED registered in one callback: the query waits for it
+        latest = await server.query(common.QueryLatestParams([("event", "1", "eventer", name)]))
+        assert [e.payload for e in latest.events] == [common.EventPayloadJson("DISCONNECTED")]

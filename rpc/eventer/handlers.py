@@ -2,7 +2,9 @@
 
 =========================  ================================================================
 MsgInitReq (last=False)    request handler; answers MsgInitRes (``rpc.Reply``); a refused
-                           init is answered with the error, then closed after 0.5 s
+                           init is answered with the error, then closed after 0.5 s (a
+                           wrong token; with ``system_events``, a client name too long
+                           for its DISCONNECTED event to fit in ``max_message_size``)
 MsgRegisterReq             request (last=False) -> MsgRegisterRes after the commit;
                            notification (last=True) -> registered, nothing answered
 MsgQueryReq                request -> MsgQueryRes; a latest result over
@@ -63,6 +65,9 @@ dropped = RateLimitedLog(log)
 
 INIT_REFUSED_CLOSE_TIMEOUT = 0.5
 """After a refused init, seconds the client gets to close before we do (the reference's)."""
+
+LONGEST_CLIENT_STATUS = "DISCONNECTED"
+"""The longer of a client's system events' payloads (the other is CONNECTED)."""
 
 _CLIENT = "eventer.client"
 _REFUSED = "eventer.refused"
@@ -134,9 +139,20 @@ class Handlers:
         service = self._service
         if service.closing:
             return self._refuse(peer, "server is stopping")
+        name = req["clientName"]
+        if self._config.system_events and not service.system_event_fits(
+            ("eventer", name), LONGEST_CLIENT_STATUS
+        ):
+            # its CONNECTED and DISCONNECTED events could not be registered: refused here,
+            # in a MsgInitRes its client can read (it used to get a PeerwireRpc.Error)
+            return self._refuse(
+                peer,
+                f"client name of {len(name.encode())} bytes too long for its system events "
+                f"(max_message_size {self._config.max_message_size})",
+            )
         client = ClientInfo(
             id=next(self._conn_ids),
-            name=req["clientName"],
+            name=name,
             token=token,
             subscription=subscription,
             server_id=optional_from_sbs(req["serverId"]),

@@ -21,9 +21,11 @@ from rpc.eventer.splice import split_register_req
 from rpc.eventer.store import Store, StoreState
 from rpc.eventer.values import (
     ENVELOPE_RESERVE,
+    MAX_EVENT_GROWTH,
     MSG_REGISTER_REQ,
     EventPayloadJson,
     EventType,
+    InvalidMessage,
     QueryParams,
     RegisterEvent,
     Status,
@@ -81,7 +83,7 @@ class Service:
         self._store = store
         self._threads = threads
         # events of one message: its size less the envelope, an array count and a flag
-        max_event_bytes = config.max_message_size - ENVELOPE_RESERVE - 11
+        max_event_bytes = self._max_event_bytes = config.max_message_size - ENVELOPE_RESERVE - 11
         catalog = TypeCatalog(state.types)
         self.fanout = Fanout(config.server_id, config.max_client_backlog)
         self.registrar = Registrar(
@@ -177,7 +179,18 @@ class Service:
             await future
 
     def register_system_nowait(self, suffix: EventType, status: str) -> None:
-        self.submit(self._system_event(suffix, status), None)
+        """Register a system event without waiting; one too large for a message (see
+        :meth:`system_event_fits`) is logged, not raised (it runs in a close callback)."""
+        try:
+            self.submit(self._system_event(suffix, status), None)
+        except InvalidMessage as exc:
+            log.warning("system event %r not registered: %s", suffix, exc)
+
+    def system_event_fits(self, suffix: EventType, status: str) -> bool:
+        """True when ``event/<server id>/<suffix>`` with ``status`` fits in one message:
+        a client's name goes into its CONNECTED and DISCONNECTED events."""
+        data = self._system_event(suffix, status)
+        return len(data) + MAX_EVENT_GROWTH <= self._max_event_bytes
 
     def _system_event(self, suffix: EventType, status: str) -> bytes:
         event = RegisterEvent(
