@@ -6,13 +6,16 @@ owner what happens through :class:`LinkEvents`; it never reaches into the owner.
 
 Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`):
 
-- ``max_queue`` frames queued (default 256), plus at most ``max_queue`` frames being resent
-  after a drop; the ``max_queue`` frames written last are kept ``resend_window`` s (2 s) to
-  be resent once if the connection drops, then handed to the rest of their chunk.
+- ``max_queue`` frames (default 256) and ``max_queue_bytes`` (16 MiB; an empty queue takes
+  one frame of any size) queued, plus as many being resent after a drop; as many written
+  last are kept ``resend_window`` s (2 s) to be resent once if the connection drops, then
+  handed to the rest of their chunk. All links together hold at most ``max_queued_bytes``
+  (128 MiB, :class:`QueueBytes`), queued or kept. Past any limit :meth:`Link.offer` refuses.
 - Writes stop while the transport is above its high-water mark (asyncio's 64 KiB) until it
-  drains; each write is at most 64 frames or 1 MiB, so a peer that does not read costs
-  about 64 KiB + 1 MiB of buffer and its queue.
-- Writes paused for ``write_stall_timeout`` (5 s) with frames waiting: the peer is not
+  drains; a write is at most 64 frames (``max_queue`` if fewer), 1 MiB and
+  ``max_queue_bytes``, or one larger frame. Its frames stay counted until writes resumed
+  and ``resend_window`` passed: a transport holds at most 64 KiB that no longer count.
+- Writes paused for ``write_stall_timeout`` (5 s), frames waiting or not: the peer is not
   reading. The connection is aborted, the peer counts as failed (its back-off grows with
   each stall in a row, however often it accepts a connection, until it reads again or
   speaks to us), and the queued frames and those written since ``resend_window`` before
@@ -35,17 +38,17 @@ import logging
 import random
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Protocol, cast
 
 from rpc.backoff import full_jitter
+from rpc.group.items import Item, QueueBytes
 from rpc.group.options import GroupOptions, GroupStats
 from rpc.tasks import TaskSet
 from transports.stream import open_stream
 from wire.errors import LocalProtocolError
 from wire.gossip import NetID
 
-__all__ = ["Item", "Link", "LinkEvents", "Links"]
+__all__ = ["Item", "Link", "LinkEvents", "Links", "QueueBytes"]
 
 log = logging.getLogger("peerwire.group")
 
@@ -55,17 +58,6 @@ BATCH_BYTES = 1 << 20
 """Bytes joined into one write at most (a larger single frame is written alone)."""
 MAX_DROPS = 3
 """Drops in a row (each within ``resend_window`` of its connect) before a peer has failed."""
-
-
-@dataclass(slots=True, eq=False)
-class Item:
-    """A frame to build for one peer: our payload, and the rest of its chunk."""
-
-    tag: int
-    payload: bytes
-    rest: tuple[NetID, ...]
-    sent_at: float = 0.0
-    resent: bool = False
 
 
 class LinkEvents(Protocol):
@@ -106,15 +98,19 @@ class Link(asyncio.Protocol):
         options: GroupOptions,
         stats: GroupStats,
         rng: random.Random,
+        held: QueueBytes,
     ) -> None:
         self.netid = netid
         self._events = events
         self._options = options
         self._stats = stats
         self._rng = rng
+        self._held = held
         self._loop = asyncio.get_running_loop()
         self._pending: deque[Item] = deque()
-        self._recent: deque[Item] = deque(maxlen=options.max_queue)
+        self._pending_bytes = 0
+        self._recent: deque[Item] = deque()  # written, kept to resend (oldest first)
+        self._recent_bytes = 0
         self._wakeup = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -156,6 +152,7 @@ class Link(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self._wakeup.set()  # an idle link arms the timer that lets its written frames go
         self._events.drained(self.netid)
 
     # --- what the owner uses ---------------------------------------------------------------
@@ -179,10 +176,20 @@ class Link(asyncio.Protocol):
         return 0 if transport is None else transport.get_write_buffer_size()
 
     def offer(self, item: Item) -> bool:
-        """Queue without waiting; False if the queue is full or the link has ended."""
-        if self._dead or len(self._pending) >= self._options.max_queue:
+        """Queue without waiting; False if the link has ended, its queue is full
+        (``max_queue`` frames or ``max_queue_bytes``) or the node's links hold
+        ``max_queued_bytes``."""
+        opts = self._options
+        if self._dead or len(self._pending) >= opts.max_queue:
+            return False
+        size = item.size
+        if self._pending and self._pending_bytes + size > opts.max_queue_bytes:
+            return False
+        if not self._held.room_for(size):
             return False
         self._pending.append(item)
+        self._pending_bytes += size
+        self._held.held += size
         self._wakeup.set()
         return True
 
@@ -224,6 +231,7 @@ class Link(asyncio.Protocol):
                     await asyncio.sleep(0)  # let other links and the readers run
         finally:
             self._dead = True
+            self._let_go()
             self._events.room()
             transport = self._transport
             if transport is not None:
@@ -236,15 +244,31 @@ class Link(asyncio.Protocol):
     # --- inside ----------------------------------------------------------------------------
 
     async def _wait_for_work(self) -> bool:
-        """Wait for a frame (or a drain) up to ``idle_timeout``; False when idle."""
-        self._wakeup.clear()
-        try:
-            async with asyncio.timeout(self._options.idle_timeout):
-                await self._wakeup.wait()
-        except TimeoutError:
-            if not self._pending:
-                log.debug("%s idle: closing", self)
-                return False
+        """Wait for a frame (or a drain) up to ``idle_timeout``; False when idle, or stalled
+        (writes paused ``write_stall_timeout``: the last frames written are not read).
+        Meanwhile written frames are let go as they pass ``resend_window``."""
+        opts = self._options
+        idle_at = self._loop.time() + opts.idle_timeout
+        while not (self._pending or self._draining):
+            self._wakeup.clear()
+            self._expire()
+            due = idle_at
+            if not self._writable.is_set():
+                due = min(due, self._paused_at + opts.write_stall_timeout)
+            elif self._recent:
+                due = min(due, self._recent[0].sent_at + opts.resend_window)
+            try:
+                async with asyncio.timeout_at(due):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                if self._pending or self._draining:
+                    break
+                if not self._writable.is_set() and due < idle_at:
+                    self._stalled()
+                    return False
+                if due == idle_at:
+                    log.debug("%s idle: closing", self)
+                    return False
         return True
 
     async def _wait_writable(self) -> bool:
@@ -288,12 +312,18 @@ class Link(asyncio.Protocol):
         return True
 
     def _write_batch(self, transport: asyncio.Transport) -> None:
+        opts = self._options
         frames: list[bytes] = []
         items: list[Item] = []
-        size = 0
+        size = counted = 0
         now = self._loop.time()
-        while self._pending and len(frames) < BATCH_ITEMS and size < BATCH_BYTES:
+        self._expire()
+        most = min(BATCH_ITEMS, max(1, opts.max_queue))
+        while self._pending and len(frames) < most and size < BATCH_BYTES:
+            if items and counted + self._pending[0].size > opts.max_queue_bytes:
+                break  # a write's frames all stay counted while the transport holds them
             item = self._pending.popleft()
+            self._pending_bytes -= item.size
             with_others = now >= self._others_due
             if with_others:
                 self._others_due = now + self._options.others_interval
@@ -302,10 +332,12 @@ class Link(asyncio.Protocol):
             except LocalProtocolError as exc:
                 log.warning("%s: frame not sent: %s", self, exc)
                 self._stats.dropped += 1
+                self._held.held -= item.size
                 continue
             frames.append(frame)
             items.append(item)
             size += len(frame)
+            counted += item.size
         self._events.room()
         if not frames:
             return
@@ -313,7 +345,39 @@ class Link(asyncio.Protocol):
         for item in items:
             item.sent_at = now
         self._recent.extend(items)
+        self._recent_bytes += counted
+        # Keep the frames written last: at most max_queue, and max_queue_bytes unless one
+        # frame is larger (never this write's frames, which the transport may still hold).
+        recent = self._recent
+        while len(recent) > opts.max_queue or (
+            self._recent_bytes > opts.max_queue_bytes and len(recent) > len(items)
+        ):
+            self._forget(recent.popleft())
         self._stats.frames_sent += len(frames)
+
+    def _forget(self, item: Item) -> None:
+        """A written frame will not be resent: it no longer counts."""
+        self._recent_bytes -= item.size
+        self._held.held -= item.size
+
+    def _expire(self) -> None:
+        """Let go of written frames past ``resend_window`` (never resent), unless writes are
+        paused: the transport may still hold them."""
+        if not self._writable.is_set():
+            return
+        cutoff = self._loop.time() - self._options.resend_window
+        recent = self._recent
+        if recent and recent[0].sent_at <= cutoff:
+            while recent and recent[0].sent_at <= cutoff:
+                self._forget(recent.popleft())
+            self._events.room()
+
+    def _let_go(self) -> None:
+        """Forget every frame queued or kept (the link ends, or hands them on)."""
+        self._held.held -= self._pending_bytes + self._recent_bytes
+        self._pending_bytes = self._recent_bytes = 0
+        self._pending.clear()
+        self._recent.clear()
 
     def _dropped(self, exc: BaseException | None) -> None:
         """The peer closed on us: resend what it may have missed (once), then reconnect."""
@@ -327,10 +391,14 @@ class Link(asyncio.Protocol):
         for item in self._recent:
             if now - item.sent_at <= window:
                 (twice if item.resent else again).append(item)
+        resent = sum(item.size for item in again)
+        self._held.held -= self._recent_bytes - resent  # the others are let go
         self._recent.clear()
+        self._recent_bytes = 0
         for item in reversed(again):
             item.resent = True
             self._pending.appendleft(item)
+        self._pending_bytes += resent
         self._stats.resent += len(again)
         if again:
             log.info("%s: connection dropped (%s); sending %d frames again", self, exc, len(again))
@@ -344,8 +412,7 @@ class Link(asyncio.Protocol):
         self._dead = True
         self._events.unreachable(self.netid, stalled=stalled)
         items = [*unread, *self._pending]
-        self._pending.clear()
-        self._recent.clear()
+        self._let_go()
         self._events.room()
         for item in items:
             self._events.reroute(self.netid, item)
@@ -381,6 +448,7 @@ class Links:
         self._stats = stats
         self._rng = rng
         self._links: dict[NetID, Link] = {}
+        self._bytes = QueueBytes(options.max_queued_bytes)  # shared by every link
         self._tasks = TaskSet(loop)
         self._closing = False
 
@@ -394,9 +462,15 @@ class Links:
             return None
         if not member and link is None and len(self._links) >= self._options.max_members:
             return None
-        link = self._links[netid] = Link(netid, self._events, self._options, self._stats, self._rng)
+        link = Link(netid, self._events, self._options, self._stats, self._rng, self._bytes)
+        self._links[netid] = link
         self._tasks.spawn(self._run(link))
         return link
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of frames every link holds, queued or kept (at most ``max_queued_bytes``)."""
+        return self._bytes.held
 
     def __iter__(self) -> Iterator[Link]:
         return iter(tuple(self._links.values()))

@@ -227,6 +227,7 @@ class GroupNode:
             inbound_buffered=self._inbound.buffered,
             links=len(links),
             queued=sum(link.queued for link in links),
+            queued_bytes=self._router.links.queued_bytes,
             write_buffered=sum(link.write_buffered for link in links),
             handler_tasks=self._dispatcher.running,
             origins=len(self._dedup),

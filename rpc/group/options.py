@@ -28,6 +28,14 @@ class GroupOptions:
     above ``max_members / 2 + 32``."""
     max_queue: int = 256
     """Frames waiting for one peer; past it that peer is skipped for the frame."""
+    max_queue_bytes: int = 16 << 20
+    """Bytes of frames waiting for one peer (default 16 MiB; an empty queue takes one frame
+    of any size), counted as each frame's payload plus 64 per node in the rest of its
+    chunk; past it, as past ``max_queue``. As much again is kept to resend."""
+    max_queued_bytes: int = 128 << 20
+    """Bytes of frames all links hold together, queued or kept to resend (default
+    128 MiB; with nothing held, one frame of any size fits); past it every peer is
+    treated as if its queue were full."""
     send_timeout: float = 5.0
     """How long ``notify`` waits for room in full queues, all together, before handing
     their chunks on (members with room are queued first, never kept waiting)."""
@@ -130,8 +138,12 @@ class Footprint:
     """Outgoing links (members, plus at most ``max_members`` to other nodes)."""
     queued: int
     """Frames waiting on links (at most ``2 * max_queue`` each: queue plus resends)."""
+    queued_bytes: int
+    """Bytes of frames the links hold, queued or kept to resend (at most
+    ``max_queued_bytes``, or one frame; counted as for ``max_queue_bytes``)."""
     write_buffered: int
-    """Bytes in outgoing transports' buffers (about 64 KiB plus one 1 MiB batch each)."""
+    """Bytes in outgoing transports' buffers: each at most 64 KiB plus one write (64 frames
+    or 1 MiB, or one frame up to ``max_size``), whose frames count in ``queued_bytes``."""
     handler_tasks: int
     """Coroutine handlers running (at most ``max_handler_tasks``)."""
     origins: int
