@@ -75,9 +75,7 @@ sent before every request that carries metadata."""
 _TIMEOUT_HEADER = gotalk.encode_parts(gotalk.Notification(TIMEOUT, bytes(4)))[0]
 """The header of a ``peerwire/timeout`` notification (its payload is always 4 bytes)."""
 _EXTENSION_PREFIX = "peerwire/"
-_REPLIES = frozenset(
-    (gotalk.Result, gotalk.StreamResult, gotalk.ErrorResult, gotalk.RetryResult)
-)
+_REPLIES = frozenset((gotalk.Result, gotalk.StreamResult, gotalk.ErrorResult, gotalk.RetryResult))
 LEVEL = 3
 """The extension level we speak."""
 _LEVEL = str(LEVEL).encode()

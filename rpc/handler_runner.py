@@ -37,16 +37,26 @@ from collections.abc import Callable, Collection, Coroutine, Generator
 from typing import Any, Generic, TypeAlias
 
 from rpc.key import K
+from rpc.request_bytes import RequestBytes
+from rpc.streaming import StreamQueue
 from rpc.tasks import TaskSet
 
 log = logging.getLogger("peerwire.rpc")
 
 Job: TypeAlias = tuple[
-    K, Coroutine[Any, Any, Any], contextvars.Context, Coroutine[Any, Any, Any] | None, int
+    K,
+    Coroutine[Any, Any, Any],
+    contextvars.Context,
+    Coroutine[Any, Any, Any] | None,
+    int,
+    int,
+    StreamQueue | None,
 ]
 """A queued job: its request's key, its coroutine, its context, the coroutine it awaits
 first if the job's owner made that one already (the handler's, closed with an unrun job),
-and its number (jobs are numbered as submitted, from 1)."""
+its number (jobs are numbered as submitted, from 1), the bytes of its request's payload
+(counted in the owner's :class:`~rpc.request_bytes.RequestBytes` until the job ends) and a
+stream request's parts queue (whose bytes left unread stop counting when the job ends)."""
 
 
 class _Resumed:
@@ -102,6 +112,7 @@ class HandlerRunner(Generic[K]):
         "_drain_left",
         "_drain_upto",
         "_drained",
+        "_held",
         "_loop",
         "_on_done",
         "_queue",
@@ -116,8 +127,10 @@ class HandlerRunner(Generic[K]):
         self,
         loop: asyncio.AbstractEventLoop,
         on_done: Callable[[], None] | None = None,
+        held: RequestBytes | None = None,
     ) -> None:
         self._on_done = on_done
+        self._held = held
         self._loop = loop
         self._workers: TaskSet | None = None
         self._queue: deque[Job[K]] | None = None
@@ -144,16 +157,22 @@ class HandlerRunner(Generic[K]):
         key: K,
         coro: Coroutine[Any, Any, Any],
         inner: Coroutine[Any, Any, Any] | None = None,
+        size: int = 0,
+        parts: StreamQueue | None = None,
     ) -> None:
         """Queue the job ``coro`` for request ``key``, to run in a copy of the current
         context. ``inner``: a coroutine the job awaits, made before it (the handler's):
         closed too if the job is dropped unrun, so that it is not reported as never
-        awaited. After :meth:`close` the job is dropped at once."""
+        awaited. ``size``: the request's payload bytes, held (counted in the runner's
+        ``held``) until the job ends, as the unread bytes of ``parts`` (a stream request's
+        queue) are. After :meth:`close` the job is dropped at once."""
         self._submitted += 1
-        job = (key, coro, contextvars.copy_context(), inner, self._submitted)
+        job = (key, coro, contextvars.copy_context(), inner, self._submitted, size, parts)
         if self._closed:
             _drop(job)
             return
+        if size and self._held is not None:
+            self._held.take(size)
         queue = self._queue
         if queue is None:
             queue = self._queue = deque()
@@ -179,7 +198,7 @@ class HandlerRunner(Generic[K]):
             if job[0] == key:
                 queue.remove(job)
                 _drop(job)
-                self._done(job[4])
+                self._done(job[4], job[5], job[6])
                 return
 
     def drain(self, closing: Collection[asyncio.Task[Any]] = ()) -> asyncio.Future[None] | None:
@@ -221,7 +240,12 @@ class HandlerRunner(Generic[K]):
         self._closed = True
         queue = self._queue
         while queue:
-            _drop(queue.popleft())
+            job = queue.popleft()
+            _drop(job)
+            if job[5] and self._held is not None:
+                self._held.release(job[5])
+            if job[6] is not None:
+                job[6].release_held()
         self.jobs = len(self._waiting_jobs)
         self._cancelled.clear()
         if self._drained is not None and not self._drained.done():
@@ -229,9 +253,13 @@ class HandlerRunner(Generic[K]):
         if self._workers is not None:
             self._workers.cancel_all()
 
-    def _done(self, number: int) -> None:
-        """Job ``number`` ended (or was dropped)."""
+    def _done(self, number: int, size: int, parts: StreamQueue | None) -> None:
+        """Job ``number``, holding ``size`` bytes (and ``parts``), ended or was dropped."""
         self.jobs -= 1
+        if size and self._held is not None:
+            self._held.release(size)
+        if parts is not None:
+            parts.release_held()
         if self._drained is not None and number <= self._drain_upto:
             self._drain_step()
         if self._on_done is not None:
@@ -260,7 +288,7 @@ class HandlerRunner(Generic[K]):
         cancelled = self._cancelled
         try:
             while queue and not self._closed:
-                key, coro, context, _, number = queue.popleft()
+                key, coro, context, _, number, size, parts = queue.popleft()
                 try:
                     if context is own and len(queue) <= self._starting:
                         # the job this worker was made for, and every job queued behind it
@@ -292,7 +320,7 @@ class HandlerRunner(Generic[K]):
                             del cancelled[key]
                             # a cancellation of the worker's own came with the job's: it stands
                             worker_cancelled = me.uncancel() > 0
-                    self._done(number)
+                    self._done(number, size, parts)
                     if worker_cancelled:
                         raise asyncio.CancelledError
         except GeneratorExit:

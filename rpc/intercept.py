@@ -36,6 +36,7 @@ from rpc.logs import violations
 from rpc.middleware import Call, CallKind
 from rpc.notifications import failures
 from rpc.registry import Handler, HandlerKind
+from rpc.request_bytes import payload_size
 from rpc.responder import OWN_CANCEL, PLAIN_RESULTS
 from rpc.streaming import END, ResultWait, StreamQueue
 from wire.metadata import RequestMeta
@@ -121,7 +122,7 @@ def serve_request(
     (which a cancel from the caller cancels), its handler (``op``'s, unless the caller
     looked it up already) bounded by ``deadline``."""
     adapter = peer.adapter
-    if peer.handlers_running >= peer.options.max_concurrent:
+    if peer.handlers_running >= peer.options.max_concurrent or peer._request_bytes.full:
         adapter.send_retry(key, peer.options.retry_wait, "request rate limit")
         if stream:
             peer._end_stream(key)
@@ -141,7 +142,8 @@ def serve_request(
     call = Call(op, kind, "server", peer, payload, key, metadata or {}, deadline=deadline)
     if adapter.cancels:  # before the job can run (and end)
         peer._running.add(key)
-    peer._runner.submit(key, _serve(peer, call, handler, queue))
+    size = 0 if stream else payload_size(payload)
+    peer._runner.submit(key, _serve(peer, call, handler, queue), None, size, queue)
 
 
 async def _serve(

@@ -51,10 +51,19 @@ class Options:
     middleware: tuple[Middleware, ...] = ()
     """Wrapped around every call of the connection, both ways, first outermost (see
     :mod:`rpc.middleware`); the registry's own middleware run inside these."""
+    max_request_bytes: int = 64 * 1024 * 1024
+    """Bytes the peer's requests may hold on the connection: payloads of requests whose
+    coroutine handlers have not finished and stream parts not yet read (see
+    :mod:`rpc.request_bytes`). Past it new requests are treated as past
+    ``max_concurrent`` and stream parts wait, reading paused, until handlers take or
+    finish enough; the first payload always goes in, so the connection holds at most this
+    plus ``max_size``. At least 1 (ValueError)."""
 
     def __post_init__(self) -> None:
         if self.max_stream_queue < 1:
             raise ValueError(f"max_stream_queue must be at least 1, not {self.max_stream_queue}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be at least 1, not {self.max_request_bytes}")
 
 
 class Adapter(Protocol[K]):

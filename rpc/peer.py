@@ -26,8 +26,9 @@ Everything per connection is bounded and freed when the connection goes:
   (notifications, ``on_open``): together at most ``max_concurrent``. Past it a request
   gets a retry result from a peer that takes them, else reading pauses; reading also
   pauses while ``max_concurrent`` tasks run (a notification has no answer to refuse it
-  with). The callers' deadlines of those that came with one are in ``call_bounds`` (one
-  entry per waiting handler);
+  with). Their payloads and the parts queued for stream handlers hold at most
+  ``max_request_bytes`` (:mod:`rpc.request_bytes`). The callers' deadlines of those that
+  came with one are in ``call_bounds`` (one entry per waiting handler);
 - decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
   reading stops as soon as the backlog is non-empty); one read's messages past
   ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
@@ -63,6 +64,7 @@ from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
+from rpc.request_bytes import RequestBytes
 from rpc.responder import ENDED_STREAMS, Responder, current_peer
 from rpc.responder import _parts as _parts
 from rpc.stream_hold import InputHeld, StreamHold
@@ -100,6 +102,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         "_intercepted",
         "_loop",
         "_reading",
+        "_request_bytes",
         "_runner",
         "_running",
         "_stream_hold",
@@ -140,10 +143,13 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self.call_bounds = CallBounds(self.deadlines, loop)
         """Served calls' deadlines (callers' timeouts), on the deadlines' one timer."""
         self._tasks = TaskSet(loop, self._task_done)
-        self._runner: HandlerRunner[K] = HandlerRunner(loop, self._task_done)
+        self._request_bytes = RequestBytes(self.options.max_request_bytes, self._task_done)
+        """Bytes held for the peer's requests (:mod:`rpc.request_bytes`): once under the
+        limit again, held-back input gets a turn, as when a handler ends."""
+        self._runner: HandlerRunner[K] = HandlerRunner(loop, self._task_done, self._request_bytes)
         """Requests being served by a coroutine, other awaitable or async generator handler,
         or through middleware (see :mod:`rpc.handler_runner`): at most ``max_concurrent``,
-        counted with the tasks."""
+        counted with the tasks, and at most ``max_request_bytes`` of their payloads."""
         self._calls: dict[K, _Call] = {}
         self._calls_at = float("inf")
         self._streams: dict[K, StreamQueue] = {}
@@ -312,7 +318,9 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
             or len(self._tasks) >= self._task_slots
             or (
                 not self.adapter.retry_results
-                and self.handlers_running >= self.options.max_concurrent
+                and (
+                    self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
+                )
             )
         ) and not self.adapter.is_reply(message)
 
@@ -326,12 +334,17 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         slots = None if self.adapter.retry_results else self.options.max_concurrent
         tasks = self._tasks
         runner = self._runner
+        held = self._request_bytes
         is_reply = self.adapter.is_reply
         token = current_peer.set(self)
         try:
             for index, message in enumerate(messages):
                 if (
-                    outbox.blocked or (slots is not None and len(tasks) + runner.jobs >= slots)
+                    outbox.blocked
+                    or (
+                        slots is not None
+                        and (len(tasks) + runner.jobs >= slots or held.used >= held.limit)
+                    )
                 ) and not is_reply(message):
                     self._backlog.extend(messages[index:])
                     self._pause_reading()

@@ -32,6 +32,7 @@ from rpc.logs import violations
 from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
+from rpc.request_bytes import RequestBytes, payload_size
 from rpc.stream_hold import InputHeld, StreamHold
 from rpc.streaming import END, StreamQueue
 from rpc.tasks import being_cancelled
@@ -88,6 +89,7 @@ class Responder(Generic[K]):
     _backlog: deque[Any]
     _streams: dict[K, StreamQueue]
     _stream_hold: StreamHold
+    _request_bytes: RequestBytes
     _ended: OrderedDict[K, None]
     _running: set[K]
     _intercepted: bool
@@ -147,18 +149,23 @@ class Responder(Generic[K]):
                 self._end_stream(key)
             return
         # handlers_running inlined: once per request
-        if len(self._tasks) + self._runner.jobs >= self.options.max_concurrent:
+        held = self._request_bytes
+        if (
+            len(self._tasks) + self._runner.jobs >= self.options.max_concurrent
+            or held.used >= held.limit
+        ):
             adapter.send_retry(key, self.options.retry_wait, "request rate limit")
             if stream:
                 self._end_stream(key)
             return
+        parts = None  # a stream's, until its job has it: released if none will
         try:  # current_peer is set: the peer sets it around every batch it dispatches
             if stream:
-                queue = self.parts_queue()
-                self._streams[key] = queue
+                parts = self.parts_queue()
+                self._streams[key] = parts
                 if payload:
-                    queue.put(payload)
-                result = handler.fn(_parts(queue, handler.decode))
+                    parts.put(payload)
+                result = handler.fn(_parts(parts, handler.decode))
             else:
                 result = handler.fn(adapter.decode_params(handler, payload))
             if result.__class__ in PLAIN_RESULTS:
@@ -175,7 +182,9 @@ class Responder(Generic[K]):
                 return
             if adapter.cancels:  # before the job can run (and end)
                 self._running.add(key)
-            self._runner.submit(key, job, inner)
+            size = 0 if stream else payload_size(payload)
+            self._runner.submit(key, job, inner, size, parts)
+            parts = None
         except PayloadError as exc:
             if stream:
                 self._end_stream(key)
@@ -189,6 +198,9 @@ class Responder(Generic[K]):
                 self._end_stream(key)
             log.debug("handler %r failed", op, exc_info=True)
             adapter.send_error(key, str(exc) or type(exc).__name__)
+        finally:
+            if parts is not None:
+                parts.release_held()
 
     def serve_bounded(
         self, key: K, handler: Handler, payload: Any, call: Call, when: float
@@ -200,7 +212,9 @@ class Responder(Generic[K]):
         deadline passed). The middleware path would cost a job running a chain of one, a
         frame more per step and a context it sets itself."""
         adapter = self.adapter
-        if len(self._tasks) + self._runner.jobs >= self.options.max_concurrent:
+        if len(self._tasks) + self._runner.jobs >= self.options.max_concurrent or (
+            self._request_bytes.full
+        ):
             adapter.send_retry(key, self.options.retry_wait, "request rate limit")
             return
         token = current_call.set(call)  # the job's context is a copy of this one
@@ -212,7 +226,8 @@ class Responder(Generic[K]):
                 return
             if adapter.cancels:  # before the job can run (and end)
                 self._running.add(key)
-            self._runner.submit(key, self._serve_result(key, result, False, when, call.op), inner)
+            job = self._serve_result(key, result, False, when, call.op)
+            self._runner.submit(key, job, inner, payload_size(payload))
         except PayloadError as exc:
             adapter.send_error(key, str(exc))
         except Exception as exc:
@@ -243,13 +258,18 @@ class Responder(Generic[K]):
         """Queue a part for its stream's handler. False: no such stream, now or lately.
         Past ``max_stream_queue`` parts unread or ``max_size`` bytes of them, raises
         InputHeld (see :mod:`rpc.stream_hold`): the part waits, and the handler's stream
-        fails should it take none within the connection's request timeout."""
+        fails should it take none within the connection's request timeout. Past
+        ``max_request_bytes`` held for the connection's requests, raises InputHeld too:
+        the part waits until handlers take or finish enough (:mod:`rpc.request_bytes`)."""
         queue = self._streams.get(key)
         if queue is None:
             return key in self._ended  # refused, failed or answered: dropped
         options = self.options
         if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
             self._stream_hold.hold(queue, lambda: self._stalled_parts(key))
+        held = self._request_bytes
+        if held.used >= held.limit:
+            raise InputHeld
         queue.put(payload)
         return True
 
@@ -268,7 +288,8 @@ class Responder(Generic[K]):
         """The queue of a stream request's parts: its handler may go the connection's
         request timeout without taking one while it holds (:mod:`rpc.stream_hold`)."""
         stall = self.options.timeout
-        return StreamQueue(self._loop, self.adapter.default_timeout if stall is None else stall)
+        stall = self.adapter.default_timeout if stall is None else stall
+        return StreamQueue(self._loop, stall, self._request_bytes)
 
     def on_request_end(self, key: K) -> bool:
         """End a stream's parts. False: no such stream, now or lately."""

@@ -16,9 +16,12 @@ from collections.abc import (
     Iterable,
     Iterator,
 )
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from rpc.errors import RequestTimeout
+
+if TYPE_CHECKING:
+    from rpc.request_bytes import RequestBytes
 
 T = TypeVar("T")
 
@@ -39,6 +42,7 @@ class StreamQueue:
     generator reading it, and a generator cannot be run by two tasks at once)."""
 
     __slots__ = (
+        "_held",
         "_items",
         "_loop",
         "_on_room",
@@ -49,8 +53,13 @@ class StreamQueue:
         "taken_at",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stall: float) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, stall: float, held: RequestBytes | None = None
+    ) -> None:
         self._loop = loop
+        self._held = held
+        """A stream request's parts: the connection's count of bytes held for requests,
+        which its ``bytes`` are part of until :meth:`release_held`."""
         self._items: collections.deque[Any] = collections.deque()
         self._waiter: asyncio.Future[bool] | None = None
         self._on_room: Callable[[], None] | None = None
@@ -67,6 +76,8 @@ class StreamQueue:
     def put(self, item: Any) -> None:
         if item.__class__ is bytes:
             self.bytes += len(item)
+            if self._held is not None:
+                self._held.take(len(item))
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -77,12 +88,21 @@ class StreamQueue:
         item = self._items.popleft()
         if item.__class__ is bytes:
             self.bytes -= len(item)
+            if self._held is not None:
+                self._held.release(len(item))
         if self._on_room is not None:  # a hold waits for room: the reader is alive
             self.taken_at = self._loop.time()
             if len(self._items) <= self._room_at:
                 on_room, self._on_room = self._on_room, None
                 on_room()
         return item
+
+    def release_held(self) -> None:
+        """Its reader is done (the handler's job ended, or it never had one): the items
+        left no longer count as held for the connection's requests."""
+        held, self._held = self._held, None
+        if held is not None and self.bytes:
+            held.release(self.bytes)
 
     def when_room(self, at: int, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` once, from the reader's :meth:`take`, when at most ``at``

@@ -1,0 +1,57 @@
+"""The bytes a connection holds for the peer's requests, and their limit.
+
+What the peer sends us for handlers to read is held until they have read it: the payload of
+a request whose coroutine handler has not finished (counted from its admission to the end
+of its job, :mod:`rpc.handler_runner`), and the parts queued for stream handlers (from
+arrival until taken, :class:`~rpc.streaming.StreamQueue`). Counted in items alone
+(``max_concurrent`` requests, ``max_stream_queue`` parts a stream), a peer sending large
+payloads could make one connection hold ``max_concurrent`` x ``max_size`` bytes (16 GiB at
+the defaults); :class:`RequestBytes` counts them against ``Options.max_request_bytes``.
+
+Past the limit the peer treats new requests as past ``max_concurrent`` (a retry result to a
+peer that takes them, else its input waits, reading paused) and holds stream parts (reading
+paused) until a handler takes or finishes enough to go below it. The first payload is
+always taken, so a connection holds at most the limit plus one payload (``max_size``).
+Plain function handlers are not counted: they return before the next message is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rpc.chatter_payloads import Sbs
+
+
+class RequestBytes:
+    """One connection's count (see the module doc). ``on_room`` runs when a release brings
+    the count back under ``limit`` (the peer then handles the input it held)."""
+
+    __slots__ = ("_on_room", "limit", "used")
+
+    def __init__(self, limit: int, on_room: Callable[[], None] | None = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self._on_room = on_room
+
+    @property
+    def full(self) -> bool:
+        return self.used >= self.limit
+
+    def take(self, size: int) -> None:
+        self.used += size
+
+    def release(self, size: int) -> None:
+        used = self.used = self.used - size
+        if used < self.limit <= used + size and self._on_room is not None:
+            self._on_room()
+
+
+def payload_size(payload: Any) -> int:
+    """Bytes of a received payload as the peer holds it: ``bytes``, or a Chatter payload
+    of a schema type (its data); others (an undecodable payload's marker) count none."""
+    if payload.__class__ is bytes:
+        return len(payload)
+    if payload.__class__ is Sbs:
+        return len(payload.data)
+    return 0
