@@ -83,6 +83,39 @@ reading thread; past it the stream takes one more from the connection each time 
 takes one (the connection's own queue then fills, and it stops reading: see
 :mod:`rpc.stream_hold`)."""
 
+MAX_BUFFERED_BYTES = 16 * 1024 * 1024
+"""Default ``max_buffered_bytes`` of a :class:`BlockingStream` made directly (16 MiB, the
+default ``max_size``); :meth:`BlockingPeer.stream` takes its connection's ``max_size``."""
+
+
+def result_size(item: Any) -> int:
+    """The bytes a buffered result counts for, about its encoded size: a string's or a
+    bytes-like's length, 8 for any other value, and 8 more for each item of a list, tuple,
+    set or dict (keys and values both walked). Results are decoded JSON or SBS values (or
+    raw payloads), so nothing else is walked."""
+    cls = item.__class__
+    if cls is bytes or cls is str:
+        return len(item)
+    total = 0
+    stack = [item]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str | bytes | bytearray):
+            total += len(value)
+        elif isinstance(value, memoryview):
+            total += value.nbytes
+        elif isinstance(value, dict):
+            total += 8 + 16 * len(value)
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            total += 8 + 8 * len(value)
+            stack.extend(value)
+        else:
+            total += 8
+    return total
+
+
 _stopping: set[asyncio.Task[None]] = set()
 """Pumps cancelled by a close that does not wait (held until done: the loop keeps only weak
 references to tasks)."""
@@ -107,18 +140,22 @@ async def _stopped(pump: asyncio.Task[None]) -> None:
 
 class _Buffer:
     """Results on their way from the loop to the reading threads, then how the stream ended
-    (StopIteration, or the error). ``limit`` results at most: the pump then waits
-    (:meth:`room`) until a reader takes one, so that the connection's stall limit counts
-    from the readers' last take. The mutex is held for a few steps
+    (StopIteration, or the error). ``limit`` results and ``byte_limit`` bytes of them
+    (:func:`result_size`; the result that passes it included) at most: the pump then waits
+    (:meth:`room`) until a reader's take makes room under both, which for the count is
+    every take, so that the connection's stall limit counts from the readers' last take.
+    ``bytes``: the bytes of the results held. The mutex is held for a few steps
     only; a reader with nothing to take waits on ``_bell``, a raw lock, unlocked when there
     may be something: its ``acquire()`` is one C call, so an interrupt (KeyboardInterrupt)
     cannot leave a lock half taken, as one in ``Condition.wait``'s Python code can.
     ``waiting``: readers waiting now."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, byte_limit: int) -> None:
         self.limit = limit
+        self.byte_limit = byte_limit
         self.waiting = 0
-        self._items: deque[Any] = deque()
+        self.bytes = 0
+        self._items: deque[tuple[Any, int]] = deque()
         self._finished = False
         self._error: BaseException | None = None
         self._mutex = threading.Lock()
@@ -126,20 +163,24 @@ class _Buffer:
         self._room: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         """The pump's wait for room, and its loop (see :meth:`room`)."""
 
-    def put(self, item: Any) -> bool:
-        """Add a result (on the loop); False once finished (closed)."""
+    def put(self, item: Any, size: int) -> bool:
+        """Add a result of ``size`` bytes (on the loop); False once finished (closed)."""
         with self._mutex:
             if self._finished:
                 return False
-            self._items.append(item)
+            self._items.append((item, size))
+            self.bytes += size
             self._ring()
             return True
 
+    def _has_room(self) -> bool:
+        return len(self._items) < self.limit and self.bytes < self.byte_limit
+
     def room(self) -> asyncio.Future[None] | None:
-        """On the loop, after a put: None while there is room; at the limit, a future that
-        resolves once a reader took one, or the buffer finished."""
+        """On the loop, after a put: None while there is room; at either limit, a future
+        that resolves once a reader's take made room, or the buffer finished."""
         with self._mutex:
-            if self._finished or len(self._items) < self.limit:
+            if self._finished or self._has_room():
                 return None
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
@@ -158,6 +199,7 @@ class _Buffer:
         with self._mutex:
             if drop:
                 self._items.clear()
+                self.bytes = 0
             if not self._finished:
                 self._finish(error)
 
@@ -176,10 +218,11 @@ class _Buffer:
         while True:
             with self._mutex:
                 if self._items:
-                    item = self._items.popleft()
+                    item, size = self._items.popleft()
+                    self.bytes -= size
                     if self._items or self._finished:
                         self._ring()  # for another reader
-                    if self._room is not None:  # the pump waits: one more may come
+                    if self._room is not None and self._has_room():  # one more may come
                         self._make_room()
                     return item
                 if self._finished:
@@ -206,14 +249,14 @@ async def _pump(
     results: AsyncGenerator[Any, None], buffer: _Buffer, first: asyncio.Future[None]
 ) -> None:
     """Move the results into ``buffer`` as they come (the core's queue of the stream stays
-    short: this task waits on it from the start); at the buffer's limit, wait until a
-    reader takes one. Until they end, the buffer is finished (closed) or this task
+    short: this task waits on it from the start); at either of the buffer's limits, wait
+    until a reader's take makes room. Until they end, the buffer is finished (closed) or this task
     is cancelled; then close them: a stream that still runs stops, and a peerwire server
     cancels its handler. ``first`` is settled by the first result or the end (an error
     before any result is set on it, to raise from ``stream()``)."""
     try:
         async for item in results:
-            kept = buffer.put(item)
+            kept = buffer.put(item, result_size(item))
             if not first.done():
                 first.set_result(None)
             if not kept:
@@ -236,11 +279,16 @@ async def _pump(
 class BlockingStream(Iterator[Any]):
     """The results of :meth:`BlockingPeer.stream`. A task on the loop (the pump) takes them
     from the connection as they come and buffers them for the reading thread, up to
-    ``max_buffered`` (default :data:`MAX_BUFFERED`); past it the pump waits, so a reader
-    slower than the server slows the server down (see :mod:`rpc.stream_hold`) and gets
-    every result. One that takes none for the stream's ``item_timeout`` while the
-    connection waits for it gets StreamOverflow (the server is told, as on a cancel) after
-    the results before it, as it gets an error the stream ends with.
+    ``max_buffered`` results (default :data:`MAX_BUFFERED`) and ``max_buffered_bytes``
+    bytes of them (:func:`result_size`; default :data:`MAX_BUFFERED_BYTES`, the result that
+    passes it included); past either the pump waits, so a reader slower than the server
+    slows the server down (see :mod:`rpc.stream_hold`) and gets every result. One that
+    takes none for the stream's ``item_timeout`` while the connection waits for it gets
+    StreamOverflow (the server is told, as on a cancel) after the results before it, as it
+    gets an error the stream ends with. Past the bytes, the pump waits until the reader's
+    takes bring the buffer back under them (one take, for results of one size): a reader
+    that takes small results ahead of a large one for ``item_timeout`` without doing so
+    gets StreamOverflow too.
 
     Closing it (:meth:`close`, the end of a ``with`` block, dropping it, or an interrupt
     such as KeyboardInterrupt in ``next()``) stops the pump and the stream, which tells a
@@ -249,10 +297,14 @@ class BlockingStream(Iterator[Any]):
     may close it, which ends the ``next()`` calls that wait with StopIteration.
     """
 
-    def __init__(self, max_buffered: int = MAX_BUFFERED) -> None:
+    def __init__(
+        self, max_buffered: int = MAX_BUFFERED, max_buffered_bytes: int = MAX_BUFFERED_BYTES
+    ) -> None:
         if max_buffered < 1:
             raise ValueError("max_buffered must be at least 1")
-        self._buffer = _Buffer(max_buffered)
+        if max_buffered_bytes < 1:
+            raise ValueError("max_buffered_bytes must be at least 1")
+        self._buffer = _Buffer(max_buffered, max_buffered_bytes)
         self._pump: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one _stop() takes the pump to cancel it
 
@@ -268,6 +320,11 @@ class BlockingStream(Iterator[Any]):
         except BaseException:
             self._stop()
             raise
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of the results buffered now (:func:`result_size`)."""
+        return self._buffer.bytes
 
     @property
     def waiting(self) -> int:
@@ -371,16 +428,20 @@ class BlockingPeer:
         item_timeout: float | None = None,
         raw: bool = False,
         max_buffered: int = MAX_BUFFERED,
+        max_buffered_bytes: int | None = None,
     ) -> BlockingStream:
         """Send the request and wait for its first result (or its end, or its error); the
         results then come as they are iterated (:class:`BlockingStream`), buffered for the
-        reader up to ``max_buffered`` (default :data:`MAX_BUFFERED`, 65,536) results.
-        Other arguments as in :meth:`rpc.peer.Peer.stream` (``stream(op, parts, value)`` is
-        deprecated)."""
+        reader up to ``max_buffered`` (default :data:`MAX_BUFFERED`, 65,536) results and
+        ``max_buffered_bytes`` bytes of them (None: the connection's ``max_size``, 16 MiB
+        by default; the result that passes it included). Other arguments as in
+        :meth:`rpc.peer.Peer.stream` (``stream(op, parts, value)`` is deprecated)."""
         if legacy:
             parts, value = legacy_stream_args(legacy, parts, value)
         peer = self.peer
-        stream = BlockingStream(max_buffered)
+        if max_buffered_bytes is None:
+            max_buffered_bytes = peer.options.max_size
+        stream = BlockingStream(max_buffered, max_buffered_bytes)
 
         async def start() -> None:
             # made on the loop: a reconnecting peer picks its connection when called
