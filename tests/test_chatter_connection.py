@@ -7,6 +7,7 @@ import pytest
 from wire import ConversationError, LocalProtocolError, MalformedMessage, MessageTooLarge
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg, encode_frame
 from wire.chatter.connection import JOINED_FRAME, MAX_PING_DATA, PING_TYPES
+from wire.chatter.conversations import ConversationTracker
 from wire.chatter.framing import MAX_HEADER
 
 CUR = Dialect.CURRENT
@@ -80,6 +81,7 @@ def test_peer_sending_without_token_is_a_violation() -> None:
             "does not follow",
         ),
         ([Msg(5, 3, False, True, True, "Res", b"")], "unknown conversation"),
+        ([Msg(5, 0, False, True, True, "Res", b"")], "unknown conversation"),
         (
             [Msg(1, 1, True, True, True, "A", b""), Msg(2, 1, True, True, True, "B", b"")],
             "unknown conversation",
@@ -109,10 +111,46 @@ def test_abandoned_conversation_drops_late_reply() -> None:
     client.abandon(Conversation(True, sent.id))
     server.send("Late", conversation=Conversation.of_received(req))
     assert deliver(server, client) == []
-    # ...but only once: a second reply to it is unknown
-    forged = encode_frame(Msg(2, sent.id, False, True, True, "Again", b""), CUR)
-    with pytest.raises(ConversationError):
+    # any message in a conversation of ours that is not open can only be late: dropped too
+    again = encode_frame(Msg(2, sent.id, False, True, True, "Again", b""), CUR)
+    assert client.receive_data(again) == []
+    # ...but one in a conversation we never started is a violation
+    forged = encode_frame(Msg(3, client.next_id, False, True, True, "Forged", b""), CUR)
+    with pytest.raises(ConversationError, match="unknown conversation"):
         client.receive_data(forged)
+
+
+def test_late_replies_of_any_number_of_abandoned_conversations_are_dropped() -> None:
+    client, server = pair()
+    calls = 5000  # more than the 4,096 abandoned conversations once remembered
+    sent = [client.send("Slow", last=False) for _ in range(calls)]
+    requests = deliver(client, server)
+    for msg in sent:
+        client.abandon(Conversation(True, msg.id))
+    assert client.open_conversations == 0 and not client._tracker._abandoned
+    for req in requests:
+        server.send("Late", conversation=Conversation.of_received(req))
+    assert deliver(server, client) == []
+    client.send("Next", last=False)
+    [req] = deliver(client, server)
+    server.send("Answer", conversation=Conversation.of_received(req))
+    assert [m.type for m in deliver(server, client)] == ["Answer"]
+
+
+def test_peers_abandoned_conversations_are_remembered_up_to_the_bound() -> None:
+    """A conversation the peer started and we abandoned: its late messages are dropped up
+    to its ``last``; of those, the last ``max_abandoned`` are remembered."""
+    tracker = ConversationTracker(max_abandoned=2)
+    for i in (1, 2, 3):  # the peer starts three, keeping the token
+        assert tracker.incoming(Msg(i, i, True, False, False, "Part", b""))
+        tracker.abandon(Conversation(False, i))
+    assert not tracker.incoming(Msg(4, 3, True, False, False, "Part", b""))  # late
+    assert not tracker.incoming(Msg(5, 3, True, True, True, "End", b""))  # late, the last
+    with pytest.raises(ConversationError, match="unknown conversation"):
+        tracker.incoming(Msg(6, 3, True, True, True, "Again", b""))  # after its last
+    assert not tracker.incoming(Msg(7, 2, True, True, True, "End", b""))
+    with pytest.raises(ConversationError, match="unknown conversation"):
+        tracker.incoming(Msg(8, 1, True, True, True, "End", b""))  # forgotten: the oldest
 
 
 def test_open_conversation_limit() -> None:

@@ -3,11 +3,20 @@ and a connection holds at most a frame and the kept Ping/Pong data."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wire import ProtocolError, schemas
-from wire.chatter import ChatterConnection, Dialect, Msg, decode_msg, encode_frame, encode_msg
+from wire import ConversationError, ProtocolError, schemas
+from wire.chatter import (
+    ChatterConnection,
+    Conversation,
+    Dialect,
+    Msg,
+    decode_msg,
+    encode_frame,
+    encode_msg,
+)
 from wire.chatter.connection import MAX_PING_DATA, PING_TYPES
 from wire.chatter.framing import MAX_HEADER
 
@@ -168,3 +177,42 @@ def test_pings_and_pongs_with_any_flags(data: st.DataObject, dialect: Dialect, c
     Pong's data are kept up to MAX_PING_DATA bytes, never whole."""
     stream = b"".join(encode_frame(m, dialect) for m in data.draw(conversations(dialect)))
     feed_checked(ChatterConnection(dialect, max_size=1024, strict=True), stream, chunk)
+
+
+@settings(max_examples=300)
+@given(st.data(), dialects)
+def test_replies_in_our_conversations(data: st.DataObject, dialect: Dialect) -> None:
+    """The peer's messages in conversations we started (some open, some abandoned, some
+    ended, some never started), against a model: one in an open conversation is taken when
+    the peer holds its token (a violation otherwise); one in a conversation of ours that is
+    not open is late and dropped, however it ended; one whose ``first`` we never sent (0,
+    or ``next_id`` and above) is a violation."""
+    module = "M" if dialect is Dialect.LEGACY else None
+    conn = ChatterConnection(dialect)
+    peer_holds: dict[int, bool] = {}  # our open conversations: True while the peer may send
+    for _ in range(data.draw(st.integers(min_value=1, max_value=12))):
+        msg = conn.send("Req", token=True, last=data.draw(st.booleans()), module=module)
+        if not msg.last:
+            peer_holds[msg.id] = True
+    for first in list(peer_holds):
+        if data.draw(st.booleans()):  # timed out
+            del peer_holds[first]
+            conn.abandon(Conversation(True, first))
+    sent = conn.next_id
+    for msg_id in range(1, data.draw(st.integers(min_value=1, max_value=12)) + 1):
+        first = data.draw(st.integers(min_value=0, max_value=sent + 2))
+        token, last = data.draw(st.booleans()), data.draw(st.booleans())
+        frame = encode_frame(Msg(msg_id, first, False, token, last, "Res", b"", module), dialect)
+        holds = peer_holds.get(first)
+        if holds is None and 0 < first < sent:
+            assert conn.receive_data(frame) == []  # late
+            continue
+        if not holds:  # never started, or the peer sends without the token
+            with pytest.raises(ConversationError):
+                conn.receive_data(frame)
+            return
+        assert [m.id for m in conn.receive_data(frame)] == [msg_id]
+        if last:
+            del peer_holds[first]
+        elif token:
+            peer_holds[first] = False

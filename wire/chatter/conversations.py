@@ -42,8 +42,18 @@ class ConversationTracker:
     """Per-connection conversation state: which are open and who holds each token.
 
     Memory is bounded: at most ``max_open`` open conversations (a peer opening more is a
-    violation; we refuse to open more ourselves) and ``max_abandoned`` remembered abandoned
-    ones, whose late messages are dropped instead of being reported as errors.
+    violation; we refuse to open more ourselves) and ``max_abandoned`` remembered
+    conversations of the peer's that we abandoned.
+
+    Late messages are dropped, not reported as errors. In a conversation we started, the
+    peer's message (``owner`` False) whose ``first`` is an id we have sent (below
+    ``next_id``) but that is no longer open can only be late: a reply to a call we gave up
+    on (however many), or a reply after the one with ``last``. It is dropped without any
+    record, so abandoning our conversations costs no memory; one whose ``first`` we never
+    sent (0, or ``next_id`` and above) is a violation. In a conversation the peer started,
+    the token rule leaves no room for a late message (we end one only while holding its
+    token), so a message in a closed one is a violation unless we abandoned it: the last
+    ``max_abandoned`` such (default 4,096) are remembered until a message with ``last``.
     """
 
     __slots__ = (
@@ -115,8 +125,8 @@ class ConversationTracker:
     def incoming(self, msg: Msg) -> bool:
         """Check and record a received message.
 
-        Returns False for a message that belongs to an abandoned conversation (to be
-        dropped); raises ConversationError when the peer broke a rule.
+        Returns False for a late message (to be dropped: see the class doc); raises
+        ConversationError when the peer broke a rule.
         """
         msg_id = msg.id
         if msg_id <= self._last_received_id:
@@ -137,7 +147,10 @@ class ConversationTracker:
             key = (True, first)
         holder = self._open.get(key)
         if holder is None:
-            if key in self._abandoned:
+            if key[0]:
+                if 0 < first < self.next_id:
+                    return False  # ours, ended or abandoned: late (see the class doc)
+            elif key in self._abandoned:
                 if msg.last:
                     del self._abandoned[key]
                 return False
@@ -151,9 +164,12 @@ class ConversationTracker:
         return True
 
     def abandon(self, conversation: Conversation) -> None:
-        """Forget an open conversation (e.g. timed out); its late messages get dropped."""
+        """Forget an open conversation (e.g. timed out); its late messages get dropped.
+
+        One of ours needs no record (see the class doc); one of the peer's is remembered,
+        the oldest forgotten past ``max_abandoned``."""
         key = (conversation[0], conversation[1])
-        if self._open.pop(key, None) is None:
+        if self._open.pop(key, None) is None or key[0]:
             return
         self._abandoned[key] = None
         if len(self._abandoned) > self.max_abandoned:
