@@ -2,32 +2,34 @@
   // (a part of the library: statements of the function that gotalk-head.js opens)
 
   /**
-   * The connection half of a socket (Sock, in gotalk-sock.js, adds requests and what the
-   * server sends): connecting, the server's "01", heartbeats and the liveness check, the
-   * reconnect back-off, close and end, framing what is sent (queued while connecting) and
-   * cutting what is received into messages. Each message goes to `this._dispatch`, which
-   * Sock defines. It holds the requests pending on the connection (`_pending`: id -> call
-   * or StreamRequest), failed with the error when the connection is lost.
+   * One WebSocket at a time for a socket (Sock, in gotalk-sock.js, owns one): connecting, the
+   * server's "01", heartbeats and the liveness check, the server's "f", the reconnect back-off,
+   * close, framing what is sent (up to `sendBufferLimit` messages queued while connecting) and
+   * cutting what is received into messages. It knows nothing of requests: it reports to the
+   * functions it is built with, `on`:
+   * - `message(header, payload)`: each received message other than a heartbeat or "f" (a
+   *   gotalk protocol error it throws closes the connection with that error);
+   * - `heartbeat(header)`: each heartbeat, once the liveness check has counted it;
+   * - `open()`: the WebSocket is open, "01" and what was queued are sent;
+   * - `lost(err, wasOpen)`: the WebSocket is gone (err: null after a normal close), before a
+   *   reconnect is scheduled;
+   * - `connectFailed(err)`: no WebSocket could be made for the address (a bad URL).
    */
-  class Connection extends EventEmitter {
-    constructor() {
-      super();
+  class Connection {
+    constructor(on) {
+      this._on = on;
       this.ws = null;
       this.heartbeatInterval = HEARTBEAT_INTERVAL;
       this.connectTimeout = CONNECT_TIMEOUT;
       this.maxMessageSize = MAX_MESSAGE_SIZE;
       this.sendBufferLimit = SEND_BUFFER_LIMIT;
       this._address = null;
-      this._pending = new Map(); // our request id -> call or StreamRequest
-      this._refusedStreams = new Set(); // stream requests from the server we answered with E
       this._keepAlive = false;
       this._backoff = BACKOFF_FIRST;
       this._reconnectTimer = null;
       this._heartbeatTimer = null;
       this._connectTimer = null;
-      this._ending = false;
       this._userClosed = false;
-      this._onconnect = null;
       this._resetConnectionState();
     }
 
@@ -39,7 +41,6 @@
       this._queuedMessages = 0;
       this._opened = false;
       this._error = null;
-      this._refusedStreams.clear();
       // liveness and back-off, per connection
       this._openedAt = 0;
       this._served = false; // the server sent a message other than a heartbeat
@@ -60,27 +61,17 @@
 
     // --- connecting ---
 
-    open(addr, onconnect) {
-      if (typeof addr === 'function') {
-        onconnect = addr;
-        addr = undefined;
-      }
-      const target = addr || gotalk.defaultResponderAddress;
-      if (!target) {
-        throw new Error('gotalk: no address given and gotalk.defaultResponderAddress is not set');
-      }
-      this._address = resolveAddress(target);
-      this._onconnect = typeof onconnect === 'function' ? onconnect : null;
+    /** Connect to `address` (a ws:// or wss:// URL), unless a WebSocket is already there. */
+    open(address) {
+      this._address = address;
       this._userClosed = false;
-      this._ending = false;
       this._connect();
-      return this;
     }
 
-    openKeepAlive(addr) {
-      this._keepAlive = true;
-      this._backoff = BACKOFF_FIRST;
-      return this.open(addr);
+    /** Keep connected (reconnect after each loss, from the first back-off delay), or stop. */
+    keepAlive(on) {
+      this._keepAlive = on;
+      if (on) this._backoff = BACKOFF_FIRST;
     }
 
     _connect() {
@@ -136,9 +127,7 @@
     }
 
     _connectFailed(err) {
-      const cb = this._onconnect;
-      this._onconnect = null;
-      if (cb) cb(err, this);
+      this._on.connectFailed(err);
       if (this._keepAlive && !this._userClosed) this._scheduleReconnect(err);
     }
 
@@ -154,10 +143,7 @@
       if (this.heartbeatInterval > 0) {
         this._heartbeatTimer = setInterval(() => this._tick(ws), this.heartbeatInterval);
       }
-      this.emit('open', this);
-      const cb = this._onconnect;
-      this._onconnect = null;
-      if (cb) cb(null, this);
+      this._on.open();
     }
 
     _onClose(ws, event) {
@@ -191,7 +177,7 @@
       this.sendHeartbeat(0);
     }
 
-    /** The connection `ws` is gone: reject what is pending, emit close, maybe reconnect. */
+    /** The connection `ws` is gone: report it (`on.lost`), maybe reconnect. */
     _lost(ws, err) {
       if (ws !== this.ws) return;
       const wasOpen = this._opened;
@@ -206,17 +192,7 @@
       clearTimeout(this._connectTimer);
       this._connectTimer = null;
       ws.onopen = ws.onmessage = ws.onerror = ws.onclose = null;
-      const reason = err || new Error('socket is closed');
-      const pending = Array.from(this._pending.values());
-      this._pending.clear();
-      for (const call of pending) call._fail(reason);
-      if (wasOpen) {
-        this.emit('close', err || null);
-      } else {
-        const cb = this._onconnect;
-        this._onconnect = null;
-        if (cb) cb(err || new Error('connection failed'), this);
-      }
+      this._on.lost(err, wasOpen);
       if (this._keepAlive && !this._userClosed) this._scheduleReconnect(err);
     }
 
@@ -239,7 +215,7 @@
       }, delay);
     }
 
-    /** Close now: pending requests are rejected and keep-alive stops. */
+    /** Close now (`on.lost` with null if it was connected); keep-alive stops. */
     close() {
       this._keepAlive = false;
       this._userClosed = true;
@@ -254,20 +230,6 @@
           // already closing
         }
       }
-      return this;
-    }
-
-    /** Close once pending requests are answered (a second call closes at once). */
-    end() {
-      if (this._ending || this._pending.size === 0) return this.close();
-      this._ending = true;
-      this._keepAlive = false;
-      return this;
-    }
-
-    _settled(id, call) {
-      if (this._pending.get(id) === call) this._pending.delete(id);
-      if (this._ending && this._pending.size === 0) this.close();
     }
 
     /** Send f0000000<code>, then close: for input we cannot make sense of, or a timeout. */
@@ -285,9 +247,10 @@
 
     // --- sending ---
 
-    _canSend() {
+    /** Whether a message can go now or be queued (connecting, under `sendBufferLimit`). */
+    canSend() {
       const ws = this.ws;
-      if (!ws || this._ending) return false;
+      if (!ws) return false;
       if (this._opened) return ws.readyState === OPEN;
       return ws.readyState === CONNECTING && this._queuedMessages < this.sendBufferLimit;
     }
@@ -297,7 +260,8 @@
       else this._queued.push(frame);
     }
 
-    _sendMessage(header, payload) {
+    /** Send a message (header, then payload unless empty); dropped when not connected. */
+    send(header, payload) {
       if (!this.ws) return;
       if (!this._opened) this._queuedMessages++;
       this._frame(header);
@@ -348,8 +312,30 @@
         const header = this._header;
         if (queue.length < header.size) return;
         this._header = null;
-        this._dispatch(ws, header, queue.take(header.size));
+        this._receive(ws, header, queue.take(header.size));
         if (ws !== this.ws) return; // the message closed the connection
+      }
+    }
+
+    /** Heartbeats and "f" are ours; every other message goes to `on.message`. */
+    _receive(ws, msg, payload) {
+      if (msg.type === 'h') {
+        const now = Date.now();
+        this._beatGap = Math.max(this._beatGap, now - this._lastBeat);
+        this._lastBeat = now;
+        this._on.heartbeat(msg);
+      } else if (msg.type === 'f') {
+        const err = protocolError(msg.code, 'the server sent f' + pad(msg.code.toString(16), 8));
+        this._error = err;
+        try {
+          ws.close(4000 + Math.min(msg.code, 999));
+        } catch (e) {
+          // already closing
+        }
+        this._lost(ws, err);
+      } else {
+        this._served = true;
+        this._on.message(msg, payload);
       }
     }
   }

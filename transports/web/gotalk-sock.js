@@ -5,11 +5,14 @@
    * One connection to a gotalk responder. `open()` connects once; `openKeepAlive()` stays
    * connected, reconnecting after random delays of up to 500 ms, then 1, 2, 4 and 5 s.
    * Events: `open` (the socket), `close` (an Error, or null after a normal close),
-   * `heartbeat` ({time, load}) and `retry` ({op, wait, message, attempt}). Connection
-   * (gotalk-connection.js) keeps the connection; this adds our requests (ids, results,
-   * retries, timeouts) and answers what the server sends.
+   * `heartbeat` ({time, load}) and `retry` ({op, wait, message, attempt}). It owns a
+   * Connection (gotalk-connection.js: the WebSocket, heartbeats, reconnects), built with the
+   * functions it reports to, and forwards to it the settings and calls that are the
+   * connection's (`ws`, `isOpen`, `address()`, `sendHeartbeat()`); this adds our requests
+   * (ids, results, retries, timeouts, `_pending`: id -> call or StreamRequest, failed with
+   * the error when the connection is lost) and answers what the server sends.
    */
-  class Sock extends Connection {
+  class Sock extends EventEmitter {
     constructor(handlers) {
       super();
       this.handlers = handlers || defaultHandlers;
@@ -17,6 +20,145 @@
       this.maxRetries = MAX_RETRIES;
       this._nextId = 0;
       this._nextStreamId = 0;
+      this._pending = new Map(); // our request id -> call or StreamRequest
+      this._refusedStreams = new Set(); // stream requests from the server we answered with E
+      this._ending = false;
+      this._onconnect = null;
+      this._conn = new Connection({
+        message: (msg, payload) => this._dispatch(msg, payload),
+        heartbeat: (msg) => {
+          this.emit('heartbeat', { time: new Date(msg.time * 1000), load: msg.load });
+        },
+        open: () => this._connected(),
+        lost: (err, wasOpen) => this._lost(err, wasOpen),
+        connectFailed: (err) => this._connectResult(err),
+      });
+    }
+
+    // --- the connection's settings and state (see Connection) ---
+
+    get ws() {
+      return this._conn.ws;
+    }
+
+    get isOpen() {
+      return this._conn.isOpen;
+    }
+
+    address() {
+      return this._conn.address();
+    }
+
+    get heartbeatInterval() {
+      return this._conn.heartbeatInterval;
+    }
+
+    set heartbeatInterval(ms) {
+      this._conn.heartbeatInterval = ms;
+    }
+
+    get connectTimeout() {
+      return this._conn.connectTimeout;
+    }
+
+    set connectTimeout(ms) {
+      this._conn.connectTimeout = ms;
+    }
+
+    get maxMessageSize() {
+      return this._conn.maxMessageSize;
+    }
+
+    set maxMessageSize(bytes) {
+      this._conn.maxMessageSize = bytes;
+    }
+
+    get sendBufferLimit() {
+      return this._conn.sendBufferLimit;
+    }
+
+    set sendBufferLimit(messages) {
+      this._conn.sendBufferLimit = messages;
+    }
+
+    /** Send a heartbeat; `load` is between 0 (idle) and 1 (overloaded). */
+    sendHeartbeat(load) {
+      this._conn.sendHeartbeat(load);
+    }
+
+    // --- opening and closing ---
+
+    open(addr, onconnect) {
+      if (typeof addr === 'function') {
+        onconnect = addr;
+        addr = undefined;
+      }
+      const target = addr || gotalk.defaultResponderAddress;
+      if (!target) {
+        throw new Error('gotalk: no address given and gotalk.defaultResponderAddress is not set');
+      }
+      const address = resolveAddress(target);
+      this._onconnect = typeof onconnect === 'function' ? onconnect : null;
+      this._ending = false;
+      this._conn.open(address);
+      return this;
+    }
+
+    openKeepAlive(addr) {
+      this._conn.keepAlive(true);
+      return this.open(addr);
+    }
+
+    /** Close now: pending requests are rejected and keep-alive stops. */
+    close() {
+      this._conn.close();
+      return this;
+    }
+
+    /** Close once pending requests are answered (a second call closes at once). */
+    end() {
+      if (this._ending || this._pending.size === 0) return this.close();
+      this._ending = true;
+      this._conn.keepAlive(false);
+      return this;
+    }
+
+    _settled(id, call) {
+      if (this._pending.get(id) === call) this._pending.delete(id);
+      if (this._ending && this._pending.size === 0) this.close();
+    }
+
+    _connected() {
+      this.emit('open', this);
+      this._connectResult(null);
+    }
+
+    /** Give the connect callback of `open()` its result, once. */
+    _connectResult(err) {
+      const cb = this._onconnect;
+      this._onconnect = null;
+      if (cb) cb(err, this);
+    }
+
+    /** The connection is gone: reject what is pending, then emit close (or fail the open). */
+    _lost(err, wasOpen) {
+      this._refusedStreams.clear();
+      const reason = err || new Error('socket is closed');
+      const pending = Array.from(this._pending.values());
+      this._pending.clear();
+      for (const call of pending) call._fail(reason);
+      if (wasOpen) this.emit('close', err || null);
+      else this._connectResult(err || new Error('connection failed'));
+    }
+
+    // --- requests ---
+
+    _canSend() {
+      return !this._ending && this._conn.canSend();
+    }
+
+    _sendMessage(header, payload) {
+      this._conn.send(header, payload);
     }
 
     _newId(stream) {
@@ -146,8 +288,8 @@
       this._sendMessage(makeHeader('n', null, name, null, payloadSize(payload)), payload);
     }
 
-    _dispatch(ws, msg, payload) {
-      if (msg.type !== 'h' && msg.type !== 'f') this._served = true;
+    /** A message from the server other than a heartbeat or "f" (the connection's). */
+    _dispatch(msg, payload) {
       switch (msg.type) {
         case 'R':
         case 'S': {
@@ -185,24 +327,6 @@
         case 'n':
           this._notification(msg.name, payload);
           break;
-        case 'h': {
-          const now = Date.now();
-          this._beatGap = Math.max(this._beatGap, now - this._lastBeat);
-          this._lastBeat = now;
-          this.emit('heartbeat', { time: new Date(msg.time * 1000), load: msg.load });
-          break;
-        }
-        case 'f': {
-          const err = protocolError(msg.code, 'the server sent f' + pad(msg.code.toString(16), 8));
-          this._error = err;
-          try {
-            ws.close(4000 + Math.min(msg.code, 999));
-          } catch (e) {
-            // already closing
-          }
-          this._lost(ws, err);
-          break;
-        }
         default:
           throw protocolError(ERR_INVALID, 'unexpected message ' + msg.type);
       }
