@@ -172,7 +172,7 @@ class HandlerRunner(Generic[K]):
             _drop(job)
             return
         if size and self._held is not None:
-            self._held.take(size)
+            self._held.used += size  # RequestBytes.take written out: once per request
         queue = self._queue
         if queue is None:
             queue = self._queue = deque()

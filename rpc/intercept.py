@@ -36,7 +36,7 @@ from rpc.logs import violations
 from rpc.middleware import Call, CallKind
 from rpc.notifications import failures
 from rpc.registry import Handler, HandlerKind
-from rpc.request_bytes import payload_size
+from rpc.request_bytes import counted_size
 from rpc.responder import OWN_CANCEL, PLAIN_RESULTS
 from rpc.streaming import END, ResultWait, StreamQueue
 from wire.metadata import RequestMeta
@@ -142,7 +142,7 @@ def serve_request(
     call = Call(op, kind, "server", peer, payload, key, metadata or {}, deadline=deadline)
     if adapter.cancels:  # before the job can run (and end)
         peer._running.add(key)
-    size = 0 if stream else payload_size(payload)
+    size = 0 if stream else counted_size(payload)
     peer._runner.submit(key, _serve(peer, call, handler, queue), None, size, queue)
 
 

@@ -12,7 +12,9 @@ Past the limit the peer treats new requests as past ``max_concurrent`` (a retry 
 peer that takes them, else its input waits, reading paused) and holds stream parts (reading
 paused) until a handler takes or finishes enough to go below it. The first payload is
 always taken, so a connection holds at most the limit plus one payload (``max_size``).
-Plain function handlers are not counted: they return before the next message is read.
+Plain function handlers are not counted: they return before the next message is read;
+nor are single payloads of at most :data:`UNCOUNTED` bytes: ``max_concurrent`` (1,024) of
+them hold at most 4 MiB, and counting them would cost every small request.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rpc.chatter_payloads import Sbs
+
+UNCOUNTED = 4096
+"""A single request's payload of at most this many bytes is not counted (see above)."""
 
 
 class RequestBytes:
@@ -47,11 +52,14 @@ class RequestBytes:
             self._on_room()
 
 
-def payload_size(payload: Any) -> int:
-    """Bytes of a received payload as the peer holds it: ``bytes``, or a Chatter payload
-    of a schema type (its data); others (an undecodable payload's marker) count none."""
+def counted_size(payload: Any) -> int:
+    """Bytes of a single request's payload as counted: those of ``bytes``, or of a Chatter
+    payload of a schema type (its data); 0 for others (an undecodable payload's marker)
+    and for at most :data:`UNCOUNTED` bytes."""
     if payload.__class__ is bytes:
-        return len(payload)
-    if payload.__class__ is Sbs:
-        return len(payload.data)
-    return 0
+        size = len(payload)
+    elif payload.__class__ is Sbs:
+        size = len(payload.data)
+    else:
+        return 0
+    return size if size > UNCOUNTED else 0

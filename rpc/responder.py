@@ -32,7 +32,7 @@ from rpc.logs import violations
 from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
-from rpc.request_bytes import RequestBytes, payload_size
+from rpc.request_bytes import UNCOUNTED, RequestBytes, counted_size
 from rpc.stream_hold import InputHeld, StreamHold
 from rpc.streaming import END, StreamQueue
 from rpc.tasks import being_cancelled
@@ -182,8 +182,13 @@ class Responder(Generic[K]):
                 return
             if adapter.cancels:  # before the job can run (and end)
                 self._running.add(key)
-            size = 0 if stream else payload_size(payload)
-            self._runner.submit(key, job, inner, size, parts)
+            if stream:
+                self._runner.submit(key, job, inner, 0, parts)
+            elif payload.__class__ is bytes:  # counted_size() written out: once per request
+                size = len(payload)
+                self._runner.submit(key, job, inner, size if size > UNCOUNTED else 0)
+            else:
+                self._runner.submit(key, job, inner, counted_size(payload))
             parts = None
         except PayloadError as exc:
             if stream:
@@ -227,7 +232,7 @@ class Responder(Generic[K]):
             if adapter.cancels:  # before the job can run (and end)
                 self._running.add(key)
             job = self._serve_result(key, result, False, when, call.op)
-            self._runner.submit(key, job, inner, payload_size(payload))
+            self._runner.submit(key, job, inner, counted_size(payload))
         except PayloadError as exc:
             adapter.send_error(key, str(exc))
         except Exception as exc:
