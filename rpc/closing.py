@@ -46,21 +46,28 @@ class Closing:
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Close now, dropping work in flight. Queued bytes (a protocol's last word, such as
-        Gotalk's ``f`` message) still go out, unless the peer has stopped reading: then the
-        connection is cut at once rather than waiting on it forever."""
-        if self._transport is None:
+        Gotalk's ``f`` message) still go out, then the connection is cut without waiting for
+        the peer's side of a closing handshake (a TLS close_notify, a WebSocket close frame):
+        a peer given up on is not waited for. Bytes the transport could not hand to the
+        socket at once have :data:`LINGER` s; a peer that has stopped reading is cut at once."""
+        transport = self._transport
+        if transport is None:
             return
-        if self.outbox.blocked:
-            self._transport.abort()
+        if self.outbox.blocked or transport.is_closing():
+            transport.abort()
             return
         self._close_transport()
+        if not transport.get_write_buffer_size():
+            transport.abort()  # the last word is the socket's: cut, as TCP's close() does
 
     def _close_transport(self) -> None:
         """Write what is queued and close; with bytes still unsent, the connection is cut
-        :data:`LINGER` s later unless the peer has taken them by then."""
+        :data:`LINGER` s later unless the peer has taken them by then. A transport closing
+        already is not closed again (asyncio's TLS transport breaks on a second close())."""
         transport = self._transport
-        self.outbox.flush()
-        transport.close()
+        if not transport.is_closing():
+            self.outbox.flush()
+            transport.close()
         if transport.get_write_buffer_size() and self.deadlines.when("linger") is None:
             self.deadlines.set("linger", self._loop.time() + LINGER, self._linger_due)
 
