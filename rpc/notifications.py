@@ -7,6 +7,12 @@ traceback, at most 20 per 10 s (a peer can send what makes a handler fail). A co
 handler runs as a task of the caller's :class:`~rpc.tasks.TaskSet`; with ``max_tasks``, a
 notification that arrives while that many run is not dispatched: a warning through the
 same rate-limited log (a group member can send such notifications by the thousand).
+
+One exception is raised: :class:`~rpc.stream_hold.InputHeld`, which a handler raises before
+it acts on the notification to say it must wait (the Eventer client, past its deliveries'
+bytes). A peer connection then keeps it and the rest of its read, reading paused, until
+one of its tasks ends (:class:`~rpc.responder.NotificationsHeld`); the handler keeps a task
+running until it can take more. A group node's handlers have no such use for it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from rpc.registry import Handler
+from rpc.stream_hold import InputHeld
 from rpc.tasks import TaskSet
 from transports.logs import RateLimitedLog
 
@@ -32,9 +39,11 @@ def run_notification(
 ) -> bool:
     """Call ``handler.fn(value)`` (in the caller's context, e.g. with ``current_peer``
     set); False only if its coroutine was not run for ``max_tasks`` (a handler that
-    failed did run: its failure is logged)."""
+    failed did run: its failure is logged). InputHeld from the handler is raised."""
     try:
         result = handler.fn(value)
+    except InputHeld:  # nothing done: the caller holds the notification (module doc)
+        raise
     except Exception:
         failures.exception("notification handler %r failed", handler.name)
         return True
