@@ -65,9 +65,13 @@ from rpc.eventer.common import (
     Status,
 )
 from rpc.eventer.iterators import CLOSED, EventsIterator
+from rpc.responder import NotificationsHeld
 from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.eventer.client")
+
+EVENTS_QUEUE_BYTES = 16 * 1024 * 1024
+"""Default ``events_queue_bytes`` of :func:`connect` (see there)."""
 
 StatusCb = Callable[["Client", Status], Awaitable[None] | None]
 EventsCb = Callable[["Client", list[Event]], Awaitable[None] | None]
@@ -88,6 +92,7 @@ async def connect(
     reconnect_max_delay: float = 10.0,
     timeout: float = 10.0,
     events_queue_size: int = 1024,
+    events_queue_bytes: int = EVENTS_QUEUE_BYTES,
     ssl: ssl_module.SSLContext | None = None,
     server_hostname: str | None = None,
     max_size: int = 16 * 1024 * 1024,
@@ -99,11 +104,12 @@ async def connect(
 
     ``max_size``: largest message in bytes, both ways; raise it to read results of a
     server configured with a larger ``max_message_size`` (hat-event's has no limit).
-    ``events_queue_size``: notifications (events, status) received and not yet delivered
-    to the callbacks and iterators; past it each further one waits as a task of the
-    connection, which stops reading from the server once ``rpc.Options.max_concurrent``
-    (1,024) wait, so a slow callback slows the server down (TCP) instead of growing
-    memory; it is also the size of each :meth:`Client.events` iterator's queue."""
+    ``events_queue_size`` (1,024) and ``events_queue_bytes`` (16 MiB, bytes as received):
+    notifications (events, status) received and not yet handed to the callbacks and
+    iterators; the one that passes either goes in, and the connection then stops reading
+    from the server until delivery is back under both, so a slow callback slows the server
+    down (TCP) instead of growing memory. ``events_queue_size`` is also the size of each
+    :meth:`Client.events` iterator's queue (counted in lists, not bytes)."""
     urls = [url] if isinstance(url, str) else list(url)
     client = Client(
         [eventer_url(u) for u in urls],
@@ -119,6 +125,7 @@ async def connect(
         reconnect_max_delay=reconnect_max_delay,
         timeout=timeout,
         events_queue_size=events_queue_size,
+        events_queue_bytes=events_queue_bytes,
         ssl=ssl,
         server_hostname=server_hostname,
         max_size=max_size,
@@ -159,6 +166,7 @@ class Client:
         reconnect_max_delay: float,
         timeout: float,
         events_queue_size: int,
+        events_queue_bytes: int,
         ssl: ssl_module.SSLContext | None,
         server_hostname: str | None,
         max_size: int,
@@ -182,6 +190,7 @@ class Client:
             attempts=None if reconnect else 0,
         )
         self._queue_size = events_queue_size
+        self._queue_bytes = events_queue_bytes
         self._ssl = ssl
         self._server_hostname = server_hostname
         self._status = Status.STANDBY
@@ -189,13 +198,18 @@ class Client:
         self._inits = 0
         self._closing = False
         self._closed = asyncio.get_running_loop().create_future()
-        # ordered delivery: (kind, value, ack future or None)
-        self._deliveries: asyncio.Queue[tuple[str, Any, asyncio.Future[None] | None]] = (
+        # ordered delivery: (kind, value, ack future or None, bytes as received)
+        self._deliveries: asyncio.Queue[tuple[str, Any, asyncio.Future[None] | None, int]] = (
             asyncio.Queue()
         )
+        self.queued_bytes = 0
+        """Bytes (as received) of the notifications in the deliveries queue."""
         self._room = asyncio.Event()
-        """Set while the deliveries queue is within ``events_queue_size``."""
+        """Set while the deliveries queue is within both bounds (or an answer is awaited)."""
         self._room.set()
+        self._holding: rpc.Peer | None = None
+        """The connection whose task waits for :attr:`_room`: it holds further notifications
+        (NotificationsHeld) until then, and the task's end resumes it."""
         self._awaited_answers = 0
         """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
         self._iterators: set[asyncio.Queue[Any]] = set()
@@ -347,6 +361,7 @@ class Client:
 
     def _finish(self) -> None:
         self._delivery.cancel()
+        self._holding = None
         if not self._closed.done():
             self._closed.set_result(None)
         for queue in self._iterators:  # an iterator waiting for more ends; a full one
@@ -376,17 +391,35 @@ class Client:
         return registry
 
     def _on_events(self, data: bytes) -> Awaitable[bool] | None:
-        self._deliveries.put_nowait(("events", common.decode_events(data), None))
+        self._hold_if_full()
+        self._queue(("events", common.decode_events(data), None, len(data)))
         return self._wait_for_room()
+
+    def _hold_if_full(self) -> None:
+        """Raise NotificationsHeld, before a notification handler acts, while a task of this
+        connection waits for room: the connection keeps the notification (and the rest of
+        its read), reading paused, until that task ends (see :mod:`rpc.notifications`)."""
+        holding = self._holding  # while room is clear, its task waits (not a new connection's)
+        peer = rpc.current_peer.get(None)
+        if peer is holding is not None and not self._room.is_set() and not self._awaited_answers:
+            raise NotificationsHeld
+
+    def _queue(self, delivery: tuple[str, Any, asyncio.Future[None] | None, int]) -> None:
+        self._deliveries.put_nowait(delivery)
+        self.queued_bytes += delivery[3]
+
+    def _full(self) -> bool:
+        return self._deliveries.qsize() > self._queue_size or self.queued_bytes >= self._queue_bytes
 
     def _wait_for_room(self) -> Awaitable[bool] | None:
         """None while the deliveries queued (in the order received) are within
-        ``events_queue_size``; past it, an awaitable that waits for room. A notification
-        handler returns it, and the connection runs it as a task (at most
-        ``max_concurrent``, then reading pauses)."""
-        if self._deliveries.qsize() <= self._queue_size or self._awaited_answers:
+        ``events_queue_size`` and ``events_queue_bytes``; past either, an awaitable that
+        waits for room. A notification handler returns it: the connection runs it as a
+        task, and holds further notifications until it ends (:meth:`_hold_if_full`)."""
+        if self._awaited_answers or not self._full():
             return None
         self._room.clear()
+        self._holding = rpc.current_peer.get(None)
         return self._room.wait()
 
     @contextlib.contextmanager
@@ -408,24 +441,28 @@ class Client:
             self._awaited_answers -= 1
 
     async def _on_events_with_ack(self, data: bytes) -> rpc.Reply:
+        # a request: counted, never held here (the core bounds requests being served)
         done = asyncio.get_running_loop().create_future()
-        self._deliveries.put_nowait(("events", common.decode_events(data), done))
+        self._queue(("events", common.decode_events(data), done, len(data)))
         await done
         return rpc.Reply(MSG_EVENTS_ACK, b"")
 
     def _on_status(self, data: bytes) -> Awaitable[bool] | None:
-        self._set_status(common.status_from_sbs(common.decode(MSG_STATUS_NOTIFY, data)))
+        self._hold_if_full()
+        status = common.status_from_sbs(common.decode(MSG_STATUS_NOTIFY, data))
+        self._set_status(status, len(data))
         return self._wait_for_room()
 
-    def _set_status(self, status: Status) -> None:
+    def _set_status(self, status: Status, size: int = 0) -> None:
         self._status = status  # now; the callback runs in delivery order
-        self._deliveries.put_nowait(("status", status, None))
+        self._queue(("status", status, None, size))
 
     async def _deliver(self) -> None:
         deliveries = self._deliveries
         while True:
-            kind, value, done = await deliveries.get()
-            if not self._room.is_set() and deliveries.qsize() <= self._queue_size:
+            kind, value, done, size = await deliveries.get()
+            self.queued_bytes -= size
+            if not self._room.is_set() and not self._full():
                 self._room.set()
             # marks this callback's context (and the tasks it starts, which copy it) for
             # as long as the callback runs: see _answer_awaited
