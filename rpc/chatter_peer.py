@@ -176,6 +176,8 @@ class ChatterAdapter:
         messages = codec.receive_data(data)
         self._take_codec_output()
         pinged, ponged = codec.pings_received != pings, codec.pongs_received != pongs
+        if pinged and self.peer.outbox.blocked:  # its Pongs add to output that waits
+            self.peer.answered_while_blocked()
         if pinged or ponged:
             self.pings.heard_liveness(ponged=ponged)
             ping_data, pong_data = codec.take_ping_data()

@@ -49,6 +49,7 @@ class Outbox:
 
     __slots__ = (
         "_count",
+        "_dead",
         "_framed",
         "_handle",
         "_held",
@@ -74,6 +75,9 @@ class Outbox:
         self._waiters: deque[asyncio.Future[None]] = deque()
         """Senders waiting for the transport to take more, in the order they came."""
         self._waking: asyncio.Handle | None = None
+        self._dead = 0
+        """Waiters in ``_waiters`` whose senders gave up (cancelled, timed out): past half
+        of them the deque is compacted, so abandoned waits cost no memory for long."""
         self._lost: BaseException | None = None
         self.blocked = False
         """True while the transport's buffer is above its high-water mark."""
@@ -212,9 +216,20 @@ class Outbox:
                 first = False
             else:  # woken, and blocked again before it ran: it keeps its place
                 self._waiters.appendleft(waiter)
-            await waiter
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self._gave_up()
+                raise
         if self._lost is not None:
             raise self._lost
+
+    def _gave_up(self) -> None:
+        self._dead += 1
+        waiters = self._waiters
+        if self._dead > len(waiters) // 2:
+            self._waiters = deque(waiter for waiter in waiters if not waiter.done())
+            self._dead = 0
 
     def lost(self, error: BaseException) -> None:
         """The connection is gone: drop queued bytes, wake every waiter with ``error``."""

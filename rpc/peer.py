@@ -34,11 +34,10 @@ Everything per connection is bounded and freed when the connection goes:
   ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
   connection does not keep the others waiting; so do those after an item for a stream
   whose queue is full, until its reader makes room (:mod:`rpc.stream_hold`);
-- output in the outbox and the transport: above ``high_water`` bytes, input other than
-  replies to our calls waits (reading pauses at the first such message). Replies are still
-  read and handled: handling one writes nothing and frees what its call held, and were
-  they held too, two peers each sending more than the other's buffers take would each
-  wait for the other to read (pipelined large requests, two-way streams).
+- output in the outbox and the transport: above ``high_water`` bytes, input but replies
+  to our calls waits (reading pauses at it, or at Pings the codec answers). Replies write
+  nothing and free their calls: held too, two peers each sending more than the other's
+  buffers take waited for each other (pipelined large requests, two-way streams).
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
 
@@ -101,6 +100,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         "_hold_told",
         "_intercepted",
         "_loop",
+        "_output_hold",
         "_reading",
         "_request_bytes",
         "_runner",
@@ -168,6 +168,8 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self._reading = True
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
+        self._output_hold = False
+        """Reading stopped until the output drains (:meth:`answered_while_blocked`)."""
         self.resumed_at = 0.0
         """Loop time reading last resumed after we held the peer's input: what waited
         unread meanwhile (heartbeats, Pongs) is read only after it, so the liveness checks
@@ -313,15 +315,11 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         past the limit instead) hold all but replies to our calls (see the module doc)."""
         if self._stream_hold.active:
             return True
+        full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
         return (
             self.outbox.blocked
             or len(self._tasks) >= self._task_slots
-            or (
-                not self.adapter.retry_results
-                and (
-                    self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
-                )
-            )
+            or (full and not self.adapter.retry_results)
         ) and not self.adapter.is_reply(message)
 
     def _run(self, messages: list[Any]) -> None:
@@ -401,16 +399,23 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         finally:
             current_peer.reset(token)
         self.outbox.flush()
-        if not backlog and not self._reading:
+        if not backlog and not self._reading and not (self._output_hold and self.outbox.blocked):
             if handled:  # what this turn handled may have woken readers of our streams:
                 self._next_turn()  # they run first, and reading resumes after them (uvloop
                 return  # reads before the callbacks queued meanwhile: a stream overflowed)
             self._reading = True
             self._hold_told = False
+            self._output_hold = False
             self.resumed_at = self._loop.time()
             self._transport.resume_reading()
         elif not self._reading:  # a pause that began otherwise (a turn, output) holds now
             self._tell_hold()
+
+    def answered_while_blocked(self) -> None:
+        """The codec answered input itself (Chatter Pongs) while our output waits: reading
+        stops until it drains, so a peer that pings and never reads adds one read's worth."""
+        self._output_hold = True
+        self._pause_reading()
 
     def _task_done(self) -> None:
         """A handler ended (a task leaving the task set, or a job of the runner, called from
@@ -443,11 +448,10 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
     def _handshake_due(self) -> None:
         if self.adapter.handshake_pending():
             self.violation = TimeoutError("no handshake")
+            timeout = self.options.handshake_timeout
+            name, address = self.protocol_name, self.remote_address
             violations.warning(
-                "%s peer %s sent nothing valid within %s s; closing",
-                self.protocol_name,
-                self.remote_address,
-                self.options.handshake_timeout,
+                "%s peer %s sent nothing valid within %s s; closing", name, address, timeout
             )
             self.abort()
 
@@ -464,12 +468,12 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
 
     @property
     def holding_input(self) -> bool:
-        """True while we hold the peer's input for reasons of our own (every handler slot
-        or notification task taken, a turn given to other connections, a stream's full
-        queue) and something will end the hold (a handler running, a turn due, a stream's
-        stall limit); not while it stopped reading our
-        output. The liveness checks (read timeout, Ping, keepalive) then count it alive,
-        since what it sent waits unread. A handler that never ends holds it for good."""
+        """True while we hold the peer's input for reasons of our own (handler slots or
+        notification tasks all taken, a turn given to other connections, a stream's full
+        queue, ``max_request_bytes``) and something will end the hold (a handler running, a
+        turn due, a stall limit); not while it stopped reading our output. The liveness
+        checks (read timeout, Ping, keepalive) then count it alive, since what it sent waits
+        unread. A handler that never ends holds it for good."""
         return (
             not self._reading
             and not self.outbox.blocked

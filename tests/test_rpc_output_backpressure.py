@@ -106,6 +106,25 @@ async def test_waiting_senders_are_woken_one_at_a_time_in_order() -> None:
     assert order == [0, 2, 3, 4, 5] and cancelled.cancelled()
 
 
+async def test_senders_that_give_up_leave_no_waiters_behind() -> None:
+    """Waits cancelled (a call's timeout) while the output stays blocked do not pile up:
+    before, each left its waiter queued until the next resume (10,000 here)."""
+    outbox = Outbox(asyncio.get_running_loop())
+    outbox.attach(Sink(), high_water=1024, low_water=256)
+    outbox.pause()
+    for _ in range(10):
+        tasks = [asyncio.create_task(outbox.wait_writable()) for _ in range(1000)]
+        await asyncio.sleep(0)  # each task starts its wait
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert len(outbox._waiters) < 1000
+    still = asyncio.create_task(outbox.wait_writable())  # one that keeps waiting is woken
+    await asyncio.sleep(0)
+    outbox.resume()
+    await asyncio.wait_for(still, 5)
+
+
 async def test_losing_the_connection_fails_every_waiting_sender() -> None:
     outbox = Outbox(asyncio.get_running_loop())
     outbox.attach(Sink(), high_water=1024, low_water=256)
@@ -148,3 +167,36 @@ async def test_a_websocket_peer_that_pings_and_never_reads_stops_being_read() ->
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_chatter_peer_that_pings_and_never_reads_stops_being_read() -> None:
+    """The Chatter codec answers each Ping with a Pong as it decodes: while our output
+    waits, a read with Pings stops reading until the output drains. Before (since replies
+    are read while output waits), every Ping added its Pong to our buffer: 20,000 Pings
+    added 1.8 MB, with no limit."""
+    registry = rpc.Registry()
+
+    @registry.handle("big")
+    def big(size: int) -> str:
+        return "x" * size
+
+    url = "tcp+sbs://127.0.0.1:0?dialect=HatChatter"
+    options = rpc.Options(timeout=60)
+    async with rpc.serve(url, registry=registry, options=options) as server:
+        peer = await rpc.connect(str(server.url), reconnect=False, options=options)
+        try:
+            assert await peer.request("big", 1) == "x"
+            [served] = server.peers
+            peer.transport.pause_reading()  # the client never reads again
+            call = asyncio.ensure_future(peer.request("big", 8_000_000))
+            await eventually(lambda: served.outbox.blocked, "the server's output backed up")
+            before = served.write_buffer_size
+            for _ in range(20_000):
+                peer.adapter.codec.send_ping(b"p" * 64)
+            peer.adapter._take_codec_output()
+            peer.outbox.flush()
+            await eventually(lambda: not served._reading, "the server stopped reading")
+            assert served.write_buffer_size < before + 300_000  # one read's Pongs at most
+            call.cancel()
+        finally:
+            peer.abort()
