@@ -69,9 +69,15 @@ async def send(
     finally:
         if held:  # before the feeder's first wait for the transport to drain
             outbox.release()
-    wait.feeding += 1
-    call.feeder = caller._loop.create_task(_feed(caller, key, call, source, queue, wait))
+    wait.feeding += 1  # undone when the task is done, even if cancelled before it ran
+    feeder = call.feeder = caller._loop.create_task(_feed(caller, key, call, source, queue, wait))
+    feeder.add_done_callback(lambda _: _fed(wait, queue))
     return key
+
+
+def _fed(wait: ResultWait, queue: StreamQueue) -> None:
+    wait.feeding -= 1
+    queue.wake()  # its reader's item_timeout counts from now
 
 
 def _send_ready(caller: Caller[K], key: K, op: str, source: PartSource) -> bool:
@@ -114,5 +120,3 @@ async def _feed(
             caller._forget(key)
     finally:
         call.feeder = None
-        wait.feeding -= 1
-        queue.wake()  # its reader's item_timeout counts from now
