@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 
 LINGER = 5.0
 """Seconds a connection we closed may take to hand over the bytes still queued for it (a
-protocol's last word, the answers of a graceful close) before it is cut: a peer that does
-not read would otherwise keep it open, and its ``close()`` waiting, for good."""
+protocol's last word, the answers of a graceful close) and to finish its closing handshake
+(the peer's TLS close_notify, its WebSocket close frame) before it is cut: a peer that does
+not read or answer would otherwise keep it open, and its ``close()`` waiting, for good or
+for the transport's own bound (WebSocket's ``close_timeout``, 10 s)."""
 
 log = logging.getLogger("peerwire.rpc")
 
@@ -61,20 +63,22 @@ class Closing:
             transport.abort()  # the last word is the socket's: cut, as TCP's close() does
 
     def _close_transport(self) -> None:
-        """Write what is queued and close; with bytes still unsent, the connection is cut
-        :data:`LINGER` s later unless the peer has taken them by then. A transport closing
-        already is not closed again (asyncio's TLS transport breaks on a second close())."""
+        """Write what is queued and close; a connection not gone :data:`LINGER` s later
+        (bytes the peer has not taken, a closing handshake it has not answered) is cut then.
+        A transport closing already is not closed again (asyncio's TLS transport breaks on
+        a second close())."""
         transport = self._transport
         if not transport.is_closing():
             self.outbox.flush()
             transport.close()
-        if transport.get_write_buffer_size() and self.deadlines.when("linger") is None:
+        if self.deadlines.when("linger") is None:
             self.deadlines.set("linger", self._loop.time() + LINGER, self._linger_due)
 
     def _linger_due(self) -> None:
         if self._transport is not None:
             log.info(
-                "%s peer %s did not take what was left to send within %s s of closing; cut off",
+                "%s peer %s did not take what was left to send, or answer our close, "
+                "within %s s of closing; cut off",
                 self.protocol_name,
                 self.remote_address,
                 LINGER,

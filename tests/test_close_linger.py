@@ -11,38 +11,57 @@ import asyncio
 import base64
 import hashlib
 import ssl
+from typing import cast
 
 import pytest
 
 import rpc
+from rpc.closing import LINGER
 from rpc.reconnect import ConnectionState, Transition
 from tests.certs import Pki
-from transports.stream import client_ssl_context, server_ssl_context
+from transports.stream import (
+    client_ssl_context,
+    open_stream,
+    server_ssl_context,
+    start_stream_server,
+)
 
 FAST = rpc.Reconnect(backoff=rpc.Backoff(base=0.01, cap=0.02))
 GIVEN_UP = 8.0
 """A connection given up on (abort) is gone well within this; before: 11 s (WebSocket),
-31 s (TLS)."""
+31 s (TLS). A graceful close against a peer that does not answer takes the linger (5 s):
+within this too; before: 10 s (WebSocket), 30 s (TLS)."""
 
 pytestmark = pytest.mark.both_loops
 
 
 class DeafTls(asyncio.Protocol):
-    """The server side of TLS done by hand (``ssl.MemoryBIO``): it completes the handshake,
-    sends ``greeting`` and then ignores whatever comes, our close_notify included."""
+    """TLS done by hand (``ssl.MemoryBIO``), server or client side: it completes the
+    handshake, sends ``greeting`` and then ignores whatever comes, our close_notify
+    included."""
 
-    def __init__(self, ctx: ssl.SSLContext, greeting: bytes, held: list[asyncio.Transport]):
+    def __init__(
+        self,
+        ctx: ssl.SSLContext,
+        greeting: bytes,
+        held: list[asyncio.Transport],
+        *,
+        server_hostname: str | None = None,
+    ) -> None:
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
-        self._tls = ctx.wrap_bio(self._in, self._out, server_side=True)
+        side = {"server_hostname": server_hostname} if server_hostname else {"server_side": True}
+        self._tls = ctx.wrap_bio(self._in, self._out, **side)  # type: ignore[arg-type]
         self._greeting = greeting
         self._held = held
         self._done = False
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        self._held.append(self._transport)  # type: ignore[arg-type]
+        self._transport = cast(asyncio.Transport, transport)
+        self._held.append(self._transport)
+        if not self._tls.server_side:
+            self.data_received(b"")  # the client speaks first
 
     def data_received(self, data: bytes) -> None:
         if self._done or self._transport is None:
@@ -54,7 +73,8 @@ class DeafTls(asyncio.Protocol):
             pass
         else:
             self._done = True
-            self._tls.write(self._greeting)
+            if self._greeting:
+                self._tls.write(self._greeting)
         self._transport.write(self._out.read())
 
 
@@ -70,8 +90,8 @@ class DeafWebSocket(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        self._held.append(self._transport)  # type: ignore[arg-type]
+        self._transport = cast(asyncio.Transport, transport)
+        self._held.append(self._transport)
 
     def data_received(self, data: bytes) -> None:
         if self._done or self._transport is None:
@@ -105,6 +125,7 @@ class DeafServer:
         self.ctx = server_ssl_context(pki.server_cert, pki.server_key) if pki else None
         self.held: list[asyncio.Transport] = []
         self.server: asyncio.Server | None = None
+        self.port = 0
         self.url = ""
 
     def _protocol(self) -> asyncio.Protocol:
@@ -115,8 +136,8 @@ class DeafServer:
     async def __aenter__(self) -> DeafServer:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(self._protocol, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        self.url = f"{self.scheme}://127.0.0.1:{port}/"
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.url = f"{self.scheme}://127.0.0.1:{self.port}/"
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -193,3 +214,97 @@ async def test_a_handshake_limit_reconnects_without_waiting_for_the_server(
         finally:
             async with asyncio.timeout(GIVEN_UP):
                 await client.close()
+
+
+@pytest.mark.parametrize("scheme", ["ssl+gotalk", "ws+gotalk"])
+async def test_close_waits_the_linger_for_a_peer_that_does_not_answer(
+    pki: Pki, scheme: str
+) -> None:
+    """A graceful ``close()`` sends TLS's close_notify or WebSocket's close frame and waits
+    for the answer at most ``LINGER`` (5 s): before, 30 s (the TLS layer's own shutdown
+    timeout: the linger was armed only while bytes were unsent) or 10 s (``close_timeout``)."""
+    tls = scheme.startswith("ssl")
+    async with DeafServer(scheme, b"01", pki if tls else None) as server:
+        peer = await rpc.connect(server.url, ssl=tls_client(pki) if tls else None, reconnect=False)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with asyncio.timeout(GIVEN_UP):
+            await peer.close()
+        took = loop.time() - start
+        assert LINGER - 0.5 < took < GIVEN_UP, took  # the handshake was waited for, bounded
+
+
+class Ends(asyncio.Protocol):
+    """A plain protocol: ``made`` resolves with its transport (a TLS one once its handshake
+    is done), ``lost`` when its connection ends."""
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.made: asyncio.Future[asyncio.Transport] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.made.set_result(self.transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+async def test_a_tls_client_transport_waits_at_most_5_s_for_close_notify(pki: Pki) -> None:
+    """Below the RPC core: ``open_stream``'s TLS transport, closed, is cut 5 s on
+    (``TLS_SHUTDOWN_TIMEOUT``) when the server never answers close_notify; was 30 s."""
+    async with DeafServer("ssl+gotalk", b"", pki) as server:
+        ends = Ends()
+        await open_stream(
+            "127.0.0.1",
+            server.port,
+            lambda: ends,
+            ssl_context=tls_client(pki),
+            server_hostname="localhost",
+        )
+        assert ends.transport is not None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        ends.transport.close()
+        async with asyncio.timeout(GIVEN_UP):
+            await ends.lost
+        assert loop.time() - start < GIVEN_UP
+
+
+async def test_a_tls_server_transport_waits_at_most_5_s_for_close_notify(pki: Pki) -> None:
+    """The server side (``TlsServer``): a connection it closes is cut 5 s on when the client
+    never answers close_notify; was 30 s."""
+    accepted: asyncio.Queue[Ends] = asyncio.Queue()
+
+    def admit() -> Ends:
+        ends = Ends()
+        accepted.put_nowait(ends)
+        return ends
+
+    server = await start_stream_server(
+        "127.0.0.1", 0, admit, ssl_context=server_ssl_context(pki.server_cert, pki.server_key)
+    )
+    held: list[asyncio.Transport] = []
+    try:
+        loop = asyncio.get_running_loop()
+        port = server.sockets[0].getsockname()[1]
+        ctx = tls_client(pki)
+        await loop.create_connection(
+            lambda: DeafTls(ctx, b"", held, server_hostname="localhost"), "127.0.0.1", port
+        )
+        ends = await accepted.get()
+        async with asyncio.timeout(GIVEN_UP):
+            transport = await ends.made
+        start = loop.time()
+        transport.close()
+        async with asyncio.timeout(GIVEN_UP):
+            await ends.lost
+        assert loop.time() - start < GIVEN_UP
+    finally:
+        for transport in held:
+            transport.abort()
+        server.close()
+        await server.wait_closed()

@@ -12,7 +12,8 @@ that may refuse it by returning None: the connection is then closed at once, bef
 therefore counts handshakes in progress too. A protocol whose TLS handshake fails (the peer
 closed, sent no TLS, or ran out of time) gets ``connection_lost(exc)`` without
 ``connection_made``, so its owner frees its place at once; one whose handshake ``close()``
-gives up hears nothing (its owner closes it with the server).
+gives up hears nothing (its owner closes it with the server). A closing TLS connection, on
+either side, waits at most ``TLS_SHUTDOWN_TIMEOUT`` (5 s) for the peer's close_notify.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 log = logging.getLogger("peerwire.transports")
+
+TLS_SHUTDOWN_TIMEOUT = 5.0
+"""Seconds a closing TLS connection waits for the peer's close_notify before it is cut, on
+both sides (``ssl_shutdown_timeout``; asyncio's and uvloop's default is 30 s): a peer that
+never answers held a closed connection, and whoever awaited its end, that long. As the RPC
+core's linger after a close (``rpc.closing.LINGER``)."""
 
 
 class ByteSink(Protocol):
@@ -199,6 +206,7 @@ async def open_stream(
                 port,
                 ssl=ssl_context,
                 server_hostname=server_hostname if ssl_context else None,
+                ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT if ssl_context else None,
             )
             if isinstance(protocol, _FirstReply):
                 first_reply(protocol.protocol)  # type: ignore[misc]
@@ -313,7 +321,11 @@ class TlsServer:
     async def _handshake(self, conn: socket.socket, protocol: asyncio.BaseProtocol) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: protocol, conn, ssl=self._ctx, ssl_handshake_timeout=self._timeout
+                lambda: protocol,
+                conn,
+                ssl=self._ctx,
+                ssl_handshake_timeout=self._timeout,
+                ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
             )
         except (OSError, ssl.SSLError, EOFError) as exc:  # the transport closed the socket
             log.debug("TLS handshake failed: %s", exc)
@@ -376,6 +388,7 @@ def server_address(server: Any) -> tuple[str, int]:
 
 
 __all__ = [
+    "TLS_SHUTDOWN_TIMEOUT",
     "ByteSink",
     "ClosedBeforeReply",
     "ProtocolFactory",

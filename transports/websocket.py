@@ -33,7 +33,7 @@ from websockets.typing import Origin
 from websockets.uri import parse_uri
 
 from transports.logs import RateLimitedLog
-from transports.stream import ByteSink, start_stream_server
+from transports.stream import TLS_SHUTDOWN_TIMEOUT, ByteSink, start_stream_server
 from transports.web_http import HostCheck, HttpOptions, Responder, refuse
 from transports.ws_connection import Connection, Settings
 from transports.ws_transport import WebSocketTransport
@@ -375,6 +375,7 @@ async def open_websocket(
                 target.port,
                 ssl=ssl_context if target.secure else None,
                 server_hostname=(server_hostname or target.host) if target.secure else None,
+                ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT if target.secure else None,
             )
             return await opening.opened
     except BaseException:
