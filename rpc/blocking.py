@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import marshal
 import threading
 from collections import deque
 from collections.abc import (
@@ -89,21 +90,24 @@ default ``max_size``); :meth:`BlockingPeer.stream` takes its connection's ``max_
 
 
 def result_size(item: Any) -> int:
-    """The bytes a buffered result counts for, about its encoded size: a string's or a
-    bytes-like's length, 8 for any other value, and 8 more for each item of a list, tuple,
-    set or dict (keys and values both walked). Results are decoded JSON or SBS values (or
-    raw payloads), so nothing else is walked."""
+    """The bytes a buffered result counts for: a string's or bytes' length, else the
+    length of its :mod:`marshal` encoding, compact and about its encoded size (a string
+    inside: its UTF-8 length and 5; a number 5 or 9; an object shared, once), made in C in
+    a fifth or less of the time ``json.loads`` took to decode it (the copy is dropped at
+    once). For a value marshal does not take (a subclass, such as a named tuple, or deeper
+    than 2,000 levels) an estimate by walking it: a string's or bytes-like's length, 8 for
+    any other value and 8 more an item of a list, tuple, set or dict."""
     cls = item.__class__
     if cls is bytes or cls is str:
         return len(item)
+    with contextlib.suppress(ValueError):
+        return len(marshal.dumps(item))
     total = 0
     stack = [item]
     while stack:
         value = stack.pop()
         if isinstance(value, str | bytes | bytearray):
             total += len(value)
-        elif isinstance(value, memoryview):
-            total += value.nbytes
         elif isinstance(value, dict):
             total += 8 + 16 * len(value)
             stack.extend(value.keys())
@@ -111,6 +115,8 @@ def result_size(item: Any) -> int:
         elif isinstance(value, list | tuple | set | frozenset):
             total += 8 + 8 * len(value)
             stack.extend(value)
+        elif isinstance(value, memoryview):
+            total += value.nbytes
         else:
             total += 8
     return total

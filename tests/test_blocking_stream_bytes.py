@@ -5,6 +5,8 @@ the connection's ``max_size``) of them, the result that passes it included. Befo
 
 from __future__ import annotations
 
+import collections
+import json
 import time
 from typing import Any
 
@@ -82,14 +84,24 @@ def test_a_reader_that_falls_behind_large_results_holds_at_most_the_byte_bound(
 
 
 def test_result_sizes_count_strings_and_containers() -> None:
+    """About the encoded size (marshal's), an object shared counted once; values marshal
+    refuses (a named tuple, deep nesting) are walked instead, never left uncounted."""
     from rpc.blocking import result_size
 
     assert result_size(b"abc") == 3
     assert result_size("abcd") == 4
-    assert result_size(7) == 8
-    # dict 8 + 16 a pair, "k" 1, list 8 + 8 an item, "xy" 2, 1 8, None 8
-    assert result_size({"k": ["xy", 1, None]}) == 8 + 16 + 1 + 8 + 24 + 2 + 8 + 8
-    assert 64 * KIB < result_size(shaped("list", 0)) < 80 * KIB
+    received = json.loads(json.dumps(shaped("list", 0)))  # its strings are not shared
+    assert 64 * KIB < result_size(received) < 80 * KIB
+    records = json.loads(json.dumps([{"id": i, "name": "n" * 100} for i in range(100)]))
+    assert 100 * 100 < result_size(records) < 100 * 150
+    shared = "x" * 10_000
+    assert 10_000 < result_size([shared] * 10) < 10_100
+    pair = collections.namedtuple("pair", "a b")
+    assert result_size([pair("y" * 1000, ["z" * 1000])]) >= 2000
+    nested: list[Any] = ["w" * 1000]
+    for _ in range(3000):
+        nested = [nested]
+    assert result_size(nested) >= 3000 * 8 + 1000
 
 
 def test_max_buffered_bytes_must_be_positive() -> None:
