@@ -16,7 +16,9 @@ from typing import cast
 import pytest
 
 import rpc
-from rpc.closing import LINGER
+import rpc.closing
+import transports.stream
+import transports.websocket
 from rpc.reconnect import ConnectionState, Transition
 from tests.certs import Pki
 from transports.stream import (
@@ -27,12 +29,24 @@ from transports.stream import (
 )
 
 FAST = rpc.Reconnect(backoff=rpc.Backoff(base=0.01, cap=0.02))
-GIVEN_UP = 8.0
+LINGER = 1.0
+"""The linger and the TLS shutdown timeout here (5 s by default; shortened for the
+tests, see ``short_waits``)."""
+GIVEN_UP = 4.0
 """A connection given up on (abort) is gone well within this; before: 11 s (WebSocket),
-31 s (TLS). A graceful close against a peer that does not answer takes the linger (5 s):
-within this too; before: 10 s (WebSocket), 30 s (TLS)."""
+31 s (TLS). A graceful close against a peer that does not answer takes the linger: within
+this too; before: 10 s (WebSocket), 30 s (TLS)."""
 
 pytestmark = pytest.mark.both_loops
+
+
+@pytest.fixture(autouse=True)
+def short_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The linger and TLS shutdown timeout at ``LINGER`` s, so that each test waits for
+    them in a second, not five; the waits they replaced (10 s, 30 s) still fail them."""
+    monkeypatch.setattr(rpc.closing, "LINGER", LINGER)
+    monkeypatch.setattr(transports.stream, "TLS_SHUTDOWN_TIMEOUT", LINGER)
+    monkeypatch.setattr(transports.websocket, "TLS_SHUTDOWN_TIMEOUT", LINGER)
 
 
 class DeafTls(asyncio.Protocol):
@@ -221,7 +235,7 @@ async def test_close_waits_the_linger_for_a_peer_that_does_not_answer(
     pki: Pki, scheme: str
 ) -> None:
     """A graceful ``close()`` sends TLS's close_notify or WebSocket's close frame and waits
-    for the answer at most ``LINGER`` (5 s): before, 30 s (the TLS layer's own shutdown
+    for the answer at most the linger (5 s by default): before, 30 s (the TLS layer's own shutdown
     timeout: the linger was armed only while bytes were unsent) or 10 s (``close_timeout``)."""
     tls = scheme.startswith("ssl")
     async with DeafServer(scheme, b"01", pki if tls else None) as server:
@@ -253,9 +267,12 @@ class Ends(asyncio.Protocol):
             self.lost.set_result(None)
 
 
-async def test_a_tls_client_transport_waits_at_most_5_s_for_close_notify(pki: Pki) -> None:
-    """Below the RPC core: ``open_stream``'s TLS transport, closed, is cut 5 s on
-    (``TLS_SHUTDOWN_TIMEOUT``) when the server never answers close_notify; was 30 s."""
+async def test_a_tls_client_transport_waits_at_most_its_shutdown_timeout_for_close_notify(
+    pki: Pki,
+) -> None:
+    """Below the RPC core: ``open_stream``'s TLS transport, closed, is cut after
+    ``TLS_SHUTDOWN_TIMEOUT`` (5 s by default) when the server never answers close_notify;
+    was 30 s."""
     async with DeafServer("ssl+gotalk", b"", pki) as server:
         ends = Ends()
         await open_stream(
@@ -274,9 +291,11 @@ async def test_a_tls_client_transport_waits_at_most_5_s_for_close_notify(pki: Pk
         assert loop.time() - start < GIVEN_UP
 
 
-async def test_a_tls_server_transport_waits_at_most_5_s_for_close_notify(pki: Pki) -> None:
-    """The server side (``TlsServer``): a connection it closes is cut 5 s on when the client
-    never answers close_notify; was 30 s."""
+async def test_a_tls_server_transport_waits_at_most_its_shutdown_timeout_for_close_notify(
+    pki: Pki,
+) -> None:
+    """The server side (``TlsServer``): a connection it closes is cut after
+    ``TLS_SHUTDOWN_TIMEOUT`` when the client never answers close_notify; was 30 s."""
     accepted: asyncio.Queue[Ends] = asyncio.Queue()
 
     def admit() -> Ends:
