@@ -33,13 +33,11 @@ by default) bounds every message both ways; a registration that would not fit ra
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import dataclasses
 import inspect
 import logging
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import rpc
@@ -64,8 +62,8 @@ from rpc.eventer.common import (
     RegistrationTooLarge,
     Status,
 )
+from rpc.eventer.deliveries import Deliveries
 from rpc.eventer.iterators import CLOSED, EventsIterator
-from rpc.responder import NotificationsHeld
 from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.eventer.client")
@@ -190,7 +188,6 @@ class Client:
             attempts=None if reconnect else 0,
         )
         self._queue_size = events_queue_size
-        self._queue_bytes = events_queue_bytes
         self._ssl = ssl
         self._server_hostname = server_hostname
         self._status = Status.STANDBY
@@ -198,24 +195,18 @@ class Client:
         self._inits = 0
         self._closing = False
         self._closed = asyncio.get_running_loop().create_future()
-        # ordered delivery: (kind, value, ack future or None, bytes as received)
-        self._deliveries: asyncio.Queue[tuple[str, Any, asyncio.Future[None] | None, int]] = (
-            asyncio.Queue()
-        )
-        self.queued_bytes = 0
-        """Bytes (as received) of the notifications in the deliveries queue."""
-        self._room = asyncio.Event()
-        """Set while the deliveries queue is within both bounds (or an answer is awaited)."""
-        self._room.set()
-        self._holding: rpc.Peer | None = None
-        """The connection whose task waits for :attr:`_room`: it holds further notifications
-        (NotificationsHeld) until then, and the task's end resumes it."""
-        self._awaited_answers = 0
-        """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
+        self._deliveries = Deliveries(events_queue_size, events_queue_bytes)
+        self._room = self._deliveries.room
+        """The deliveries' room (the same Event, never rebound), named here for the tests."""
         self._iterators: set[asyncio.Queue[Any]] = set()
         """The queues of the :meth:`events` iterators still in use."""
         self._delivery = asyncio.get_running_loop().create_task(self._deliver())
         self.registry = self._make_registry()
+
+    @property
+    def _awaited_answers(self) -> int:
+        """The deliveries' count of answers awaited by a callback, named here for the tests."""
+        return self._deliveries.awaited_answers
 
     # --- public ----------------------------------------------------------------------------
 
@@ -240,6 +231,11 @@ class Client:
         return (
             conn is not None and conn.is_open and conn.connection_state is rpc.ConnectionState.OPEN
         )
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes (as received) of the notifications not yet handed to the callbacks."""
+        return self._deliveries.queued_bytes
 
     @property
     def closed(self) -> asyncio.Future[None]:
@@ -271,7 +267,7 @@ class Client:
             peer.notify(MSG_REGISTER_REQ, data)
             return None
         # not idempotent: lost in flight, it fails (the server may have registered it)
-        with self._answer_awaited():
+        with self._deliveries.answer_awaited():
             res = await peer.request(MSG_REGISTER_REQ, data, timeout=self.timeout, raw=True)
         kind, value = common.decode(MSG_REGISTER_RES, _bytes(res, MSG_REGISTER_RES))
         if kind == "events":
@@ -284,7 +280,7 @@ class Client:
         data = common.encode(MSG_QUERY_REQ, common.query_params_to_sbs(params))
         conn = self._ready_conn()
         try:
-            with self._answer_awaited():
+            with self._deliveries.answer_awaited():
                 res = await conn.request(
                     MSG_QUERY_REQ,
                     data,
@@ -361,7 +357,7 @@ class Client:
 
     def _finish(self) -> None:
         self._delivery.cancel()
-        self._holding = None
+        self._deliveries.release()
         if not self._closed.done():
             self._closed.set_result(None)
         for queue in self._iterators:  # an iterator waiting for more ends; a full one
@@ -391,116 +387,46 @@ class Client:
         return registry
 
     def _on_events(self, data: bytes) -> Awaitable[bool] | None:
-        self._hold_if_full()
-        self._queue(("events", common.decode_events(data), None, len(data)))
-        return self._wait_for_room()
-
-    def _hold_if_full(self) -> None:
-        """Raise NotificationsHeld, before a notification handler acts, while a task of this
-        connection waits for room: the connection keeps the notification (and the rest of
-        its read), reading paused, until that task ends (see :mod:`rpc.notifications`)."""
-        holding = self._holding  # while room is clear, its task waits (not a new connection's)
-        peer = rpc.current_peer.get(None)
-        if peer is holding is not None and not self._room.is_set() and not self._awaited_answers:
-            raise NotificationsHeld
-
-    def _queue(self, delivery: tuple[str, Any, asyncio.Future[None] | None, int]) -> None:
-        self._deliveries.put_nowait(delivery)
-        self.queued_bytes += delivery[3]
-
-    def _full(self) -> bool:
-        return self._deliveries.qsize() > self._queue_size or self.queued_bytes >= self._queue_bytes
-
-    def _wait_for_room(self) -> Awaitable[bool] | None:
-        """None while the deliveries queued (in the order received) are within
-        ``events_queue_size`` and ``events_queue_bytes``; past either, an awaitable that
-        waits for room. A notification handler returns it: the connection runs it as a
-        task, and holds further notifications until it ends (:meth:`_hold_if_full`)."""
-        if self._awaited_answers or not self._full():
-            return None
-        self._room.clear()
-        self._holding = rpc.current_peer.get(None)
-        return self._room.wait()
-
-    @contextlib.contextmanager
-    def _answer_awaited(self) -> Iterator[None]:
-        """A request made by a callback while it runs (in the delivery task, or a task
-        started from it, as ``asyncio.wait_for`` starts one): its answer must be read, so
-        while it is awaited deliveries are not bounded (the connection would stop reading,
-        and the callback wait its whole timeout). A task the callback left running does
-        not lift the bound once the callback has returned."""
-        delivering = _DELIVERING.get()
-        if delivering is None or delivering.client is not self or not delivering.active:
-            yield
-            return
-        self._awaited_answers += 1
-        self._room.set()
-        try:
-            yield
-        finally:
-            self._awaited_answers -= 1
+        self._deliveries.hold_if_full()
+        self._deliveries.put(("events", common.decode_events(data), None, len(data)))
+        return self._deliveries.wait_for_room()
 
     async def _on_events_with_ack(self, data: bytes) -> rpc.Reply:
         # a request: counted, never held here (the core bounds requests being served)
         done = asyncio.get_running_loop().create_future()
-        self._queue(("events", common.decode_events(data), done, len(data)))
+        self._deliveries.put(("events", common.decode_events(data), done, len(data)))
         await done
         return rpc.Reply(MSG_EVENTS_ACK, b"")
 
     def _on_status(self, data: bytes) -> Awaitable[bool] | None:
-        self._hold_if_full()
+        self._deliveries.hold_if_full()
         status = common.status_from_sbs(common.decode(MSG_STATUS_NOTIFY, data))
         self._set_status(status, len(data))
-        return self._wait_for_room()
+        return self._deliveries.wait_for_room()
 
     def _set_status(self, status: Status, size: int = 0) -> None:
         self._status = status  # now; the callback runs in delivery order
-        self._queue(("status", status, None, size))
+        self._deliveries.put(("status", status, None, size))
 
     async def _deliver(self) -> None:
         deliveries = self._deliveries
         while True:
-            kind, value, done, size = await deliveries.get()
-            self.queued_bytes -= size
-            if not self._room.is_set() and not self._full():
-                self._room.set()
-            # marks this callback's context (and the tasks it starts, which copy it) for
-            # as long as the callback runs: see _answer_awaited
-            delivering = _Delivering(self)
-            token = _DELIVERING.set(delivering)
+            kind, value, done, _size = await deliveries.get()
             try:
-                if kind == "status":
-                    if self._status_cb is not None:
-                        await _call(self._status_cb, self, value)
-                else:
-                    if self._events_cb is not None:
-                        await _call(self._events_cb, self, value)
-                    for queue in list(self._iterators):
-                        await queue.put(value)
+                with deliveries.callback_running():  # its own requests lift the bound
+                    if kind == "status":
+                        if self._status_cb is not None:
+                            await _call(self._status_cb, self, value)
+                    else:
+                        if self._events_cb is not None:
+                            await _call(self._events_cb, self, value)
+                        for queue in list(self._iterators):
+                            await queue.put(value)
             except Exception:
                 log.exception("eventer %s callback failed", kind)
             finally:
-                delivering.active = False
-                _DELIVERING.reset(token)
                 if done is not None and not done.done():
                     done.set_result(None)
-
-
-class _Delivering:
-    """One callback's run: its requests lift the deliveries' bound while it lasts."""
-
-    __slots__ = ("active", "client")
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.active = True
-
-
-_DELIVERING: contextvars.ContextVar[_Delivering | None] = contextvars.ContextVar(
-    "peerwire_eventer_delivering", default=None
-)
-"""The callback run in this context (the delivery task's, or a task it started), if any:
-see :meth:`Client._answer_awaited`."""
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> None:

@@ -1,0 +1,141 @@
+"""The Eventer client's deliveries: notifications received and not yet handed to its
+callbacks and iterators, in the order received, bounded so that a slow callback slows the
+server (the connection stops reading, TCP does the rest) instead of growing memory.
+
+Owned by one :class:`~rpc.eventer.client.Client`, filled by its notification handlers and
+drained by its delivery task. Bounds: ``max_count`` notifications (``events_queue_size``,
+1,024 by default) and ``max_bytes`` bytes as received (``events_queue_bytes``, 16 MiB); the
+notification that passes either goes in, and its handler returns a wait for room that the
+connection runs as a task. While that task waits, further notifications of the same
+connection raise ``NotificationsHeld`` (the connection keeps them, reading paused) until it
+ends. Notifications that ask for an ack are counted but never held: they are requests, which
+the core bounds. A callback's own requests (while it runs) lift the bound while awaited,
+since their answers must be read; tasks it leaves running do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import Awaitable, Iterator
+from typing import Any, TypeAlias
+
+import rpc
+from rpc.responder import NotificationsHeld
+
+Delivery: TypeAlias = tuple[str, Any, asyncio.Future[None] | None, int]
+"""(kind, value, ack future or None, bytes as received)."""
+
+
+class Deliveries:
+    """The ordered, bounded queue of one client's undelivered notifications."""
+
+    def __init__(self, max_count: int, max_bytes: int) -> None:
+        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._max_count = max_count
+        self._max_bytes = max_bytes
+        self.queued_bytes = 0
+        """Bytes (as received) of the notifications queued."""
+        self.room = asyncio.Event()
+        """Set while the queue is within both bounds (or an answer is awaited)."""
+        self.room.set()
+        self._holding: rpc.Peer | None = None
+        """The connection whose task waits for :attr:`room`: it holds further notifications
+        (NotificationsHeld) until then, and the task's end resumes it."""
+        self.awaited_answers = 0
+        """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def put(self, delivery: Delivery) -> None:
+        self._queue.put_nowait(delivery)
+        self.queued_bytes += delivery[3]
+
+    async def get(self) -> Delivery:
+        """The next delivery, in the order received; makes room once back under both."""
+        delivery = await self._queue.get()
+        self.queued_bytes -= delivery[3]
+        if not self.room.is_set() and not self._full():
+            self.room.set()
+        return delivery
+
+    def _full(self) -> bool:
+        return self._queue.qsize() > self._max_count or self.queued_bytes >= self._max_bytes
+
+    def hold_if_full(self) -> None:
+        """Raise NotificationsHeld, before a notification handler acts, while a task of this
+        connection waits for room: the connection keeps the notification (and the rest of
+        its read), reading paused, until that task ends (see :mod:`rpc.notifications`)."""
+        holding = self._holding  # while room is clear, its task waits (not a new connection's)
+        peer = rpc.current_peer.get(None)
+        if peer is holding is not None and not self.room.is_set() and not self.awaited_answers:
+            raise NotificationsHeld
+
+    def wait_for_room(self) -> Awaitable[bool] | None:
+        """None while the queue is within both bounds; past either, an awaitable that waits
+        for room. A notification handler returns it: the connection runs it as a task, and
+        holds further notifications until it ends (:meth:`hold_if_full`)."""
+        if self.awaited_answers or not self._full():
+            return None
+        self.room.clear()
+        self._holding = rpc.current_peer.get(None)
+        return self.room.wait()
+
+    def release(self) -> None:
+        """The client is finished: forget the connection held (its task is gone with it)."""
+        self._holding = None
+
+    @contextlib.contextmanager
+    def callback_running(self) -> Iterator[None]:
+        """Marks one callback's context (and the tasks it starts, which copy it) for as long
+        as the callback runs: see :meth:`answer_awaited`."""
+        delivering = _Delivering(self)
+        token = _DELIVERING.set(delivering)
+        try:
+            yield
+        finally:
+            delivering.active = False
+            _DELIVERING.reset(token)
+
+    @contextlib.contextmanager
+    def answer_awaited(self) -> Iterator[None]:
+        """A request made by a callback while it runs (in the delivery task, or a task
+        started from it, as ``asyncio.wait_for`` starts one): its answer must be read, so
+        while it is awaited deliveries are not bounded (the connection would stop reading,
+        and the callback wait its whole timeout). A task the callback left running does
+        not lift the bound once the callback has returned."""
+        delivering = _DELIVERING.get()
+        if delivering is None or delivering.deliveries is not self or not delivering.active:
+            yield
+            return
+        self.awaited_answers += 1
+        self.room.set()
+        try:
+            yield
+        finally:
+            self.awaited_answers -= 1
+
+
+class _Delivering:
+    """One callback's run: its requests lift the deliveries' bound while it lasts."""
+
+    __slots__ = ("active", "deliveries")
+
+    def __init__(self, deliveries: Deliveries) -> None:
+        self.deliveries = deliveries
+        self.active = True
+
+
+_DELIVERING: contextvars.ContextVar[_Delivering | None] = contextvars.ContextVar(
+    "peerwire_eventer_delivering", default=None
+)
+"""The callback run in this context (the delivery task's, or a task it started), if any:
+see :meth:`Deliveries.answer_awaited`."""
+
+
+__all__ = ["Deliveries", "Delivery"]
