@@ -139,7 +139,7 @@ async def test_a_task_a_callback_left_running_does_not_lift_the_bound(tmp_path: 
             await go.wait()  # runs on after the callback returned
             query = asyncio.ensure_future(client.query(QueryLatestParams([("n", "0")])))
             await asyncio.sleep(0)  # the query is now waiting for its answer
-            lifted.append(client._awaited_answers)
+            lifted.append(client._deliveries.awaited_answers)
             await query
 
         def starts_a_task(client: eventer.Client, events: list[eventer.Event]) -> None:

@@ -73,7 +73,10 @@ async def test_a_slow_callback_holds_at_most_events_queue_bytes(
             await wait_until(
                 lambda: (
                     reader._deliveries.qsize() >= count - 1
-                    or (not reader._room.is_set() and not connection.transport.is_reading())
+                    or (
+                        not reader._deliveries.room.is_set()
+                        and not connection.transport.is_reading()
+                    )
                 ),
                 timeout=10,
             )
@@ -108,7 +111,9 @@ async def test_a_callback_that_queries_is_answered_past_the_bytes(tmp_path: Path
         assert connection is not None
         async with await flood(server, 12):
             await wait_until(
-                lambda: not reader._room.is_set() and not connection.transport.is_reading()
+                lambda: (
+                    not reader._deliveries.room.is_set() and not connection.transport.is_reading()
+                )
             )
             release.set()
             await wait_until(lambda: len(answered) == 12, timeout=20)

@@ -126,6 +126,7 @@ EXPORTS = {
         "ByteSink",
         "ClosedBeforeReply",
         "ProtocolFactory",
+        "TLS_SHUTDOWN_TIMEOUT",
         "TlsFailure",
         "TlsServer",
         "client_ssl_context",

@@ -196,17 +196,10 @@ class Client:
         self._closing = False
         self._closed = asyncio.get_running_loop().create_future()
         self._deliveries = Deliveries(events_queue_size, events_queue_bytes)
-        self._room = self._deliveries.room
-        """The deliveries' room (the same Event, never rebound), named here for the tests."""
         self._iterators: set[asyncio.Queue[Any]] = set()
         """The queues of the :meth:`events` iterators still in use."""
         self._delivery = asyncio.get_running_loop().create_task(self._deliver())
         self.registry = self._make_registry()
-
-    @property
-    def _awaited_answers(self) -> int:
-        """The deliveries' count of answers awaited by a callback, named here for the tests."""
-        return self._deliveries.awaited_answers
 
     # --- public ----------------------------------------------------------------------------
 
