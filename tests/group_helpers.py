@@ -213,3 +213,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def sampling(sample: Callable[[], None]) -> AsyncIterator[None]:
+    """Call ``sample()`` at every turn of the loop while the block runs: for peaks of
+    state that no event announces (queues, footprints)."""
+
+    async def run() -> None:
+        while True:
+            sample()
+            await asyncio.sleep(0)
+
+    task = asyncio.get_running_loop().create_task(run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

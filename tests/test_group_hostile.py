@@ -31,6 +31,7 @@ from tests.group_helpers import (
     group,
     on_both_loops,
     raw_payload_frame,
+    sampling,
     wait_for,
 )
 from wire.gossip import encode_varint, payload_tag
@@ -52,18 +53,8 @@ class Peak:
 
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[Peak]:
-        async def run() -> None:
-            while True:
-                self.sample()
-                await asyncio.sleep(0)
-
-        task = asyncio.get_running_loop().create_task(run())
-        try:
+        async with sampling(self.sample):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def canary(sender: Member, receiver: Member, text: str = "canary") -> None:

@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator
 
 from rpc.group import GroupNode, GroupOptions, NetID
-from tests.group_helpers import RawPeer, frame, group, on_both_loops, wait_for
+from tests.group_helpers import RawPeer, frame, group, on_both_loops, sampling, wait_for
 
 ATTACKER = NetID("10.66.0.1", 6666)
 MiB = 1 << 20
@@ -51,18 +51,8 @@ class Held:
 
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[Held]:
-        async def run() -> None:
-            while True:
-                self.sample()
-                await asyncio.sleep(0)
-
-        task = asyncio.get_running_loop().create_task(run())
-        try:
+        async with sampling(self.sample):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 @on_both_loops
