@@ -310,9 +310,9 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
     def _held(self, message: Any) -> bool:
         """True when ``message`` may not be handled now: a stream's full queue holds all
         input (:mod:`rpc.stream_hold`); backed-up output, every notification (and
-        ``on_open``) task slot taken (``_task_slots``), or every handler slot taken for a
-        peer that does not understand retry results (one that does gets them for requests
-        past the limit instead) hold all but replies to our calls (see the module doc)."""
+        ``on_open``) task slot taken (``_task_slots``), or every handler slot or
+        ``max_request_bytes`` taken for a peer that does not understand retry results (one
+        that does gets them instead) hold all but replies to our calls (see the module doc)."""
         if self._stream_hold.active:
             return True
         full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
