@@ -100,14 +100,15 @@ test: system-deps $(VENV)/.ready $(LEGACY)/.ready node
 	@echo "== running the test suite (pytest; about 10 minutes on 2 cores)"
 	$(VENV)/bin/pytest
 
-# The core suite again on uvloop (tests, threads and CLI children: see tests/conftest.py).
+# The core suite again on uvloop (tests, threads and CLI children: see tests/conftest.py),
+# but for the tests marked both_loops: `make test` already ran those on each loop.
 CORE_TESTS := tests/test_rpc_*.py tests/test_handler_runner.py tests/test_deadlines.py tests/test_call_bounds.py tests/test_read_buffer.py tests/test_hostile_core.py tests/test_websocket.py \
 	tests/test_web_hostile.py tests/test_workers.py tests/test_cli.py tests/test_eventer_server*.py \
 	tests/test_eventer_deliveries.py tests/test_notifications.py \
 	tests/test_middleware.py
 test-uvloop: system-deps $(VENV)/.ready $(LEGACY)/.ready
 	@echo "== running the core suite on uvloop"
-	$(VENV)/bin/pytest --loop uvloop $(CORE_TESTS)
+	$(VENV)/bin/pytest --loop uvloop -m "not both_loops" $(CORE_TESTS)
 
 docs: $(VENV)/.docs
 	@echo "== building the documentation site into build/site (mkdocs build --strict)"
