@@ -49,6 +49,22 @@ def short_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transports.websocket, "TLS_SHUTDOWN_TIMEOUT", LINGER)
 
 
+class Deaf:
+    """What a deaf protocol (``DeafTls``, ``DeafWebSocket``) keeps of its connection: the
+    transport, put in ``held`` once made (whoever made ``held`` aborts them at the end),
+    the ``greeting`` to send, and ``done``: said all it will, deaf from then on."""
+
+    def __init__(self, greeting: bytes, held: list[asyncio.Transport]) -> None:
+        self.greeting = greeting
+        self.held = held
+        self.done = False
+        self.transport: asyncio.Transport | None = None
+
+    def made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.held.append(self.transport)
+
+
 class DeafTls(asyncio.Protocol):
     """TLS done by hand (``ssl.MemoryBIO``), server or client side: it completes the
     handshake, sends ``greeting`` and then ignores whatever comes, our close_notify
@@ -66,19 +82,16 @@ class DeafTls(asyncio.Protocol):
         self._out = ssl.MemoryBIO()
         side = {"server_hostname": server_hostname} if server_hostname else {"server_side": True}
         self._tls = ctx.wrap_bio(self._in, self._out, **side)  # type: ignore[arg-type]
-        self._greeting = greeting
-        self._held = held
-        self._done = False
-        self._transport: asyncio.Transport | None = None
+        self._deaf = Deaf(greeting, held)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-        self._held.append(self._transport)
+        self._deaf.made(transport)
         if not self._tls.server_side:
             self.data_received(b"")  # the client speaks first
 
     def data_received(self, data: bytes) -> None:
-        if self._done or self._transport is None:
+        deaf = self._deaf
+        if deaf.done or deaf.transport is None:
             return  # deaf from now on
         self._in.write(data)
         try:
@@ -86,10 +99,10 @@ class DeafTls(asyncio.Protocol):
         except ssl.SSLWantReadError:
             pass
         else:
-            self._done = True
-            if self._greeting:
-                self._tls.write(self._greeting)
-        self._transport.write(self._out.read())
+            deaf.done = True
+            if deaf.greeting:
+                self._tls.write(deaf.greeting)
+        deaf.transport.write(self._out.read())
 
 
 class DeafWebSocket(asyncio.Protocol):
@@ -98,22 +111,19 @@ class DeafWebSocket(asyncio.Protocol):
 
     def __init__(self, greeting: bytes, held: list[asyncio.Transport]):
         self._head = b""
-        self._greeting = greeting
-        self._held = held
-        self._done = False
-        self._transport: asyncio.Transport | None = None
+        self._deaf = Deaf(greeting, held)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-        self._held.append(self._transport)
+        self._deaf.made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._done or self._transport is None:
+        deaf = self._deaf
+        if deaf.done or deaf.transport is None:
             return
         self._head += data
         if b"\r\n\r\n" not in self._head:
             return
-        self._done = True
+        deaf.done = True
         key = next(
             line.split(b":", 1)[1].strip()
             for line in self._head.split(b"\r\n")
@@ -121,12 +131,12 @@ class DeafWebSocket(asyncio.Protocol):
         )
         magic = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
         accept = base64.b64encode(hashlib.sha1(key + magic).digest())
-        self._transport.write(
+        deaf.transport.write(
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
             b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
         )
-        if self._greeting:  # one unmasked binary frame (payloads under 126 bytes)
-            self._transport.write(bytes((0x82, len(self._greeting))) + self._greeting)
+        if deaf.greeting:  # one unmasked binary frame (payloads under 126 bytes)
+            deaf.transport.write(bytes((0x82, len(deaf.greeting))) + deaf.greeting)
 
 
 class DeafServer:
