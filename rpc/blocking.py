@@ -168,6 +168,10 @@ class _Buffer:
         self._bell = threading.Lock()
         self._room: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         """The pump's wait for room, and its loop (see :meth:`room`)."""
+        self.pump_waits = threading.Event()
+        """Set while the pump waits for room: another thread (a test) waits on it instead of
+        polling. Only the pump sets and clears it, on the loop and only when it waits (not a
+        reading thread: an interrupt there could leave the Event's lock held)."""
 
     def put(self, item: Any, size: int) -> bool:
         """Add a result of ``size`` bytes (on the loop); False once finished (closed)."""
@@ -269,7 +273,11 @@ async def _pump(
                 break
             room = buffer.room()
             if room is not None:
-                await room
+                buffer.pump_waits.set()
+                try:
+                    await room
+                finally:
+                    buffer.pump_waits.clear()
     except Exception as error:
         if first.done():
             buffer.finish(error)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import json
-import time
 from typing import Any
 
 import pytest
@@ -43,16 +42,6 @@ def registry() -> rpc.Registry:
     return reg
 
 
-def pump_settled(results: BlockingStream) -> None:
-    """Wait (10 s at most) until the pump takes no more: it waits for room, or it took the
-    whole stream."""
-    buffer = results._buffer
-    deadline = time.monotonic() + 10
-    while buffer._room is None and not buffer._finished:
-        assert time.monotonic() < deadline, "the pump neither waits nor finished"
-        time.sleep(0.005)
-
-
 @pytest.mark.parametrize(
     ("shape", "limit"),
     [("str", None), ("list", None), ("str", 256 * KIB)],
@@ -75,7 +64,7 @@ def test_a_reader_that_falls_behind_large_results_holds_at_most_the_byte_bound(
         peer.stream("shaped", value=[shape, RESULTS], **kwargs) as results,
     ):
         first = next(results)
-        pump_settled(results)
+        assert results._buffer.pump_waits.wait(10), "the pump never waited for room"
         held = len(results._buffer._items)
         assert held <= bound // size + 1, f"{held} results of {size} bytes buffered"
         assert results.buffered_bytes < bound + 80 * KIB  # less than the bound and one more
