@@ -44,7 +44,17 @@ class ChatterReplies:
     ``send_result``, ``send_result_part``, ``send_result_end``, ``send_error`` and
     ``send_retry`` are these methods, bound: a reply costs no call more."""
 
-    __slots__ = ("_peer", "_send", "codec", "foreign", "payloads", "sbs_repo", "waits")
+    __slots__ = (
+        "_encode_last",
+        "_peer",
+        "_push",
+        "_send",
+        "codec",
+        "foreign",
+        "payloads",
+        "sbs_repo",
+        "waits",
+    )
 
     def __init__(
         self,
@@ -57,6 +67,9 @@ class ChatterReplies:
         self._peer = peer
         self._send = send
         self.codec = codec
+        self._encode_last = codec.encode_last
+        self._push = peer.outbox.push
+        """The peer's outbox (made before its adapter, kept for its life), bound."""
         self.payloads = payloads
         self.sbs_repo = sbs_repo
         self.foreign: set[Conversation] = set()
@@ -105,6 +118,14 @@ class ChatterReplies:
             self.waits.release(key)
 
     def send_result(self, key: Conversation, payload: bytes | Reply, stream: bool) -> None:
+        # the common result: bytes, in the current dialect (no legacy Hat requests, so
+        # none is foreign), while we hold the token: one call to the codec checks the
+        # token, ends the conversation and makes the frame (see encode_last)
+        if payload.__class__ is bytes and not self.foreign:
+            frame = self._encode_last(key, RESULT, payload)
+            if frame is not None:
+                self._push(frame)
+                return
         if not self.codec.holds_token(key) and not self._our_turn(
             key, self.send_result, key, payload, stream
         ):  # _our_turn after its first check, written out: once per request

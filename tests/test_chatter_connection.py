@@ -276,6 +276,62 @@ def test_encode_gives_the_id_and_the_frame_of_what_send_queues(dialect: Dialect)
         assert encoder.next_id == sender.next_id == 2
 
 
+@pytest.mark.parametrize("size", [16, 300])
+def test_encode_last_is_encode_of_a_reply_that_ends_the_conversation(size: int) -> None:
+    """encode_last() gives the bytes encode() gives for the reply that ends a conversation
+    the peer started, and ends it (ids past 64 and 8,192: two and three bytes each)."""
+    for skipped in (0, 100, 9000):
+        client, fast, slow = ChatterConnection(CUR), ChatterConnection(CUR), ChatterConnection(CUR)
+        for _ in range(skipped):  # the client's ids, and the servers' own, move on
+            client.send("N", b"")
+            fast.send("N", b"")
+            slow.send("N", b"")
+        client.data_to_send()
+        request = client.send("Req", b"q", last=False)
+        data = client.data_to_send()
+        [received] = fast.receive_data(data)
+        slow.receive_data(data)
+        conv = Conversation.of_received(received)
+        frame = fast.encode_last(conv, "Res", b"r" * size)
+        msg_id, pieces = slow.encode("Res", b"r" * size, conversation=conv)
+        assert frame == b"".join(pieces)
+        assert not fast.is_open(conv) and fast.next_id == slow.next_id == msg_id + 1
+        [reply] = client.receive_data(frame)
+        assert (reply.first, reply.last, reply.data) == (request.id, True, b"r" * size)
+
+
+def test_encode_last_leaves_what_it_cannot_send_to_encode() -> None:
+    """None, and nothing changed, for every reply encode_last does not make: encode()
+    then sends it or says why not."""
+    client, server = pair()
+    client.send("Req", b"", token=False, last=False)  # the client keeps the token
+    [req] = deliver(client, server)
+    conv = Conversation.of_received(req)
+    assert server.encode_last(conv, "Res", b"") is None
+    assert server.is_open(conv) and not server.holds_token(conv) and server.next_id == 1
+    assert server.encode_last(Conversation(False, 99), "Res", b"") is None  # not open
+    assert server.encode_last(Conversation(True, 1), "Res", b"") is None  # not open either
+    client.send("Req", b"", last=False)
+    [req] = deliver(client, server)
+    conv = Conversation.of_received(req)
+    assert server.encode_last(conv, "Res", b"x" * (JOINED_FRAME + 1)) is None  # pieces
+    assert server.holds_token(conv) and server.next_id == 1
+    cases = ((Dialect.LEGACY, True, 1024), (CUR, False, 1024), (CUR, True, 32))
+    for dialect, strict, max_size in cases:
+        client = ChatterConnection(dialect)
+        server = ChatterConnection(dialect, strict=strict, max_size=max_size)
+        client.send("Req", b"", last=False)
+        [req] = deliver(client, server)
+        conv = Conversation.of_received(req)
+        assert server.encode_last(conv, "Res", b"x" * 30) is None
+        assert server.next_id == 1 and server.open_conversations == int(strict)
+        if max_size == 32:
+            with pytest.raises(MessageTooLarge):
+                server.encode("Res", b"x" * 30, conversation=conv)
+        else:
+            assert server.encode("Res", b"x" * 30, conversation=conv)[0] == 1
+
+
 def test_send_size_limit() -> None:
     conn = ChatterConnection(CUR, max_size=64)
     with pytest.raises(MessageTooLarge):

@@ -10,9 +10,20 @@ from __future__ import annotations
 
 from wire import DEFAULT_MAX_SIZE
 from wire.chatter.conversations import Conversation, ConversationTracker
-from wire.chatter.envelope import Dialect, Msg, decode_msg, detect_dialect, envelope_head
+from wire.chatter.envelope import (
+    CURRENT,
+    FLAGS,
+    TEXT_CACHE,
+    Dialect,
+    Msg,
+    decode_msg,
+    detect_dialect,
+    encode_text,
+    envelope_head,
+)
 from wire.chatter.framing import SIZE_HEADERS, FrameReader, frame_header
 from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
+from wire.sbs import ONE_BYTE, encode_integer
 
 PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
     Dialect.CURRENT: (None, "HatChatter.Ping", "HatChatter.Pong"),
@@ -228,6 +239,42 @@ class ChatterConnection:
         if size <= JOINED_FRAME:  # one piece: cheaper to queue and to join at the flush
             return msg_id, [b"".join((frame_header(size), head, data))]
         return msg_id, [frame_header(size) + head, data]
+
+    def encode_last(self, conversation: Conversation, type: str, data: bytes) -> bytes | None:
+        """The frame of the message that ends ``conversation`` with the token (``last``, no
+        module), as :meth:`encode` makes it, for the common reply: current dialect,
+        ``strict``, this side holding the token, a frame of at most :data:`JOINED_FRAME`
+        bytes within ``max_size``. None, nothing changed, when any of that does not hold:
+        the caller takes :meth:`encode`, which sends it or says why not. The token is
+        checked and the conversation ended in one look-up (a check before :meth:`encode`
+        and its own record take three), and no :class:`Msg` nor pieces list is made."""
+        if self.dialect is not CURRENT or not self.strict:
+            return None
+        tracker = self._tracker
+        msg_id = tracker.next_id
+        owner, first = conversation
+        encoded_id = encode_integer(msg_id)
+        data_size = len(data)
+        head = b"".join(  # envelope_head's common case written out
+            (
+                encoded_id,
+                encoded_id if first == msg_id else encode_integer(first),
+                FLAGS[owner << 2 | 3],  # token, last
+                TEXT_CACHE.get(type) or encode_text(type),
+                ONE_BYTE[data_size + 64] if data_size < 64 else encode_integer(data_size),
+            )
+        )
+        size = len(head) + data_size
+        if size > JOINED_FRAME or size > self.max_size:
+            return None
+        conversations = tracker._open  # the tracker's record, as holds_token reads it
+        holder = conversations.pop(conversation, None)  # we hold the token: it ends now
+        if holder is not True:
+            if holder is not None:  # the peer's turn: left as it was
+                conversations[conversation] = holder
+            return None
+        tracker.next_id = msg_id + 1
+        return b"".join((SIZE_HEADERS[size] if size < 256 else frame_header(size), head, data))
 
     def send_ping(self, data: bytes = b"") -> Msg:
         """Queue a Ping in a new conversation that the peer's Pong will close.

@@ -106,43 +106,45 @@ def envelope_head(
             (
                 encoded_id,
                 encoded_id if first == msg_id else encode_integer(first),
-                _FLAGS[owner << 2 | token << 1 | last],
-                _TEXT_CACHE.get(type_name) or _encode_text(type_name),
+                FLAGS[owner << 2 | token << 1 | last],
+                TEXT_CACHE.get(type_name) or encode_text(type_name),
                 ONE_BYTE[data_size + 64] if data_size < 64 else encode_integer(data_size),
             )
         )
     if module is None:
         encoded_module = _NONE_MODULE
     elif dialect is LEGACY:
-        encoded_module = _SOME_MODULE + _encode_text(module)
+        encoded_module = _SOME_MODULE + encode_text(module)
     else:
         raise LocalProtocolError("the current Chatter dialect has no module field")
     return b"".join(
         (
             encoded_id,
             encoded_id if first == msg_id else encode_integer(first),
-            _FLAGS[owner << 2 | token << 1 | last],
+            FLAGS[owner << 2 | token << 1 | last],
             encoded_module,
-            _TEXT_CACHE.get(type_name) or _encode_text(type_name),
+            TEXT_CACHE.get(type_name) or encode_text(type_name),
             encode_integer(data_size),
         )
     )
 
 
-_FLAGS = [bytes(((i >> 2) & 1, (i >> 1) & 1, i & 1)) for i in range(8)]
+FLAGS = [bytes(((i >> 2) & 1, (i >> 1) & 1, i & 1)) for i in range(8)]
 """owner, token, last as three SBS Booleans, indexed by their bits."""
 
-_TEXT_CACHE: dict[str, bytes] = {}
+TEXT_CACHE: dict[str, bytes] = {}
+"""SBS String bytes of the type names sent, by name (at most 4,096): read in place
+(``TEXT_CACHE.get(name) or encode_text(name)``) on the per-message paths, a call less."""
 
 
-def _encode_text(text: str) -> bytes:
+def encode_text(text: str) -> bytes:
     """SBS String bytes; message type names repeat, so the common ones are cached."""
-    encoded = _TEXT_CACHE.get(text)
+    encoded = TEXT_CACHE.get(text)
     if encoded is None:
         raw = text.encode()
         encoded = encode_integer(len(raw)) + raw
-        if len(_TEXT_CACHE) < 4096:
-            _TEXT_CACHE[text] = encoded
+        if len(TEXT_CACHE) < 4096:
+            TEXT_CACHE[text] = encoded
     return encoded
 
 
