@@ -174,16 +174,20 @@ class ChatterAdapter:
         codec = self.codec
         pings, pongs = codec.pings_received, codec.pongs_received
         messages = codec.receive_data(data)
+        if codec.pings_received != pings or codec.pongs_received != pongs:
+            self._heard_pings(codec.pings_received != pings, codec.pongs_received != pongs)
+        return messages
+
+    def _heard_pings(self, pinged: bool, ponged: bool) -> None:
+        """A read brought Pings or Pongs (the codec queues output only then: the Pongs)."""
+        codec = self.codec
         self._take_codec_output()
-        pinged, ponged = codec.pings_received != pings, codec.pongs_received != pongs
         if pinged and self.peer.outbox.blocked:  # its Pongs add to output that waits
             self.peer.answered_while_blocked()
-        if pinged or ponged:
-            self.pings.heard_liveness(ponged=ponged)
-            ping_data, pong_data = codec.take_ping_data()
-            if codec.dialect is Dialect.CURRENT:  # the legacy dialect has no extension
-                self._negotiate(ping_data, pong_data)
-        return messages
+        self.pings.heard_liveness(ponged=ponged)
+        ping_data, pong_data = codec.take_ping_data()
+        if codec.dialect is Dialect.CURRENT:  # the legacy dialect has no extension
+            self._negotiate(ping_data, pong_data)
 
     def _negotiate(self, ping_data: list[bytes], pong_data: list[bytes]) -> None:
         """The extension handshake hears this read's Pings and Pongs: send the Ping it
@@ -317,6 +321,8 @@ class ChatterAdapter:
         return encode_value(value)
 
     def decode_params(self, handler: Handler, payload: Incoming) -> Any:
+        if payload.__class__ is bytes:  # the common payload first: one check
+            return handler.decode(payload)
         if type(payload) is Sbs:
             return convert(payload.value, handler.annotation)
         if type(payload) is Undecodable:

@@ -30,6 +30,8 @@ PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
     Dialect.LEGACY: ("HatPing", "MsgPing", "MsgPong"),
 }
 """(module, ping type, pong type) per dialect."""
+_CURRENT_PINGS = PING_TYPES[Dialect.CURRENT]
+_LEGACY_PINGS = PING_TYPES[Dialect.LEGACY]
 
 JOINED_FRAME = 1024
 """Frames whose body is at most this many bytes are encoded as one piece
@@ -118,49 +120,48 @@ class ChatterConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Msg]:
         if self._dead is not None:
             raise self._dead
-        try:
-            return self._receive(data)
+        try:  # the whole read in one frame: a call less per read
+            buf, spans = self._reader.receive_data(data)
+            if not spans:
+                return []
+            dialect = self.dialect
+            if dialect is None:
+                start, end = spans[0]
+                dialect, _ = detect_dialect(buf, start, end)
+                self.dialect = dialect
+            # not PING_TYPES[dialect]: an Enum member hashes in Python (enum.__hash__), per read
+            module, ping, pong = _CURRENT_PINGS if dialect is CURRENT else _LEGACY_PINGS
+            strict = self.strict
+            tracker = self._tracker
+            messages = []
+            for start, end in spans:
+                msg = decode_msg(buf, start, end, dialect)
+                if strict and not tracker.incoming(msg):
+                    continue
+                type_name = msg.type  # one look-up, and the module only for a Ping or a Pong
+                if type_name == ping and msg.module == module:
+                    self.pings_received += 1
+                    data = self.last_ping_data = msg.data[:MAX_PING_DATA]  # not the whole Ping
+                    if data and len(self._ping_data) < MAX_PING_RECORDS:
+                        self._ping_data.append(data)
+                    conversation = Conversation.of_received(msg)
+                    if strict and not tracker.holds_token(conversation):
+                        continue  # sent with last or without the token: see the class doc
+                    # a Pong echoes the Ping's data: peers that put none (all Hat peers) get
+                    # none
+                    reply = data if dialect is CURRENT else b""
+                    self.send(pong, reply, conversation=conversation, module=module)
+                elif type_name == pong and msg.module == module:
+                    self.pongs_received += 1
+                    data = self.last_pong_data = msg.data[:MAX_PING_DATA]
+                    if data and len(self._pong_data) < MAX_PING_RECORDS:
+                        self._pong_data.append(data)
+                else:
+                    messages.append(msg)
+            return messages
         except ProtocolError as exc:
             self._dead = exc
             raise
-
-    def _receive(self, data: bytes | bytearray | memoryview) -> list[Msg]:
-        buf, spans = self._reader.receive_data(data)
-        if not spans:
-            return []
-        dialect = self.dialect
-        if dialect is None:
-            start, end = spans[0]
-            dialect, _ = detect_dialect(buf, start, end)
-            self.dialect = dialect
-        module, ping, pong = PING_TYPES[dialect]
-        strict = self.strict
-        tracker = self._tracker
-        messages = []
-        for start, end in spans:
-            msg = decode_msg(buf, start, end, dialect)
-            if strict and not tracker.incoming(msg):
-                continue
-            type_name = msg.type  # one look-up, and the module only for a Ping or a Pong
-            if type_name == ping and msg.module == module:
-                self.pings_received += 1
-                data = self.last_ping_data = msg.data[:MAX_PING_DATA]  # not the whole Ping
-                if data and len(self._ping_data) < MAX_PING_RECORDS:
-                    self._ping_data.append(data)
-                conversation = Conversation.of_received(msg)
-                if strict and not tracker.holds_token(conversation):
-                    continue  # sent with last or without the token: see the class doc
-                # a Pong echoes the Ping's data: peers that put none (all Hat peers) get none
-                reply = data if dialect is Dialect.CURRENT else b""
-                self.send(pong, reply, conversation=conversation, module=module)
-            elif type_name == pong and msg.module == module:
-                self.pongs_received += 1
-                data = self.last_pong_data = msg.data[:MAX_PING_DATA]
-                if data and len(self._pong_data) < MAX_PING_RECORDS:
-                    self._pong_data.append(data)
-            else:
-                messages.append(msg)
-        return messages
 
     def take_ping_data(self) -> tuple[list[bytes], list[bytes]]:
         """The data of the Pings and of the Pongs received since the last call, oldest

@@ -71,9 +71,13 @@ class FrameReader:
             pos = end
         # Keep only the unconsumed tail. Spans point into ``buf``, which is never mutated
         # once it has handed out spans, so they stay valid for the caller.
-        if pos == 0:
+        if pos == total:  # all of it read: the common case
+            if buf is self._buf:
+                self._buf = bytearray()
+            # else the buffer was empty and unused: it stays, no new one per read
+        elif pos == 0:
             if buf is not self._buf:
                 self._buf = bytearray(buf)
         else:
-            self._buf = bytearray(buf[pos:]) if pos < total else bytearray()
+            self._buf = bytearray(buf[pos:])
         return buf, spans
