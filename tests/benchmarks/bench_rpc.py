@@ -22,10 +22,14 @@ Rows (``--only`` takes one of these names; repeat it for several):
 - ``hat-chatter``: the reference, hat-drivers' chatter on both sides. The server answers
   each message in its conversation; the client sends with ``last=False`` and a receive
   loop resolves futures keyed by ``conv.first_id``.
+- ``gotalk-minimal-client``: peerwire's Gotalk server (as ``peerwire-gotalk``) called by
+  the least client Gotalk allows (``floor_peers.MinimalGotalkClient``: no timeouts,
+  retries, limits or checks): what the server allows a client, and, next to
+  ``peerwire-gotalk``, what peerwire's own client costs.
 - ``bare-echo``: asyncio.Protocol on both sides, 4-byte big-endian length prefix, the
   server echoes every whole frame of one read with one write and the client coalesces the
   writes of one loop iteration (the peerwire core does too, but cuts them into writes of
-  16 messages): the ceiling.
+  16 messages): the ceiling (``floor_peers``).
 
 Each row is measured in two modes, each on a fresh connection, with a 16-byte payload:
 ``sequential`` (one request at a time) and ``inflight100`` (100 workers each awaiting one
@@ -61,19 +65,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import os
-import socket
 import statistics
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import rpc
 import rpc.loops
+from tests.benchmarks.floor_peers import BareEchoClient, BareEchoServer, MinimalGotalkClient
 from tests.benchmarks.harness import (
     PAYLOAD,
     Call,
@@ -92,8 +95,10 @@ ROWS = (
     "peerwire-gotalk-mw",
     "peerwire-gotalk-one",
     "hat-chatter",
+    "gotalk-minimal-client",
     "bare-echo",
 )
+MINIMAL = "gotalk-minimal-client"
 MODES = (("sequential", 1), ("inflight100", 100))
 
 NOTES = (
@@ -103,88 +108,6 @@ NOTES = (
     ("hat-drivers chatter, sequential", "~2,700/s", "hat-drivers reference"),
     ("bare asyncio length-prefixed echo, sequential", "~12,000/s", "hat-drivers reference"),
 )
-
-
-def _nodelay(transport: asyncio.BaseTransport) -> None:
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-# --- bare asyncio echo ---------------------------------------------------------------------
-
-
-def _split_frames(buf: bytearray, frames: list[bytes] | None) -> int:
-    """Bytes used by the whole 4-byte-length-prefixed frames at the start of ``buf``;
-    their bodies are appended to ``frames`` unless it is None."""
-    pos = 0
-    total = len(buf)
-    while total - pos >= 4:
-        end = pos + 4 + int.from_bytes(buf[pos : pos + 4], "big")
-        if end > total:
-            break
-        if frames is not None:
-            frames.append(bytes(buf[pos + 4 : end]))
-        pos = end
-    return pos
-
-
-class BareEchoServer(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses: no isinstance test
-        self.transport = cast(asyncio.Transport, transport)
-        _nodelay(transport)
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        used = _split_frames(buf, None)
-        if used:
-            assert self.transport is not None
-            self.transport.write(bytes(buf[:used]))  # every whole frame, echoed in one write
-            del buf[:used]
-
-
-class BareEchoClient(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.buf = bytearray()
-        self.waiters: collections.deque[asyncio.Future[bytes]] = collections.deque()
-        self.out: list[bytes] = []
-        self.flush_handle: asyncio.Handle | None = None
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's too (see above)
-        _nodelay(transport)
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        frames: list[bytes] = []
-        del buf[: _split_frames(buf, frames)]
-        for frame in frames:  # replies come back in request order
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(frame)
-
-    def flush(self) -> None:
-        self.flush_handle = None
-        out, self.out = self.out, []
-        assert self.transport is not None
-        self.transport.write(b"".join(out))
-
-    def request(self, payload: bytes) -> asyncio.Future[bytes]:
-        future = self.loop.create_future()
-        self.waiters.append(future)
-        self.out.append(len(payload).to_bytes(4, "big") + payload)
-        if self.flush_handle is None:
-            self.flush_handle = self.loop.call_soon(self.flush)
-        return future
 
 
 # --- servers (run in the subprocess) ------------------------------------------------------
@@ -214,7 +137,7 @@ def _registry(coroutine: bool = False) -> rpc.Registry:
 
 async def _start_server(name: str) -> tuple[int, Callable[[], Awaitable[None]]]:
     """Start row ``name``'s server on a free port; return (port, async close)."""
-    if name in ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-one"):
+    if name in ("peerwire-chatter", "peerwire-gotalk", "peerwire-gotalk-one", MINIMAL):
         codec = "sbs" if name == "peerwire-chatter" else "gotalk"
         server = await rpc.serve(f"tcp+{codec}://{HOST}:0", registry=_registry())
         return server.url.port, server.close
@@ -302,6 +225,15 @@ async def _connect(name: str, port: int) -> tuple[Call, Callable[[], Awaitable[N
         return call, peer.close
     if name == "hat-chatter":
         return await _hat_client(port)
+    if name == MINIMAL:
+        loop = asyncio.get_running_loop()
+        minimal_transport, minimal = await loop.create_connection(MinimalGotalkClient, HOST, port)
+        minimal_request = minimal.request
+
+        async def minimal_close() -> None:
+            minimal_transport.close()
+
+        return (lambda: minimal_request(b"echo", PAYLOAD)), minimal_close
     if name == "bare-echo":
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.create_connection(BareEchoClient, HOST, port)
@@ -425,6 +357,13 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         print(
             f"  peerwire-gotalk  {mode:<12} vs bare echo: "
             f"{_ratio(gotalk, rate.get(('bare-echo', mode))):>5}"
+        )
+    for mode, _ in MODES:
+        minimal = rate.get((MINIMAL, mode))
+        print(
+            f"  {MINIMAL} {mode:<12} vs bare echo: "
+            f"{_ratio(minimal, rate.get(('bare-echo', mode))):>5}   peerwire-gotalk vs it: "
+            f"{_ratio(rate.get(('peerwire-gotalk', mode)), minimal):>5}"
         )
     for mode, _ in MODES:
         coro = rate.get(("peerwire-gotalk-async", mode))
