@@ -63,7 +63,7 @@ from rpc.eventer.common import (
     Status,
 )
 from rpc.eventer.deliveries import Deliveries
-from rpc.eventer.iterators import CLOSED, EventsIterator
+from rpc.eventer.iterators import EventsIterator, EventsQueue
 from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.eventer.client")
@@ -106,8 +106,9 @@ async def connect(
     notifications (events, status) received and not yet handed to the callbacks and
     iterators; the one that passes either goes in, and the connection then stops reading
     from the server until delivery is back under both, so a slow callback slows the server
-    down (TCP) instead of growing memory. ``events_queue_size`` is also the size of each
-    :meth:`Client.events` iterator's queue (counted in lists, not bytes)."""
+    down (TCP) instead of growing memory. Both also bound each :meth:`Client.events`
+    iterator's queue (lists, and bytes as received), whose reader slows delivery the same
+    way."""
     urls = [url] if isinstance(url, str) else list(url)
     client = Client(
         [eventer_url(u) for u in urls],
@@ -188,6 +189,7 @@ class Client:
             attempts=None if reconnect else 0,
         )
         self._queue_size = events_queue_size
+        self._queue_bytes = events_queue_bytes
         self._ssl = ssl
         self._server_hostname = server_hostname
         self._status = Status.STANDBY
@@ -196,7 +198,7 @@ class Client:
         self._closing = False
         self._closed = asyncio.get_running_loop().create_future()
         self._deliveries = Deliveries(events_queue_size, events_queue_bytes)
-        self._iterators: set[asyncio.Queue[Any]] = set()
+        self._iterators: set[EventsQueue] = set()
         """The queues of the :meth:`events` iterators still in use."""
         self._delivery = asyncio.get_running_loop().create_task(self._deliver())
         self.registry = self._make_registry()
@@ -290,10 +292,13 @@ class Client:
     def events(self) -> EventsIterator:
         """Every events notification from now on (one list per notification), those that
         arrive before the first iteration included; ends, after what is already queued,
-        when the client closes. A full iterator (``events_queue_size``) holds up delivery
-        (and, with acks, the server) until it is read, closed (``aclose``) or dropped: one
-        that is no longer referenced holds nothing, started or not."""
-        return EventsIterator(asyncio.Queue(self._queue_size), self._iterators, self._closed)
+        when the client closes. Each iterator queues at most ``events_queue_size`` lists
+        (1,024) and ``events_queue_bytes`` bytes as received (16 MiB; a larger list goes in
+        alone): a full one holds up delivery, then the connection (and, with acks, the
+        server), until it is read, closed (``aclose``) or dropped; one that is no longer
+        referenced holds nothing, started or not."""
+        queue = EventsQueue(self._queue_size, self._queue_bytes)
+        return EventsIterator(queue, self._iterators, self._closed)
 
     async def close(self) -> None:
         if self._closing:
@@ -353,9 +358,8 @@ class Client:
         self._deliveries.release()
         if not self._closed.done():
             self._closed.set_result(None)
-        for queue in self._iterators:  # an iterator waiting for more ends; a full one
-            if not queue.full():  # is not waiting, and ends once it has taken the rest
-                queue.put_nowait(CLOSED)
+            for queue in self._iterators:  # each ends once it has taken what it holds
+                queue.end()
 
     def _ready_conn(self) -> rpc.ReconnectingPeer:
         if self._closing or self._closed.done() or self._conn is None:
@@ -404,7 +408,7 @@ class Client:
     async def _deliver(self) -> None:
         deliveries = self._deliveries
         while True:
-            kind, value, done, _size = await deliveries.get()
+            kind, value, done, size = await deliveries.get()
             try:
                 with deliveries.callback_running():  # its own requests lift the bound
                     if kind == "status":
@@ -414,7 +418,7 @@ class Client:
                         if self._events_cb is not None:
                             await _call(self._events_cb, self, value)
                         for queue in list(self._iterators):
-                            await queue.put(value)
+                            await queue.put(value, size)
             except Exception:
                 log.exception("eventer %s callback failed", kind)
             finally:

@@ -25,7 +25,8 @@ import rpc
 from rpc.responder import NotificationsHeld
 
 Delivery: TypeAlias = tuple[str, Any, asyncio.Future[None] | None, int]
-"""(kind, value, ack future or None, bytes as received)."""
+"""(kind, value, ack future or None, bytes as received): the size that this queue and each
+``events()`` iterator's (:class:`~rpc.eventer.iterators.EventsQueue`) count."""
 
 
 class Deliveries:
