@@ -29,28 +29,28 @@ Everything per connection is bounded and freed when the connection goes:
   with). Their payloads and the parts queued for stream handlers hold at most
   ``max_request_bytes`` (:mod:`rpc.request_bytes`). The callers' deadlines of those that
   came with one are in ``call_bounds`` (one entry per waiting handler);
-- decoded messages waiting in ``_backlog`` while reading is paused (at most one read's worth:
-  reading stops as soon as the backlog is non-empty); one read's messages past
-  ``MESSAGES_PER_TURN`` wait there too, for the loop's next turn, so a flood on one
-  connection does not keep the others waiting; so do those after an item for a stream
-  whose queue is full, until its reader makes room (:mod:`rpc.stream_hold`);
+- decoded messages read but not run yet, in order (:mod:`rpc.backlog`, with their bound):
+  the rest of a read past ``MESSAGES_PER_TURN``, for the loop's next turn (a flood on one
+  connection does not keep the others waiting), and input behind a full stream queue
+  (:mod:`rpc.stream_hold`) or full handler or task slots, reading paused;
 - output in the outbox and the transport: above ``high_water`` bytes, input but replies
-  to our calls waits (reading pauses at it, or at Pings the codec answers). Replies write
-  nothing and free their calls: held too, two peers each sending more than the other's
-  buffers take waited for each other (pipelined large requests, two-way streams).
+  to our calls waits in the backlog, and reading goes on (replies handled at once) until
+  the backlog is full or a Ping the codec answers adds output: so what the peer sent
+  drains into us, and two peers flooding each other with requests do not hold each other.
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rpc.backlog import MESSAGES_PER_TURN as MESSAGES_PER_TURN
+from rpc.backlog import Backlog
 from rpc.call_bounds import CallBounds
 from rpc.calls import Caller
 from rpc.calls import _Call as _Call
@@ -72,12 +72,8 @@ from rpc.tasks import TaskSet
 from transports.read_buffer import SharedBufferProtocol
 from wire.errors import ProtocolError
 
-# (the "x as x" imports above: names rpc.intercept reads as core.<name>)
+# (the "x as x" imports above: names read as rpc.peer.<name>, e.g. by rpc.intercept)
 __all__ = ["ENDED_STREAMS", "Adapter", "Options", "Peer", "ResultWait", "current_peer"]
-
-MESSAGES_PER_TURN = 256
-"""Messages handled per connection in one go; the rest of a larger read wait for the next
-loop iteration (reading paused meanwhile), so other connections get their turn."""
 
 log = logging.getLogger("peerwire.rpc")
 
@@ -95,10 +91,10 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         "_calls",
         "_calls_at",
         "_closers",
-        "_context",
         "_ended",
         "_hold_told",
         "_intercepted",
+        "_kept",
         "_loop",
         "_output_hold",
         "_reading",
@@ -110,7 +106,6 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         "_task_slots",
         "_tasks",
         "_transport",
-        "_turn",
         "accepted_at",
         "adapter",
         "call_bounds",
@@ -157,14 +152,11 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self._running: set[K] = set()
         """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
         they run and only for a peer that takes the cancellation extension."""
-        self._backlog: deque[Any] = deque()
-        self._turn: asyncio.Handle | None = None
-        """The next turn at a backlog cut at MESSAGES_PER_TURN (see :meth:`_run`) or left
-        by a handler that ended."""
-        self._stream_hold = StreamHold(self.deadlines, self._next_turn)
+        self._kept = Backlog(self._request_bytes, loop, self._continue)
+        """Messages read but not run yet, their bound and next turn (:mod:`rpc.backlog`)."""
+        self._backlog = self._kept.messages  # read here (the hot path's check), in responder
+        self._stream_hold = StreamHold(self.deadlines, self._kept.next_turn)
         """The stream whose full queue holds our input, if any (:mod:`rpc.stream_hold`)."""
-        self._context = contextvars.copy_context()
-        """The context turns at the backlog run in (the one the peer was made in)."""
         self._reading = True
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
@@ -255,7 +247,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         try:
             messages = self.adapter.decode(data)
             if self._backlog:
-                self._backlog.extend(messages)
+                self._hold(messages, 0)
             elif messages:
                 self._run(messages)
         except ProtocolError as exc:
@@ -288,11 +280,8 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self._streams.clear()
         self._ended.clear()
         self._running.clear()
-        self._backlog.clear()
+        self._kept.clear()
         self._stream_hold.clear()
-        if self._turn is not None:
-            self._turn.cancel()
-            self._turn = None
         self._runner.close()
         self._tasks.cancel_all()
         if not self.closed.done():
@@ -308,19 +297,21 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
     # --- input flow ----------------------------------------------------------------------
 
     def _held(self, message: Any) -> bool:
-        """True when ``message`` may not be handled now: a stream's full queue holds all
-        input (:mod:`rpc.stream_hold`); backed-up output, every notification (and
-        ``on_open``) task slot taken (``_task_slots``), or every handler slot or
-        ``max_request_bytes`` taken for a peer that does not understand retry results (one
-        that does gets them instead) hold all but replies to our calls (see the module doc)."""
+        """True when ``message`` may not run now: a stream's full queue holds all input;
+        our backed-up output or :meth:`_other_holds` all but replies to our calls."""
         if self._stream_hold.active:
             return True
+        return (self.outbox.blocked or self._other_holds()) and not self.adapter.is_reply(message)
+
+    def _other_holds(self) -> bool:
+        """True while input waits, reading paused, for more than our output: a stream's full
+        queue, every notification (and ``on_open``) task slot taken (``_task_slots``), or
+        every handler slot or ``max_request_bytes`` taken for a peer that does not
+        understand retry results (one that does gets them instead)."""
+        if self._stream_hold.active or len(self._tasks) >= self._task_slots:
+            return True
         full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
-        return (
-            self.outbox.blocked
-            or len(self._tasks) >= self._task_slots
-            or (full and not self.adapter.retry_results)
-        ) and not self.adapter.is_reply(message)
+        return full and not self.adapter.retry_results
 
     def _run(self, messages: list[Any]) -> None:
         """Dispatch one read's messages, with :data:`current_peer` set for them all (the
@@ -344,51 +335,59 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
                         and (len(tasks) + runner.jobs >= slots or held.used >= held.limit)
                     )
                 ) and not is_reply(message):
-                    self._backlog.extend(messages[index:])
-                    self._pause_reading()
+                    self._hold(messages, index)
                     return
                 if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
-                    self._backlog.extend(messages[index:])
-                    self._pause_reading()
-                    self._next_turn()
+                    self._keep(messages, index, turn=True)
                     return
                 try:  # free unless raised (3.11's zero-cost exceptions)
                     dispatch(message)
                 except InputHeld:  # a notification, or an item for a full stream
-                    self._backlog.extend(messages[index:])
-                    self._pause_reading()
+                    self._keep(messages, index)
                     return
         finally:
             current_peer.reset(token)
 
-    def _next_turn(self) -> None:
-        if self._turn is None:  # in the peer's own context, never a handler's
-            self._turn = self._loop.call_soon(self._take_turn, context=self._context)
+    def _hold(self, messages: list[Any], start: int) -> None:
+        """The rest of a read from ``messages[start]``, which may not run now or comes after
+        messages that wait: while only our output holds them, reading goes on
+        (:meth:`~rpc.backlog.Backlog.take`); any other hold keeps them all, reading paused."""
+        if not self._reading or self._other_holds():
+            self._keep(messages, start)
+            return
+        end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
+        adapter = self.adapter
+        stop = self._kept.take(messages, start, end, adapter.is_reply, adapter.dispatch)
+        if stop < len(messages):  # the backlog full, a stream's queue full, or a turn's end
+            self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
 
-    def _take_turn(self) -> None:
-        self._turn = None
-        self._continue()
+    def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:
+        """Keep ``messages[start:]`` in order and pause reading (until the next ``turn``)."""
+        self._kept.extend(messages[start:])
+        self._pause_reading()
+        if turn:
+            self._kept.next_turn()
 
     def _continue(self) -> None:
-        """Handle held-back messages once output drained or a handler slot freed."""
+        """Handle held-back messages once output drained or a handler slot freed; while
+        only the output holds them, handle the replies among them and read on."""
         backlog = self._backlog
+        kept = self._kept
         if self._transport is None:
             return
         token = current_peer.set(self)
         try:
-            handled = 0
-            while backlog and not self._held(backlog[0]):
-                if handled == MESSAGES_PER_TURN:
-                    self.outbox.flush()
-                    self._next_turn()
-                    return
-                message = backlog.popleft()
-                try:
-                    self.adapter.dispatch(message)  # _held(): room for a notification
-                except InputHeld:  # an item for a stream whose queue is full: it waits
-                    backlog.appendleft(message)
-                    break
-                handled += 1
+            adapter = self.adapter  # _held(): room for a notification too
+            handled = kept.run(self._held, adapter.dispatch, MESSAGES_PER_TURN)
+            if handled == MESSAGES_PER_TURN and backlog:  # a turn's worth: the rest later
+                self.outbox.flush()
+                kept.next_turn()
+                return
+            if backlog and not kept.sorted and not self._other_holds():  # replies, then read on
+                budget = MESSAGES_PER_TURN - handled
+                handled += kept.run_replies(adapter.is_reply, adapter.dispatch, budget)
+                if not kept.sorted and not self._stream_hold.active:
+                    kept.next_turn()  # replies past the turn's
         except ProtocolError as exc:
             self._violation(exc)
             return
@@ -399,9 +398,9 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         finally:
             current_peer.reset(token)
         self.outbox.flush()
-        if not backlog and not self._reading and not (self._output_hold and self.outbox.blocked):
+        if not self._reading and self._may_read(kept):
             if handled:  # what this turn handled may have woken readers of our streams:
-                self._next_turn()  # they run first, and reading resumes after them (uvloop
+                self._kept.next_turn()  # they run first, and reading resumes after them (uvloop
                 return  # reads before the callbacks queued meanwhile: a stream overflowed)
             self._reading = True
             self._hold_told = False
@@ -410,6 +409,13 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
             self._transport.resume_reading()
         elif not self._reading:  # a pause that began otherwise (a turn, output) holds now
             self._tell_hold()
+
+    def _may_read(self, kept: Backlog) -> bool:
+        """True when reading may resume: nothing waits, or only our output holds what does
+        and the backlog has room, and no Ping answered while the output waits stops it."""
+        if self._output_hold and self.outbox.blocked:
+            return False
+        return not kept.messages or (kept.sorted and not kept.full and not self._other_holds())
 
     def answered_while_blocked(self) -> None:
         """The codec answered input itself (Chatter Pongs) while our output waits: reading
@@ -422,7 +428,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         inside its task): held-back input waits for a turn of its own, so that it neither
         runs in that task nor inherits its context variables."""
         if self._backlog and self._transport is not None:
-            self._next_turn()
+            self._kept.next_turn()
 
     def _pause_reading(self) -> None:
         if self._reading and self._transport is not None:
@@ -474,11 +480,8 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         turn due, a stall limit); not while it stopped reading our output. The liveness
         checks (read timeout, Ping, keepalive) then count it alive, since what it sent waits
         unread. A handler that never ends holds it for good."""
-        return (
-            not self._reading
-            and not self.outbox.blocked
-            and (self._turn is not None or self.handlers_running > 0 or self._stream_hold.active)
-        )
+        busy = self._kept.turn is not None or self.handlers_running > 0
+        return not self._reading and not self.outbox.blocked and (busy or self._stream_hold.active)
 
     @property
     def transport(self) -> Any:

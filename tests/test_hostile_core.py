@@ -21,6 +21,7 @@ import pytest
 
 import rpc
 import rpc.closing
+from rpc.backlog import MAX_MESSAGES, OVERHEAD
 from rpc.logs import RateLimitedLog, violations
 from tests.certs import Pki
 from tests.rpc_helpers import wait_until as until
@@ -73,23 +74,40 @@ def gotalk_request(rid: int, op: str, payload: bytes) -> bytes:
     return gotalk.encode(gotalk.Request(rid.to_bytes(4, "big"), op, payload))
 
 
-async def test_peer_that_never_reads_costs_bounded_memory() -> None:
-    """600 requests for 1 MB results from a peer that never reads: the server stops reading
-    from it and holds a few MB, not 600 MB."""
-    options = rpc.Options(high_water=256 * 1024, low_water=64 * 1024)
+@pytest.mark.both_loops
+@pytest.mark.parametrize("flood", ["tiny", "large"])
+async def test_peer_that_never_reads_costs_bounded_memory(flood: str) -> None:
+    """A peer that floods requests and never reads: once our output waits, the server
+    still reads it (keeping its requests, unrun) until the backlog is full, then stops
+    reading, holding a few MB, not what was sent. ``tiny``: 40,000 requests for 1 MB
+    results (1 MB sent; 40 GB if all were answered) stop at ``MAX_MESSAGES``; ``large``:
+    200 requests of 200 kB (40 MB) at the ``max_request_bytes`` of 4 MiB. Before, reading
+    stopped at the first request that came while the output waited, so two peers that both
+    flooded each other held each other (tests/test_rpc_two_way_flood.py)."""
+    options = rpc.Options(high_water=64 * 1024, low_water=16 * 1024, max_request_bytes=4 * MB)
+    if flood == "tiny":
+        requests = [gotalk_request(i, "big", b"1048576") for i in range(40_000)]
+    else:
+        payload = b'"' + b"x" * 200_000 + b'"'
+        requests = [gotalk_request(i, "echo", payload) for i in range(200)]
+    read = 256 * 1024  # the most one read takes: the rest of the read that filled it is kept
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
         async with raw_connection(srv.url.port) as (_reader, writer):
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            writer.write(b"01" + b"".join(gotalk_request(i, "big", b"1048576") for i in range(600)))
-            await writer.drain()
-            await until(lambda: any(not p._reading for p in srv.peers))
+            writer.write(b"01" + b"".join(requests))  # more than the socket buffers take
+            await until(lambda: any(not p._reading and p._kept.full for p in srv.peers))
             [attacker] = [p for p in srv.peers]
-            held = attacker.write_buffer_size + sum(
-                len(m.payload) for m in attacker._backlog
-            )  # output queued + requests held back
-            assert held < 16 * MB, held
-            await canary_answers(srv)
+            kept = attacker._kept
+            assert attacker.outbox.blocked and attacker.write_buffer_size < 2 * MB
+            if flood == "tiny":  # the bound was reached, not passed by more than a read
+                assert MAX_MESSAGES <= len(kept.messages) <= MAX_MESSAGES + read // 20
+            else:
+                assert 4 * MB <= kept.bytes <= 4 * MB + 2 * read + len(payload)
+                assert kept.bytes == sum(len(m.payload) + OVERHEAD for m in kept.messages)
+            held = len(kept.messages), kept.bytes
+            await canary_answers(srv)  # loop turns meanwhile: the attacker is read no more
+            assert (len(kept.messages), kept.bytes) == held and not attacker._reading
 
 
 @pytest.mark.both_loops

@@ -1,0 +1,209 @@
+"""Messages read from the peer but not run yet, in order, and their bound.
+
+A connection keeps decoded messages here while they may not run (see :mod:`rpc.peer`): the
+rest of a read past ``MESSAGES_PER_TURN``, input behind a stream's full queue or behind
+full handler or task slots, and, while our output waits (above ``high_water``), the peer's
+requests, notifications, stream parts and heartbeats. Those last are why it is bounded
+rather than one read's worth: while our output waits, the peer is still read (its replies
+to our calls are handled at once, the rest kept here), so that its own pending output (at
+most its ``high_water``, one message and the socket buffers, as its senders wait meanwhile)
+can drain into us, and two peers that flood each other with requests do not hold each
+other until their calls time out. Reading pauses once the backlog is :attr:`Backlog.full`:
+
+- bytes: every message counts its payload plus :data:`OVERHEAD`, small ones too (unlike
+  :mod:`rpc.request_bytes`, whose small payloads go uncounted: this runs only for held
+  messages, never on the hot path), and the backlog's bytes and those the peer's requests
+  hold while served together stay within ``Options.max_request_bytes`` (64 MiB);
+- count: at most :data:`MAX_MESSAGES`, for floods of tiny messages.
+
+The message that passes the bound and the rest of its read are kept too (a read is at most
+256 KiB, a message at most ``max_size``). Input held for other reasons (a turn, a stream,
+handler or task slots) is kept with reading paused at once, as it is bounded by a read.
+Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rpc.request_bytes import RequestBytes
+from rpc.stream_hold import InputHeld
+
+MESSAGES_PER_TURN = 256
+"""Messages handled per connection in one go; the rest of a larger read wait for the next
+loop iteration (reading paused meanwhile), so other connections get their turn."""
+
+OVERHEAD = 256
+"""Bytes counted per message besides its payload: about what a decoded message takes in
+memory (a small Gotalk request, its id and op: about 200 bytes)."""
+
+MAX_MESSAGES = 16_384
+"""Messages kept before reading pauses, whatever their size: about 3 MiB of tiny ones
+(counted as 4 MiB), against a flood of small messages the byte bound would let grow to
+262,144 of them."""
+
+
+def size(message: Any) -> int:
+    """Bytes counted for a decoded message: its payload (a Gotalk message's ``payload``, a
+    Chatter ``Msg``'s ``data``; none for a heartbeat) plus :data:`OVERHEAD`."""
+    payload = getattr(message, "payload", None)
+    if payload is None:
+        payload = getattr(message, "data", None)
+    return OVERHEAD + (len(payload) if isinstance(payload, bytes) else 0)
+
+
+class Backlog:
+    """One connection's backlog (see the module doc). ``messages`` is read by the peer (its
+    truthiness is the hot path's one check); it is changed only through the methods here,
+    which keep ``bytes`` counted.
+
+    ``sorted`` is False while the messages may include replies to our calls (the rest of a
+    read kept whole, in order); the peer then runs those replies before it reads on
+    (:meth:`run_replies`), so that what it reads later never overtakes them."""
+
+    __slots__ = ("_context", "_loop", "_on_turn", "bytes", "messages", "requests", "sorted", "turn")
+
+    def __init__(
+        self, requests: RequestBytes, loop: asyncio.AbstractEventLoop, on_turn: Callable[[], None]
+    ) -> None:
+        self.messages: deque[Any] = deque()
+        self.bytes = 0
+        self.sorted = True
+        self.requests = requests
+        """The bytes the peer's requests hold while served: they share the byte bound."""
+        self.turn: asyncio.Handle | None = None
+        """The next turn at the messages (``on_turn``), if one is due: see :meth:`next_turn`."""
+        self._loop = loop
+        self._on_turn = on_turn
+        self._context = contextvars.copy_context()
+        """The context turns run in: the one the backlog was made in (the peer's)."""
+
+    def next_turn(self) -> None:
+        """Run ``on_turn`` at the loop's next iteration (once, however often asked), in the
+        peer's own context, never a handler's: after a read cut at ``MESSAGES_PER_TURN``,
+        a handler that ended, room in a stream's queue."""
+        if self.turn is None:
+            self.turn = self._loop.call_soon(self._take_turn, context=self._context)
+
+    def _take_turn(self) -> None:
+        self.turn = None
+        self._on_turn()
+
+    @property
+    def full(self) -> bool:
+        """True when reading should pause (see the module doc)."""
+        requests = self.requests
+        return len(self.messages) >= MAX_MESSAGES or self.bytes + requests.used >= requests.limit
+
+    def extend(self, messages: Iterable[Any]) -> None:
+        """Keep messages in order, replies to our calls among them maybe."""
+        total = self.bytes
+        append = self.messages.append
+        for message in messages:
+            append(message)
+            total += size(message)
+        if total != self.bytes:  # (every message counts OVERHEAD at least)
+            self.bytes = total
+            self.sorted = False
+
+    def popleft(self) -> Any:
+        messages = self.messages
+        message = messages.popleft()
+        self.bytes -= size(message)
+        if not messages:
+            self.sorted = True
+        return message
+
+    def appendleft(self, message: Any) -> None:
+        """Put back the message just taken (it could not run after all)."""
+        self.messages.appendleft(message)
+        self.bytes += size(message)
+        self.sorted = False
+
+    def run(self, held: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int) -> int:
+        """Run messages from the first, in order, while ``held`` lets the first go (at most
+        ``budget``); one for a stream whose queue is full (InputHeld) goes back first.
+        Returns how many ran."""
+        messages = self.messages
+        ran = 0
+        while messages and ran < budget and not held(messages[0]):
+            message = self.popleft()
+            try:
+                dispatch(message)
+            except InputHeld:
+                self.appendleft(message)
+                break
+            ran += 1
+        return ran
+
+    def take(
+        self,
+        messages: list[Any],
+        start: int,
+        end: int,
+        is_reply: Callable[[Any], bool],
+        dispatch: Callable[[Any], None],
+    ) -> int:
+        """``messages[start:end]`` of a read while only our output holds the peer's input:
+        replies to our calls run at once (``dispatch``), the rest is kept in order. Returns
+        where it stopped: ``end``, just past the message that filled the backlog, or at a
+        reply for a stream of ours whose queue is full (InputHeld: it runs later)."""
+        keep = self.messages.append
+        for index in range(start, end):
+            message = messages[index]
+            if is_reply(message):
+                try:
+                    dispatch(message)
+                except InputHeld:
+                    return index
+            else:
+                keep(message)
+                self.bytes += size(message)
+                if self.full:
+                    return index + 1
+        return end
+
+    def run_replies(
+        self, is_reply: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int
+    ) -> int:
+        """Run the replies to our calls kept among the messages (at most ``budget``, in
+        order), before the peer reads on: what it reads later must not overtake them. The
+        rest keep their order; replies not run (past ``budget``, or from one for a stream
+        of ours whose queue is full) go back first. Returns how many ran."""
+        replies: list[Any] = []
+        kept: deque[Any] = deque()
+        for message in self.messages:
+            (replies if is_reply(message) else kept).append(message)
+        self.sorted = True
+        if not replies:
+            return 0
+        self.messages.clear()
+        self.messages.extend(kept)
+        self.bytes -= sum(map(size, replies))
+        ran = 0
+        for message in replies:
+            if ran == budget:
+                break
+            try:
+                dispatch(message)
+            except InputHeld:
+                break
+            ran += 1
+        if ran < len(replies):
+            self.messages.extendleft(reversed(replies[ran:]))
+            self.bytes += sum(map(size, replies[ran:]))
+            self.sorted = False
+        return ran
+
+    def clear(self) -> None:
+        """Drop every message, and the turn due (the connection is gone)."""
+        self.messages.clear()
+        self.bytes = 0
+        self.sorted = True
+        if self.turn is not None:
+            self.turn.cancel()
+            self.turn = None
