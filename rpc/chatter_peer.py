@@ -97,6 +97,9 @@ class ChatterAdapter:
         self.meta: MetaState[int] = MetaState()
         """Request metadata; keyed by the id of a request's first message."""
         self.codec = ChatterConnection(dialect, max_size=peer.options.max_size, strict=strict)
+        self._encode_open = self.codec.encode_open
+        self._push = peer.outbox.push
+        """The peer's outbox (made before its adapter, kept for its life), bound."""
         self.sbs_repo = sbs_repo or schemas.repository()
         self.payloads = SbsPayloads(self.sbs_repo)
         self._sbs_names = self.payloads.names
@@ -313,6 +316,8 @@ class ChatterAdapter:
     def encode_request(self, op: str, value: Any) -> bytes:
         if op in self._sbs_names:
             return self.payloads.encode(op, value)
+        if value.__class__ is bytes:  # raw bytes go as they are: encode_value's first case
+            return value
         return encode_value(value)  # as payloads.encode would, without its call
 
     def encode_result(self, value: Any) -> bytes | Reply:
@@ -343,6 +348,12 @@ class ChatterAdapter:
         caller's error, as a payload over it is: nothing queued, the connection lives on)."""
         if self.meta.sent_default is not None and self.meta.cover(None):
             self._announce()  # it goes without a timeout: say so first
+        # the common request (current dialect, strict, one piece): the codec makes its
+        # conversation and its frame in one call (see encode_open)
+        opened = self._encode_open(op, payload, not stream)
+        if opened is not None:
+            self._push(opened[1])
+            return opened[0]
         try:  # _write_request written out: once per request
             return _new(Conversation, (True, self._send(op, payload, None, not stream, False)))
         except MessageTooLarge as exc:

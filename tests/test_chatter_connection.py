@@ -332,6 +332,64 @@ def test_encode_last_leaves_what_it_cannot_send_to_encode() -> None:
             assert server.encode("Res", b"x" * 30, conversation=conv)[0] == 1
 
 
+@pytest.mark.parametrize("size", [16, 300])
+@pytest.mark.parametrize("token", [True, False])
+def test_encode_open_is_encode_of_a_message_that_opens_a_conversation(
+    size: int, token: bool
+) -> None:
+    """encode_open() gives the bytes and the conversation encode() gives for the first
+    message of a conversation (a request, a stream request keeping the token), and opens
+    it as encode() does (ids past 64 and 8,192: two and three bytes each)."""
+    for skipped in (0, 100, 9000):
+        fast, slow = ChatterConnection(CUR), ChatterConnection(CUR)
+        for _ in range(skipped):
+            fast.send("N", b"")
+            slow.send("N", b"")
+        slow.data_to_send()
+        opened = fast.encode_open("Req", b"q" * size, token)
+        msg_id, pieces = slow.encode("Req", b"q" * size, token=token, last=False)
+        assert opened is not None
+        conv, frame = opened
+        assert frame == b"".join(pieces)
+        assert conv == Conversation(True, msg_id) and type(conv) is Conversation
+        assert fast.next_id == slow.next_id == msg_id + 1
+        assert fast.is_open(conv) and fast.holds_token(conv) is slow.holds_token(conv) is not token
+        [received] = ChatterConnection(CUR, strict=False).receive_data(frame)
+        assert (received.id, received.first, received.owner) == (msg_id, msg_id, True)
+        assert (received.token, received.last, received.data) == (token, False, b"q" * size)
+
+
+def test_encode_open_leaves_what_it_cannot_send_to_encode() -> None:
+    """None, and nothing changed, for every opening message encode_open does not make:
+    encode() then sends it or says why not."""
+    conn = ChatterConnection(CUR)
+    assert conn.encode_open("Req", b"x" * JOINED_FRAME) is None  # pieces
+    assert conn.next_id == 1 and conn.open_conversations == 0
+    assert conn.encode("Req", b"x" * JOINED_FRAME, last=False)[0] == 1
+    cases = ((Dialect.LEGACY, True, 1024, 9), (CUR, False, 1024, 9), (CUR, True, 32, 9))
+    for dialect, strict, max_size, max_open in (
+        *cases,
+        (CUR, True, 1024, 1),
+        (None, True, 1024, 9),
+    ):
+        conn = ChatterConnection(
+            dialect, strict=strict, max_size=max_size, max_conversations=max_open
+        )
+        if max_open == 1:
+            assert conn.encode_open("Req", b"") is not None
+        before = conn.next_id, conn.open_conversations
+        assert conn.encode_open("Req", b"x" * 30) is None
+        assert (conn.next_id, conn.open_conversations) == before
+        if max_size == 32:
+            with pytest.raises(MessageTooLarge):
+                conn.encode("Req", b"x" * 30, last=False)
+        elif max_open == 1 or dialect is None:
+            with pytest.raises(LocalProtocolError):
+                conn.encode("Req", b"x" * 30, last=False)
+        else:
+            assert conn.encode("Req", b"x" * 30, last=False)[0] == 1
+
+
 def test_send_size_limit() -> None:
     conn = ChatterConnection(CUR, max_size=64)
     with pytest.raises(MessageTooLarge):

@@ -25,6 +25,9 @@ from wire.chatter.framing import SIZE_HEADERS, FrameReader, frame_header
 from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
 from wire.sbs import ONE_BYTE, encode_integer
 
+_new = tuple.__new__
+"""Builds a :class:`Conversation` as its own classmethods do, without their call."""
+
 PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
     Dialect.CURRENT: (None, "HatChatter.Ping", "HatChatter.Pong"),
     Dialect.LEGACY: ("HatPing", "MsgPing", "MsgPong"),
@@ -276,6 +279,42 @@ class ChatterConnection:
             return None
         tracker.next_id = msg_id + 1
         return b"".join((SIZE_HEADERS[size] if size < 256 else frame_header(size), head, data))
+
+    def encode_open(
+        self, type: str, data: bytes, token: bool = True
+    ) -> tuple[Conversation, bytes] | None:
+        """The conversation and the frame of the message that opens one (not ``last``, no
+        module), as :meth:`encode` makes them, for the common request: current dialect,
+        ``strict``, a frame of at most :data:`JOINED_FRAME` bytes within ``max_size``,
+        fewer than ``max_conversations`` open. ``token``: passed to the peer (a request),
+        or kept (a stream request). None, nothing changed, when any of that does not hold:
+        the caller takes :meth:`encode`, which sends it or says why not. The conversation
+        is made once, as the key the tracker records it under, and no pieces list."""
+        if self.dialect is not CURRENT or not self.strict:
+            return None
+        tracker = self._tracker
+        msg_id = tracker.next_id
+        encoded_id = encode_integer(msg_id)
+        data_size = len(data)
+        head = b"".join(  # envelope_head's common case written out: first is the id
+            (
+                encoded_id,
+                encoded_id,
+                FLAGS[6] if token else FLAGS[4],  # owner, token or not, not last
+                TEXT_CACHE.get(type) or encode_text(type),
+                ONE_BYTE[data_size + 64] if data_size < 64 else encode_integer(data_size),
+            )
+        )
+        size = len(head) + data_size
+        conversations = tracker._open  # the tracker's record, as outgoing writes it
+        if size > JOINED_FRAME or size > self.max_size or len(conversations) >= tracker.max_open:
+            return None
+        conversation = _new(Conversation, (True, msg_id))  # Conversation.ours, without its call
+        conversations[conversation] = not token  # we hold the token unless we passed it
+        tracker.next_id = msg_id + 1
+        return conversation, b"".join(
+            (SIZE_HEADERS[size] if size < 256 else frame_header(size), head, data)
+        )
 
     def send_ping(self, data: bytes = b"") -> Msg:
         """Queue a Ping in a new conversation that the peer's Pong will close.
