@@ -124,10 +124,13 @@ class Backlog:
         self.bytes += size(message)
         self.sorted = False
 
-    def run(self, held: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int) -> int:
+    def run(
+        self, held: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int
+    ) -> tuple[int, bool]:
         """Run messages from the first, in order, while ``held`` lets the first go (at most
-        ``budget``); one for a stream whose queue is full (InputHeld) goes back first.
-        Returns how many ran."""
+        ``budget``); one refused with InputHeld (a full stream queue, a notification with
+        no room) goes back first. Returns how many ran, and whether one was refused: then
+        reading must stay paused until whoever refused it makes room."""
         messages = self.messages
         ran = 0
         while messages and ran < budget and not held(messages[0]):
@@ -136,9 +139,9 @@ class Backlog:
                 dispatch(message)
             except InputHeld:
                 self.appendleft(message)
-                break
+                return ran, True
             ran += 1
-        return ran
+        return ran, False
 
     def take(
         self,

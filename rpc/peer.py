@@ -378,7 +378,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         token = current_peer.set(self)
         try:
             adapter = self.adapter  # _held(): room for a notification too
-            handled = kept.run(self._held, adapter.dispatch, MESSAGES_PER_TURN)
+            handled, refused = kept.run(self._held, adapter.dispatch, MESSAGES_PER_TURN)
             if handled == MESSAGES_PER_TURN and backlog:  # a turn's worth: the rest later
                 self.outbox.flush()
                 kept.next_turn()
@@ -398,7 +398,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         finally:
             current_peer.reset(token)
         self.outbox.flush()
-        if not self._reading and self._may_read(kept):
+        if not self._reading and not refused and self._may_read(kept):
             if handled:  # what this turn handled may have woken readers of our streams:
                 self._kept.next_turn()  # they run first, and reading resumes after them (uvloop
                 return  # reads before the callbacks queued meanwhile: a stream overflowed)
