@@ -41,7 +41,8 @@ class Options:
     (ValueError)."""
     high_water: int = 256 * 1024
     """Unsent output (bytes) above which we handle no input from the peer but replies to our
-    calls (reading pauses at its next request, notification, heartbeat or ping)."""
+    calls: the rest is read and kept, in order, up to the backlog's bound
+    (:mod:`rpc.backlog`), past which reading pauses."""
     low_water: int = 64 * 1024
     """Unsent output (bytes) below which reading resumes."""
     handshake_timeout: float | None = 10.0
