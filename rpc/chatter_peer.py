@@ -100,6 +100,7 @@ class ChatterAdapter:
         self._encode_open = self.codec.encode_open
         self._push = peer.outbox.push
         """The peer's outbox (made before its adapter, kept for its life), bound."""
+        self._on_result = peer.on_result
         self.sbs_repo = sbs_repo or schemas.repository()
         self.payloads = SbsPayloads(self.sbs_repo)
         self._sbs_names = self.payloads.names
@@ -214,7 +215,7 @@ class ChatterAdapter:
         if not msg.owner:  # a reply in a conversation we started
             conv = _new(Conversation, (True, first))
             if op == RESULT:  # the common reply, without a call more
-                self.peer.on_result(conv, msg.data)
+                self._on_result(conv, msg.data)
             else:
                 self._on_reply(conv, op, msg)
             return

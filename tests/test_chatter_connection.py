@@ -95,6 +95,25 @@ def test_conversation_violations(frames: list[Msg], match: str) -> None:
         conn.receive_data(data)
 
 
+def test_a_reply_that_ends_our_conversation_is_checked_as_any_message() -> None:
+    """The reply that ends one of our conversations (read without the tracker's call) is
+    held to every rule: its id must follow, the peer must hold the token, and it ends the
+    conversation; one in a conversation where we hold the token is a violation that leaves
+    the conversation as it was."""
+    for forged_id, match in ((1, "does not follow"), (2, "without the token")):
+        client, server = pair()
+        asked = client.send("Req", last=False)
+        kept = client.send("Stream", token=False, last=False)
+        deliver(client, server)
+        server.send("Res", conversation=Conversation(False, asked.id))
+        [reply] = deliver(server, client)
+        assert (reply.type, client.is_open(Conversation(True, asked.id))) == ("Res", False)
+        forged = encode_frame(Msg(forged_id, kept.id, False, True, True, "Res", b""), CUR)
+        with pytest.raises(ConversationError, match=match):
+            client.receive_data(forged)
+        assert client.holds_token(Conversation(True, kept.id))
+
+
 def test_lenient_mode_accepts_rule_breakers() -> None:
     conn = ChatterConnection(CUR, strict=False)
     data = b"".join(

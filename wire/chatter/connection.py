@@ -136,11 +136,25 @@ class ChatterConnection:
             module, ping, pong = _CURRENT_PINGS if dialect is CURRENT else _LEGACY_PINGS
             strict = self.strict
             tracker = self._tracker
+            conversations = tracker._open
             messages = []
             for start, end in spans:
                 msg = decode_msg(buf, start, end, dialect)
-                if strict and not tracker.incoming(msg):
-                    continue
+                if strict:
+                    # the reply that ends a conversation of ours (what a client reads most):
+                    # tracker.incoming's checks for it written out, the conversation ended
+                    # in one look-up; anything else, or anything wrong, goes to incoming
+                    if not msg.owner and msg.last and msg.id > tracker._last_received_id:
+                        holder = conversations.pop((True, msg.first), None)
+                        if holder is False:  # the peer held the token: ended
+                            tracker._last_received_id = msg.id
+                        else:
+                            if holder:  # ours: put back, for incoming to refuse
+                                conversations[(True, msg.first)] = True
+                            if not tracker.incoming(msg):
+                                continue  # late (not open): dropped
+                    elif not tracker.incoming(msg):
+                        continue
                 type_name = msg.type  # one look-up, and the module only for a Ping or a Pong
                 if type_name == ping and msg.module == module:
                     self.pings_received += 1
