@@ -28,6 +28,7 @@ from tests.packaging import (
     PROBE,
     ROOT,
     build_wheel,
+    copy_tree,
     env_with,
     fresh_venv,
     probe,
@@ -38,7 +39,10 @@ from tests.packaging import (
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(ROOT, tmp_path_factory.mktemp("wheel"))
+    # built from a copy, as tests/test_compiled_build.py builds: a build writes build/ and
+    # *.egg-info into its source, and a module left in an older build/lib goes into the wheel
+    where = tmp_path_factory.mktemp("wheel")
+    return build_wheel(copy_tree(where / "tree"), where)
 
 
 @pytest.fixture(scope="module")
