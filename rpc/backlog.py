@@ -10,15 +10,20 @@ most its ``high_water``, one message and the socket buffers, as its senders wait
 can drain into us, and two peers that flood each other with requests do not hold each
 other until their calls time out. Reading pauses once the backlog is :attr:`Backlog.full`:
 
-- bytes: every message counts its payload plus :data:`OVERHEAD`, small ones too (unlike
-  :mod:`rpc.request_bytes`, whose small payloads go uncounted: this runs only for held
-  messages, never on the hot path), and the backlog's bytes and those the peer's requests
-  hold while served together stay within ``Options.max_request_bytes`` (64 MiB);
+- bytes: every message counts what the adapter's ``message_size`` says (its payload and
+  names: a Gotalk op or notification name, a Chatter type and module; names in characters)
+  plus :data:`OVERHEAD`, small ones too (unlike :mod:`rpc.request_bytes`, whose small
+  payloads go uncounted: this runs only for held messages, never on the hot path). The
+  backlog's bytes are :attr:`RequestBytes.reserved <rpc.request_bytes.RequestBytes>`:
+  with those the peer's requests hold while served, they stay within
+  ``Options.max_request_bytes`` (64 MiB), and a handler that frees some gives the peer a
+  turn to read on;
 - count: at most :data:`MAX_MESSAGES`, for floods of tiny messages.
 
 The message that passes the bound and the rest of its read are kept too (a read is at most
-256 KiB, a message at most ``max_size``). Input held for other reasons (a turn, a stream,
-handler or task slots) is kept with reading paused at once, as it is bounded by a read.
+256 KiB, a message at most ``max_size``), then reading pauses, whether the read ended there
+or not. Input held for other reasons (a turn, a stream, handler or task slots) is kept with
+reading paused at once, as it is bounded by a read.
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
 """
 
@@ -47,45 +52,56 @@ MAX_MESSAGES = 16_384
 262,144 of them."""
 
 
-def size(message: Any) -> int:
-    """Bytes counted for a decoded message: its payload (a Gotalk message's ``payload``, a
-    Chatter ``Msg``'s ``data``; none for a heartbeat) plus :data:`OVERHEAD`."""
-    payload = getattr(message, "payload", None)
-    if payload is None:
-        payload = getattr(message, "data", None)
-    return OVERHEAD + (len(payload) if isinstance(payload, bytes) else 0)
-
-
 class Backlog:
     """One connection's backlog (see the module doc). ``messages`` is read by the peer (its
     truthiness is the hot path's one check); it is changed only through the methods here,
-    which keep ``bytes`` counted.
+    which keep :attr:`bytes` counted, each message as ``size`` (the adapter's
+    ``message_size``) plus :data:`OVERHEAD`.
 
     ``sorted`` is False while the messages may include replies to our calls (the rest of a
     read kept whole, in order); the peer then runs those replies before it reads on
     (:meth:`run_replies`), so that what it reads later never overtakes them."""
 
-    __slots__ = ("_context", "_loop", "_on_turn", "bytes", "messages", "requests", "sorted", "turn")
+    __slots__ = (
+        "_context",
+        "_loop",
+        "_on_turn",
+        "_size",
+        "messages",
+        "requests",
+        "sorted",
+        "turn",
+    )
 
     def __init__(
-        self, requests: RequestBytes, loop: asyncio.AbstractEventLoop, on_turn: Callable[[], None]
+        self,
+        requests: RequestBytes,
+        loop: asyncio.AbstractEventLoop,
+        on_turn: Callable[[], None],
+        size: Callable[[Any], int],
     ) -> None:
         self.messages: deque[Any] = deque()
-        self.bytes = 0
         self.sorted = True
         self.requests = requests
-        """The bytes the peer's requests hold while served: they share the byte bound."""
+        """The bytes the peer's requests hold while served: they share the byte bound, and
+        the backlog's own are counted there (``reserved``)."""
         self.turn: asyncio.Handle | None = None
         """The next turn at the messages (``on_turn``), if one is due: see :meth:`next_turn`."""
         self._loop = loop
         self._on_turn = on_turn
+        self._size = size
         self._context = contextvars.copy_context()
         """The context turns run in: the one the backlog was made in (the peer's)."""
+
+    @property
+    def bytes(self) -> int:
+        """The bytes counted for the messages (see the class doc)."""
+        return self.requests.reserved
 
     def next_turn(self) -> None:
         """Run ``on_turn`` at the loop's next iteration (once, however often asked), in the
         peer's own context, never a handler's: after a read cut at ``MESSAGES_PER_TURN``,
-        a handler that ended, room in a stream's queue."""
+        a handler that ended, room in a stream's queue or in ``max_request_bytes``."""
         if self.turn is None:
             self.turn = self._loop.call_soon(self._take_turn, context=self._context)
 
@@ -97,23 +113,24 @@ class Backlog:
     def full(self) -> bool:
         """True when reading should pause (see the module doc)."""
         requests = self.requests
-        return len(self.messages) >= MAX_MESSAGES or self.bytes + requests.used >= requests.limit
+        used = requests.reserved + requests.used
+        return len(self.messages) >= MAX_MESSAGES or used >= requests.limit
 
-    def extend(self, messages: Iterable[Any]) -> None:
+    def _count(self, messages: Iterable[Any]) -> int:
+        size = self._size
+        return sum(size(message) + OVERHEAD for message in messages)
+
+    def extend(self, messages: list[Any]) -> None:
         """Keep messages in order, replies to our calls among them maybe."""
-        total = self.bytes
-        append = self.messages.append
-        for message in messages:
-            append(message)
-            total += size(message)
-        if total != self.bytes:  # (every message counts OVERHEAD at least)
-            self.bytes = total
+        if messages:
+            self.messages.extend(messages)
+            self.requests.reserved += self._count(messages)
             self.sorted = False
 
     def popleft(self) -> Any:
         messages = self.messages
         message = messages.popleft()
-        self.bytes -= size(message)
+        self.requests.reserved -= self._size(message) + OVERHEAD
         if not messages:
             self.sorted = True
         return message
@@ -121,7 +138,7 @@ class Backlog:
     def appendleft(self, message: Any) -> None:
         """Put back the message just taken (it could not run after all)."""
         self.messages.appendleft(message)
-        self.bytes += size(message)
+        self.requests.reserved += self._size(message) + OVERHEAD
         self.sorted = False
 
     def run(
@@ -154,8 +171,11 @@ class Backlog:
         """``messages[start:end]`` of a read while only our output holds the peer's input:
         replies to our calls run at once (``dispatch``), the rest is kept in order. Returns
         where it stopped: ``end``, just past the message that filled the backlog, or at a
-        reply for a stream of ours whose queue is full (InputHeld: it runs later)."""
+        reply for a stream of ours whose queue is full (InputHeld: it runs later). The
+        backlog may be :attr:`full` whichever: reading must then pause."""
         keep = self.messages.append
+        size = self._size
+        requests = self.requests
         for index in range(start, end):
             message = messages[index]
             if is_reply(message):
@@ -165,7 +185,7 @@ class Backlog:
                     return index
             else:
                 keep(message)
-                self.bytes += size(message)
+                requests.reserved += size(message) + OVERHEAD
                 if self.full:
                     return index + 1
         return end
@@ -186,7 +206,7 @@ class Backlog:
             return 0
         self.messages.clear()
         self.messages.extend(kept)
-        self.bytes -= sum(map(size, replies))
+        self.requests.reserved -= self._count(replies)
         ran = 0
         for message in replies:
             if ran == budget:
@@ -198,14 +218,14 @@ class Backlog:
             ran += 1
         if ran < len(replies):
             self.messages.extendleft(reversed(replies[ran:]))
-            self.bytes += sum(map(size, replies[ran:]))
+            self.requests.reserved += self._count(replies[ran:])
             self.sorted = False
         return ran
 
     def clear(self) -> None:
         """Drop every message, and the turn due (the connection is gone)."""
         self.messages.clear()
-        self.bytes = 0
+        self.requests.reserved = 0
         self.sorted = True
         if self.turn is not None:
             self.turn.cancel()

@@ -206,6 +206,9 @@ class ChatterAdapter:
     def is_reply(self, msg: Msg) -> bool:
         return not msg.owner  # a message in a conversation we started
 
+    def message_size(self, msg: Msg) -> int:
+        return len(msg.data) + len(msg.type) + (len(msg.module) if msg.module else 0)
+
     def dispatch(self, msg: Msg) -> None:
         # each field read once; a conversation built as Conversation.of_received builds it,
         # without its call, and not for a notification

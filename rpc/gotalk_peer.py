@@ -76,6 +76,7 @@ _TIMEOUT_HEADER = gotalk.encode_parts(gotalk.Notification(TIMEOUT, bytes(4)))[0]
 """The header of a ``peerwire/timeout`` notification (its payload is always 4 bytes)."""
 _EXTENSION_PREFIX = "peerwire/"
 _REPLIES = frozenset((gotalk.Result, gotalk.StreamResult, gotalk.ErrorResult, gotalk.RetryResult))
+_OPENERS = frozenset((gotalk.Request, gotalk.StreamRequest))
 LEVEL = 3
 """The extension level we speak."""
 _LEVEL = str(LEVEL).encode()
@@ -207,6 +208,13 @@ class GotalkAdapter:
 
     def is_reply(self, msg: Any) -> bool:
         return msg.__class__ in _REPLIES
+
+    def message_size(self, msg: Any) -> int:
+        cls = msg.__class__  # its payload, and a request's op or a notification's name
+        if cls is gotalk.Heartbeat or cls is gotalk.Fault:
+            return 0
+        name = msg.op if cls in _OPENERS else msg.name if cls is gotalk.Notification else ""
+        return len(name) + len(msg.payload)
 
     def dispatch(self, msg: Any) -> None:
         peer = self.peer

@@ -152,7 +152,9 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self._running: set[K] = set()
         """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
         they run and only for a peer that takes the cancellation extension."""
-        self._kept = Backlog(self._request_bytes, loop, self._continue)
+        self._kept = Backlog(
+            self._request_bytes, loop, self._continue, lambda m: self.adapter.message_size(m)
+        )
         """Messages read but not run yet, their bound and next turn (:mod:`rpc.backlog`)."""
         self._backlog = self._kept.messages  # read here (the hot path's check), in responder
         self._stream_hold = StreamHold(self.deadlines, self._kept.next_turn)
@@ -358,7 +360,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
         adapter = self.adapter
         stop = self._kept.take(messages, start, end, adapter.is_reply, adapter.dispatch)
-        if stop < len(messages):  # the backlog full, a stream's queue full, or a turn's end
+        if stop < len(messages) or self._kept.full:  # or a stream's queue full, a turn's end
             self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
 
     def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:

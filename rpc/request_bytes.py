@@ -15,6 +15,12 @@ always taken, so a connection holds at most the limit plus one payload (``max_si
 Plain function handlers are not counted: they return before the next message is read;
 nor are single payloads of at most :data:`UNCOUNTED` bytes: ``max_concurrent`` (1,024) of
 them hold at most 4 MiB, and counting them would cost every small request.
+
+The messages the peer keeps unrun while its output waits (:mod:`rpc.backlog`) share the
+limit: their bytes are ``reserved`` here, so that the backlog is full once ``used`` and
+``reserved`` together reach it. ``reserved`` does not count against new requests (``full``):
+a kept request runs after it leaves the backlog, and it would otherwise wait for room that
+only its neighbours in the backlog take, with no handler running to free any.
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ UNCOUNTED = 4096
 
 class RequestBytes:
     """One connection's count (see the module doc). ``on_room`` runs when a release brings
-    the count back under ``limit`` (the peer then handles the input it held)."""
+    ``used``, or ``used`` and ``reserved`` together, back under ``limit`` (the peer then
+    handles the input it held, or reads on into its backlog)."""
 
-    __slots__ = ("_on_room", "limit", "used")
+    __slots__ = ("_on_room", "limit", "reserved", "used")
 
     def __init__(self, limit: int, on_room: Callable[[], None] | None = None) -> None:
         self.limit = limit
         self.used = 0
+        self.reserved = 0
+        """The bytes of the messages kept in the peer's backlog (changed by it alone)."""
         self._on_room = on_room
 
     @property
@@ -48,8 +57,11 @@ class RequestBytes:
 
     def release(self, size: int) -> None:
         used = self.used = self.used - size
-        if used < self.limit <= used + size and self._on_room is not None:
-            self._on_room()
+        limit = self.limit
+        if used < limit and self._on_room is not None:
+            total = used + self.reserved
+            if limit <= used + size or total < limit <= total + size:
+                self._on_room()
 
 
 def counted_size(payload: Any) -> int:

@@ -104,7 +104,9 @@ async def test_peer_that_never_reads_costs_bounded_memory(flood: str) -> None:
                 assert MAX_MESSAGES <= len(kept.messages) <= MAX_MESSAGES + read // 20
             else:
                 assert 4 * MB <= kept.bytes <= 4 * MB + 2 * read + len(payload)
-                assert kept.bytes == sum(len(m.payload) + OVERHEAD for m in kept.messages)
+                assert kept.bytes == sum(
+                    len(m.op) + len(m.payload) + OVERHEAD for m in kept.messages
+                )
             held = len(kept.messages), kept.bytes
             await canary_answers(srv)  # loop turns meanwhile: the attacker is read no more
             assert (len(kept.messages), kept.bytes) == held and not attacker._reading
