@@ -23,7 +23,9 @@ other until their calls time out. Reading pauses once the backlog is :attr:`Back
 The message that passes the bound and the rest of its read are kept too (a read is at most
 256 KiB, a message at most ``max_size``), then reading pauses, whether the read ended there
 or not. Input held for other reasons (a turn, a stream, handler or task slots) is kept with
-reading paused at once, as it is bounded by a read.
+reading paused at once, as it is bounded by a read; so is everything after a message that
+refused to run (InputHeld: a notification without room, a full stream queue) until that
+message runs (:attr:`Backlog.refused`).
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
 """
 
@@ -68,6 +70,7 @@ class Backlog:
         "_on_turn",
         "_size",
         "messages",
+        "refused",
         "requests",
         "sorted",
         "turn",
@@ -82,6 +85,10 @@ class Backlog:
     ) -> None:
         self.messages: deque[Any] = deque()
         self.sorted = True
+        self.refused: Any = None
+        """The message that raised InputHeld when it last ran (here, or in the peer's read:
+        then it was kept first), until it runs: meanwhile reading stays paused, even while
+        our output keeps it from being tried again (see :meth:`run`)."""
         self.requests = requests
         """The bytes the peer's requests hold while served: they share the byte bound, and
         the backlog's own are counted there (``reserved``)."""
@@ -141,13 +148,12 @@ class Backlog:
         self.requests.reserved += self._size(message) + OVERHEAD
         self.sorted = False
 
-    def run(
-        self, held: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int
-    ) -> tuple[int, bool]:
+    def run(self, held: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int) -> int:
         """Run messages from the first, in order, while ``held`` lets the first go (at most
         ``budget``); one refused with InputHeld (a full stream queue, a notification with
-        no room) goes back first. Returns how many ran, and whether one was refused: then
-        reading must stay paused until whoever refused it makes room."""
+        no room) goes back first and is :attr:`refused` until it runs: reading must stay
+        paused until whoever refused it makes room, even while something else (our output)
+        keeps it from being tried again. Returns how many ran."""
         messages = self.messages
         ran = 0
         while messages and ran < budget and not held(messages[0]):
@@ -156,9 +162,12 @@ class Backlog:
                 dispatch(message)
             except InputHeld:
                 self.appendleft(message)
-                return ran, True
+                self.refused = message
+                return ran
+            if message is self.refused:
+                self.refused = None
             ran += 1
-        return ran, False
+        return ran
 
     def take(
         self,
@@ -196,7 +205,8 @@ class Backlog:
         """Run the replies to our calls kept among the messages (at most ``budget``, in
         order), before the peer reads on: what it reads later must not overtake them. The
         rest keep their order; replies not run (past ``budget``, or from one for a stream
-        of ours whose queue is full) go back first. Returns how many ran."""
+        of ours whose queue is full: it is then :attr:`refused`) go back first. Returns how
+        many ran."""
         replies: list[Any] = []
         kept: deque[Any] = deque()
         for message in self.messages:
@@ -214,7 +224,10 @@ class Backlog:
             try:
                 dispatch(message)
             except InputHeld:
+                self.refused = message
                 break
+            if message is self.refused:
+                self.refused = None
             ran += 1
         if ran < len(replies):
             self.messages.extendleft(reversed(replies[ran:]))
@@ -227,6 +240,7 @@ class Backlog:
         self.messages.clear()
         self.requests.reserved = 0
         self.sorted = True
+        self.refused = None
         if self.turn is not None:
             self.turn.cancel()
             self.turn = None

@@ -345,6 +345,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
                 try:  # free unless raised (3.11's zero-cost exceptions)
                     dispatch(message)
                 except InputHeld:  # a notification, or an item for a full stream
+                    self._kept.refused = message  # (reading stays paused until it ran)
                     self._keep(messages, index)
                     return
         finally:
@@ -380,7 +381,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         token = current_peer.set(self)
         try:
             adapter = self.adapter  # _held(): room for a notification too
-            handled, refused = kept.run(self._held, adapter.dispatch, MESSAGES_PER_TURN)
+            handled = kept.run(self._held, adapter.dispatch, MESSAGES_PER_TURN)
             if handled == MESSAGES_PER_TURN and backlog:  # a turn's worth: the rest later
                 self.outbox.flush()
                 kept.next_turn()
@@ -400,7 +401,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         finally:
             current_peer.reset(token)
         self.outbox.flush()
-        if not self._reading and not refused and self._may_read(kept):
+        if not self._reading and self._may_read(kept):
             if handled:  # what this turn handled may have woken readers of our streams:
                 self._kept.next_turn()  # they run first, and reading resumes after them (uvloop
                 return  # reads before the callbacks queued meanwhile: a stream overflowed)
@@ -414,8 +415,9 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
 
     def _may_read(self, kept: Backlog) -> bool:
         """True when reading may resume: nothing waits, or only our output holds what does
-        and the backlog has room, and no Ping answered while the output waits stops it."""
-        if self._output_hold and self.outbox.blocked:
+        and the backlog has room, and no Ping answered while the output waits nor a message
+        that refused to run (``kept.refused``) stops it."""
+        if kept.refused is not None or (self._output_hold and self.outbox.blocked):
             return False
         return not kept.messages or (kept.sorted and not kept.full and not self._other_holds())
 

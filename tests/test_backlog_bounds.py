@@ -1,7 +1,7 @@
 """The bound of the backlog kept while our output waits (rpc/backlog.py, rpc/peer.py), each
 shown by a peer on a raw socket on 127.0.0.1 that floods a server and never reads its
-answers: messages larger than a read, Chatter type names, room that stream handlers free.
-Each test failed on the code of c6ead1a/e401041
+answers: messages larger than a read, Chatter type names, room that stream handlers free,
+and a notification that refused to run. Each test failed on the code of c6ead1a/e401041
 (found in review by helper-88; the figures are in each test's docstring).
 """
 
@@ -17,6 +17,7 @@ import pytest
 
 import rpc
 from rpc.backlog import OVERHEAD
+from rpc.responder import NotificationsHeld
 from tests.rpc_helpers import wait_until as until
 from wire import gotalk
 from wire.chatter import Dialect, Msg, encode_frame
@@ -164,3 +165,54 @@ async def test_stream_parts_taken_let_the_backlog_fill_again() -> None:
             await until(lambda: kept.bytes >= limit, 5)
             await until(lambda: not peer._reading)  # and it pauses there again
             assert limit <= kept.bytes <= limit + 2 * READ + len(echo) + OVERHEAD
+
+
+async def test_a_refused_notification_keeps_reading_paused_while_output_waits() -> None:
+    """A notification handler refuses (NotificationsHeld, as the Eventer client's deliveries
+    do past their bytes) while a task of its own waits: reading pauses with it first in the
+    backlog. Our output then backs up (answers to requests that were waiting) and the task
+    ends: its end gives the peer a turn, which cannot try the notification again while the
+    output waits, yet reading must stay paused until it has run. Failed on e401041: that
+    turn found no refusal (the notification was not tried), so reading resumed and the
+    flood that followed it was read into the backlog (up to its bound)."""
+    reg = registry()
+    go, end = asyncio.Event(), asyncio.Event()
+    refusals: list[str] = []
+
+    @reg.handle("later")
+    async def later(size: int) -> bytes:
+        await go.wait()
+        return b"x" * size
+
+    @reg.handle_notification("wait")
+    async def wait(value: Any) -> None:
+        await end.wait()
+
+    @reg.handle_notification("gate")
+    def gate(value: Any) -> None:
+        refusals.append(value)
+        raise NotificationsHeld
+
+    later_requests = b"".join(gotalk_request(i, "later", b"2097152") for i in range(1, 9))
+    notifications = b"".join(
+        gotalk.encode(gotalk.Notification(name, b'"n"')) for name in ("wait", "gate")
+    )
+    echo = b'"' + b"e" * 100_000 + b'"'
+    flood = b"".join(gotalk_request(1000 + i, "echo", echo) for i in range(40))
+    options = rpc.Options(**OPTIONS)
+    url = "tcp+gotalk://127.0.0.1:0"
+    async with rpc.serve(url, registry=reg, options=options) as srv:
+        async with non_reader(srv.url.port) as writer:
+            writer.write(b"01" + later_requests + notifications + flood)
+            await until(lambda: len(srv.peers) == 1)
+            [peer] = srv.peers
+            kept = peer._kept
+            await until(lambda: refusals and not peer._reading)
+            assert peer.handlers_running == 9 and not peer.outbox.blocked
+            held = len(kept.messages)
+            go.set()  # 16 MiB of answers: the output waits
+            await until(lambda: peer.outbox.blocked)
+            end.set()  # the task ends: a turn at the backlog
+            await until(lambda: not peer._tasks and kept.turn is None)
+            assert peer.outbox.blocked and refusals == ["n"]
+            assert not peer._reading and len(kept.messages) == held, (len(kept.messages), held)
