@@ -50,6 +50,28 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> N
             await asyncio.sleep(0.005)
 
 
+TCP_URLS = {
+    "gotalk": "tcp+gotalk://127.0.0.1:0",
+    "chatter": "tcp+sbs://127.0.0.1:0?dialect=HatChatter",
+}
+"""A server URL of each wire format over plain TCP on a free port."""
+
+
+def echo_registry() -> rpc.Registry:
+    """``echo`` (any value back) and ``big`` (``size`` bytes of ``x``)."""
+    reg = rpc.Registry()
+
+    @reg.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    @reg.handle("big")
+    def big(size: int) -> bytes:
+        return b"x" * size
+
+    return reg
+
+
 def gotalk_peer_registry() -> rpc.Registry:
     """The ops of the reference gotalk-peer the transcripts were captured from.
 

@@ -18,6 +18,7 @@ import pytest
 import rpc
 from rpc.backlog import OVERHEAD
 from rpc.responder import NotificationsHeld
+from tests.rpc_helpers import echo_registry
 from tests.rpc_helpers import wait_until as until
 from wire import gotalk
 from wire.chatter import Dialect, Msg, encode_frame
@@ -28,20 +29,6 @@ MB = 1024 * 1024
 READ = 256 * KIB
 """The most one read takes (transports.read_buffer.READ_SIZE)."""
 OPTIONS = {"high_water": 64 * KIB, "low_water": 16 * KIB}
-
-
-def registry() -> rpc.Registry:
-    reg = rpc.Registry()
-
-    @reg.handle("echo")
-    def echo(value: Any) -> Any:
-        return value
-
-    @reg.handle("big")
-    def big(size: int) -> bytes:
-        return b"x" * size
-
-    return reg
 
 
 @contextlib.asynccontextmanager
@@ -81,7 +68,7 @@ async def test_requests_larger_than_a_read_stop_at_the_bound() -> None:
     flood = b"".join(gotalk_request(1000 + i, "echo", payload) for i in range(30))
     bound = limit + 2 * READ + len(payload) + OVERHEAD
     url = "tcp+gotalk://127.0.0.1:0"
-    async with rpc.serve(url, registry=registry(), options=options) as srv:
+    async with rpc.serve(url, registry=echo_registry(), options=options) as srv:
         async with non_reader(srv.url.port) as writer:
             writer.write(b"01" + blockers() + flood)
             await until(lambda: len(srv.peers) == 1)
@@ -110,7 +97,7 @@ async def test_chatter_type_names_count_against_the_bound() -> None:
         for i in range(41, 2041)
     ]
     url = "tcp+sbs://127.0.0.1:0?dialect=HatChatter"
-    async with rpc.serve(url, registry=registry(), options=options) as srv:
+    async with rpc.serve(url, registry=echo_registry(), options=options) as srv:
         async with non_reader(srv.url.port) as writer:
             writer.write(b"".join(frames))
             await until(lambda: len(srv.peers) == 1)
@@ -132,7 +119,7 @@ async def test_stream_parts_taken_let_the_backlog_fill_again() -> None:
     at about 550 kB until the test's timeout)."""
     limit = 1 * MB
     options = rpc.Options(max_request_bytes=limit, **OPTIONS)
-    reg = registry()
+    reg = echo_registry()
     go = asyncio.Event()
     taken: list[Any] = []
 
@@ -175,7 +162,7 @@ async def test_a_refused_notification_keeps_reading_paused_while_output_waits() 
     output waits, yet reading must stay paused until it has run. Failed on e401041: that
     turn found no refusal (the notification was not tried), so reading resumed and the
     flood that followed it was read into the backlog (up to its bound)."""
-    reg = registry()
+    reg = echo_registry()
     go, end = asyncio.Event(), asyncio.Event()
     refusals: list[str] = []
 

@@ -24,6 +24,7 @@ import rpc.closing
 from rpc.backlog import MAX_MESSAGES, OVERHEAD
 from rpc.logs import RateLimitedLog, violations
 from tests.certs import Pki
+from tests.rpc_helpers import echo_registry
 from tests.rpc_helpers import wait_until as until
 from transports.stream import server_ssl_context
 from wire import gotalk
@@ -31,20 +32,6 @@ from wire.chatter import Dialect, Msg, encode_frame
 
 pytestmark = pytest.mark.timeout(60)
 MB = 1024 * 1024
-
-
-def registry() -> rpc.Registry:
-    reg = rpc.Registry()
-
-    @reg.handle("echo")
-    def echo(value: Any) -> Any:
-        return value
-
-    @reg.handle("big")
-    def big(size: int) -> bytes:
-        return b"x" * size
-
-    return reg
 
 
 async def canary_answers(server: rpc.Server) -> None:
@@ -91,7 +78,9 @@ async def test_peer_that_never_reads_costs_bounded_memory(flood: str) -> None:
         payload = b'"' + b"x" * 200_000 + b'"'
         requests = [gotalk_request(i, "echo", payload) for i in range(200)]
     read = 256 * 1024  # the most one read takes: the rest of the read that filled it is kept
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry(), options=options) as srv:
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=echo_registry(), options=options
+    ) as srv:
         async with raw_connection(srv.url.port) as (_reader, writer):
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -127,7 +116,7 @@ async def test_closing_on_a_peer_that_never_reads_ends_after_the_linger(
         )
 
     srv = await rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=registry(), on_connect=small_send_buffer
+        "tcp+gotalk://127.0.0.1:0", registry=echo_registry(), on_connect=small_send_buffer
     )
     async with raw_connection(srv.url.port) as (_reader, writer):
         writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -175,7 +164,7 @@ async def test_a_flood_on_one_connection_yields_to_the_others() -> None:
 
 
 async def test_refused_stream_requests_leave_bounded_state() -> None:
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry()) as srv:
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=echo_registry()) as srv:
         async with raw_connection(srv.url.port) as (reader, writer):
             flood = b"".join(
                 gotalk.encode(gotalk.StreamRequest(i.to_bytes(4, "big"), "nope", b"1"))
@@ -204,7 +193,9 @@ async def test_silent_connections_are_closed_after_the_liveness_limits(scheme: s
     options = rpc.Options(handshake_timeout=0.3)
     pings = {"ping_interval": 0.6, "ping_timeout": 0.3} if scheme == "tcp+sbs" else {}
     async with (
-        rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), options=options, **pings) as srv,
+        rpc.serve(
+            f"{scheme}://127.0.0.1:0", registry=echo_registry(), options=options, **pings
+        ) as srv,
         contextlib.AsyncExitStack() as stack,
     ):
         port = srv.url.port
@@ -225,7 +216,7 @@ async def test_pending_tls_handshakes_count_toward_max_connections(pki: Pki) -> 
     options = rpc.Options(handshake_timeout=5)
     async with rpc.serve(
         "ssl+gotalk://127.0.0.1:0",
-        registry=registry(),
+        registry=echo_registry(),
         ssl=ctx,
         options=options,
         max_connections=10,
@@ -246,7 +237,7 @@ async def test_idle_connections_cost_no_cpu() -> None:
     """300 idle Chatter connections whose ping interval has passed: timers fire for real
     deadlines only (the old core re-armed a 10 ms timer per connection forever)."""
     async with rpc.serve(
-        "tcp+sbs://127.0.0.1:0", registry=registry(), ping_interval=0.3, ping_timeout=5
+        "tcp+sbs://127.0.0.1:0", registry=echo_registry(), ping_interval=0.3, ping_timeout=5
     ) as srv:
         url = f"{srv.url}?dialect=HatChatter"
         clients = [
@@ -271,7 +262,7 @@ async def test_idle_connections_cost_no_cpu() -> None:
 
 @pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
 async def test_undecodable_payload_is_an_error_for_that_request(scheme: str) -> None:
-    reg = registry()
+    reg = echo_registry()
 
     @reg.handle("typed")
     def typed(params: dict[str, str]) -> str:
@@ -295,7 +286,9 @@ async def test_undecodable_payload_is_an_error_for_that_request(scheme: str) -> 
 @pytest.mark.parametrize("scheme", ["tcp+gotalk", "tcp+sbs"])
 async def test_result_over_max_size_is_an_error_at_once(scheme: str) -> None:
     options = rpc.Options(max_size=64 * 1024)
-    async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry(), options=options) as srv:
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=echo_registry(), options=options
+    ) as srv:
         query = "?dialect=HatChatter" if scheme == "tcp+sbs" else ""
         async with rpc.connect(f"{srv.url}{query}", registry=rpc.Registry()) as peer:
             started = time.monotonic()
@@ -310,7 +303,7 @@ async def test_result_over_max_size_is_an_error_at_once(scheme: str) -> None:
 
 async def test_chatter_violation_is_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
     violations.reset()  # earlier tests' violations must not use up this window
-    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry()) as srv:
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=echo_registry()) as srv:
         async with raw_connection(srv.url.port) as (reader, writer):
             # a reply in a conversation that does not exist
             writer.write(encode_frame(Msg(1, 7, False, True, True, "X", b""), Dialect.CURRENT))

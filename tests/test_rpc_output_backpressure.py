@@ -20,34 +20,20 @@ import rpc
 from rpc.errors import ConnectionClosed
 from rpc.outbox import Outbox
 from tests.browser import eventually
+from tests.rpc_helpers import TCP_URLS, echo_registry
 from tests.test_web_hostile import RawClient, recorder_server, unread
 
 pytestmark = [pytest.mark.both_loops, pytest.mark.timeout(60)]
 
-URLS = {
-    "gotalk": "tcp+gotalk://127.0.0.1:0",
-    "chatter": "tcp+sbs://127.0.0.1:0?dialect=HatChatter",
-}
 
-
-def echo_registry() -> rpc.Registry:
-    registry = rpc.Registry()
-
-    @registry.handle("echo")
-    def echo(value: Any) -> Any:
-        return value
-
-    return registry
-
-
-@pytest.mark.parametrize("protocol", sorted(URLS))
+@pytest.mark.parametrize("protocol", sorted(TCP_URLS))
 async def test_pipelined_requests_larger_than_the_buffers_all_complete(protocol: str) -> None:
     """300 requests of 100 kB at once, echoed: 30 MB each way, far past what the socket
     buffers and the high-water marks hold. Before, the client stopped reading the results
     once its own output backed up, the server's output then backed up and it stopped
     reading the requests: nearly every call ended at its timeout."""
     options = rpc.Options(timeout=5)
-    async with rpc.serve(URLS[protocol], registry=echo_registry(), options=options) as server:
+    async with rpc.serve(TCP_URLS[protocol], registry=echo_registry(), options=options) as server:
         async with rpc.connect(str(server.url), registry=rpc.Registry(), options=options) as peer:
             values = [f"{i:06d}" + "x" * 100_000 for i in range(300)]
             results = await asyncio.gather(*(peer.request("echo", v) for v in values))

@@ -10,28 +10,13 @@ only up to the bound: tests/test_hostile_core.py.)
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 import rpc
+from tests.rpc_helpers import TCP_URLS, echo_registry
 
 pytestmark = [pytest.mark.both_loops, pytest.mark.timeout(60)]
-
-URLS = {
-    "gotalk": "tcp+gotalk://127.0.0.1:0",
-    "chatter": "tcp+sbs://127.0.0.1:0?dialect=HatChatter",
-}
-
-
-def echo_registry() -> rpc.Registry:
-    registry = rpc.Registry()
-
-    @registry.handle("echo")
-    def echo(value: Any) -> Any:
-        return value
-
-    return registry
 
 
 async def flood(peer: rpc.Peer, side: str, count: int, size: int) -> list[bool]:
@@ -45,14 +30,14 @@ async def flood(peer: rpc.Peer, side: str, count: int, size: int) -> list[bool]:
     return [result == value for result, value in zip(results, values, strict=True)]
 
 
-@pytest.mark.parametrize("protocol", sorted(URLS))
+@pytest.mark.parametrize("protocol", sorted(TCP_URLS))
 async def test_two_peers_flooding_each_other_all_complete(protocol: str) -> None:
     """Each side sends the other 300 requests of 100 kB at once (30 MB each way, far past
     the socket buffers and both high-water marks), with a 10-s timeout: all 600 complete.
     Before, both outputs backed up, each side stopped reading at the other's next request,
     and most calls on both sides ended with RequestTimeout."""
     options = rpc.Options(timeout=10)
-    async with rpc.serve(URLS[protocol], registry=echo_registry(), options=options) as server:
+    async with rpc.serve(TCP_URLS[protocol], registry=echo_registry(), options=options) as server:
         url = str(server.url)
         async with rpc.connect(url, registry=echo_registry(), options=options) as client:
             await client.request("echo", "hello")  # connected: the server has its peer
