@@ -355,7 +355,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         """The rest of a read from ``messages[start]``, which may not run now or comes after
         messages that wait: while only our output holds them, reading goes on
         (:meth:`~rpc.backlog.Backlog.take`); any other hold keeps them all, reading paused."""
-        if not self._reading or self._other_holds():
+        if not self._reading or self._kept.refused is not None or self._other_holds():
             self._keep(messages, start)
             return
         end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
@@ -401,6 +401,8 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         finally:
             current_peer.reset(token)
         self.outbox.flush()
+        if kept.refused is not None:  # reading went on while the output waited: not past it
+            self._pause_reading()
         if not self._reading and self._may_read(kept):
             if handled:  # what this turn handled may have woken readers of our streams:
                 self._kept.next_turn()  # they run first, and reading resumes after them (uvloop

@@ -203,3 +203,37 @@ async def test_a_refused_notification_keeps_reading_paused_while_output_waits() 
             await until(lambda: not peer._tasks and kept.turn is None)
             assert peer.outbox.blocked and refusals == ["n"]
             assert not peer._reading and len(kept.messages) == held, (len(kept.messages), held)
+
+
+async def test_a_notification_refused_once_the_output_drained_pauses_reading() -> None:
+    """While our output waits the peer is read and a notification is kept; the output then
+    drains and the turn that follows runs it: its handler refuses (NotificationsHeld).
+    Reading, still on from the wait, must pause there, or every later read is kept (up to
+    the backlog's bound) behind a notification that cannot run. Failed on 415a4cb: the turn
+    paused nothing, as reading was on already (found in review)."""
+    reg = echo_registry()
+    refusals: list[str] = []
+
+    @reg.handle_notification("gate")
+    def gate(value: Any) -> None:
+        refusals.append(value)
+        raise NotificationsHeld
+
+    size = 15 * MB  # a result past both sockets' buffers (10 MB here): the output waits
+    blocker = gotalk_request(1, "big", str(size).encode())
+    notification = gotalk.encode(gotalk.Notification("gate", b'"n"'))
+    options = rpc.Options(**OPTIONS)
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, options=options) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
+        try:
+            writer.write(b"01" + blocker + notification)
+            await until(lambda: len(srv.peers) == 1)
+            [peer] = srv.peers
+            await until(lambda: peer.outbox.blocked and len(peer._kept.messages) == 1)
+            assert peer._reading and not refusals  # kept, unrun, while the output waits
+            drained = asyncio.ensure_future(reader.readexactly(2 + 13 + size))
+            await until(lambda: refusals)  # drained: the turn ran the notification
+            assert not peer._reading and peer._kept.refused is not None
+            assert len(await drained) == 2 + 13 + size
+        finally:
+            writer.transport.abort()
