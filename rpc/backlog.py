@@ -21,11 +21,12 @@ other until their calls time out. Reading pauses once the backlog is :attr:`Back
 - count: at most :data:`MAX_MESSAGES`, for floods of tiny messages.
 
 The message that passes the bound and the rest of its read are kept too (a read is at most
-256 KiB, a message at most ``max_size``), then reading pauses, whether the read ended there
-or not. Input held for other reasons (a turn, a stream, handler or task slots) is kept with
-reading paused at once, as it is bounded by a read; so is everything after a message that
-refused to run (InputHeld: a notification without room, a full stream queue) until that
-message runs (:attr:`Backlog.refused`).
+256 KiB over TCP and TLS, one message over WebSocket; a message at most ``max_size``), then
+reading pauses, whether the read ended there or not. Input held for other reasons (a
+turn, a stream, handler or task slots) is kept with reading paused at once, as it is
+bounded by a read; so is everything after a message that refused to run (InputHeld: a
+notification without room, a full stream queue) until that message runs
+(:attr:`Backlog.refused`), even when reading went on while our output waited.
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
 """
 

@@ -58,7 +58,9 @@ class Options:
     :mod:`rpc.request_bytes`). Past it new requests are treated as past
     ``max_concurrent`` and stream parts wait, reading paused, until handlers take or
     finish enough; the first payload always goes in, so the connection holds at most this
-    plus ``max_size``. At least 1 (ValueError)."""
+    plus ``max_size``. Messages kept unrun while our output waits share it (see
+    :mod:`rpc.backlog`: past it come at most the rest of one read and one message). At
+    least 1 (ValueError)."""
 
     def __post_init__(self) -> None:
         if self.max_stream_queue < 1:
