@@ -127,3 +127,11 @@ async def test_a_slow_iterator_holds_at_most_events_queue_bytes_of_hat_server(
         await read_slowly(url, notify, bound, event, count)
     finally:
         await server.async_close()
+
+
+@pytest.mark.parametrize("bounds", [{"events_queue_size": 0}, {"events_queue_bytes": 0}])
+async def test_queue_bounds_below_one_are_refused(bounds: dict[str, int]) -> None:
+    """0 once meant an unbounded iterator queue (asyncio.Queue's 0): now a ValueError,
+    raised before any connection is tried."""
+    with pytest.raises(ValueError, match="at least 1"):
+        await eventer.connect("tcp+sbs://127.0.0.1:9", "bounds", **bounds)

@@ -108,7 +108,7 @@ async def connect(
     from the server until delivery is back under both, so a slow callback slows the server
     down (TCP) instead of growing memory. Both also bound each :meth:`Client.events`
     iterator's queue (lists, and bytes as received), whose reader slows delivery the same
-    way."""
+    way. Each at least 1 (ValueError)."""
     urls = [url] if isinstance(url, str) else list(url)
     client = Client(
         [eventer_url(u) for u in urls],
@@ -188,6 +188,8 @@ class Client:
             backoff=rpc.Backoff(reconnect_delay, reconnect_max_delay),
             attempts=None if reconnect else 0,
         )
+        if events_queue_size < 1 or events_queue_bytes < 1:
+            raise ValueError("events_queue_size and events_queue_bytes must be at least 1")
         self._queue_size = events_queue_size
         self._queue_bytes = events_queue_bytes
         self._ssl = ssl
