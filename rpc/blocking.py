@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import marshal
 import threading
-from collections import deque
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -31,6 +29,7 @@ from typing import Any, TypeVar, cast
 
 from rpc import loops
 from rpc.api import connect as async_connect
+from rpc.blocking_buffer import END, Buffer, pump_results
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
@@ -74,10 +73,6 @@ async def _on_loop(call: Callable[[], Awaitable[T]]) -> T:
     return await call()
 
 
-_END: Any = object()
-"""What a buffer's take() returns once the stream ended."""
-
-
 MAX_BUFFERED = 65_536
 """Default ``max_buffered`` of :meth:`BlockingPeer.stream`: results a stream holds for its
 reading thread; past it the stream takes one more from the connection each time a reader
@@ -87,39 +82,6 @@ takes one (the connection's own queue then fills, and it stops reading: see
 MAX_BUFFERED_BYTES = 16 * 1024 * 1024
 """Default ``max_buffered_bytes`` of a :class:`BlockingStream` made directly (16 MiB, the
 default ``max_size``); :meth:`BlockingPeer.stream` takes its connection's ``max_size``."""
-
-
-def result_size(item: Any) -> int:
-    """The bytes a buffered result counts for: a string's or bytes' length, else the
-    length of its :mod:`marshal` encoding, compact and about its encoded size (a string
-    inside: its UTF-8 length and 5; a number 5 or 9; an object shared, once), made in C in
-    a fifth or less of the time ``json.loads`` took to decode it (the copy is dropped at
-    once). For a value marshal does not take (a subclass, such as a named tuple, or deeper
-    than 2,000 levels) an estimate by walking it: a string's or bytes-like's length, 8 for
-    any other value and 8 more an item of a list, tuple, set or dict."""
-    cls = item.__class__
-    if cls is bytes or cls is str:
-        return len(item)
-    with contextlib.suppress(ValueError):
-        return len(marshal.dumps(item))
-    total = 0
-    stack = [item]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, str | bytes | bytearray):
-            total += len(value)
-        elif isinstance(value, dict):
-            total += 8 + 16 * len(value)
-            stack.extend(value.keys())
-            stack.extend(value.values())
-        elif isinstance(value, list | tuple | set | frozenset):
-            total += 8 + 8 * len(value)
-            stack.extend(value)
-        elif isinstance(value, memoryview):
-            total += value.nbytes
-        else:
-            total += 8
-    return total
 
 
 _stopping: set[asyncio.Task[None]] = set()
@@ -144,165 +106,18 @@ async def _stopped(pump: asyncio.Task[None]) -> None:
     await asyncio.wait([pump])
 
 
-class _Buffer:
-    """Results on their way from the loop to the reading threads, then how the stream ended
-    (StopIteration, or the error). ``limit`` results and ``byte_limit`` bytes of them
-    (:func:`result_size`; the result that passes it included) at most: the pump then waits
-    (:meth:`room`) until a reader's take makes room under both, which for the count is
-    every take, so that the connection's stall limit counts from the readers' last take.
-    ``bytes``: the bytes of the results held. The mutex is held for a few steps
-    only; a reader with nothing to take waits on ``_bell``, a raw lock, unlocked when there
-    may be something: its ``acquire()`` is one C call, so an interrupt (KeyboardInterrupt)
-    cannot leave a lock half taken, as one in ``Condition.wait``'s Python code can.
-    ``waiting``: readers waiting now."""
-
-    def __init__(self, limit: int, byte_limit: int) -> None:
-        self.limit = limit
-        self.byte_limit = byte_limit
-        self.waiting = 0
-        self.bytes = 0
-        self._items: deque[tuple[Any, int]] = deque()
-        self._finished = False
-        self._error: BaseException | None = None
-        self._mutex = threading.Lock()
-        self._bell = threading.Lock()
-        self._room: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-        """The pump's wait for room, and its loop (see :meth:`room`)."""
-        self.pump_waits = threading.Event()
-        """Set while the pump waits for room: another thread (a test) waits on it instead of
-        polling. Only the pump sets and clears it, on the loop and only when it waits (not a
-        reading thread: an interrupt there could leave the Event's lock held)."""
-
-    def put(self, item: Any, size: int) -> bool:
-        """Add a result of ``size`` bytes (on the loop); False once finished (closed)."""
-        with self._mutex:
-            if self._finished:
-                return False
-            self._items.append((item, size))
-            self.bytes += size
-            self._ring()
-            return True
-
-    def _has_room(self) -> bool:
-        return len(self._items) < self.limit and self.bytes < self.byte_limit
-
-    def room(self) -> asyncio.Future[None] | None:
-        """On the loop, after a put: None while there is room; at either limit, a future
-        that resolves once a reader's take made room, or the buffer finished."""
-        with self._mutex:
-            if self._finished or self._has_room():
-                return None
-            loop = asyncio.get_running_loop()
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._room = (loop, waiter)
-            return waiter
-
-    def _make_room(self) -> None:
-        """Under the mutex: wake the pump's wait for room (from a reading thread)."""
-        room, self._room = self._room, None
-        if room is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
-                room[0].call_soon_threadsafe(_settle, room[1])
-
-    def finish(self, error: BaseException | None = None, *, drop: bool = False) -> None:
-        """The stream ends after the results held (``drop``: at once); the first end wins."""
-        with self._mutex:
-            if drop:
-                self._items.clear()
-                self.bytes = 0
-            if not self._finished:
-                self._finish(error)
-
-    def _finish(self, error: BaseException | None) -> None:
-        self._finished = True
-        self._error = error
-        self._ring()
-        self._make_room()
-
-    def _ring(self) -> None:
-        if self._bell.locked():
-            self._bell.release()
-
-    def take(self) -> Any:
-        """The next result, or ``_END``; raises the error the stream ended with (once)."""
-        while True:
-            with self._mutex:
-                if self._items:
-                    item, size = self._items.popleft()
-                    self.bytes -= size
-                    if self._items or self._finished:
-                        self._ring()  # for another reader
-                    if self._room is not None and self._has_room():  # one more may come
-                        self._make_room()
-                    return item
-                if self._finished:
-                    self._ring()  # for another reader
-                    error, self._error = self._error, None
-                    if error is not None:
-                        raise error
-                    return _END
-                self._bell.acquire(blocking=False)  # nothing to take: quiet until a put
-                self.waiting += 1
-            try:
-                self._bell.acquire()
-            finally:
-                with self._mutex:
-                    self.waiting -= 1
-
-
-def _settle(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def _pump(
-    results: AsyncGenerator[Any, None], buffer: _Buffer, first: asyncio.Future[None]
-) -> None:
-    """Move the results into ``buffer`` as they come (the core's queue of the stream stays
-    short: this task waits on it from the start); at either of the buffer's limits, wait
-    until a reader's take makes room. Until they end, the buffer is finished (closed) or this task
-    is cancelled; then close them: a stream that still runs stops, and a peerwire server
-    cancels its handler. ``first`` is settled by the first result or the end (an error
-    before any result is set on it, to raise from ``stream()``)."""
-    try:
-        async for item in results:
-            kept = buffer.put(item, result_size(item))
-            if not first.done():
-                first.set_result(None)
-            if not kept:
-                break
-            room = buffer.room()
-            if room is not None:
-                buffer.pump_waits.set()
-                try:
-                    await room
-                finally:
-                    buffer.pump_waits.clear()
-    except Exception as error:
-        if first.done():
-            buffer.finish(error)
-        else:
-            first.set_exception(error)
-    finally:
-        buffer.finish()  # no-op unless it ended, or this was cancelled: waiting readers wake
-        if not first.done():
-            first.set_result(None)
-        await results.aclose()
-
-
 class BlockingStream(Iterator[Any]):
-    """The results of :meth:`BlockingPeer.stream`. A task on the loop (the pump) takes them
-    from the connection as they come and buffers them for the reading thread, up to
-    ``max_buffered`` results (default :data:`MAX_BUFFERED`) and ``max_buffered_bytes``
-    bytes of them (:func:`result_size`; default :data:`MAX_BUFFERED_BYTES`, the result that
-    passes it included); past either the pump waits, so a reader slower than the server
-    slows the server down (see :mod:`rpc.stream_hold`) and gets every result. One that
-    takes none for the stream's ``item_timeout`` while the connection waits for it gets
-    StreamOverflow (the server is told, as on a cancel) after the results before it, as it
-    gets an error the stream ends with. Past the bytes, the pump waits until the reader's
-    takes bring the buffer back under them (one take, for results of one size): a reader
-    that takes small results ahead of a large one for ``item_timeout`` without doing so
-    gets StreamOverflow too.
+    """The results of :meth:`BlockingPeer.stream`. A task on the loop (the pump) takes them from
+    the connection as they come and buffers them for the reading thread, up to ``max_buffered``
+    results (default :data:`MAX_BUFFERED`) and ``max_buffered_bytes`` bytes of them
+    (:func:`~rpc.blocking_buffer.result_size`; default :data:`MAX_BUFFERED_BYTES`, the result
+    that passes it included); past either the pump waits, so a reader slower than the server
+    slows the server down (see :mod:`rpc.stream_hold`) and gets every result. One that takes
+    none for the stream's ``item_timeout`` while the connection waits for it gets StreamOverflow
+    (the server is told, as on a cancel) after the results before it, as it gets an error the
+    stream ends with. Past the bytes, the pump waits until the reader's takes bring the buffer
+    back under them (one take, for results of one size): a reader that takes small results ahead
+    of a large one for ``item_timeout`` without doing so gets StreamOverflow too.
 
     Closing it (:meth:`close`, the end of a ``with`` block, dropping it, or an interrupt
     such as KeyboardInterrupt in ``next()``) stops the pump and the stream, which tells a
@@ -318,7 +133,7 @@ class BlockingStream(Iterator[Any]):
             raise ValueError("max_buffered must be at least 1")
         if max_buffered_bytes < 1:
             raise ValueError("max_buffered_bytes must be at least 1")
-        self._buffer = _Buffer(max_buffered, max_buffered_bytes)
+        self._buffer = Buffer(max_buffered, max_buffered_bytes)
         self._pump: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one _stop() takes the pump to cancel it
 
@@ -328,7 +143,7 @@ class BlockingStream(Iterator[Any]):
         stops the pump."""
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
-            self._pump = asyncio.ensure_future(_pump(results, self._buffer, first))
+            self._pump = asyncio.ensure_future(pump_results(results, self._buffer, first))
         try:
             await first
         except BaseException:
@@ -337,7 +152,7 @@ class BlockingStream(Iterator[Any]):
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes of the results buffered now (:func:`result_size`)."""
+        """Bytes of the results buffered now (:func:`~rpc.blocking_buffer.result_size`)."""
         return self._buffer.bytes
 
     @property
@@ -351,7 +166,7 @@ class BlockingStream(Iterator[Any]):
     def __next__(self) -> Any:
         try:
             item = self._buffer.take()
-            if item is _END:
+            if item is END:
                 raise StopIteration
             return item
         except BaseException:  # its end, its error, or an interrupt: the stream stops

@@ -75,7 +75,7 @@ def test_a_reader_that_falls_behind_large_results_holds_at_most_the_byte_bound(
 def test_result_sizes_count_strings_and_containers() -> None:
     """About the encoded size (marshal's), an object shared counted once; values marshal
     refuses (a named tuple, deep nesting) are walked instead, never left uncounted."""
-    from rpc.blocking import result_size
+    from rpc.blocking_buffer import result_size
 
     assert result_size(b"abc") == 3
     assert result_size("abcd") == 4
