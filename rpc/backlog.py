@@ -11,7 +11,7 @@ can drain into us, and two peers that flood each other with requests do not hold
 other until their calls time out. Reading pauses once the backlog is :attr:`Backlog.full`:
 
 - bytes: every message counts what the adapter's ``message_size`` says (its payload and
-  names: a Gotalk op or notification name, a Chatter type and module; names in characters)
+  names: a Gotalk op or notification name, a Chatter type and module, in UTF-8 bytes)
   plus :data:`OVERHEAD`, small ones too (unlike :mod:`rpc.request_bytes`, whose small
   payloads go uncounted: this runs only for held messages, never on the hot path). The
   backlog's bytes are :attr:`RequestBytes.reserved <rpc.request_bytes.RequestBytes>`:
@@ -53,6 +53,12 @@ MAX_MESSAGES = 16_384
 """Messages kept before reading pauses, whatever their size: about 3 MiB of tiny ones
 (counted as 4 MiB), against a flood of small messages the byte bound would let grow to
 262,144 of them."""
+
+
+def text_size(text: str) -> int:
+    """Bytes a name counts: its UTF-8 length, as received (no copy for ASCII), at least the
+    memory its characters take (1, 2 or 4 bytes each)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 class Backlog:

@@ -36,6 +36,7 @@ from typing import Any
 import hat.sbs
 
 from rpc import intercept
+from rpc.backlog import text_size
 from rpc.chatter_extension import ChatterHandshake
 from rpc.chatter_payloads import Incoming, Reply, Sbs, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
@@ -207,7 +208,7 @@ class ChatterAdapter:
         return not msg.owner  # a message in a conversation we started
 
     def message_size(self, msg: Msg) -> int:
-        return len(msg.data) + len(msg.type) + (len(msg.module) if msg.module else 0)
+        return len(msg.data) + text_size(msg.type) + (text_size(msg.module) if msg.module else 0)
 
     def dispatch(self, msg: Msg) -> None:
         # each field read once; a conversation built as Conversation.of_received builds it,

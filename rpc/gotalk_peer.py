@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rpc import intercept
+from rpc.backlog import text_size
 from rpc.deadlines import ANSWERER_SLACK, next_beat
 from rpc.errors import retry_wait_ms
 from rpc.logs import violations
@@ -214,7 +215,7 @@ class GotalkAdapter:
         if cls is gotalk.Heartbeat or cls is gotalk.Fault:
             return 0
         name = msg.op if cls in _OPENERS else msg.name if cls is gotalk.Notification else ""
-        return len(name) + len(msg.payload)
+        return text_size(name) + len(msg.payload)
 
     def dispatch(self, msg: Any) -> None:
         peer = self.peer

@@ -103,7 +103,7 @@ class Adapter(Protocol[K]):
 
     def message_size(self, message: Any) -> int:
         """Bytes a decoded message counts in the peer's backlog (:mod:`rpc.backlog`), besides
-        its fixed overhead: its payload and the names it carries (in characters)."""
+        its fixed overhead: its payload and the names it carries (:func:`rpc.backlog.text_size`)."""
         ...
 
     def last_word(self, exc: ProtocolError) -> None: ...

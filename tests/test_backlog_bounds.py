@@ -79,19 +79,22 @@ async def test_requests_larger_than_a_read_stop_at_the_bound() -> None:
             assert kept.bytes <= bound, (kept.bytes, len(kept.messages), peer._reading)
 
 
-async def test_chatter_type_names_count_against_the_bound() -> None:
-    """Chatter requests with a 16 kB type and no data from a peer that never reads: what
-    the backlog holds must stay near ``max_request_bytes``. Failed on c6ead1a:
-    rpc.backlog.size() counted a Msg's ``data`` alone (plus OVERHEAD, 256), so each 16 kB
-    request counted 256 bytes: 1,031 of them (15.9 MB) fit a bound of 256 KiB; with the
-    defaults, 16,384 messages of up to ``max_size`` (16 MiB) each."""
+@pytest.mark.parametrize("char", ["x", "\U0001f600"], ids=["ascii", "four-byte"])
+async def test_chatter_type_names_count_against_the_bound(char: str) -> None:
+    """Chatter requests with a 16 kB type (UTF-8, as sent) and no data from a peer that
+    never reads: what the backlog holds must stay near ``max_request_bytes``. Failed on
+    c6ead1a: rpc.backlog.size() counted a Msg's ``data`` alone (plus OVERHEAD, 256), so
+    each 16 kB request counted 256 bytes: 1,031 of them (15.9 MB) fit a bound of 256 KiB;
+    with the defaults, 16,384 messages of up to ``max_size`` (16 MiB) each. The four-byte
+    case failed on 80814ad: names counted in characters, a quarter of their bytes (and of
+    the memory they take), so 1.1 MB of them fit where 0.8 MB may."""
     limit = 256 * KIB
     options = rpc.Options(max_request_bytes=limit, **OPTIONS)
     frames = [
         encode_frame(Msg(i, i, True, True, False, "big", b"1048576"), Dialect.CURRENT)
         for i in range(1, 41)
     ]
-    name = "x" * 16_000
+    name = char * (16_000 // len(char.encode()))
     frames += [
         encode_frame(Msg(i, i, True, True, False, f"{name}{i}", b""), Dialect.CURRENT)
         for i in range(41, 2041)
@@ -104,7 +107,7 @@ async def test_chatter_type_names_count_against_the_bound() -> None:
             [peer] = srv.peers
             kept = peer._kept
             await until(lambda: not peer._reading and kept.full, 20)
-            held = sum(len(m.type) + len(m.data) for m in kept.messages)
+            held = sum(len(m.type.encode()) + len(m.data) for m in kept.messages)
             assert held <= limit + 2 * READ + 16 * KIB, (held, len(kept.messages), kept.bytes)
 
 
