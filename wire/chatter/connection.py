@@ -25,9 +25,6 @@ from wire.chatter.framing import SIZE_HEADERS, FrameReader, frame_header
 from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
 from wire.sbs import ONE_BYTE, encode_integer
 
-_new = tuple.__new__
-"""Builds a :class:`Conversation` as its own classmethods do, without their call."""
-
 PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
     Dialect.CURRENT: (None, "HatChatter.Ping", "HatChatter.Pong"),
     Dialect.LEGACY: ("HatPing", "MsgPing", "MsgPong"),
@@ -136,25 +133,11 @@ class ChatterConnection:
             module, ping, pong = _CURRENT_PINGS if dialect is CURRENT else _LEGACY_PINGS
             strict = self.strict
             tracker = self._tracker
-            conversations = tracker._open
             messages = []
             for start, end in spans:
                 msg = decode_msg(buf, start, end, dialect)
-                if strict:
-                    # the reply that ends a conversation of ours (what a client reads most):
-                    # tracker.incoming's checks for it written out, the conversation ended
-                    # in one look-up; anything else, or anything wrong, goes to incoming
-                    if not msg.owner and msg.last and msg.id > tracker._last_received_id:
-                        holder = conversations.pop((True, msg.first), None)
-                        if holder is False:  # the peer held the token: ended
-                            tracker._last_received_id = msg.id
-                        else:
-                            if holder:  # ours: put back, for incoming to refuse
-                                conversations[(True, msg.first)] = True
-                            if not tracker.incoming(msg):
-                                continue  # late (not open): dropped
-                    elif not tracker.incoming(msg):
-                        continue
+                if strict and not tracker.incoming(msg):
+                    continue  # late: dropped
                 type_name = msg.type  # one look-up, and the module only for a Ping or a Pong
                 if type_name == ping and msg.module == module:
                     self.pings_received += 1
@@ -285,13 +268,8 @@ class ChatterConnection:
         size = len(head) + data_size
         if size > JOINED_FRAME or size > self.max_size:
             return None
-        conversations = tracker._open  # the tracker's record, as holds_token reads it
-        holder = conversations.pop(conversation, None)  # we hold the token: it ends now
-        if holder is not True:
-            if holder is not None:  # the peer's turn: left as it was
-                conversations[conversation] = holder
+        if not tracker.end_with_token(conversation):
             return None
-        tracker.next_id = msg_id + 1
         return b"".join((SIZE_HEADERS[size] if size < 256 else frame_header(size), head, data))
 
     def encode_open(
@@ -320,12 +298,11 @@ class ChatterConnection:
             )
         )
         size = len(head) + data_size
-        conversations = tracker._open  # the tracker's record, as outgoing writes it
-        if size > JOINED_FRAME or size > self.max_size or len(conversations) >= tracker.max_open:
+        if size > JOINED_FRAME or size > self.max_size:
             return None
-        conversation = _new(Conversation, (True, msg_id))  # Conversation.ours, without its call
-        conversations[conversation] = not token  # we hold the token unless we passed it
-        tracker.next_id = msg_id + 1
+        conversation = tracker.open_ours(token)
+        if conversation is None:  # max_conversations open
+            return None
         return conversation, b"".join(
             (SIZE_HEADERS[size] if size < 256 else frame_header(size), head, data)
         )
@@ -357,9 +334,8 @@ class ChatterConnection:
         self._tracker.abandon(conversation)
 
     def holds_token(self, conversation: Conversation) -> bool:
-        """True while this side may send in ``conversation`` (the tracker's answer, read
-        here: a reply checks it once, and a call less counts)."""
-        return self._tracker._open.get(conversation, False)
+        """True while this side may send in ``conversation``."""
+        return self._tracker.holds_token(conversation)
 
     def is_open(self, conversation: Conversation) -> bool:
         return self._tracker.is_open(conversation)

@@ -114,6 +114,33 @@ class ConversationTracker:
         self.next_id = msg_id + 1
         return msg_id, conversation[1], conversation[0]
 
+    def open_ours(self, token: bool) -> Conversation | None:
+        """Record a conversation we start with a message that is not ``last`` (``token``:
+        passed to the peer, as a request does, or kept) and advance ``next_id``, as
+        :meth:`outgoing` does; the conversation, made once as the key it is recorded under,
+        or None, nothing changed, with ``max_open`` open (:meth:`outgoing` raises then)."""
+        conversations = self._open
+        if len(conversations) >= self.max_open:
+            return None
+        msg_id = self.next_id
+        conversation = _new(Conversation, (True, msg_id))
+        conversations[conversation] = not token  # we hold the token unless we passed it
+        self.next_id = msg_id + 1
+        return conversation
+
+    def end_with_token(self, conversation: Conversation) -> bool:
+        """End ``conversation`` with a ``last`` message of ours and advance ``next_id``, as
+        :meth:`outgoing` does, when we hold its token: checked and ended in one look-up.
+        False, nothing changed, otherwise (:meth:`outgoing` says why)."""
+        conversations = self._open
+        holder = conversations.pop(conversation, None)
+        if holder is not True:
+            if holder is not None:  # the peer's turn: left as it was
+                conversations[conversation] = holder
+            return False
+        self.next_id += 1
+        return True
+
     def outgoing_unchecked(self, conversation: Conversation | None) -> tuple[int, int, bool]:
         """Assign the next id without any rule checks (lenient connections)."""
         msg_id = self.next_id
@@ -129,10 +156,19 @@ class ConversationTracker:
         ConversationError when the peer broke a rule.
         """
         msg_id = msg.id
+        first = msg.first
+        if not msg.owner and msg.last and msg_id > self._last_received_id:
+            # the reply that ends a conversation of ours, what a client reads most: checked
+            # and ended in one look-up; anything else goes the general way below
+            holder = self._open.pop((True, first), None)
+            if holder is False:  # the peer held the token
+                self._last_received_id = msg_id
+                return True
+            if holder:  # ours: put back, for the general way to refuse
+                self._open[(True, first)] = True
         if msg_id <= self._last_received_id:
             raise ConversationError(f"message id {msg_id} does not follow {self._last_received_id}")
         self._last_received_id = msg_id
-        first = msg.first
         if msg.owner:
             if first == msg_id:
                 if not msg.last:
