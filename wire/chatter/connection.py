@@ -12,18 +12,14 @@ from wire import DEFAULT_MAX_SIZE
 from wire.chatter.conversations import Conversation, ConversationTracker
 from wire.chatter.envelope import (
     CURRENT,
-    FLAGS,
-    TEXT_CACHE,
     Dialect,
     Msg,
     decode_msg,
     detect_dialect,
-    encode_text,
     envelope_head,
 )
 from wire.chatter.framing import SIZE_HEADERS, FrameReader, frame_header
 from wire.errors import LocalProtocolError, MessageTooLarge, ProtocolError
-from wire.sbs import ONE_BYTE, encode_integer
 
 PING_TYPES: dict[Dialect, tuple[str | None, str, str]] = {
     Dialect.CURRENT: (None, "HatChatter.Ping", "HatChatter.Pong"),
@@ -254,17 +250,8 @@ class ChatterConnection:
         tracker = self._tracker
         msg_id = tracker.next_id
         owner, first = conversation
-        encoded_id = encode_integer(msg_id)
         data_size = len(data)
-        head = b"".join(  # envelope_head's common case written out
-            (
-                encoded_id,
-                encoded_id if first == msg_id else encode_integer(first),
-                FLAGS[owner << 2 | 3],  # token, last
-                TEXT_CACHE.get(type) or encode_text(type),
-                ONE_BYTE[data_size + 64] if data_size < 64 else encode_integer(data_size),
-            )
-        )
+        head = envelope_head(msg_id, first, owner, True, True, type, None, data_size, CURRENT)
         size = len(head) + data_size
         if size > JOINED_FRAME or size > self.max_size:
             return None
@@ -286,17 +273,8 @@ class ChatterConnection:
             return None
         tracker = self._tracker
         msg_id = tracker.next_id
-        encoded_id = encode_integer(msg_id)
         data_size = len(data)
-        head = b"".join(  # envelope_head's common case written out: first is the id
-            (
-                encoded_id,
-                encoded_id,
-                FLAGS[6] if token else FLAGS[4],  # owner, token or not, not last
-                TEXT_CACHE.get(type) or encode_text(type),
-                ONE_BYTE[data_size + 64] if data_size < 64 else encode_integer(data_size),
-            )
-        )
+        head = envelope_head(msg_id, msg_id, True, token, False, type, None, data_size, CURRENT)
         size = len(head) + data_size
         if size > JOINED_FRAME or size > self.max_size:
             return None
