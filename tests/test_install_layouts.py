@@ -35,6 +35,11 @@ from tests.packaging import (
     run,
     zip_packages,
 )
+from tests.spark_session import ONE_SPARK_AT_A_TIME
+
+# the tests share one wheel (the module's fixtures) and one starts Spark Connect: all of
+# them on the one pytest-xdist worker that runs Spark, the wheel built once
+pytestmark = ONE_SPARK_AT_A_TIME
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,9 @@ from pyspark.sql import functions as F
 
 import rpc
 from rpc import spark as pws
-from tests.spark_session import spark_fixture  # noqa: F401
+from tests.spark_session import ONE_SPARK_AT_A_TIME, spark_fixture  # noqa: F401
+
+pytestmark = ONE_SPARK_AT_A_TIME
 
 
 @dataclass

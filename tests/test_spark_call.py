@@ -22,11 +22,14 @@ from rpc import spark as pws
 from tests.certs import Pki
 from tests.spark_session import (  # noqa: F401
     FLAVOURS,
+    ONE_SPARK_AT_A_TIME,
     loop_thread_fixture,
     serve_peer_fixture,
     spark_fixture,
 )
 from transports.stream import server_ssl_context
+
+pytestmark = ONE_SPARK_AT_A_TIME
 
 
 @dataclass

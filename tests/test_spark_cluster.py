@@ -29,13 +29,14 @@ import pytest
 
 import rpc
 from tests.spark_session import (  # noqa: F401
+    ONE_SPARK_AT_A_TIME,
     ROOT,
     loop_thread_fixture,
     require_spark,
     serve_peer_fixture,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600), ONE_SPARK_AT_A_TIME]
 ROWS = 1000
 
 

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 import rpc
 from rpc import spark as pws
 from tests.spark_session import (  # noqa: F401
+    ONE_SPARK_AT_A_TIME,
     ROOT,
     loop_thread_fixture,
     require_spark,
@@ -36,6 +37,8 @@ from tests.spark_session import (  # noqa: F401
     spark_env,
     spark_fixture,
 )
+
+pytestmark = ONE_SPARK_AT_A_TIME
 
 
 def run_connect(script: str, *args: str) -> subprocess.CompletedProcess[str]:

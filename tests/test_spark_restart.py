@@ -18,7 +18,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from rpc import spark as pws
-from tests.spark_session import ROOT, spark_fixture  # noqa: F401
+from tests.spark_session import ONE_SPARK_AT_A_TIME, ROOT, spark_fixture  # noqa: F401
+
+pytestmark = ONE_SPARK_AT_A_TIME
 
 SERVER = ROOT / "tests" / "peers" / "spark_restart_server.py"
 ROWS = 40_000

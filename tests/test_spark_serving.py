@@ -12,10 +12,13 @@ from pyspark.sql import functions as F
 import rpc
 from rpc import spark as pws
 from tests.spark_session import (  # noqa: F401
+    ONE_SPARK_AT_A_TIME,
     loop_thread_fixture,
     serve_peer_fixture,
     spark_fixture,
 )
+
+pytestmark = ONE_SPARK_AT_A_TIME
 
 model = rpc.Registry()
 

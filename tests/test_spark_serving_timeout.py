@@ -15,10 +15,13 @@ import rpc
 from rpc import spark as pws
 from tests.rpc_helpers import wait_until
 from tests.spark_session import (  # noqa: F401
+    ONE_SPARK_AT_A_TIME,
     loop_thread_fixture,
     serve_peer_fixture,
     spark_fixture,
 )
+
+pytestmark = ONE_SPARK_AT_A_TIME
 
 STUCK = 600.0
 """How long the handler sleeps for a negative x: far past the test, so only cancelling the
