@@ -125,19 +125,11 @@ lint: $(VENV)/.ready
 bench: $(VENV)/.ready
 	for f in tests/benchmarks/bench_*.py; do $(VENV)/bin/python $$f || exit 1; done
 
-# Every benchmark with --smoke (CI): each row runs briefly, next to its baseline, so the
-# benchmarks cannot rot (the core and RPC ones on uvloop too); the figures are rough and
-# nothing about speed is asserted.
+# Every benchmark with --smoke (CI), a script per core at a time (tests/benchmarks/smoke.py):
+# each row runs briefly, next to its baseline, so the benchmarks cannot rot (the core and
+# RPC ones on uvloop too); the figures are rough and nothing about speed is asserted.
 bench-smoke: system-deps $(VENV)/.ready
-	@for f in tests/benchmarks/bench_*.py tests/benchmarks/soak.py; do \
-	    echo "== $$f --smoke"; start=$$(date +%s); \
-	    $(VENV)/bin/python $$f --smoke || exit 1; \
-	    echo "== $$f: $$(( $$(date +%s) - start )) s"; \
-	done
-	@for f in tests/benchmarks/bench_core.py tests/benchmarks/bench_rpc.py; do \
-	    echo "== $$f --smoke --loop uvloop"; \
-	    $(VENV)/bin/python $$f --smoke --loop uvloop || exit 1; \
-	done
+	$(VENV)/bin/python tests/benchmarks/smoke.py
 
 clean:
 	rm -rf $(VENV) $(LEGACY) build .pytest_cache .hypothesis .ruff_cache *.egg-info
