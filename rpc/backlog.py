@@ -11,7 +11,7 @@ can drain into us, and two peers that flood each other with requests do not hold
 other until their calls time out. Reading pauses once the backlog is :attr:`Backlog.full`:
 
 - bytes: every message counts what the adapter's ``message_size`` says (its payload and
-  names: a Gotalk op or notification name, a Chatter type and module, in UTF-8 bytes)
+  names: a Gotalk op or notification name, a Chatter type and module: :func:`text_size`)
   plus :data:`OVERHEAD`, small ones too (unlike :mod:`rpc.request_bytes`, whose small
   payloads go uncounted: this runs only for held messages, never on the hot path). The
   backlog's bytes are :attr:`RequestBytes.reserved <rpc.request_bytes.RequestBytes>`:
@@ -56,9 +56,11 @@ MAX_MESSAGES = 16_384
 
 
 def text_size(text: str) -> int:
-    """Bytes a name counts: its UTF-8 length, as received (no copy for ASCII), at least the
-    memory its characters take (1, 2 or 4 bytes each)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    """Bytes a name counts: its length when ASCII, else 4 bytes a character. That is at
+    least both its UTF-8 length (as received) and the memory it takes: CPython stores every
+    character of a string at the width of its widest one, so one four-byte character among
+    16,000 ASCII ones makes 64 kB of 16 kB received."""
+    return len(text) if text.isascii() else 4 * len(text)
 
 
 class Backlog:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -79,22 +80,25 @@ async def test_requests_larger_than_a_read_stop_at_the_bound() -> None:
             assert kept.bytes <= bound, (kept.bytes, len(kept.messages), peer._reading)
 
 
-@pytest.mark.parametrize("char", ["x", "\U0001f600"], ids=["ascii", "four-byte"])
-async def test_chatter_type_names_count_against_the_bound(char: str) -> None:
+@pytest.mark.parametrize(
+    "head", ["x", "\U0001f600" * 4000, "\U0001f600"], ids=["ascii", "four-byte", "mixed"]
+)
+async def test_chatter_type_names_count_against_the_bound(head: str) -> None:
     """Chatter requests with a 16 kB type (UTF-8, as sent) and no data from a peer that
-    never reads: what the backlog holds must stay near ``max_request_bytes``. Failed on
-    c6ead1a: rpc.backlog.size() counted a Msg's ``data`` alone (plus OVERHEAD, 256), so
+    never reads: the memory the backlog holds must stay near ``max_request_bytes``. Failed
+    on c6ead1a: rpc.backlog.size() counted a Msg's ``data`` alone (plus OVERHEAD, 256), so
     each 16 kB request counted 256 bytes: 1,031 of them (15.9 MB) fit a bound of 256 KiB;
     with the defaults, 16,384 messages of up to ``max_size`` (16 MiB) each. The four-byte
-    case failed on 80814ad: names counted in characters, a quarter of their bytes (and of
-    the memory they take), so 1.1 MB of them fit where 0.8 MB may."""
+    case failed on 80814ad (names counted in characters: 992 kB held where 803 kB may), the
+    mixed one (a four-byte character, then ASCII: 64 kB in memory) on 95785c1 (names
+    counted in UTF-8 bytes: 1.9 MB held; found in review by helper-91)."""
     limit = 256 * KIB
     options = rpc.Options(max_request_bytes=limit, **OPTIONS)
     frames = [
         encode_frame(Msg(i, i, True, True, False, "big", b"1048576"), Dialect.CURRENT)
         for i in range(1, 41)
     ]
-    name = char * (16_000 // len(char.encode()))
+    name = head + "x" * (16_000 - len(head.encode()))
     frames += [
         encode_frame(Msg(i, i, True, True, False, f"{name}{i}", b""), Dialect.CURRENT)
         for i in range(41, 2041)
@@ -107,7 +111,7 @@ async def test_chatter_type_names_count_against_the_bound(char: str) -> None:
             [peer] = srv.peers
             kept = peer._kept
             await until(lambda: not peer._reading and kept.full, 20)
-            held = sum(len(m.type.encode()) + len(m.data) for m in kept.messages)
+            held = sum(sys.getsizeof(m.type) + len(m.data) for m in kept.messages)
             assert held <= limit + 2 * READ + 16 * KIB, (held, len(kept.messages), kept.bytes)
 
 
