@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,26 +36,25 @@ def commands() -> list[list[str]]:
 
 
 def run(command: list[str]) -> tuple[int, str, float]:
-    """Exit status, output (stdout and stderr as they came) and seconds of one script."""
+    """Exit status, output (stdout and stderr as they came) and seconds of one script. A
+    script past :data:`TIMEOUT` is killed with every process it started (its servers,
+    nodes, a JVM): each runs in a session of its own."""
     started = time.monotonic()
-    try:
-        done = subprocess.run(
-            [sys.executable, *command],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
-        status, output = done.returncode, done.stdout
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout
-        status = -1
-        output = (out.decode(errors="replace") if isinstance(out, bytes) else out or "") + (
-            f"\n(killed after {TIMEOUT:.0f} s)\n"
-        )
-    return status, output, time.monotonic() - started
+    with subprocess.Popen(
+        [sys.executable, *command],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            output, _ = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            output += f"\n(killed after {TIMEOUT:.0f} s, with what it started)\n"
+    return proc.returncode, output, time.monotonic() - started
 
 
 def main() -> int:
