@@ -215,14 +215,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free now: :func:`free_port` may give one twice in a row."""
-    ports: set[int] = set()
-    while len(ports) < count:
-        ports.add(free_port())
-    return sorted(ports)
-
-
 @contextlib.asynccontextmanager
 async def sampling(sample: Callable[[], None]) -> AsyncIterator[None]:
     """Call ``sample()`` at every turn of the loop while the block runs: for peaks of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -48,6 +49,17 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> N
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports of 127.0.0.1 free now: all bound at once, then released
+    (ports taken one at a time may repeat: a Spark worker's UI then took the master's, and
+    a gossip frame naming one twice is refused)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
 
 
 TCP_URLS = {

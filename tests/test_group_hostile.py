@@ -28,13 +28,13 @@ from tests.group_helpers import (
     closed_on,
     frame,
     free_port,
-    free_ports,
     group,
     on_both_loops,
     raw_payload_frame,
     sampling,
     wait_for,
 )
+from tests.rpc_helpers import free_ports
 from wire.gossip import encode_varint, payload_tag
 
 ATTACKER = NetID("10.66.0.1", 6666)

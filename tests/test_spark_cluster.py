@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 import rpc
+from tests.rpc_helpers import free_ports
 from tests.spark_session import (  # noqa: F401
     ONE_SPARK_AT_A_TIME,
     ROOT,
@@ -38,16 +38,6 @@ from tests.spark_session import (  # noqa: F401
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600), ONE_SPARK_AT_A_TIME]
 ROWS = 1000
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: all bound at once, then released (ports taken one at a
-    time may repeat, and a Spark worker's UI then took the master's)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 def spark_home() -> Path:
