@@ -29,14 +29,9 @@ Everything per connection is bounded and freed when the connection goes:
   with). Their payloads and the parts queued for stream handlers hold at most
   ``max_request_bytes`` (:mod:`rpc.request_bytes`). The callers' deadlines of those that
   came with one are in ``call_bounds`` (one entry per waiting handler);
-- decoded messages read but not run yet, in order (:mod:`rpc.backlog`, with their bound):
-  the rest of a read past ``MESSAGES_PER_TURN``, for the loop's next turn (a flood on one
-  connection does not keep the others waiting), and input behind a full stream queue
-  (:mod:`rpc.stream_hold`) or full handler or task slots, reading paused;
-- output in the outbox and the transport: above ``high_water`` bytes, input but replies
-  to our calls waits in the backlog, and reading goes on (replies handled at once) until
-  the backlog is full or a Ping the codec answers adds output: so what the peer sent
-  drains into us, and two peers flooding each other with requests do not hold each other.
+- decoded messages read but not run yet, in order, and their bound (:mod:`rpc.backlog`
+  says which wait there, and when reading pauses or goes on while our output waits);
+- output in the outbox and the transport, above ``high_water`` bytes: :mod:`rpc.outbox`.
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
 
