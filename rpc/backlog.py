@@ -36,6 +36,7 @@ import asyncio
 import contextvars
 from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import Any
 
 from rpc.request_bytes import RequestBytes
@@ -78,7 +79,9 @@ class Backlog:
         "_loop",
         "_on_turn",
         "_size",
+        "_times",
         "messages",
+        "read_at",
         "refused",
         "requests",
         "sorted",
@@ -93,6 +96,13 @@ class Backlog:
         size: Callable[[Any], int],
     ) -> None:
         self.messages: deque[Any] = deque()
+        self._times: deque[float] = deque()
+        """The loop time each message was read at, in the same order (one float object per
+        read, shared by its messages)."""
+        self.read_at = 0.0
+        """The loop time the message being dispatched was read at: the peer sets it per
+        read, and a message run from here gets its own back, so that a request kept while
+        the output waited counts its caller's time left from its arrival."""
         self.sorted = True
         self.refused: Any = None
         """The message that raised InputHeld when it last ran (here, or in the peer's read:
@@ -140,12 +150,15 @@ class Backlog:
         """Keep messages in order, replies to our calls among them maybe."""
         if messages:
             self.messages.extend(messages)
+            self._times.extend(repeat(self.read_at, len(messages)))
             self.requests.reserved += self._count(messages)
             self.sorted = False
 
     def popleft(self) -> Any:
+        """Take the first message; :attr:`read_at` becomes the time it was read at."""
         messages = self.messages
         message = messages.popleft()
+        self.read_at = self._times.popleft()
         self.requests.reserved -= self._size(message) + OVERHEAD
         if not messages:
             self.sorted = True
@@ -154,6 +167,7 @@ class Backlog:
     def appendleft(self, message: Any) -> None:
         """Put back the message just taken (it could not run after all)."""
         self.messages.appendleft(message)
+        self._times.appendleft(self.read_at)
         self.requests.reserved += self._size(message) + OVERHEAD
         self.sorted = False
 
@@ -192,6 +206,8 @@ class Backlog:
         reply for a stream of ours whose queue is full (InputHeld: it runs later). The
         backlog may be :attr:`full` whichever: reading must then pause."""
         keep = self.messages.append
+        keep_time = self._times.append
+        read_at = self.read_at
         size = self._size
         requests = self.requests
         for index in range(start, end):
@@ -203,6 +219,7 @@ class Backlog:
                     return index
             else:
                 keep(message)
+                keep_time(read_at)
                 requests.reserved += size(message) + OVERHEAD
                 if self.full:
                     return index + 1
@@ -217,19 +234,29 @@ class Backlog:
         of ours whose queue is full: it is then :attr:`refused`) go back first. Returns how
         many ran."""
         replies: list[Any] = []
-        kept: deque[Any] = deque()
-        for message in self.messages:
-            (replies if is_reply(message) else kept).append(message)
+        reply_times: list[float] = []
+        kept: list[Any] = []
+        kept_times: list[float] = []
+        for message, read_at in zip(self.messages, self._times, strict=True):
+            if is_reply(message):
+                replies.append(message)
+                reply_times.append(read_at)
+            else:
+                kept.append(message)
+                kept_times.append(read_at)
         self.sorted = True
         if not replies:
             return 0
-        self.messages.clear()
+        self.messages.clear()  # the same deque: the peer holds it (its hot path's check)
         self.messages.extend(kept)
+        self._times.clear()
+        self._times.extend(kept_times)
         self.requests.reserved -= self._count(replies)
         ran = 0
-        for message in replies:
+        for message, read_at in zip(replies, reply_times, strict=True):
             if ran == budget:
                 break
+            self.read_at = read_at
             try:
                 dispatch(message)
             except InputHeld:
@@ -240,6 +267,7 @@ class Backlog:
             ran += 1
         if ran < len(replies):
             self.messages.extendleft(reversed(replies[ran:]))
+            self._times.extendleft(reversed(reply_times[ran:]))
             self.requests.reserved += self._count(replies[ran:])
             self.sorted = False
         return ran
@@ -247,6 +275,7 @@ class Backlog:
     def clear(self) -> None:
         """Drop every message, and the turn due (the connection is gone)."""
         self.messages.clear()
+        self._times.clear()
         self.requests.reserved = 0
         self.sorted = True
         self.refused = None

@@ -272,7 +272,7 @@ class ChatterAdapter:
         except ProtocolError as exc:
             violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
             return
-        self.meta.received(first, meta, self.pings.last_read)
+        self.meta.received(first, meta, self.peer.read_at)
 
     def _on_timeout(self, data: bytes) -> None:
         try:
@@ -282,7 +282,7 @@ class ChatterAdapter:
 
     def _with_meta(self, conv: Conversation, op: str, payload: Any, stream: bool) -> None:
         """A request arrives while metadata waits or a default is set."""
-        taken = self.meta.take(conv.first, self.pings.last_read)
+        taken = self.meta.take(conv.first, self.peer.read_at)
         if taken is None:
             self.peer.on_request(conv, op, payload, stream)
         else:

@@ -204,7 +204,7 @@ class GotalkAdapter:
     # --- receiving -------------------------------------------------------------------------
 
     def decode(self, data: bytes) -> list[Any]:
-        self._last_read = self._loop.time()  # also when request metadata arrived
+        self._last_read = self._loop.time()
         return self.codec.receive_data(data)
 
     def is_reply(self, msg: Any) -> bool:
@@ -287,7 +287,7 @@ class GotalkAdapter:
             except ProtocolError as exc:
                 violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
                 return
-            self.meta.received(request_id, meta, self._last_read)
+            self.meta.received(request_id, meta, self.peer.read_at)
         elif name == TIMEOUT and self.timeout_defaults:
             try:
                 self.meta.received_default(metadata.decode_timeout_gotalk(payload))
@@ -296,7 +296,7 @@ class GotalkAdapter:
 
     def _with_meta(self, key: bytes, op: str, payload: bytes, stream: bool) -> None:
         """A request arrives while metadata waits or a default is set."""
-        taken = self.meta.take(key, self._last_read)
+        taken = self.meta.take(key, self.peer.read_at)
         if taken is None:
             self.peer.on_request(key, op, payload, stream)
         else:

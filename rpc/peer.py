@@ -241,6 +241,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         buffer (:mod:`transports.read_buffer`), or a WebSocket message."""
         outbox = self.outbox
         held = outbox.hold()  # one flush at the end: what handlers answer now goes together
+        self._kept.read_at = self._loop.time()
         try:
             messages = self.adapter.decode(data)
             if self._backlog:
@@ -483,6 +484,12 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         unread. A handler that never ends holds it for good."""
         busy = self._kept.turn is not None or self.handlers_running > 0
         return not self._reading and not self.outbox.blocked and (busy or self._stream_hold.active)
+
+    @property
+    def read_at(self) -> float:
+        """The loop time the message being dispatched was read at: a request's time left
+        counts from it (for one kept a while: :attr:`rpc.backlog.Backlog.read_at`)."""
+        return self._kept.read_at
 
     @property
     def transport(self) -> Any:

@@ -198,6 +198,44 @@ async def test_request_waiting_past_its_deadline_is_dropped() -> None:
             assert handlers.ran == ["first"]
 
 
+async def test_request_kept_while_our_output_waits_counts_from_its_arrival() -> None:
+    """A request (with its caller's time left) read while our output waits is kept; the
+    peer's later bytes are read meanwhile. Once the output drains and it runs, its time
+    left counts from its own read, not from the latest one: past it, it is dropped. Failed
+    before the backlog kept each message's read time (the handler ran: its deadline was
+    counted from the read of the notification sent after it)."""
+    handlers = Handlers()
+    handlers.registry.handle("big")(lambda size: b"x" * size)
+    options = rpc.Options(high_water=64 * 1024, low_water=16 * 1024)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=handlers.registry, options=options
+    ) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            [peer] = server.peers
+            for rid in range(1, 17):  # 16 MiB of results it does not read yet: output waits
+                raw.request_alone(b"%04d" % rid, "big", b"1048576")
+            await wait_until(lambda: peer.outbox.blocked)
+            loop = asyncio.get_running_loop()
+            sent = loop.time()
+            raw.request(b"0100", "wait", b'"late"', 200)  # kept, with its metadata
+            kept = peer._kept.messages
+            await wait_until(lambda: kept and getattr(kept[-1], "op", None) == "wait")
+            await wait_until(lambda: loop.time() > sent + 0.3)
+            raw.writer.write(raw.notification("tick", b"1"))  # read (and kept) after that
+            await wait_until(lambda: getattr(kept[-1], "name", None) == "tick")
+            late = await raw.next()  # now it reads: the output drains
+            while getattr(late, "id", None) != b"0100":  # the server's hello, 16 big results
+                late = await raw.next()
+            assert isinstance(late, gotalk.ErrorResult), late
+            assert b"deadline passed before it ran" in late.payload
+            assert handlers.ran == []
+        finally:
+            handlers.release.set()  # (had "late" run, the server's close would wait for it)
+            await raw.close()
+
+
 # --- raw peers speaking the extension --------------------------------------------------------
 
 
