@@ -1,14 +1,15 @@
 """Messages read from the peer but not run yet, in order, and their bound.
 
 A connection keeps decoded messages here while they may not run (see :mod:`rpc.peer`): the
-rest of a read past ``MESSAGES_PER_TURN``, input behind a stream's full queue or behind
-full handler or task slots, and, while our output waits (above ``high_water``), the peer's
+rest of a read past ``MESSAGES_PER_TURN``, input behind a stream's full queue, and, while
+our output waits (above ``high_water``) or every handler or task slot is taken, the peer's
 requests, notifications, stream parts and heartbeats. Those last are why it is bounded
-rather than one read's worth: while our output waits, the peer is still read (its replies
-to our calls are handled at once, the rest kept here), so that its own pending output (at
-most its ``high_water``, one message and the socket buffers, as its senders wait meanwhile)
-can drain into us, and two peers that flood each other with requests do not hold each
-other until their calls time out. Reading pauses once the backlog is :attr:`Backlog.full`:
+rather than one read's worth: meanwhile the peer is still read (its replies to our calls
+are handled at once, the rest kept here), so that its own pending output (at most its
+``high_water``, one message and the socket buffers, as its senders wait meanwhile) can
+drain into us, two peers that flood each other with requests do not hold each other until
+their calls time out, and handlers that hold the slots while they call the peer back get
+its replies. Reading pauses once the backlog is :attr:`Backlog.full`:
 
 - bytes: every message counts what the adapter's ``message_size`` says (its payload and
   names: a Gotalk op or notification name, a Chatter type and module: :func:`text_size`)
@@ -23,10 +24,13 @@ other until their calls time out. Reading pauses once the backlog is :attr:`Back
 The message that passes the bound and the rest of its read are kept too (a read is at most
 256 KiB over TCP and TLS, one message over WebSocket; a message at most ``max_size``), then
 reading pauses, whether the read ended there or not. Input held for other reasons (a
-turn, a stream, handler or task slots) is kept with reading paused at once, as it is
-bounded by a read; so is everything after a message that refused to run (InputHeld: a
-notification without room, a full stream queue) until that message runs
-(:attr:`Backlog.refused`), even when reading went on while our output waited.
+turn, a stream, slots taken while no handler of ours runs: ``max_concurrent=0``) is kept
+with reading paused at once, as it is bounded by a read; so is everything after a message
+that refused to run (InputHeld: a notification its handler refused, a full stream queue)
+until that message runs (:attr:`Backlog.refused`), even when reading went on before.
+
+Each message keeps the loop time of its read (:attr:`Backlog.read_at`): a request kept a
+while counts its caller's time left from its arrival, not from when it runs.
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
 """
 

@@ -441,7 +441,7 @@ class ChatterPeer(Peer[Conversation]):
     schema repository for typed payloads (default: peerwire's bundled schemas).
     ``extensions=True`` (what :func:`rpc.connect` sets) announces peerwire's extensions in
     the current dialect (see :mod:`rpc.chatter_extension`); the legacy dialect has no room for it.
-    ``retry_results=False``: requests past ``max_concurrent`` wait, reading paused, instead
+    ``retry_results=False``: requests past ``max_concurrent`` wait (:mod:`rpc.backlog`) instead
     of getting a ``PeerwireRpc.Retry`` (which Hat peers cannot decode; None: True).
     """
 

@@ -24,13 +24,14 @@ Everything per connection is bounded and freed when the connection goes:
 - requests being served in the :class:`~rpc.handler_runner.HandlerRunner` (jobs, queued or
   running, and a worker task per job that waits) and tasks in a :class:`~rpc.tasks.TaskSet`
   (notifications, ``on_open``): together at most ``max_concurrent``. Past it a request
-  gets a retry result from a peer that takes them, else reading pauses; reading also
-  pauses while ``max_concurrent`` tasks run (a notification has no answer to refuse it
-  with). Their payloads and the parts queued for stream handlers hold at most
-  ``max_request_bytes`` (:mod:`rpc.request_bytes`). The callers' deadlines of those that
-  came with one are in ``call_bounds`` (one entry per waiting handler);
+  gets a retry result from a peer that takes them, else it waits in the backlog, as does
+  a notification while ``max_concurrent`` tasks run (it has no answer to refuse it with),
+  and replies to our calls still run (:meth:`Peer._holds_all`). Their payloads and the
+  parts queued for stream handlers hold at most ``max_request_bytes``
+  (:mod:`rpc.request_bytes`). The callers' deadlines of those that came with one are in
+  ``call_bounds`` (one entry per waiting handler);
 - decoded messages read but not run yet, in order, and their bound (:mod:`rpc.backlog`
-  says which wait there, and when reading pauses or goes on while our output waits);
+  says which wait there, and when reading pauses or goes on meanwhile);
 - output in the outbox and the transport, above ``high_water`` bytes: :mod:`rpc.outbox`.
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
@@ -59,7 +60,7 @@ from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
 from rpc.request_bytes import RequestBytes
-from rpc.responder import ENDED_STREAMS, Responder, current_peer
+from rpc.responder import ENDED_STREAMS, NoTaskSlot, Responder, current_peer
 from rpc.responder import _parts as _parts
 from rpc.stream_hold import InputHeld, StreamHold
 from rpc.streaming import ResultWait, StreamQueue
@@ -311,11 +312,22 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
         return full and not self.adapter.retry_results
 
+    def _holds_all(self) -> bool:
+        """True while all the peer's input waits unread, replies to our calls too: a stream's
+        full queue (its items come in order), or :meth:`_other_holds` with no handler of
+        ours running (``max_concurrent=0`` for a peer that takes no retry results). Else
+        reading goes on while input waits, replies run, the rest is kept up to the
+        backlog's bound: the handlers that hold the slots may wait for replies from this
+        very peer, which would otherwise come only after their calls timed out."""
+        if self._stream_hold.active:
+            return True
+        return not self.handlers_running and self._other_holds()
+
     def _run(self, messages: list[Any]) -> None:
         """Dispatch one read's messages, with :data:`current_peer` set for them all (the
         handlers they run, and the tasks those start, see it)."""
         # _held() and handlers_running inlined: this check runs once per message (the
-        # notification tasks' bound is checked by notifications alone: NotificationsHeld)
+        # notification tasks' bound is checked by notifications alone: NoTaskSlot)
         dispatch = self.adapter.dispatch
         outbox = self.outbox
         slots = None if self.adapter.retry_results else self.options.max_concurrent
@@ -340,7 +352,10 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
                     return
                 try:  # free unless raised (3.11's zero-cost exceptions)
                     dispatch(message)
-                except InputHeld:  # a notification, or an item for a full stream
+                except NoTaskSlot:  # it waits for a task; replies to our calls still run
+                    self._hold(messages, index)
+                    return
+                except InputHeld:  # a handler's refusal, or an item for a full stream
                     self._kept.refused = message  # (reading stays paused until it ran)
                     self._keep(messages, index)
                     return
@@ -349,9 +364,9 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
 
     def _hold(self, messages: list[Any], start: int) -> None:
         """The rest of a read from ``messages[start]``, which may not run now or comes after
-        messages that wait: while only our output holds them, reading goes on
-        (:meth:`~rpc.backlog.Backlog.take`); any other hold keeps them all, reading paused."""
-        if not self._reading or self._kept.refused is not None or self._other_holds():
+        messages that wait: reading goes on (:meth:`~rpc.backlog.Backlog.take`) unless
+        :meth:`_holds_all` or a message that refused to run keeps them all, reading paused."""
+        if not self._reading or self._kept.refused is not None or self._holds_all():
             self._keep(messages, start)
             return
         end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
@@ -382,7 +397,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
                 self.outbox.flush()
                 kept.next_turn()
                 return
-            if backlog and not kept.sorted and not self._other_holds():  # replies, then read on
+            if backlog and not kept.sorted and not self._holds_all():  # replies, then read on
                 budget = MESSAGES_PER_TURN - handled
                 handled += kept.run_replies(adapter.is_reply, adapter.dispatch, budget)
                 if not kept.sorted and not self._stream_hold.active:
@@ -417,7 +432,7 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         that refused to run (``kept.refused``) stops it."""
         if kept.refused is not None or (self._output_hold and self.outbox.blocked):
             return False
-        return not kept.messages or (kept.sorted and not kept.full and not self._other_holds())
+        return not kept.messages or (kept.sorted and not kept.full and not self._holds_all())
 
     def answered_while_blocked(self) -> None:
         """The codec answered input itself (Chatter Pongs) while our output waits: reading

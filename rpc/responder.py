@@ -74,6 +74,13 @@ class NotificationsHeld(InputHeld):
     for it."""
 
 
+class NoTaskSlot(NotificationsHeld):
+    """Raised by :meth:`Responder.on_notification` itself when ``max_concurrent`` tasks run.
+    Unlike a handler's own refusal, which pauses reading until the message runs, the peer
+    reads on (see :meth:`rpc.peer.Peer._holds_all`): the tasks holding the slots may wait
+    for replies from this very peer."""
+
+
 class Responder(Generic[K]):
     """The calls the peer makes to us (mixed into :class:`~rpc.peer.Peer`, which sets up
     the attributes below)."""
@@ -110,11 +117,11 @@ class Responder(Generic[K]):
     # --- requests and notifications from the peer (from the adapter) -----------------------
 
     def on_notification(self, name: str, payload: Any) -> None:
-        """Run ``name``'s handler; raises :class:`NotificationsHeld` while ``max_concurrent``
-        tasks run, at least one (the peer holds this message and the rest of its read,
-        reading paused, until one ends)."""
+        """Run ``name``'s handler; raises :class:`NoTaskSlot` while ``max_concurrent`` tasks
+        run, at least one (the peer keeps this message and what follows it until one
+        ends)."""
         if len(self._tasks) >= self._task_slots:
-            raise NotificationsHeld
+            raise NoTaskSlot
         if self._intercepted:
             intercept.serve_notification(self, name, payload)  # type: ignore[arg-type]
             return

@@ -96,7 +96,8 @@ async def _pass_through(call: rpc.Call, call_next: Any) -> Any:
 @pytest.mark.parametrize("middleware", [False, True])
 async def test_a_notification_flood_is_slowed_not_spawned(flavour: str, middleware: bool) -> None:
     """Coroutine notification handlers are tasks of the connection: at most max_concurrent
-    run; past that the server stops reading from the peer until one ends, on a peer that
+    run; past that the server keeps what the peer sends, up to the backlog's bound
+    (``max_request_bytes``), then stops reading from it until one ends, on a peer that
     takes retry results too (they are for requests; a notification has no answer)."""
     reg = rpc.Registry()
     release = asyncio.Event()
@@ -119,7 +120,7 @@ async def test_a_notification_flood_is_slowed_not_spawned(flavour: str, middlewa
     def echo(value: object) -> object:
         return value
 
-    options = rpc.Options(max_concurrent=4)
+    options = rpc.Options(max_concurrent=4, max_request_bytes=8 * 1024)
     chain = {"middleware": [_pass_through]} if middleware else {}
     async with served(flavour, reg, options=options, **chain) as (server, peer):
         for i in range(50):
@@ -129,6 +130,7 @@ async def test_a_notification_flood_is_slowed_not_spawned(flavour: str, middlewa
         [server_peer] = server.peers
         await wait_until(lambda: not server_peer.transport.is_reading())
         assert (most, done, server_peer.handlers_running) == (4, 0, 4)
+        assert server_peer._kept.full  # (256 bytes counted a message; its read kept whole)
         release.set()
         assert await after == "after"
         await wait_until(lambda: done == 50)
@@ -160,17 +162,18 @@ def working_registry() -> tuple[rpc.Registry, list[float]]:
 async def test_held_input_does_not_count_as_a_silent_peer(
     flavour: str, liveness: dict[str, float]
 ) -> None:
-    """While the server holds a peer's input (its notification tasks all taken), the
-    peer's heartbeats or Pongs wait unread: that is not silence, and the connection lives
-    past the liveness limits until the handlers end."""
+    """While the server holds a peer's input (its notification tasks all taken, the backlog
+    full), the peer's heartbeats or Pongs wait unread: that is not silence, and the
+    connection lives past the liveness limits until the handlers end."""
     reg, done = working_registry()
-    options = rpc.Options(max_concurrent=1)
+    options = rpc.Options(max_concurrent=1, max_request_bytes=1024)
     async with served(flavour, reg, options=options, **liveness) as (server, peer):
-        peer.notify("work", 1.0)
-        peer.notify("work", 1.0)  # held for a second: more than the liveness limits
+        peer.notify("work", 1.0)  # the others wait a second: more than the liveness limits
+        for _ in range(8):  # at 256 bytes counted each, 4 fill the backlog: reading pauses
+            peer.notify("work", 0.0)
         [server_peer] = server.peers
         await wait_until(lambda: not server_peer.transport.is_reading())
-        await wait_until(lambda: done == [1.0, 1.0], timeout=10)
+        await wait_until(lambda: done == [1.0] + [0.0] * 8, timeout=10)
         assert peer.is_open and server_peer.is_open
         assert await peer.request("echo", "alive") == "alive"
 

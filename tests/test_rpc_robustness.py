@@ -281,7 +281,7 @@ async def test_a_bug_of_ours_on_held_input_closes_the_connection(
         slow_call = asyncio.ensure_future(peer.request("slow", 1, timeout=10))
         bug_call = asyncio.ensure_future(peer.request("bug", 2, timeout=10))
         [server_peer] = server.peers
-        await wait_until(lambda: not server_peer.transport.is_reading())  # "bug" held back
+        await wait_until(lambda: server_peer._kept.messages)  # "bug" held back
         with caplog.at_level(logging.ERROR, logger="peerwire.rpc"):
             release.set()
             async with asyncio.timeout(5):
