@@ -1,15 +1,16 @@
 """Messages read from the peer but not run yet, in order, and their bound.
 
-A connection keeps decoded messages here while they may not run (see :mod:`rpc.peer`): the
-rest of a read past ``MESSAGES_PER_TURN``, input behind a stream's full queue, and, while
-our output waits (above ``high_water``) or every handler or task slot is taken, the peer's
-requests, notifications, stream parts and heartbeats. Those last are why it is bounded
-rather than one read's worth: meanwhile the peer is still read (its replies to our calls
-are handled at once, the rest kept here), so that its own pending output (at most its
-``high_water``, one message and the socket buffers, as its senders wait meanwhile) can
-drain into us, two peers that flood each other with requests do not hold each other until
-their calls time out, and handlers that hold the slots while they call the peer back get
-its replies. Reading pauses once the backlog is :attr:`Backlog.full`:
+A connection keeps decoded messages here while they may not run (see
+:mod:`rpc.input_flow`): the rest of a read past ``MESSAGES_PER_TURN``, input behind a
+stream's full queue, and, while our output waits (above ``high_water``) or every handler
+or task slot is taken, the peer's requests, notifications, stream parts and heartbeats.
+Those last are why it is bounded rather than one read's worth: meanwhile the peer is
+still read (its replies to our calls are handled at once, the rest kept here), so that
+its own pending output (at most its ``high_water``, one message and the socket buffers,
+as its senders wait meanwhile) can drain into us, two peers that flood each other with
+requests do not hold each other until their calls time out, and handlers that hold the
+slots while they call the peer back get its replies. Reading pauses once the backlog is
+:attr:`Backlog.full`:
 
 - bytes: every message counts what the adapter's ``message_size`` says (its payload and
   names: a Gotalk op or notification name, a Chatter type and module: :func:`text_size`)

@@ -12,7 +12,7 @@ coroutine's single reply, a streamed result's end), are written at once (see
 
 Writability follows the transport: ``pause_writing`` (its buffer passed the high-water mark)
 marks the outbox blocked until ``resume_writing`` (drained below the low-water mark). While
-blocked the peer handles no input but replies to its calls (see :mod:`rpc.peer`);
+blocked the peer handles no input but replies to its calls (see :mod:`rpc.input_flow`);
 :meth:`wait_writable` lets senders wait, and wakes them one at a time, in order.
 """
 

@@ -3,15 +3,17 @@
 Path of a request, in one direction: the transport reads into the thread's buffer
 (:mod:`transports.read_buffer`) and calls :meth:`Peer.data_received` with the bytes; the
 peer's protocol adapter (:mod:`rpc.gotalk_peer`, :mod:`rpc.chatter_peer`) decodes the bytes
-into codec messages and :meth:`Peer._run` hands each to the adapter's ``dispatch``, which
-calls :meth:`Peer.on_request` (or ``on_result`` ...); the handler runs (inline when it is a
-plain function; as a job of the peer's :class:`~rpc.handler_runner.HandlerRunner` when it
-is a coroutine or async generator); its result goes back
-through the adapter's encoder into the :class:`~rpc.outbox.Outbox`, which writes what one
-read produced at its end, with a write forced every 16 messages or 64 KiB queued.
+into codec messages and :meth:`~rpc.input_flow.InputFlow._run` hands each to the adapter's
+``dispatch``, which calls :meth:`Peer.on_request` (or ``on_result`` ...); the handler runs
+(inline when it is a plain function; as a job of the peer's
+:class:`~rpc.handler_runner.HandlerRunner` when it is a coroutine or async generator); its
+result goes back through the adapter's encoder into the :class:`~rpc.outbox.Outbox`, which
+writes what one read produced at its end, with a write forced every 16 messages or 64 KiB
+queued.
 
-The peer is four parts, each in its module: this one (the transport's callbacks, input
-flow and backpressure), :class:`~rpc.responder.Responder` (the calls the peer makes to
+The peer is five parts, each in its module: this one (the transport's callbacks and the
+connection's state), :class:`~rpc.input_flow.InputFlow` (which messages run now, which
+wait, when reading pauses), :class:`~rpc.responder.Responder` (the calls the peer makes to
 us), :class:`~rpc.calls.Caller` (the calls we make) and :class:`~rpc.closing.Closing`
 (abort, graceful close, the linger after it); its settings and the wire format's adapter
 are in :mod:`rpc.options`.
@@ -26,7 +28,7 @@ Everything per connection is bounded and freed when the connection goes:
   (notifications, ``on_open``): together at most ``max_concurrent``. Past it a request
   gets a retry result from a peer that takes them, else it waits in the backlog, as does
   a notification while ``max_concurrent`` tasks run (it has no answer to refuse it with),
-  and replies to our calls still run (:meth:`Peer._holds_all`). Their payloads and the
+  and replies to our calls still run (:mod:`rpc.input_flow`). Their payloads and the
   parts queued for stream handlers hold at most ``max_request_bytes``
   (:mod:`rpc.request_bytes`). The callers' deadlines of those that came with one are in
   ``call_bounds`` (one entry per waiting handler);
@@ -54,15 +56,16 @@ from rpc.closing import Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
+from rpc.input_flow import InputFlow
 from rpc.key import K
 from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
 from rpc.request_bytes import RequestBytes
-from rpc.responder import ENDED_STREAMS, NoTaskSlot, Responder, current_peer
+from rpc.responder import ENDED_STREAMS, Responder, current_peer
 from rpc.responder import _parts as _parts
-from rpc.stream_hold import InputHeld, StreamHold
+from rpc.stream_hold import StreamHold
 from rpc.streaming import ResultWait, StreamQueue
 from rpc.tasks import TaskSet
 from transports.read_buffer import SharedBufferProtocol
@@ -74,7 +77,7 @@ __all__ = ["ENDED_STREAMS", "Adapter", "Options", "Peer", "ResultWait", "current
 log = logging.getLogger("peerwire.rpc")
 
 
-class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
+class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol):
     """One connection's RPC state. Built by :class:`~rpc.gotalk_peer.GotalkPeer` or
     :class:`~rpc.chatter_peer.ChatterPeer` with their adapter.
 
@@ -293,173 +296,6 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         self.outbox.resume()
         self._continue()
 
-    # --- input flow ----------------------------------------------------------------------
-
-    def _held(self, message: Any) -> bool:
-        """True when ``message`` may not run now: a stream's full queue holds all input;
-        our backed-up output or :meth:`_other_holds` all but replies to our calls."""
-        if self._stream_hold.active:
-            return True
-        return (self.outbox.blocked or self._other_holds()) and not self.adapter.is_reply(message)
-
-    def _other_holds(self) -> bool:
-        """True while input waits, reading paused, for more than our output: a stream's full
-        queue, every notification (and ``on_open``) task slot taken (``_task_slots``), or
-        every handler slot or ``max_request_bytes`` taken for a peer that does not
-        understand retry results (one that does gets them instead)."""
-        if self._stream_hold.active or len(self._tasks) >= self._task_slots:
-            return True
-        full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
-        return full and not self.adapter.retry_results
-
-    def _holds_all(self) -> bool:
-        """True while all the peer's input waits unread, replies to our calls too: a stream's
-        full queue (its items come in order), or :meth:`_other_holds` with no handler of
-        ours running (``max_concurrent=0`` for a peer that takes no retry results). Else
-        reading goes on while input waits, replies run, the rest is kept up to the
-        backlog's bound: the handlers that hold the slots may wait for replies from this
-        very peer, which would otherwise come only after their calls timed out."""
-        if self._stream_hold.active:
-            return True
-        return not self.handlers_running and self._other_holds()
-
-    def _run(self, messages: list[Any]) -> None:
-        """Dispatch one read's messages, with :data:`current_peer` set for them all (the
-        handlers they run, and the tasks those start, see it)."""
-        # _held() and handlers_running inlined: this check runs once per message (the
-        # notification tasks' bound is checked by notifications alone: NoTaskSlot)
-        dispatch = self.adapter.dispatch
-        outbox = self.outbox
-        slots = None if self.adapter.retry_results else self.options.max_concurrent
-        tasks = self._tasks
-        runner = self._runner
-        held = self._request_bytes
-        is_reply = self.adapter.is_reply
-        token = current_peer.set(self)
-        try:
-            for index, message in enumerate(messages):
-                if (
-                    outbox.blocked
-                    or (
-                        slots is not None
-                        and (len(tasks) + runner.jobs >= slots or held.used >= held.limit)
-                    )
-                ) and not is_reply(message):
-                    self._hold(messages, index)
-                    return
-                if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
-                    self._keep(messages, index, turn=True)
-                    return
-                try:  # free unless raised (3.11's zero-cost exceptions)
-                    dispatch(message)
-                except NoTaskSlot:  # it waits for a task; replies to our calls still run
-                    self._hold(messages, index)
-                    return
-                except InputHeld:  # a handler's refusal, or an item for a full stream
-                    self._kept.refused = message  # (reading stays paused until it ran)
-                    self._keep(messages, index)
-                    return
-        finally:
-            current_peer.reset(token)
-
-    def _hold(self, messages: list[Any], start: int) -> None:
-        """The rest of a read from ``messages[start]``, which may not run now or comes after
-        messages that wait: reading goes on (:meth:`~rpc.backlog.Backlog.take`) unless
-        :meth:`_holds_all` or a message that refused to run keeps them all, reading paused."""
-        if not self._reading or self._kept.refused is not None or self._holds_all():
-            self._keep(messages, start)
-            return
-        end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
-        adapter = self.adapter
-        stop = self._kept.take(messages, start, end, adapter.is_reply, adapter.dispatch)
-        if stop < len(messages) or self._kept.full:  # or a stream's queue full, a turn's end
-            self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
-
-    def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:
-        """Keep ``messages[start:]`` in order and pause reading (until the next ``turn``)."""
-        self._kept.extend(messages[start:])
-        self._pause_reading()
-        if turn:
-            self._kept.next_turn()
-
-    def _continue(self) -> None:
-        """Handle held-back messages once output drained or a handler slot freed; while
-        only the output holds them, handle the replies among them and read on."""
-        backlog = self._backlog
-        kept = self._kept
-        if self._transport is None:
-            return
-        token = current_peer.set(self)
-        try:
-            adapter = self.adapter  # _held(): room for a notification too
-            handled = kept.run(self._held, adapter.dispatch, MESSAGES_PER_TURN)
-            if handled == MESSAGES_PER_TURN and backlog:  # a turn's worth: the rest later
-                self.outbox.flush()
-                kept.next_turn()
-                return
-            if backlog and not kept.sorted and not self._holds_all():  # replies, then read on
-                budget = MESSAGES_PER_TURN - handled
-                handled += kept.run_replies(adapter.is_reply, adapter.dispatch, budget)
-                if not kept.sorted and not self._stream_hold.active:
-                    kept.next_turn()  # replies past the turn's
-        except ProtocolError as exc:
-            self._violation(exc)
-            return
-        except Exception:  # as in data_received: no half-dead connection, reading paused
-            log.exception("%s: unexpected error handling input; closing", self.protocol_name)
-            self.abort()
-            return
-        finally:
-            current_peer.reset(token)
-        self.outbox.flush()
-        if kept.refused is not None:  # reading went on while the output waited: not past it
-            self._pause_reading()
-        if not self._reading and self._may_read(kept):
-            if handled:  # what this turn handled may have woken readers of our streams:
-                self._kept.next_turn()  # they run first, and reading resumes after them (uvloop
-                return  # reads before the callbacks queued meanwhile: a stream overflowed)
-            self._reading = True
-            self._hold_told = False
-            self._output_hold = False
-            self.resumed_at = self._loop.time()
-            self._transport.resume_reading()
-        elif not self._reading:  # a pause that began otherwise (a turn, output) holds now
-            self._tell_hold()
-
-    def _may_read(self, kept: Backlog) -> bool:
-        """True when reading may resume: nothing waits, or only our output holds what does
-        and the backlog has room, and no Ping answered while the output waits nor a message
-        that refused to run (``kept.refused``) stops it."""
-        if kept.refused is not None or (self._output_hold and self.outbox.blocked):
-            return False
-        return not kept.messages or (kept.sorted and not kept.full and not self._holds_all())
-
-    def answered_while_blocked(self) -> None:
-        """The codec answered input itself (Chatter Pongs) while our output waits: reading
-        stops until it drains, so a peer that pings and never reads adds one read's worth."""
-        self._output_hold = True
-        self._pause_reading()
-
-    def _task_done(self) -> None:
-        """A handler ended (a task leaving the task set, or a job of the runner, called from
-        inside its task): held-back input waits for a turn of its own, so that it neither
-        runs in that task nor inherits its context variables."""
-        if self._backlog and self._transport is not None:
-            self._kept.next_turn()
-
-    def _pause_reading(self) -> None:
-        if self._reading and self._transport is not None:
-            self._reading = False
-            self._transport.pause_reading()
-            self._tell_hold()
-
-    def _tell_hold(self) -> None:
-        """Once per hold (see :attr:`holding_input`): the adapter keeps the peer hearing
-        from us meanwhile, as its liveness checks expect."""
-        if not self._hold_told and self.holding_input:
-            self._hold_told = True
-            self.adapter.input_held()
-
     def _violation(self, exc: ProtocolError) -> None:
         self.violation = exc
         violations.warning(
@@ -488,17 +324,6 @@ class Peer(Responder[K], Caller[K], Closing, SharedBufferProtocol):
         """ConnectionClosed unless open (written out in ``Caller._send``, per request)."""
         if not self.is_open:
             raise ConnectionClosed("connection is closed")
-
-    @property
-    def holding_input(self) -> bool:
-        """True while we hold the peer's input for reasons of our own (handler slots or
-        notification tasks all taken, a turn given to other connections, a stream's full
-        queue, ``max_request_bytes``) and something will end the hold (a handler running, a
-        turn due, a stall limit); not while it stopped reading our output. The liveness
-        checks (read timeout, Ping, keepalive) then count it alive, since what it sent waits
-        unread. A handler that never ends holds it for good."""
-        busy = self._kept.turn is not None or self.handlers_running > 0
-        return not self._reading and not self.outbox.blocked and (busy or self._stream_hold.active)
 
     @property
     def read_at(self) -> float:

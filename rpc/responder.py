@@ -77,8 +77,8 @@ class NotificationsHeld(InputHeld):
 class NoTaskSlot(NotificationsHeld):
     """Raised by :meth:`Responder.on_notification` itself when ``max_concurrent`` tasks run.
     Unlike a handler's own refusal, which pauses reading until the message runs, the peer
-    reads on (see :meth:`rpc.peer.Peer._holds_all`): the tasks holding the slots may wait
-    for replies from this very peer."""
+    reads on (see :meth:`rpc.input_flow.InputFlow._holds_all`): the tasks holding the
+    slots may wait for replies from this very peer."""
 
 
 class Responder(Generic[K]):

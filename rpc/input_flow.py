@@ -1,0 +1,248 @@
+"""Input flow: what a connection does with the messages of a read, when it reads on, and
+when it stops.
+
+:class:`InputFlow` is the part of :class:`~rpc.peer.Peer` that decides, per message, whether
+it runs now or waits in the connection's :class:`~rpc.backlog.Backlog` (whose module doc
+states the bound), and when reading pauses and resumes:
+
+- a message runs at once unless our output waits (above ``high_water``), a stream's full
+  queue holds the input (:mod:`rpc.stream_hold`), or it finds no slot: a notification
+  while ``max_concurrent`` tasks run, a request from a peer without retry results while
+  ``max_concurrent`` handlers run or ``max_request_bytes`` is taken (a peer with them gets
+  a retry result instead). Replies to our calls run at once but behind a stream's full
+  queue;
+- while a message waits, reading goes on (replies run, the rest is kept) up to the
+  backlog's bound, unless :meth:`InputFlow._holds_all` or a message that refused to run
+  (InputHeld from its handler) pauses it at once;
+- a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn.
+
+It shares the peer's state (slots set up by :class:`~rpc.peer.Peer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Generic
+
+from rpc.backlog import MESSAGES_PER_TURN, Backlog
+from rpc.key import K
+from rpc.responder import NoTaskSlot, current_peer
+from rpc.stream_hold import InputHeld, StreamHold
+from wire.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from rpc.handler_runner import HandlerRunner
+    from rpc.options import Adapter, Options
+    from rpc.outbox import Outbox
+    from rpc.request_bytes import RequestBytes
+    from rpc.tasks import TaskSet
+
+log = logging.getLogger("peerwire.rpc")
+
+
+class InputFlow(Generic[K]):
+    """The input flow of a connection (mixed into :class:`~rpc.peer.Peer`, which sets up
+    the attributes below)."""
+
+    adapter: Adapter[K]
+    options: Options
+    outbox: Outbox
+    resumed_at: float
+    _loop: asyncio.AbstractEventLoop
+    _transport: Any
+    _kept: Backlog
+    _backlog: Any
+    _reading: bool
+    _hold_told: bool
+    _output_hold: bool
+    _stream_hold: StreamHold
+    _tasks: TaskSet
+    _task_slots: int
+    _runner: HandlerRunner[K]
+    _request_bytes: RequestBytes
+
+    if TYPE_CHECKING:
+
+        @property
+        def handlers_running(self) -> int: ...
+        @property
+        def protocol_name(self) -> str: ...
+        def abort(self, exc: BaseException | None = None) -> None: ...
+        def _violation(self, exc: ProtocolError) -> None: ...
+
+    def _held(self, message: Any) -> bool:
+        """True when ``message`` may not run now: a stream's full queue holds all input;
+        our backed-up output or :meth:`_other_holds` all but replies to our calls."""
+        if self._stream_hold.active:
+            return True
+        return (self.outbox.blocked or self._other_holds()) and not self.adapter.is_reply(message)
+
+    def _other_holds(self) -> bool:
+        """True while input waits, reading paused, for more than our output: a stream's full
+        queue, every notification (and ``on_open``) task slot taken (``_task_slots``), or
+        every handler slot or ``max_request_bytes`` taken for a peer that does not
+        understand retry results (one that does gets them instead)."""
+        if self._stream_hold.active or len(self._tasks) >= self._task_slots:
+            return True
+        full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
+        return full and not self.adapter.retry_results
+
+    def _holds_all(self) -> bool:
+        """True while all the peer's input waits unread, replies to our calls too: a stream's
+        full queue (its items come in order), or :meth:`_other_holds` with no handler of
+        ours running (``max_concurrent=0`` for a peer that takes no retry results). Else
+        reading goes on while input waits, replies run, the rest is kept up to the
+        backlog's bound: the handlers that hold the slots may wait for replies from this
+        very peer, which would otherwise come only after their calls timed out."""
+        if self._stream_hold.active:
+            return True
+        return not self.handlers_running and self._other_holds()
+
+    def _run(self, messages: list[Any]) -> None:
+        """Dispatch one read's messages, with :data:`current_peer` set for them all (the
+        handlers they run, and the tasks those start, see it)."""
+        # _held() and handlers_running inlined: this check runs once per message (the
+        # notification tasks' bound is checked by notifications alone: NoTaskSlot)
+        dispatch = self.adapter.dispatch
+        outbox = self.outbox
+        slots = None if self.adapter.retry_results else self.options.max_concurrent
+        tasks = self._tasks
+        runner = self._runner
+        held = self._request_bytes
+        is_reply = self.adapter.is_reply
+        token = current_peer.set(self)  # type: ignore[arg-type]  # (mixed into Peer)
+        try:
+            for index, message in enumerate(messages):
+                if (
+                    outbox.blocked
+                    or (
+                        slots is not None
+                        and (len(tasks) + runner.jobs >= slots or held.used >= held.limit)
+                    )
+                ) and not is_reply(message):
+                    self._hold(messages, index)
+                    return
+                if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
+                    self._keep(messages, index, turn=True)
+                    return
+                try:  # free unless raised (3.11's zero-cost exceptions)
+                    dispatch(message)
+                except NoTaskSlot:  # it waits for a task; replies to our calls still run
+                    self._hold(messages, index)
+                    return
+                except InputHeld:  # a handler's refusal, or an item for a full stream
+                    self._kept.refused = message  # (reading stays paused until it ran)
+                    self._keep(messages, index)
+                    return
+        finally:
+            current_peer.reset(token)
+
+    def _hold(self, messages: list[Any], start: int) -> None:
+        """The rest of a read from ``messages[start]``, which may not run now or comes after
+        messages that wait: reading goes on (:meth:`~rpc.backlog.Backlog.take`) unless
+        :meth:`_holds_all` or a message that refused to run keeps them all, reading paused."""
+        if not self._reading or self._kept.refused is not None or self._holds_all():
+            self._keep(messages, start)
+            return
+        end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
+        adapter = self.adapter
+        stop = self._kept.take(messages, start, end, adapter.is_reply, adapter.dispatch)
+        if stop < len(messages) or self._kept.full:  # or a stream's queue full, a turn's end
+            self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
+
+    def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:
+        """Keep ``messages[start:]`` in order and pause reading (until the next ``turn``)."""
+        self._kept.extend(messages[start:])
+        self._pause_reading()
+        if turn:
+            self._kept.next_turn()
+
+    def _continue(self) -> None:
+        """Handle held-back messages once output drained or a handler slot freed; while
+        only the output holds them, handle the replies among them and read on."""
+        backlog = self._backlog
+        kept = self._kept
+        if self._transport is None:
+            return
+        token = current_peer.set(self)  # type: ignore[arg-type]  # (mixed into Peer)
+        try:
+            adapter = self.adapter  # _held(): room for a notification too
+            handled = kept.run(self._held, adapter.dispatch, MESSAGES_PER_TURN)
+            if handled == MESSAGES_PER_TURN and backlog:  # a turn's worth: the rest later
+                self.outbox.flush()
+                kept.next_turn()
+                return
+            if backlog and not kept.sorted and not self._holds_all():  # replies, then read on
+                budget = MESSAGES_PER_TURN - handled
+                handled += kept.run_replies(adapter.is_reply, adapter.dispatch, budget)
+                if not kept.sorted and not self._stream_hold.active:
+                    kept.next_turn()  # replies past the turn's
+        except ProtocolError as exc:
+            self._violation(exc)
+            return
+        except Exception:  # as in data_received: no half-dead connection, reading paused
+            log.exception("%s: unexpected error handling input; closing", self.protocol_name)
+            self.abort()
+            return
+        finally:
+            current_peer.reset(token)
+        self.outbox.flush()
+        if kept.refused is not None:  # reading went on while the output waited: not past it
+            self._pause_reading()
+        if not self._reading and self._may_read(kept):
+            if handled:  # what this turn handled may have woken readers of our streams:
+                self._kept.next_turn()  # they run first, and reading resumes after them (uvloop
+                return  # reads before the callbacks queued meanwhile: a stream overflowed)
+            self._reading = True
+            self._hold_told = False
+            self._output_hold = False
+            self.resumed_at = self._loop.time()
+            self._transport.resume_reading()
+        elif not self._reading:  # a pause that began otherwise (a turn, output) holds now
+            self._tell_hold()
+
+    def _may_read(self, kept: Backlog) -> bool:
+        """True when reading may resume: nothing waits, or only our output holds what does
+        and the backlog has room, and no Ping answered while the output waits nor a message
+        that refused to run (``kept.refused``) stops it."""
+        if kept.refused is not None or (self._output_hold and self.outbox.blocked):
+            return False
+        return not kept.messages or (kept.sorted and not kept.full and not self._holds_all())
+
+    def answered_while_blocked(self) -> None:
+        """The codec answered input itself (Chatter Pongs) while our output waits: reading
+        stops until it drains, so a peer that pings and never reads adds one read's worth."""
+        self._output_hold = True
+        self._pause_reading()
+
+    def _task_done(self) -> None:
+        """A handler ended (a task leaving the task set, or a job of the runner, called from
+        inside its task): held-back input waits for a turn of its own, so that it neither
+        runs in that task nor inherits its context variables."""
+        if self._backlog and self._transport is not None:
+            self._kept.next_turn()
+
+    def _pause_reading(self) -> None:
+        if self._reading and self._transport is not None:
+            self._reading = False
+            self._transport.pause_reading()
+            self._tell_hold()
+
+    def _tell_hold(self) -> None:
+        """Once per hold (see :attr:`holding_input`): the adapter keeps the peer hearing
+        from us meanwhile, as its liveness checks expect."""
+        if not self._hold_told and self.holding_input:
+            self._hold_told = True
+            self.adapter.input_held()
+
+    @property
+    def holding_input(self) -> bool:
+        """True while we hold the peer's input for reasons of our own (handler slots or
+        notification tasks all taken, a turn given to other connections, a stream's full
+        queue, ``max_request_bytes``) and something will end the hold (a handler running, a
+        turn due, a stall limit); not while it stopped reading our output. The liveness
+        checks (read timeout, Ping, keepalive) then count it alive, since what it sent waits
+        unread. A handler that never ends holds it for good."""
+        busy = self._kept.turn is not None or self.handlers_running > 0
+        return not self._reading and not self.outbox.blocked and (busy or self._stream_hold.active)
