@@ -8,10 +8,9 @@ Heartbeats on our own plan go every 100-110% of the interval, at random (``BEAT_
 A peer's heartbeat that arrives when ours is due within half an interval is answered with
 ours at once, and our next is then planned after 120% (``ANSWERER_SLACK``), later than the
 peer's: one side sends and the other answers, and an idle connection wakes one side's timer
-once per interval (before: both sides, twice each, for a heartbeat and a read check). Liveness
-deadlines are coarse (a quarter second) so that many connections share a wake-up.
-Over WebSocket there is no read timeout (the WebSocket's own pings detect dead peers, and
-browsers delay timers in background tabs).
+once per interval. Liveness deadlines are coarse (a quarter second) so that many
+connections share a wake-up. Over WebSocket there is no read timeout (the WebSocket's own
+pings detect dead peers, and browsers delay timers in background tabs).
 
 Compatibility with real peers:
 - a stream request (``s``) is always answered with stream results, ending with an empty
@@ -20,7 +19,7 @@ Compatibility with real peers:
 - retry results (``e``) go only to peers that understand them: byte-stream peers (Go,
   peerwire) and WebSocket peers whose transport says so (``peerwire_retry`` extra info).
   gotalk.js 1.2.1 answers ``e`` with ``f00000002`` and drops the connection, so other
-  WebSocket peers past ``max_concurrent`` are simply not read from until a handler finishes.
+  WebSocket peers' requests past ``max_concurrent`` wait until a handler ends.
 """
 
 from __future__ import annotations
