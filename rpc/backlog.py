@@ -205,11 +205,12 @@ class Backlog:
         is_reply: Callable[[Any], bool],
         dispatch: Callable[[Any], None],
     ) -> int:
-        """``messages[start:end]`` of a read while only our output holds the peer's input:
-        replies to our calls run at once (``dispatch``), the rest is kept in order. Returns
-        where it stopped: ``end``, just past the message that filled the backlog, or at a
-        reply for a stream of ours whose queue is full (InputHeld: it runs later). The
-        backlog may be :attr:`full` whichever: reading must then pause."""
+        """``messages[start:end]`` of a read while the peer's input waits and reading goes on (our
+        output or slots hold it: :mod:`rpc.input_flow`): replies to our calls run at once
+        (``dispatch``), the rest is kept in order. Returns where it stopped: ``end``, just past the
+        message that filled the backlog, or at a reply for a stream of ours whose queue is full
+        (InputHeld: it runs later). The backlog may be :attr:`full` whichever: reading must then
+        pause."""
         keep = self.messages.append
         keep_time = self._times.append
         read_at = self.read_at

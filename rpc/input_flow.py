@@ -79,10 +79,10 @@ class InputFlow(Generic[K]):
         return (self.outbox.blocked or self._other_holds()) and not self.adapter.is_reply(message)
 
     def _other_holds(self) -> bool:
-        """True while input waits, reading paused, for more than our output: a stream's full
-        queue, every notification (and ``on_open``) task slot taken (``_task_slots``), or
-        every handler slot or ``max_request_bytes`` taken for a peer that does not
-        understand retry results (one that does gets them instead)."""
+        """True while the peer's input but replies waits for more than our output: a stream's full
+        queue, every notification (and ``on_open``) task slot taken (``_task_slots``), or every
+        handler slot or ``max_request_bytes`` taken for a peer that does not understand retry
+        results (one that does gets them instead)."""
         if self._stream_hold.active or len(self._tasks) >= self._task_slots:
             return True
         full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
@@ -159,8 +159,8 @@ class InputFlow(Generic[K]):
             self._kept.next_turn()
 
     def _continue(self) -> None:
-        """Handle held-back messages once output drained or a handler slot freed; while
-        only the output holds them, handle the replies among them and read on."""
+        """Handle held-back messages once output drained or a handler slot freed; unless
+        :meth:`_holds_all`, handle the replies among them and read on."""
         backlog = self._backlog
         kept = self._kept
         if self._transport is None:
