@@ -75,9 +75,10 @@ class Backlog:
     which keep :attr:`bytes` counted, each message as ``size`` (the adapter's
     ``message_size``) plus :data:`OVERHEAD`.
 
-    ``sorted`` is False while the messages may include replies to our calls (the rest of a
-    read kept whole, in order); the peer then runs those replies before it reads on
-    (:meth:`run_replies`), so that what it reads later never overtakes them."""
+    ``sorted`` is False while the messages may include some that run while the rest waits
+    (replies to our calls, parts of running streams: ``runs_now`` of :meth:`take`), as when
+    the rest of a read was kept whole, in order; the peer then runs those before it reads
+    on (:meth:`run_replies`), so that what it reads later never overtakes them."""
 
     __slots__ = (
         "_context",
@@ -176,6 +177,12 @@ class Backlog:
         self.requests.reserved += self._size(message) + OVERHEAD
         self.sorted = False
 
+    def recheck(self) -> None:
+        """What may run while the rest waits changed (our output drained: parts of running
+        streams may run now): the next turn looks among the messages for it."""
+        if self.messages:
+            self.sorted = False
+
     def run(self, held: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int) -> int:
         """Run messages from the first, in order, while ``held`` lets the first go (at most
         ``budget``); one refused with InputHeld (a full stream queue, a notification with
@@ -202,15 +209,16 @@ class Backlog:
         messages: list[Any],
         start: int,
         end: int,
-        is_reply: Callable[[Any], bool],
+        runs_now: Callable[[Any], bool],
         dispatch: Callable[[Any], None],
     ) -> int:
-        """``messages[start:end]`` of a read while the peer's input waits and reading goes on (our
-        output or slots hold it: :mod:`rpc.input_flow`): replies to our calls run at once
-        (``dispatch``), the rest is kept in order. Returns where it stopped: ``end``, just past the
-        message that filled the backlog, or at a reply for a stream of ours whose queue is full
-        (InputHeld: it runs later). The backlog may be :attr:`full` whichever: reading must then
-        pause."""
+        """``messages[start:end]`` of a read while the peer's input waits and reading goes
+        on (our output or slots hold it: :mod:`rpc.input_flow`): those that ``runs_now``
+        (replies to our calls, parts of running streams) run at once (``dispatch``), the
+        rest is kept in order. Returns where it stopped: ``end``, just past the message
+        that filled the backlog, or at one refused with InputHeld (a reply for a stream of
+        ours whose queue is full: it runs later). The backlog may be :attr:`full`
+        whichever: reading must then pause."""
         keep = self.messages.append
         keep_time = self._times.append
         read_at = self.read_at
@@ -218,7 +226,7 @@ class Backlog:
         requests = self.requests
         for index in range(start, end):
             message = messages[index]
-            if is_reply(message):
+            if runs_now(message):
                 try:
                     dispatch(message)
                 except InputHeld:
@@ -232,19 +240,19 @@ class Backlog:
         return end
 
     def run_replies(
-        self, is_reply: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int
+        self, runs_now: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int
     ) -> int:
-        """Run the replies to our calls kept among the messages (at most ``budget``, in
-        order), before the peer reads on: what it reads later must not overtake them. The
-        rest keep their order; replies not run (past ``budget``, or from one for a stream
-        of ours whose queue is full: it is then :attr:`refused`) go back first. Returns how
-        many ran."""
+        """Run the messages kept that ``runs_now`` (replies to our calls, parts of running
+        streams; at most ``budget``, in order), before the peer reads on: what it reads
+        later must not overtake them. The rest keep their order; those not run (past
+        ``budget``, or from one refused with InputHeld, which is then :attr:`refused`) go
+        back first. Returns how many ran."""
         replies: list[Any] = []
         reply_times: list[float] = []
         kept: list[Any] = []
         kept_times: list[float] = []
         for message, read_at in zip(self.messages, self._times, strict=True):
-            if is_reply(message):
+            if runs_now(message):
                 replies.append(message)
                 reply_times.append(read_at)
             else:

@@ -207,6 +207,10 @@ class ChatterAdapter:
     def is_reply(self, msg: Msg) -> bool:
         return not msg.owner  # a message in a conversation we started
 
+    def continues_stream(self, msg: Msg) -> bool:
+        first = msg.first  # a later message in a conversation the peer started
+        return msg.owner and first != msg.id and self.peer.has_stream(Conversation(False, first))
+
     def message_size(self, msg: Msg) -> int:
         return len(msg.data) + text_size(msg.type) + (text_size(msg.module) if msg.module else 0)
 

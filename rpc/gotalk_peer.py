@@ -209,6 +209,9 @@ class GotalkAdapter:
     def is_reply(self, msg: Any) -> bool:
         return msg.__class__ in _REPLIES
 
+    def continues_stream(self, msg: Any) -> bool:
+        return msg.__class__ is gotalk.StreamRequestPart and self.peer.has_stream(msg.id)
+
     def message_size(self, msg: Any) -> int:
         cls = msg.__class__  # its payload, and a request's op or a notification's name
         if cls is gotalk.Heartbeat or cls is gotalk.Fault:

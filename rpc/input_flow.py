@@ -10,7 +10,8 @@ states the bound), and when reading pauses and resumes:
   while ``max_concurrent`` tasks run, a request from a peer without retry results while
   ``max_concurrent`` handlers run or ``max_request_bytes`` is taken (a peer with them gets
   a retry result instead). Replies to our calls run at once but behind a stream's full
-  queue;
+  queue, and so do the parts of stream requests whose handlers run, unless our output
+  waits (:meth:`InputFlow._runs_now`);
 - while a message waits, reading goes on (replies run, the rest is kept) up to the
   backlog's bound, unless :meth:`InputFlow._holds_all` or a message that refused to run
   (InputHeld from its handler) pauses it at once;
@@ -73,10 +74,19 @@ class InputFlow(Generic[K]):
 
     def _held(self, message: Any) -> bool:
         """True when ``message`` may not run now: a stream's full queue holds all input;
-        our backed-up output or :meth:`_other_holds` all but replies to our calls."""
+        our backed-up output or :meth:`_other_holds` all but what :meth:`_runs_now`."""
         if self._stream_hold.active:
             return True
-        return (self.outbox.blocked or self._other_holds()) and not self.adapter.is_reply(message)
+        return (self.outbox.blocked or self._other_holds()) and not self._runs_now(message)
+
+    def _runs_now(self, message: Any) -> bool:
+        """True for input that runs while the rest waits (never behind a stream's full
+        queue): replies to our calls; and, unless our output waits, the parts and end of
+        a stream request whose handler runs, which may hold the slot the rest waits for."""
+        adapter = self.adapter
+        if adapter.is_reply(message):
+            return True
+        return not self.outbox.blocked and adapter.continues_stream(message)
 
     def _other_holds(self) -> bool:
         """True while the peer's input but replies waits for more than our output: a stream's full
@@ -110,7 +120,7 @@ class InputFlow(Generic[K]):
         tasks = self._tasks
         runner = self._runner
         held = self._request_bytes
-        is_reply = self.adapter.is_reply
+        runs_now = self._runs_now
         token = current_peer.set(self)  # type: ignore[arg-type]  # (mixed into Peer)
         try:
             for index, message in enumerate(messages):
@@ -120,7 +130,7 @@ class InputFlow(Generic[K]):
                         slots is not None
                         and (len(tasks) + runner.jobs >= slots or held.used >= held.limit)
                     )
-                ) and not is_reply(message):
+                ) and not runs_now(message):
                     self._hold(messages, index)
                     return
                 if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
@@ -146,8 +156,7 @@ class InputFlow(Generic[K]):
             self._keep(messages, start)
             return
         end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
-        adapter = self.adapter
-        stop = self._kept.take(messages, start, end, adapter.is_reply, adapter.dispatch)
+        stop = self._kept.take(messages, start, end, self._runs_now, self.adapter.dispatch)
         if stop < len(messages) or self._kept.full:  # or a stream's queue full, a turn's end
             self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
 
@@ -175,7 +184,7 @@ class InputFlow(Generic[K]):
                 return
             if backlog and not kept.sorted and not self._holds_all():  # replies, then read on
                 budget = MESSAGES_PER_TURN - handled
-                handled += kept.run_replies(adapter.is_reply, adapter.dispatch, budget)
+                handled += kept.run_replies(self._runs_now, adapter.dispatch, budget)
                 if not kept.sorted and not self._stream_hold.active:
                     kept.next_turn()  # replies past the turn's
         except ProtocolError as exc:

@@ -101,6 +101,12 @@ class Adapter(Protocol[K]):
         end, an error, a retry): the peer handles such input while its output waits."""
         ...
 
+    def continues_stream(self, message: Any) -> bool:
+        """True when ``message`` is a part or the end of a stream request whose handler runs
+        (:meth:`~rpc.responder.Responder.has_stream`): it runs while every slot is taken,
+        since that handler, holding one, waits for it. Asked only of input that waits."""
+        ...
+
     def message_size(self, message: Any) -> int:
         """Bytes a decoded message counts in the peer's backlog (:mod:`rpc.backlog`), besides
         its fixed overhead: its payload and the names it carries (:func:`rpc.backlog.text_size`)."""

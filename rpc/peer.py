@@ -294,6 +294,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
 
     def resume_writing(self) -> None:
         self.outbox.resume()
+        self._kept.recheck()  # parts of running streams kept meanwhile may run now
         self._continue()
 
     def _violation(self, exc: ProtocolError) -> None:

@@ -1,19 +1,25 @@
-"""Replies to our calls are read while the peer's other input waits for handler slots.
+"""What the handlers holding the slots wait for is read while the peer's other input waits.
 
 Either side can handle and request, so a handler may call back the peer that called it. When
 every slot is taken by such handlers, what the peer sends next (a notification, a request to
 a peer that takes no retry results) must wait; the replies those handlers wait for must
 not wait behind it. Before, reading paused at the first message that found no slot, and
-the handlers waited for their replies until their calls timed out."""
+the handlers waited for their replies until their calls timed out. So must the parts of a
+stream request whose handler holds a slot (found in review by helper-92: before, they waited
+for a slot that only that handler's end would free, for good)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 import rpc
+from tests.gotalk_raw import RawGotalk
 from tests.rpc_helpers import FLAVOURS, served, wait_until
+from wire import gotalk
 
 
 def calling_back_registry(answers: list[object]) -> rpc.Registry:
@@ -75,3 +81,117 @@ async def test_request_handlers_that_call_back_a_peer_without_retry_results(
             async with asyncio.timeout(10):
                 got = await asyncio.gather(*(peer.request("ask_request", n) for n in range(4)))
     assert got == [0, 10, 20, 30]
+
+
+def collecting_registry() -> rpc.Registry:
+    """``collect``: a stream handler that returns the parts it got, in order; ``echo``."""
+    reg = rpc.Registry()
+
+    @reg.handle_stream("collect")
+    async def collect(parts: Any) -> list[Any]:
+        return [part async for part in parts]
+
+    reg.handle("echo")(lambda value: value)
+    return reg
+
+
+def no_retry_server(flavour: str, max_concurrent: int = 1) -> Any:
+    scheme, _ = FLAVOURS[flavour]
+    return rpc.serve(
+        f"{scheme}://127.0.0.1:0",
+        registry=collecting_registry(),
+        options=rpc.Options(max_concurrent=max_concurrent),
+        retry_results=False,
+    )
+
+
+def client_url(flavour: str, server: rpc.Server) -> str:
+    scheme, query = FLAVOURS[flavour]
+    return f"{scheme}://127.0.0.1:{server.url.port}{query}"
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_stream_parts_reach_their_handler_while_it_holds_the_last_slot(
+    flavour: str,
+) -> None:
+    async with no_retry_server(flavour) as server:
+        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
+            async with asyncio.timeout(5):  # (the caller's own item timeout: 30 s, 5 s)
+                got = [item async for item in peer.stream("collect", parts=[1, 2, 3, 4])]
+    assert got == [[1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_stream_parts_overtake_a_request_waiting_for_a_slot(flavour: str) -> None:
+    """A request that waits for the slot the stream's handler holds is kept; the stream's
+    later parts run past it, in their order, and the request runs once the stream ends."""
+    more = asyncio.Event()
+
+    async def parts() -> AsyncIterator[int]:
+        yield 1
+        await more.wait()  # the request goes out between the parts
+        for part in (2, 3, 4):
+            yield part
+
+    async with no_retry_server(flavour) as server:
+        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
+            [server_peer] = server.peers
+
+            async def streamed() -> list[Any]:
+                return [item async for item in peer.stream("collect", parts=parts())]
+
+            stream = asyncio.ensure_future(streamed())
+            await wait_until(lambda: server_peer.handlers_running == 1)
+            request = asyncio.ensure_future(peer.request("echo", "after"))
+            await wait_until(lambda: server_peer._kept.messages)  # it waits for the slot
+            more.set()
+            async with asyncio.timeout(5):
+                assert await stream == [[1, 2, 3, 4]]
+                assert await request == "after"
+
+
+async def test_stream_parts_kept_while_our_output_waited_run_once_it_drains() -> None:
+    """Parts of a running stream read while our output waited (its own results: 1 MiB a
+    part, unread) are kept behind a request that then waits for the stream's slot; once
+    the output drains they run past it, in order, before reading goes on."""
+    reg = rpc.Registry()
+
+    @reg.handle_stream("sizes")
+    async def sizes(parts: Any) -> AsyncIterator[bytes]:
+        async for size in parts:
+            yield b"x" * size
+
+    @reg.handle("later")
+    async def later(value: Any) -> Any:
+        return value
+
+    options = rpc.Options(max_concurrent=1, high_water=64 * 1024, low_water=16 * 1024)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            [peer] = server.peers
+            raw.write(gotalk.StreamRequest(b"0001", "sizes", b"1048576"))
+            for _ in range(15):  # 16 MiB of results it does not read yet: output waits
+                raw.write(gotalk.StreamRequestPart(b"0001", b"1048576"))
+            await wait_until(lambda: peer.outbox.blocked)
+            raw.request_alone(b"0100", "later", b'"after"')  # waits for the stream's slot
+            for part in (b"7", b""):  # the stream's last part and its end
+                raw.write(gotalk.StreamRequestPart(b"0001", part))
+            kept = peer._kept.messages
+            await wait_until(lambda: kept and kept[-1] == gotalk.StreamRequestPart(b"0001", b""))
+            results: list[int] = []
+            later_answer = None
+            async with asyncio.timeout(10):  # now it reads: the output drains
+                while later_answer is None or not results or results[-1]:
+                    message = await raw.next()
+                    if isinstance(message, gotalk.StreamResult):
+                        results.append(len(message.payload))
+                    elif getattr(message, "id", None) == b"0100":
+                        later_answer = message.payload
+            assert results[-2:] == [7, 0] and len(results) == 18
+            assert later_answer == b'"after"'
+        finally:
+            await raw.close()
