@@ -178,8 +178,9 @@ class Backlog:
         self.sorted = False
 
     def recheck(self) -> None:
-        """What may run while the rest waits changed (our output drained: parts of running
-        streams may run now): the next turn looks among the messages for it."""
+        """What may run while the rest waits changed (our output drained, or a stream
+        opened: parts of running streams may run now): the next turn looks among the
+        messages for it, and the peer reads nothing until then."""
         if self.messages:
             self.sorted = False
 

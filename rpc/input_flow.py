@@ -151,8 +151,10 @@ class InputFlow(Generic[K]):
     def _hold(self, messages: list[Any], start: int) -> None:
         """The rest of a read from ``messages[start]``, which may not run now or comes after
         messages that wait: reading goes on (:meth:`~rpc.backlog.Backlog.take`) unless
-        :meth:`_holds_all` or a message that refused to run keeps them all, reading paused."""
-        if not self._reading or self._kept.refused is not None or self._holds_all():
+        :meth:`_holds_all`, a message that refused to run, or kept messages that may run
+        now (not ``sorted``: they run first) keep them all, reading paused."""
+        kept = self._kept
+        if not self._reading or kept.refused is not None or not kept.sorted or self._holds_all():
             self._keep(messages, start)
             return
         end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
@@ -185,8 +187,8 @@ class InputFlow(Generic[K]):
             if backlog and not kept.sorted and not self._holds_all():  # replies, then read on
                 budget = MESSAGES_PER_TURN - handled
                 handled += kept.run_replies(self._runs_now, adapter.dispatch, budget)
-                if not kept.sorted and not self._stream_hold.active:
-                    kept.next_turn()  # replies past the turn's
+                if not kept.sorted and not self._stream_hold.active and kept.refused is None:
+                    kept.next_turn()  # past the turn's (a refusal's end gives the turn)
         except ProtocolError as exc:
             self._violation(exc)
             return

@@ -132,8 +132,7 @@ def serve_request(
     queue: StreamQueue | None = None
     if stream:
         if (handler is not None and handler.kind is _STREAM) or peer.middleware:
-            queue = peer.parts_queue()
-            peer._streams[key] = queue
+            queue = peer.open_parts(key)
             if payload:
                 queue.put(payload)
         else:  # no middleware to give the call another op: its parts are dropped

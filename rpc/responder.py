@@ -38,6 +38,7 @@ from rpc.streaming import END, StreamQueue
 from rpc.tasks import being_cancelled
 
 if TYPE_CHECKING:
+    from rpc.backlog import Backlog
     from rpc.call_bounds import CallBounds
     from rpc.handler_runner import HandlerRunner
     from rpc.options import Adapter, Options
@@ -94,6 +95,7 @@ class Responder(Generic[K]):
     _tasks: TaskSet
     _runner: HandlerRunner[K]
     _backlog: deque[Any]
+    _kept: Backlog
     _streams: dict[K, StreamQueue]
     _stream_hold: StreamHold
     _request_bytes: RequestBytes
@@ -168,8 +170,7 @@ class Responder(Generic[K]):
         parts = None  # a stream's, until its job has it: released if none will
         try:  # current_peer is set: the peer sets it around every batch it dispatches
             if stream:
-                parts = self.parts_queue()
-                self._streams[key] = parts
+                parts = self.open_parts(key)
                 if payload:
                     parts.put(payload)
                 result = handler.fn(_parts(parts, handler.decode))
@@ -296,12 +297,17 @@ class Responder(Generic[K]):
                 RemoteError(f"{waiting} stream request parts waiting, none taken for {stall} s")
             )
 
-    def parts_queue(self) -> StreamQueue:
-        """The queue of a stream request's parts: its handler may go the connection's
-        request timeout without taking one while it holds (:mod:`rpc.stream_hold`)."""
+    def open_parts(self, key: K) -> StreamQueue:
+        """Open the queue of stream request ``key``'s parts: its handler may go the
+        connection's request timeout without taking one while it holds
+        (:mod:`rpc.stream_hold`). Its parts kept in the backlog may run now, past what
+        waits for a slot (:meth:`rpc.backlog.Backlog.recheck`)."""
         stall = self.options.timeout
         stall = self.adapter.default_timeout if stall is None else stall
-        return StreamQueue(self._loop, stall, self._request_bytes)
+        queue = self._streams[key] = StreamQueue(self._loop, stall, self._request_bytes)
+        if self._backlog:
+            self._kept.recheck()
+        return queue
 
     def on_request_end(self, key: K) -> bool:
         """End a stream's parts. False: no such stream, now or lately."""

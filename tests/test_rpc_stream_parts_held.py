@@ -1,0 +1,170 @@
+"""The parts of a running stream while the rest of the peer's input waits: they keep their
+order, reach their handler behind a request that waits for its slot, and a part refused
+for room does not keep the loop busy. Each failed on e131a8d (found in review by
+helper-93): a part read between two turns at kept parts ran ahead of them; a refused part
+re-armed a turn every loop iteration; parts kept behind a request that waits for their
+stream's slot waited for good once their stream request had run from the backlog."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import rpc
+from tests.gotalk_raw import RawGotalk
+from tests.rpc_helpers import wait_until
+from wire import gotalk
+
+
+async def test_parts_read_while_kept_parts_drain_do_not_overtake_them() -> None:
+    """Parts of a running stream kept while our output waited (other calls' results,
+    unread) run once it drains, a turn (256) at a time; a part read meanwhile, between two
+    turns, must run after them, not at once."""
+    seen: list[int] = []
+    started = asyncio.Event()
+    done = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle_stream("collect")
+    async def collect(parts: Any) -> int:
+        async for n in parts:
+            seen.append(n)
+            if len(seen) == 300:  # the kept parts run: the second turn at them
+                started.set()
+        done.set()
+        return len(seen)
+
+    reg.handle("big")(lambda size: b"x" * size)
+    options = rpc.Options(high_water=64 * 1024, low_water=16 * 1024, max_stream_queue=100_000)
+    kept_count, late = 8000, 50
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, options=options) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        drain: asyncio.Task[None] | None = None
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            [peer] = server.peers
+            raw.write(gotalk.StreamRequest(b"0001", "collect", b""))
+            raw.request_alone(b"0002", "big", b"8388608")  # 8 MiB it does not read yet
+            await wait_until(lambda: peer.outbox.blocked)
+            for n in range(1, kept_count + 1):
+                raw.write(gotalk.StreamRequestPart(b"0001", str(n).encode()))
+            await wait_until(lambda: len(peer._kept.messages) == kept_count and peer._reading)
+
+            async def drained() -> None:
+                while await raw.reader.read(1 << 20):
+                    pass
+
+            drain = asyncio.ensure_future(drained())  # the output drains: kept parts run
+            async with asyncio.timeout(10):
+                await started.wait()
+                for n in range(kept_count + 1, kept_count + late + 1):
+                    raw.write(gotalk.StreamRequestPart(b"0001", str(n).encode()))
+                raw.write(gotalk.StreamRequestPart(b"0001", b""))
+                await done.wait()
+            assert seen == list(range(1, kept_count + late + 1))
+        finally:
+            if drain is not None:
+                drain.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await drain
+            await raw.close()
+
+
+async def reply(raw: RawGotalk) -> Any:
+    """The next message but our own announcement's answer."""
+    while isinstance(message := await raw.next(), gotalk.Notification):
+        pass
+    return message
+
+
+async def test_a_part_refused_for_max_request_bytes_does_not_spin_the_loop() -> None:
+    """A part of a running stream refused while ``max_request_bytes`` is taken (by its
+    own queued parts, which its handler has not read yet) waits for room, reading paused;
+    a turn at the backlog meanwhile (another handler ended) must not re-arm itself every
+    loop iteration until the handler reads (a busy loop at full CPU)."""
+    gate = asyncio.Event()
+    nap_gate = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle_stream("later")
+    async def later(parts: Any) -> list[int]:
+        await gate.wait()
+        return [len(part) async for part in parts]
+
+    @reg.handle("nap")
+    async def nap(value: Any) -> Any:
+        await nap_gate.wait()
+        return value
+
+    options = rpc.Options(max_request_bytes=100_000)
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, options=options) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            [peer] = server.peers
+            kept = peer._kept
+            raw.request_alone(b"0002", "nap", b"1")
+            raw.write(gotalk.StreamRequest(b"0001", "later", b""))
+            part = b'"' + b"x" * 60_000 + b'"'
+            for _ in range(3):  # the third finds max_request_bytes taken
+                raw.write(gotalk.StreamRequestPart(b"0001", part))
+            raw.write(gotalk.StreamRequestPart(b"0001", b""))
+            await wait_until(lambda: kept.refused is not None)
+            nap_gate.set()  # a handler ends: the peer takes a turn at its backlog
+            async with asyncio.timeout(5):
+                answer = await reply(raw)
+            assert answer == gotalk.Result(b"0002", b"1")
+            for _ in range(20):  # loop iterations: a turn that re-arms itself is still due
+                await asyncio.sleep(0)
+            assert kept.refused is not None and kept.turn is None
+            gate.set()
+            async with asyncio.timeout(5):
+                answer = await reply(raw)
+            assert answer == gotalk.StreamResult(b"0001", b"[60000,60000,60000]")
+        finally:
+            await raw.close()
+
+
+async def test_parts_kept_behind_their_stream_request_run_once_it_runs() -> None:
+    """A peer without retry results opens a stream while the one slot is taken: the stream
+    request, a request after it and the stream's part and end are all kept (reading goes
+    on: a handler runs). Once the slot frees, the stream request runs and takes it again;
+    its part and end, kept behind the request that now waits for that slot, must run too,
+    else the stream's handler waits for them for good (and the request behind it)."""
+    gate = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("block")
+    async def block(value: Any) -> Any:
+        await gate.wait()
+        return value
+
+    @reg.handle_stream("collect")
+    async def collect(parts: Any) -> list[Any]:
+        return [part async for part in parts]
+
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            [peer] = server.peers
+            raw.request_alone(b"0001", "block", b"1")  # takes the slot
+            await wait_until(lambda: peer.handlers_running == 1)
+            raw.write(gotalk.StreamRequest(b"0002", "collect", b""))
+            raw.request_alone(b"0003", "block", b"3")  # waits for the stream's slot
+            raw.write(gotalk.StreamRequestPart(b"0002", b"7"))
+            raw.write(gotalk.StreamRequestPart(b"0002", b""))
+            await wait_until(lambda: len(peer._kept.messages) == 4)
+            gate.set()
+            answers: dict[bytes, bytes] = {}
+            async with asyncio.timeout(5):
+                while len(answers) < 3:  # (the stream's result, then its end)
+                    message = await reply(raw)
+                    answers.setdefault(message.id, message.payload)
+            assert answers == {b"0001": b"1", b"0002": b"[7]", b"0003": b"3"}
+        finally:
+            await raw.close()
