@@ -28,7 +28,8 @@ reading pauses, whether the read ended there or not. Input held for other reason
 turn, a stream, slots taken while no handler of ours runs: ``max_concurrent=0``) is kept
 with reading paused at once, as it is bounded by a read; so is everything after a message
 that refused to run (InputHeld: a notification its handler refused, a full stream queue)
-until that message runs (:attr:`Backlog.refused`), even when reading went on before.
+until that message runs (:attr:`Backlog.refused`), even when reading went on before, and a
+read that comes while kept messages may run now (not :attr:`Backlog.sorted`) until they ran.
 
 Each message keeps the loop time of its read (:attr:`Backlog.read_at`): a request kept a
 while counts its caller's time left from its arrival, not from when it runs.
@@ -178,9 +179,9 @@ class Backlog:
         self.sorted = False
 
     def recheck(self) -> None:
-        """What may run while the rest waits changed (our output drained, or a stream
-        opened: parts of running streams may run now): the next turn looks among the
-        messages for it, and the peer reads nothing until then."""
+        """What may run while the rest waits changed (our output drained: parts of running
+        streams may run now): the turn that follows looks among the messages for it (a
+        Python call per message), and a read meanwhile is kept whole until then."""
         if self.messages:
             self.sorted = False
 

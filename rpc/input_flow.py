@@ -13,8 +13,9 @@ states the bound), and when reading pauses and resumes:
   queue, and so do the parts of stream requests whose handlers run, unless our output
   waits (:meth:`InputFlow._runs_now`);
 - while a message waits, reading goes on (replies run, the rest is kept) up to the
-  backlog's bound, unless :meth:`InputFlow._holds_all` or a message that refused to run
-  (InputHeld from its handler) pauses it at once;
+  backlog's bound, unless :meth:`InputFlow._holds_all`, a message that refused to run
+  (InputHeld from its handler), or kept messages that may run now (the backlog not
+  ``sorted``: they run first) pause it at once;
 - a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn.
 
 It shares the peer's state (slots set up by :class:`~rpc.peer.Peer`).

@@ -38,7 +38,6 @@ from rpc.streaming import END, StreamQueue
 from rpc.tasks import being_cancelled
 
 if TYPE_CHECKING:
-    from rpc.backlog import Backlog
     from rpc.call_bounds import CallBounds
     from rpc.handler_runner import HandlerRunner
     from rpc.options import Adapter, Options
@@ -95,7 +94,6 @@ class Responder(Generic[K]):
     _tasks: TaskSet
     _runner: HandlerRunner[K]
     _backlog: deque[Any]
-    _kept: Backlog
     _streams: dict[K, StreamQueue]
     _stream_hold: StreamHold
     _request_bytes: RequestBytes
@@ -300,13 +298,10 @@ class Responder(Generic[K]):
     def open_parts(self, key: K) -> StreamQueue:
         """Open the queue of stream request ``key``'s parts: its handler may go the
         connection's request timeout without taking one while it holds
-        (:mod:`rpc.stream_hold`). Its parts kept in the backlog may run now, past what
-        waits for a slot (:meth:`rpc.backlog.Backlog.recheck`)."""
+        (:mod:`rpc.stream_hold`)."""
         stall = self.options.timeout
         stall = self.adapter.default_timeout if stall is None else stall
         queue = self._streams[key] = StreamQueue(self._loop, stall, self._request_bytes)
-        if self._backlog:
-            self._kept.recheck()
         return queue
 
     def on_request_end(self, key: K) -> bool:

@@ -1,9 +1,7 @@
 """The parts of a running stream while the rest of the peer's input waits: they keep their
-order, reach their handler behind a request that waits for its slot, and a part refused
-for room does not keep the loop busy. Each failed on e131a8d (found in review by
-helper-93): a part read between two turns at kept parts ran ahead of them; a refused part
-re-armed a turn every loop iteration; parts kept behind a request that waits for their
-stream's slot waited for good once their stream request had run from the backlog."""
+order, and a part refused for room does not keep the loop busy. Each failed on e131a8d
+(found in review by helper-93): a part read between two turns at kept parts ran ahead of
+them; a refused part re-armed a turn every loop iteration."""
 
 from __future__ import annotations
 
@@ -122,49 +120,5 @@ async def test_a_part_refused_for_max_request_bytes_does_not_spin_the_loop() -> 
             async with asyncio.timeout(5):
                 answer = await reply(raw)
             assert answer == gotalk.StreamResult(b"0001", b"[60000,60000,60000]")
-        finally:
-            await raw.close()
-
-
-async def test_parts_kept_behind_their_stream_request_run_once_it_runs() -> None:
-    """A peer without retry results opens a stream while the one slot is taken: the stream
-    request, a request after it and the stream's part and end are all kept (reading goes
-    on: a handler runs). Once the slot frees, the stream request runs and takes it again;
-    its part and end, kept behind the request that now waits for that slot, must run too,
-    else the stream's handler waits for them for good (and the request behind it)."""
-    gate = asyncio.Event()
-    reg = rpc.Registry()
-
-    @reg.handle("block")
-    async def block(value: Any) -> Any:
-        await gate.wait()
-        return value
-
-    @reg.handle_stream("collect")
-    async def collect(parts: Any) -> list[Any]:
-        return [part async for part in parts]
-
-    options = rpc.Options(max_concurrent=1)
-    async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        raw = await RawGotalk.connect(server.url.port)
-        try:
-            await wait_until(lambda: len(server.peers) == 1)
-            [peer] = server.peers
-            raw.request_alone(b"0001", "block", b"1")  # takes the slot
-            await wait_until(lambda: peer.handlers_running == 1)
-            raw.write(gotalk.StreamRequest(b"0002", "collect", b""))
-            raw.request_alone(b"0003", "block", b"3")  # waits for the stream's slot
-            raw.write(gotalk.StreamRequestPart(b"0002", b"7"))
-            raw.write(gotalk.StreamRequestPart(b"0002", b""))
-            await wait_until(lambda: len(peer._kept.messages) == 4)
-            gate.set()
-            answers: dict[bytes, bytes] = {}
-            async with asyncio.timeout(5):
-                while len(answers) < 3:  # (the stream's result, then its end)
-                    message = await reply(raw)
-                    answers.setdefault(message.id, message.payload)
-            assert answers == {b"0001": b"1", b"0002": b"[7]", b"0003": b"3"}
         finally:
             await raw.close()
