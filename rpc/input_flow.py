@@ -90,10 +90,10 @@ class InputFlow(Generic[K]):
         return not self.outbox.blocked and adapter.continues_stream(message)
 
     def _other_holds(self) -> bool:
-        """True while the peer's input but replies waits for more than our output: a stream's full
-        queue, every notification (and ``on_open``) task slot taken (``_task_slots``), or every
-        handler slot or ``max_request_bytes`` taken for a peer that does not understand retry
-        results (one that does gets them instead)."""
+        """True while the peer's input other than replies waits for more than our output: a
+        stream's full queue, every notification (and ``on_open``) task slot taken
+        (``_task_slots``), or every handler slot or ``max_request_bytes`` taken for a peer
+        that does not understand retry results (one that does gets them instead)."""
         if self._stream_hold.active or len(self._tasks) >= self._task_slots:
             return True
         full = self.handlers_running >= self.options.max_concurrent or self._request_bytes.full
@@ -158,9 +158,9 @@ class InputFlow(Generic[K]):
         if not self._reading or kept.refused is not None or not kept.sorted or self._holds_all():
             self._keep(messages, start)
             return
-        end = min(len(messages), MESSAGES_PER_TURN)  # (replies run: no need of current_peer)
-        stop = self._kept.take(messages, start, end, self._runs_now, self.adapter.dispatch)
-        if stop < len(messages) or self._kept.full:  # or a stream's queue full, a turn's end
+        end = min(len(messages), MESSAGES_PER_TURN)  # (no handler runs: no current_peer)
+        stop = kept.take(messages, start, end, self._runs_now, self.adapter.dispatch)
+        if stop < len(messages) or kept.full:  # or a stream's queue full, a turn's end
             self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
 
     def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:
