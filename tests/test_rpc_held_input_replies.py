@@ -38,12 +38,21 @@ def calling_back_registry(answers: list[object]) -> rpc.Registry:
     return reg
 
 
-def back_registry() -> rpc.Registry:
+def back_registry(servers: list[rpc.Server]) -> rpc.Registry:
+    """``back(n)``: ``n * 10``, answered only once a server of ``servers`` keeps some of
+    the peer's input unrun (the first calls back wait for it): so the answers meet every
+    slot taken and input waiting, whatever the timing."""
     reg = rpc.Registry()
+    held = asyncio.Event()
+
+    def holding() -> bool:
+        return any(peer._kept.messages for server in servers for peer in server.peers)
 
     @reg.handle("back")
     async def back(value: int) -> object:
-        await asyncio.sleep(0.05)  # the later notifications arrive while it works
+        if not held.is_set():
+            await wait_until(holding)
+            held.set()
         return value * 10
 
     return reg
@@ -52,10 +61,13 @@ def back_registry() -> rpc.Registry:
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
 async def test_notification_handlers_that_call_back_get_their_replies(flavour: str) -> None:
     answers: list[object] = []
+    servers: list[rpc.Server] = []
     options = rpc.Options(max_concurrent=2)
+    client_registry = back_registry(servers)
     async with served(
-        flavour, calling_back_registry(answers), client_registry=back_registry(), options=options
-    ) as (_, peer):
+        flavour, calling_back_registry(answers), client_registry=client_registry, options=options
+    ) as (server, peer):
+        servers.append(server)
         for n in range(6):  # four find no slot and wait while the first two call back
             peer.notify("ask", n)
         await wait_until(lambda: len(answers) == 6, timeout=10)  # not their 20-s timeouts
@@ -67,7 +79,7 @@ async def test_request_handlers_that_call_back_a_peer_without_retry_results(
     flavour: str,
 ) -> None:
     """A peer that takes no retry results gets none: its requests past the slots wait
-    unread, but the replies the running handlers wait for are read."""
+    (kept), but the replies the running handlers wait for are read."""
     scheme, query = FLAVOURS[flavour]
     answers: list[object] = []
     async with rpc.serve(
@@ -77,7 +89,7 @@ async def test_request_handlers_that_call_back_a_peer_without_retry_results(
         retry_results=False,
     ) as server:
         url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
-        async with rpc.connect(url, registry=back_registry(), reconnect=False) as peer:
+        async with rpc.connect(url, registry=back_registry([server]), reconnect=False) as peer:
             async with asyncio.timeout(10):
                 got = await asyncio.gather(*(peer.request("ask_request", n) for n in range(4)))
     assert got == [0, 10, 20, 30]
