@@ -174,8 +174,8 @@ class ChatterAdapter:
 
     # --- receiving -------------------------------------------------------------------------
 
-    def decode(self, data: bytes) -> list[Msg]:
-        self.pings.read()
+    def decode(self, data: bytes, read_at: float) -> list[Msg]:
+        self.pings.read(read_at)
         codec = self.codec
         pings, pongs = codec.pings_received, codec.pongs_received
         messages = codec.receive_data(data)

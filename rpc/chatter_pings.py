@@ -73,10 +73,10 @@ class ChatterPings:
             when = next_beat(self.last_read, self.interval)
             self._peer.deadlines.set("ping", when, self._ping_due, coarse=True)
 
-    def read(self) -> None:
-        """Bytes arrived (once per read, not per message)."""
+    def read(self, at: float) -> None:
+        """Bytes arrived at loop time ``at`` (once per read, not per message)."""
         self.heard = True
-        self.last_read = self._loop.time()
+        self.last_read = at
 
     def handshake_pending(self) -> bool:
         """A first frame begun and unfinished (or pings off and nothing yet)."""

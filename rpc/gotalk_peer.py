@@ -4,13 +4,13 @@ Request ids are 4 opaque bytes; ours are a little-endian counter (as the Go clie
 Liveness: we send a heartbeat every ``heartbeat_interval`` seconds (default 20 s, well
 inside the 30 s read timeout of Go peers) and, when nothing at all arrives for
 ``read_timeout`` seconds (default 30 s), send ``f00000003`` and close, as Go peers do.
-Heartbeats on our own plan go every 100-110% of the interval, at random (``BEAT_SPREAD``).
-A peer's heartbeat that arrives when ours is due within half an interval is answered with
-ours at once, and our next is then planned after 120% (``ANSWERER_SLACK``), later than the
+Heartbeats on our own plan go every 100-110% of the interval, at random (``BEAT_SPREAD``). A
+peer's heartbeat that arrives when ours is due within half an interval is answered with ours
+at once, and our next is then planned after 120% (``ANSWERER_SLACK``), later than the
 peer's: one side sends and the other answers, and an idle connection wakes one side's timer
-once per interval. Liveness deadlines are coarse (a quarter second) so that many
-connections share a wake-up. Over WebSocket there is no read timeout (the WebSocket's own
-pings detect dead peers, and browsers delay timers in background tabs).
+once per interval. Liveness deadlines are coarse (:mod:`rpc.deadlines`). Over WebSocket
+there is no read timeout (the WebSocket's own pings detect dead peers, and browsers delay
+timers in background tabs).
 
 Compatibility with real peers:
 - a stream request (``s``) is always answered with stream results, ending with an empty
@@ -202,8 +202,8 @@ class GotalkAdapter:
 
     # --- receiving -------------------------------------------------------------------------
 
-    def decode(self, data: bytes) -> list[Any]:
-        self._last_read = self._loop.time()
+    def decode(self, data: bytes, read_at: float) -> list[Any]:
+        self._last_read = read_at
         return self.codec.receive_data(data)
 
     def is_reply(self, msg: Any) -> bool:

@@ -245,9 +245,9 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         buffer (:mod:`transports.read_buffer`), or a WebSocket message."""
         outbox = self.outbox
         held = outbox.hold()  # one flush at the end: what handlers answer now goes together
-        self._kept.read_at = self._loop.time()
+        read_at = self._kept.read_at = self._loop.time()  # the one clock read per read
         try:
-            messages = self.adapter.decode(data)
+            messages = self.adapter.decode(data, read_at)
             if self._backlog:
                 self._hold(messages, 0)
             elif messages:
