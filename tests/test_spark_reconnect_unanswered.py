@@ -70,7 +70,10 @@ def test_a_peer_that_accepts_and_closes_is_backed_off(
     resent = tally.retries
     assert resent <= accepts if idempotent else resent == 0, (resent, accepts)
     assert accepts < 30, accepts
-    assert runtime().pool.link(endpoint).connects == accepts
+    # the link goes on reconnecting for up to Backoff.cap after the last row asked, and it
+    # makes one attempt at a time: one may have connected when the server closed, before
+    # the server's accept callback ran (a full run on 2026-11-27 had 6 connects, 5 accepts)
+    assert accepts <= runtime().pool.link(endpoint).connects <= accepts + 1
     assert elapsed < 1.0 + 3.0  # retry_for plus slack
 
 
