@@ -33,6 +33,13 @@ read that comes while kept messages may run now (not :attr:`Backlog.sorted`) unt
 
 Each message keeps the loop time of its read (:attr:`Backlog.read_at`): a request kept a
 while counts its caller's time left from its arrival, not from when it runs.
+
+The parts and end of a stream request that is kept itself are set aside by stream, and go
+back in right behind their request when it is taken (:meth:`Backlog.popleft`): its handler
+may take the last slot, and a request kept between them, waiting for that slot, must not
+hold the parts that handler waits for (a peer without retry results could stall both
+until a deadline or the connection's end). A message costs one look-up of its stream
+(the adapter's ``opens_stream`` and ``stream_part_of``) when kept, none when not.
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
 """
 
@@ -41,9 +48,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Callable, Iterable
-from itertools import repeat
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Protocol
 
 from rpc.request_bytes import RequestBytes
 from rpc.stream_hold import InputHeld
@@ -70,6 +76,15 @@ def text_size(text: str) -> int:
     return len(text) if text.isascii() else 4 * len(text)
 
 
+class MessageKinds(Protocol):
+    """What the backlog asks the protocol adapter (:class:`rpc.options.Adapter`) of a
+    message it keeps."""
+
+    def message_size(self, message: Any) -> int: ...
+    def opens_stream(self, message: Any) -> Hashable | None: ...
+    def stream_part_of(self, message: Any) -> Hashable | None: ...
+
+
 class Backlog:
     """One connection's backlog (see the module doc). ``messages`` is read by the peer (its
     truthiness is the hot path's one check); it is changed only through the methods here,
@@ -83,8 +98,11 @@ class Backlog:
 
     __slots__ = (
         "_context",
+        "_kinds",
         "_loop",
         "_on_turn",
+        "_parked",
+        "_parked_count",
         "_size",
         "_times",
         "messages",
@@ -100,7 +118,7 @@ class Backlog:
         requests: RequestBytes,
         loop: asyncio.AbstractEventLoop,
         on_turn: Callable[[], None],
-        size: Callable[[Any], int],
+        kinds: MessageKinds,
     ) -> None:
         self.messages: deque[Any] = deque()
         self._times: deque[float] = deque()
@@ -120,9 +138,14 @@ class Backlog:
         the backlog's own are counted there (``reserved``)."""
         self.turn: asyncio.Handle | None = None
         """The next turn at the messages (``on_turn``), if one is due: see :meth:`next_turn`."""
+        self._parked: dict[Hashable, list[tuple[Any, float]]] = {}
+        """The parts and ends of the stream requests kept in :attr:`messages`, by stream,
+        with their read times, in order (see the module doc); an entry per such request."""
+        self._parked_count = 0
         self._loop = loop
         self._on_turn = on_turn
-        self._size = size
+        self._kinds = kinds
+        self._size = kinds.message_size
         self._context = contextvars.copy_context()
         """The context turns run in: the one the backlog was made in (the peer's)."""
 
@@ -147,26 +170,59 @@ class Backlog:
         """True when reading should pause (see the module doc)."""
         requests = self.requests
         used = requests.reserved + requests.used
-        return len(self.messages) >= MAX_MESSAGES or used >= requests.limit
+        return len(self) >= MAX_MESSAGES or used >= requests.limit
+
+    def __len__(self) -> int:
+        """The messages kept, those set aside behind their stream request too."""
+        return len(self.messages) + self._parked_count
 
     def _count(self, messages: Iterable[Any]) -> int:
         size = self._size
         return sum(size(message) + OVERHEAD for message in messages)
 
+    def _keep(self, message: Any, read_at: float) -> None:
+        """Keep one message last, or set it aside behind its stream request if that is
+        kept too (see the module doc)."""
+        parked = self._parked
+        if parked:
+            key = self._kinds.stream_part_of(message)
+            if key is not None:
+                parts = parked.get(key)
+                if parts is not None:
+                    parts.append((message, read_at))
+                    self._parked_count += 1
+                    return
+        key = self._kinds.opens_stream(message)
+        if key is not None and key not in parked:  # (a repeated id: the peer errs)
+            parked[key] = []
+        self.messages.append(message)
+        self._times.append(read_at)
+
     def extend(self, messages: list[Any]) -> None:
         """Keep messages in order, replies to our calls among them maybe."""
         if messages:
-            self.messages.extend(messages)
-            self._times.extend(repeat(self.read_at, len(messages)))
+            read_at = self.read_at
+            keep = self._keep
+            for message in messages:
+                keep(message, read_at)
             self.requests.reserved += self._count(messages)
             self.sorted = False
 
     def popleft(self) -> Any:
-        """Take the first message; :attr:`read_at` becomes the time it was read at."""
+        """Take the first message; :attr:`read_at` becomes the time it was read at. A stream
+        request's parts set aside come first after it."""
         messages = self.messages
         message = messages.popleft()
         self.read_at = self._times.popleft()
         self.requests.reserved -= self._size(message) + OVERHEAD
+        if self._parked:
+            key = self._kinds.opens_stream(message)
+            parts = self._parked.pop(key, None) if key is not None else None
+            if parts:
+                self._parked_count -= len(parts)
+                for part, read_at in reversed(parts):
+                    messages.appendleft(part)
+                    self._times.appendleft(read_at)
         if not messages:
             self.sorted = True
         return message
@@ -221,8 +277,7 @@ class Backlog:
         that filled the backlog, or at one refused with InputHeld (a reply for a stream of
         ours whose queue is full: it runs later). The backlog may be :attr:`full`
         whichever: reading must then pause."""
-        keep = self.messages.append
-        keep_time = self._times.append
+        keep = self._keep
         read_at = self.read_at
         size = self._size
         requests = self.requests
@@ -234,8 +289,7 @@ class Backlog:
                 except InputHeld:
                     return index
             else:
-                keep(message)
-                keep_time(read_at)
+                keep(message, read_at)
                 requests.reserved += size(message) + OVERHEAD
                 if self.full:
                     return index + 1
@@ -292,6 +346,8 @@ class Backlog:
         """Drop every message, and the turn due (the connection is gone)."""
         self.messages.clear()
         self._times.clear()
+        self._parked.clear()
+        self._parked_count = 0
         self.requests.reserved = 0
         self.sorted = True
         self.refused = None

@@ -211,6 +211,15 @@ class ChatterAdapter:
         first = msg.first  # a later message in a conversation the peer started
         return msg.owner and first != msg.id and self.peer.has_stream(Conversation(False, first))
 
+    def opens_stream(self, msg: Msg) -> int | None:
+        # the first message of a conversation the peer started, not its last, without the
+        # token: a stream request (as dispatch tells one), keyed by its id
+        opens = msg.owner and msg.first == msg.id and not msg.last and not msg.token
+        return msg.id if opens else None
+
+    def stream_part_of(self, msg: Msg) -> int | None:
+        return msg.first if msg.owner and msg.first != msg.id else None
+
     def message_size(self, msg: Msg) -> int:
         return len(msg.data) + text_size(msg.type) + (text_size(msg.module) if msg.module else 0)
 

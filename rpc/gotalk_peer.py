@@ -212,6 +212,15 @@ class GotalkAdapter:
     def continues_stream(self, msg: Any) -> bool:
         return msg.__class__ is gotalk.StreamRequestPart and self.peer.has_stream(msg.id)
 
+    def opens_stream(self, msg: Any) -> bytes | None:
+        # not an id in flight: its parts are that stream's until the repeat is refused
+        if msg.__class__ is gotalk.StreamRequest and not self.peer.has_stream(msg.id):
+            return msg.id
+        return None
+
+    def stream_part_of(self, msg: Any) -> bytes | None:
+        return msg.id if msg.__class__ is gotalk.StreamRequestPart else None
+
     def message_size(self, msg: Any) -> int:
         cls = msg.__class__  # its payload, and a request's op or a notification's name
         if cls is gotalk.Heartbeat or cls is gotalk.Fault:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -109,6 +109,17 @@ class Adapter(Protocol[K]):
         """True when ``message`` is a part or the end of a stream request whose handler runs
         (:meth:`~rpc.responder.Responder.has_stream`): it runs while every slot is taken,
         since that handler, holding one, waits for it. Asked only of input that waits."""
+        ...
+
+    def opens_stream(self, message: Any) -> Hashable | None:
+        """The stream ``message`` opens when it is a stream request (a key that its parts'
+        :meth:`stream_part_of` gives too), else None. Asked only of input kept in the
+        backlog (:mod:`rpc.backlog`)."""
+        ...
+
+    def stream_part_of(self, message: Any) -> Hashable | None:
+        """The stream (as :meth:`opens_stream` names it) whose part or end ``message`` is,
+        whether that stream runs or not; else None. Asked only of input kept in the backlog."""
         ...
 
     def message_size(self, message: Any) -> int:

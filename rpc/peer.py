@@ -151,13 +151,6 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._running: set[K] = set()
         """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
         they run and only for a peer that takes the cancellation extension."""
-        self._kept = Backlog(
-            self._request_bytes, loop, self._continue, lambda m: self.adapter.message_size(m)
-        )
-        """Messages read but not run yet, their bound and next turn (:mod:`rpc.backlog`)."""
-        self._backlog = self._kept.messages  # read here (the hot path's check), in responder
-        self._stream_hold = StreamHold(self.deadlines, self._kept.next_turn)
-        """The stream whose full queue holds our input, if any (:mod:`rpc.stream_hold`)."""
         self._reading = True
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
@@ -191,6 +184,11 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         one, since a notification cannot be refused (``max_concurrent=0`` refuses every
         request with a retry result; its notifications then run one at a time)."""
         self.adapter = adapter_factory(self)
+        self._kept = Backlog(self._request_bytes, loop, self._continue, self.adapter)
+        """Messages read but not run yet, their bound and next turn (:mod:`rpc.backlog`)."""
+        self._backlog = self._kept.messages  # read here (the hot path's check), in responder
+        self._stream_hold = StreamHold(self.deadlines, self._kept.next_turn)
+        """The stream whose full queue holds our input, if any (:mod:`rpc.stream_hold`)."""
 
     @property
     def protocol_name(self) -> str:

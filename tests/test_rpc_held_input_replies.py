@@ -207,3 +207,54 @@ async def test_stream_parts_kept_while_our_output_waited_run_once_it_drains() ->
             assert later_answer == b'"after"'
         finally:
             await raw.close()
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_stream_parts_kept_behind_a_request_reach_their_handler_once_it_runs(
+    flavour: str,
+) -> None:
+    """A stream request, a request and the stream's parts all kept while another handler
+    holds the one slot: once it ends, the stream's handler takes the slot, and its parts,
+    though read after the request that now waits for that slot, reach it. Before, they
+    stayed behind that request: the stream's handler waited for them, the request for its
+    slot, both until the connection's end (a peer without retry results)."""
+    gate = asyncio.Event()
+    more = asyncio.Event()
+    reg = collecting_registry()
+
+    @reg.handle("hold")
+    async def hold(value: Any) -> Any:
+        await gate.wait()
+        return value
+
+    async def parts() -> AsyncIterator[int]:
+        yield 1  # (sent with the stream request)
+        await more.wait()  # the request goes out between the stream request and its parts
+        for part in (2, 3, 4):
+            yield part
+
+    scheme, _ = FLAVOURS[flavour]
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
+            [server_peer] = server.peers
+            kept = server_peer._kept
+            holding = asyncio.ensure_future(peer.request("hold", "held"))
+            await wait_until(lambda: server_peer.handlers_running == 1)
+
+            async def streamed() -> list[Any]:
+                return [item async for item in peer.stream("collect", parts=parts())]
+
+            stream = asyncio.ensure_future(streamed())
+            await wait_until(lambda: len(kept) == 1)
+            request = asyncio.ensure_future(peer.request("echo", "after"))
+            await wait_until(lambda: len(kept) == 2)
+            more.set()
+            await wait_until(lambda: len(kept) >= 5)  # and three parts
+            gate.set()
+            async with asyncio.timeout(5):
+                assert await holding == "held"
+                assert await stream == [[1, 2, 3, 4]]
+                assert await request == "after"
