@@ -1,16 +1,9 @@
 """The RPC core over Gotalk v1: requests are ``r``/``s``+``p``, results ``R``/``S``/``E``/``e``.
 
 Request ids are 4 opaque bytes; ours are a little-endian counter (as the Go client's).
-Liveness: we send a heartbeat every ``heartbeat_interval`` seconds (default 20 s, well
-inside the 30 s read timeout of Go peers) and, when nothing at all arrives for
-``read_timeout`` seconds (default 30 s), send ``f00000003`` and close, as Go peers do.
-Heartbeats on our own plan go every 100-110% of the interval, at random (``BEAT_SPREAD``). A
-peer's heartbeat that arrives when ours is due within half an interval is answered with ours
-at once, and our next is then planned after 120% (``ANSWERER_SLACK``), later than the
-peer's: one side sends and the other answers, and an idle connection wakes one side's timer
-once per interval. Liveness deadlines are coarse (:mod:`rpc.deadlines`). Over WebSocket
-there is no read timeout (the WebSocket's own pings detect dead peers, and browsers delay
-timers in background tabs).
+Liveness: we send a heartbeat every ``heartbeat_interval`` seconds (default 20 s) and, when
+nothing at all arrives for ``read_timeout`` seconds (default 30 s; none over WebSocket), send
+``f00000003`` and close, as Go peers do (:mod:`rpc.gotalk_liveness`).
 
 Compatibility with real peers:
 - a stream request (``s``) is always answered with stream results, ending with an empty
@@ -24,14 +17,13 @@ Compatibility with real peers:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from rpc import intercept
 from rpc.backlog import text_size
-from rpc.deadlines import ANSWERER_SLACK, next_beat
 from rpc.errors import retry_wait_ms
+from rpc.gotalk_liveness import GotalkLiveness
 from rpc.logs import violations
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
@@ -106,8 +98,6 @@ class GotalkAdapter:
         """True once both sides speak extension level 3 (a default timeout)."""
         self.meta: MetaState[bytes] = MetaState()
         self.codec = gotalk.GotalkConnection(max_size=peer.options.max_size)
-        self.heartbeat_interval = heartbeat_interval
-        self.read_timeout = read_timeout
         self.retry_results = retry_results if retry_results is not None else True
         self._retry_choice = retry_results
         self._next_id = 0
@@ -116,82 +106,30 @@ class GotalkAdapter:
         """Request header formats by operation: a caller sends the same few again and
         again, and a format kept saves two calls per request (at most
         :data:`REQUEST_FORMATS`)."""
-        self._last_read = 0.0
         self._framed = False
-        self.heartbeats_received = 0
-        self._loop = peer.loop
+        self.liveness = GotalkLiveness(
+            peer, heartbeat_interval, read_timeout, self._emit_header, self.codec.fault
+        )
+        """Heartbeats and the read check (:mod:`rpc.gotalk_liveness`)."""
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
         peer = self.peer
         self._framed = peer.outbox.framed
-        if self._framed:
-            self.read_timeout = None
-            if self._retry_choice is None:
-                transport = peer.transport
-                self.retry_results = bool(transport.get_extra_info("peerwire_retry", False))
+        if self._framed and self._retry_choice is None:
+            transport = peer.transport
+            self.retry_results = bool(transport.get_extra_info("peerwire_retry", False))
         peer.outbox.push(self.codec.handshake())
         if self.extensions:
             self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, _LEVEL)))
-        now = self._loop.time()
-        self._last_read = now
-        if self.heartbeat_interval:
-            when = next_beat(now, self.heartbeat_interval)
-            peer.deadlines.set("heartbeat", when, self._heartbeat, coarse=True)
-        if self.read_timeout:
-            peer.deadlines.set("read", now + self.read_timeout, self._read_due, coarse=True)
+        self.liveness.start(self._framed)
 
     def stop(self) -> None:
         """Nothing of ours outlives the connection (timers live in the peer's deadlines)."""
 
     def handshake_pending(self) -> bool:
         return self.codec.peer_version is None
-
-    def _heartbeat(self) -> None:
-        """The heartbeat timer: send one now and write it at once (no other output waits)."""
-        if not self.peer.is_open or not self.heartbeat_interval:
-            return
-        self._send_heartbeat(next_beat(self._loop.time(), self.heartbeat_interval))
-        self.peer.outbox.flush()
-
-    def _send_heartbeat(self, next_at: float) -> None:
-        beat = gotalk.Heartbeat(0, int(time.time()) & 0xFFFFFFFF)
-        self._emit_header(*gotalk.encode_parts(beat))
-        self.peer.deadlines.set("heartbeat", next_at, self._heartbeat, coarse=True)
-
-    def _on_heartbeat(self) -> None:
-        """The peer's heartbeat: answer it when ours is due soon; move the read check on.
-
-        Both moves make the timer later, so it is re-armed here (once per heartbeat, not per
-        message) instead of waking up to find nothing due.
-        """
-        self.heartbeats_received += 1
-        deadlines = self.peer.deadlines
-        now = self._last_read
-        interval = self.heartbeat_interval
-        if interval:
-            due = deadlines.when("heartbeat")
-            if due is not None and due - now <= interval / 2:
-                # flushed with this read's output; the peer's next one comes first
-                self._send_heartbeat(now + interval * (1 + ANSWERER_SLACK))
-        if self.read_timeout:
-            deadlines.set("read", now + self.read_timeout, self._read_due, coarse=True)
-        deadlines.rearm()
-
-    def _read_due(self) -> None:
-        timeout = self.read_timeout
-        if not timeout or not self.peer.is_open:
-            return
-        silent_until = max(self._last_read, self.peer.resumed_at) + timeout
-        if self.peer.deadlines.now() < silent_until:  # something arrived meanwhile
-            self.peer.deadlines.set("read", silent_until, self._read_due, coarse=True)
-            return
-        if self.peer.holding_input:  # we do not read it: its heartbeats wait unread
-            self.peer.deadlines.set("read", self.peer.deadlines.now() + timeout, self._read_due)
-            return
-        self.peer.outbox.push(self.codec.fault(gotalk.ErrorCode.TIMEOUT))
-        self.peer.abort()
 
     def input_held(self) -> None:
         """Nothing to do: our heartbeats go out on their own plan, read or not."""
@@ -203,7 +141,7 @@ class GotalkAdapter:
     # --- receiving -------------------------------------------------------------------------
 
     def decode(self, data: bytes, read_at: float) -> list[Any]:
-        self._last_read = read_at
+        self.liveness.last_read = read_at
         return self.codec.receive_data(data)
 
     def is_reply(self, msg: Any) -> bool:
@@ -274,7 +212,7 @@ class GotalkAdapter:
             else:
                 self._with_meta(msg.id, msg.op, msg.payload, True)
         elif cls is gotalk.Heartbeat:
-            self._on_heartbeat()
+            self.liveness.heard()
         elif cls is gotalk.Fault:
             peer.abort()
 
@@ -509,4 +447,4 @@ class GotalkPeer(Peer[bytes]):
 
     @property
     def heartbeats_received(self) -> int:
-        return self.gotalk.heartbeats_received
+        return self.gotalk.liveness.heartbeats_received
