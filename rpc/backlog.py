@@ -92,7 +92,7 @@ class Backlog:
     ``message_size``) plus :data:`OVERHEAD`.
 
     ``sorted`` is False while the messages may include some that run while the rest waits
-    (replies to our calls, parts of running streams: ``runs_now`` of :meth:`take`), as when
+    (replies to our calls, what serves running handlers: ``runs_now`` of :meth:`take`), as when
     the rest of a read was kept whole, in order; the peer then runs those before it reads
     on (:meth:`run_replies`), so that what it reads later never overtakes them."""
 
@@ -272,11 +272,11 @@ class Backlog:
     ) -> int:
         """``messages[start:end]`` of a read while the peer's input waits and reading goes
         on (our output or slots hold it: :mod:`rpc.input_flow`): those that ``runs_now``
-        (replies to our calls, parts of running streams) run at once (``dispatch``), the
-        rest is kept in order. Returns where it stopped: ``end``, just past the message
-        that filled the backlog, or at one refused with InputHeld (a reply for a stream of
-        ours whose queue is full: it runs later). The backlog may be :attr:`full`
-        whichever: reading must then pause."""
+        (replies to our calls, parts of running streams, cancellations of running handlers)
+        run at once (``dispatch``), the rest is kept in order. Returns where it stopped:
+        ``end``, just past the message that filled the backlog, or at one refused with
+        InputHeld (a reply for a stream of ours whose queue is full: it runs later). The
+        backlog may be :attr:`full` whichever: reading must then pause."""
         keep = self._keep
         read_at = self.read_at
         size = self._size

@@ -207,9 +207,19 @@ class ChatterAdapter:
     def is_reply(self, msg: Msg) -> bool:
         return not msg.owner  # a message in a conversation we started
 
-    def continues_stream(self, msg: Msg) -> bool:
-        first = msg.first  # a later message in a conversation the peer started
-        return msg.owner and first != msg.id and self.peer.has_stream(Conversation(False, first))
+    def serves_running(self, msg: Msg) -> bool:
+        if not msg.owner:
+            return False
+        first = msg.first
+        if first != msg.id:  # a later message in a conversation the peer started
+            return self.peer.has_stream(Conversation(False, first))
+        if not (msg.last and self.cancels):
+            return False
+        module = msg.module
+        if (f"{module}.{msg.type}" if module else msg.type) != _CANCEL:
+            return False
+        cancelled = self.payloads.decode(_CANCEL, msg.data)  # (undecodable: told as it runs)
+        return isinstance(cancelled, int) and self.peer.cancellable(Conversation(False, cancelled))
 
     def opens_stream(self, msg: Msg) -> int | None:
         # the first message of a conversation the peer started, not its last, without the

@@ -147,8 +147,13 @@ class GotalkAdapter:
     def is_reply(self, msg: Any) -> bool:
         return msg.__class__ in _REPLIES
 
-    def continues_stream(self, msg: Any) -> bool:
-        return msg.__class__ is gotalk.StreamRequestPart and self.peer.has_stream(msg.id)
+    def serves_running(self, msg: Any) -> bool:
+        cls = msg.__class__
+        if cls is gotalk.StreamRequestPart:
+            return self.peer.has_stream(msg.id)
+        if cls is gotalk.Notification and msg.name == CANCEL and self.cancels:
+            return self.peer.cancellable(msg.payload)
+        return False
 
     def opens_stream(self, msg: Any) -> bytes | None:
         # not an id in flight: its parts are that stream's until the repeat is refused

@@ -10,8 +10,8 @@ states the bound), and when reading pauses and resumes:
   while ``max_concurrent`` tasks run, a request from a peer without retry results while
   ``max_concurrent`` handlers run or ``max_request_bytes`` is taken (a peer with them gets
   a retry result instead). Replies to our calls run at once but behind a stream's full
-  queue, and so do the parts of stream requests whose handlers run, unless our output
-  waits (:meth:`InputFlow._runs_now`);
+  queue, and so do the parts of stream requests whose handlers run and the cancellations
+  of running handlers, unless our output waits (:meth:`InputFlow._runs_now`);
 - while a message waits, reading goes on (replies run, the rest is kept) up to the
   backlog's bound, unless :meth:`InputFlow._holds_all`, a message that refused to run
   (InputHeld from its handler), or kept messages that may run now (the backlog not
@@ -83,11 +83,12 @@ class InputFlow(Generic[K]):
     def _runs_now(self, message: Any) -> bool:
         """True for input that runs while the rest waits (never behind a stream's full
         queue): replies to our calls; and, unless our output waits, the parts and end of
-        a stream request whose handler runs, which may hold the slot the rest waits for."""
+        a stream request whose handler runs, or the cancellation of a running handler:
+        that handler may hold the slot the rest waits for."""
         adapter = self.adapter
         if adapter.is_reply(message):
             return True
-        return not self.outbox.blocked and adapter.continues_stream(message)
+        return not self.outbox.blocked and adapter.serves_running(message)
 
     def _other_holds(self) -> bool:
         """True while the peer's input other than replies waits for more than our output: a

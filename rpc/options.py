@@ -105,10 +105,12 @@ class Adapter(Protocol[K]):
         end, an error, a retry): the peer handles such input while its output waits."""
         ...
 
-    def continues_stream(self, message: Any) -> bool:
-        """True when ``message`` is a part or the end of a stream request whose handler runs
-        (:meth:`~rpc.responder.Responder.has_stream`): it runs while every slot is taken,
-        since that handler, holding one, waits for it. Asked only of input that waits."""
+    def serves_running(self, message: Any) -> bool:
+        """True when ``message`` is for a request of the peer's whose handler runs: a part
+        or the end of its stream (:meth:`~rpc.responder.Responder.has_stream`), or its
+        cancellation (:meth:`~rpc.responder.Responder.cancellable`). It runs while every
+        slot is taken: that handler holds one, and waits for the part or frees the slot
+        once cancelled. Asked only of input that waits."""
         ...
 
     def opens_stream(self, message: Any) -> Hashable | None:

@@ -315,6 +315,11 @@ class Responder(Generic[K]):
         queue.put(END)
         return True
 
+    def cancellable(self, key: K) -> bool:
+        """True while request ``key``'s handler runs and the peer may cancel it (it takes
+        the cancellation extension)."""
+        return key in self._running
+
     def has_stream(self, key: K) -> bool:
         """True while an incoming stream request ``key`` takes parts."""
         return key in self._streams

@@ -258,3 +258,44 @@ async def test_stream_parts_kept_behind_a_request_reach_their_handler_once_it_ru
                 assert await holding == "held"
                 assert await stream == [[1, 2, 3, 4]]
                 assert await request == "after"
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_cancel_reaches_its_running_handler_past_a_request_waiting_for_its_slot(
+    flavour: str,
+) -> None:
+    """The caller gives up on a call whose handler holds the one slot, after it sent a
+    request that waits for that slot: the cancellation runs at once, the handler is
+    cancelled and the request runs. Before, the cancellation was kept behind the request,
+    which waited for the slot that only the cancellation would free (a peer without retry
+    results; the handler never ends on its own)."""
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+    reg = collecting_registry()
+
+    @reg.handle("forever")
+    async def forever(value: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    scheme, _ = FLAVOURS[flavour]
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
+            [server_peer] = server.peers
+            await wait_until(lambda: peer.adapter.cancels and server_peer.adapter.cancels)
+            call = asyncio.ensure_future(peer.request("forever", 1))
+            await started.wait()
+            request = asyncio.ensure_future(peer.request("echo", "after"))
+            await wait_until(lambda: len(server_peer._kept) == 1)  # it waits for the slot
+            call.cancel()  # the caller gives up: a cancellation goes out
+            async with asyncio.timeout(5):
+                await cancelled.wait()
+                assert await request == "after"
+            assert call.cancelled()
