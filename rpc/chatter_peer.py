@@ -287,7 +287,7 @@ class ChatterAdapter:
         if meta.pending is None and meta.default is None:
             peer.on_request(conv, op, payload, not token)
         else:
-            self._with_meta(conv, op, payload, not token)
+            intercept.request_with_meta(peer, meta, conv, first, op, payload, not token)
 
     def _on_meta(self, data: bytes) -> None:
         try:
@@ -302,15 +302,6 @@ class ChatterAdapter:
             self.meta.received_default(metadata.decode_timeout_sbs(data))
         except ProtocolError as exc:
             violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
-
-    def _with_meta(self, conv: Conversation, op: str, payload: Any, stream: bool) -> None:
-        """A request arrives while metadata waits or a default is set."""
-        taken = self.meta.take(conv.first, self.peer.read_at)
-        if taken is None:
-            self.peer.on_request(conv, op, payload, stream)
-        else:
-            meta, received_at = taken
-            intercept.serve_with_meta(self.peer, conv, op, payload, stream, meta, received_at)
 
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
         """A reply other than ``PeerwireRpc.Result`` (which :meth:`dispatch` hands over)."""

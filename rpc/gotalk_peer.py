@@ -179,7 +179,7 @@ class GotalkAdapter:
             if meta.pending is None and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, False)
             else:
-                self._with_meta(msg.id, msg.op, msg.payload, False)
+                intercept.request_with_meta(peer, meta, msg.id, msg.id, msg.op, msg.payload, False)
         elif cls is gotalk.Result:
             peer.on_result(msg.id, msg.payload)
         elif cls is gotalk.StreamRequestPart:
@@ -215,7 +215,7 @@ class GotalkAdapter:
             if meta.pending is None and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, True)
             else:
-                self._with_meta(msg.id, msg.op, msg.payload, True)
+                intercept.request_with_meta(peer, meta, msg.id, msg.id, msg.op, msg.payload, True)
         elif cls is gotalk.Heartbeat:
             self.liveness.heard()
         elif cls is gotalk.Fault:
@@ -247,15 +247,6 @@ class GotalkAdapter:
                 self.meta.received_default(metadata.decode_timeout_gotalk(payload))
             except ProtocolError as exc:
                 violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
-
-    def _with_meta(self, key: bytes, op: str, payload: bytes, stream: bool) -> None:
-        """A request arrives while metadata waits or a default is set."""
-        taken = self.meta.take(key, self.peer.read_at)
-        if taken is None:
-            self.peer.on_request(key, op, payload, stream)
-        else:
-            meta, received_at = taken
-            intercept.serve_with_meta(self.peer, key, op, payload, stream, meta, received_at)
 
     # --- sending ---------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from wire.metadata import RequestMeta
 
 if TYPE_CHECKING:
     from rpc.peer import Peer
+    from rpc.request_meta import MetaState
 
 log = logging.getLogger("peerwire.rpc")
 
@@ -65,6 +66,19 @@ def _enter(peer: Peer, call: Call) -> None:
 
 
 # --- calls the peer makes to us ---------------------------------------------------------------
+
+
+def request_with_meta(
+    peer: Peer, state: MetaState[Any], key: Any, first: Any, op: str, payload: Any, stream: bool
+) -> None:
+    """An incoming request while metadata waits or a default timeout is set (``state``, the
+    adapter's): served with the metadata sent for it (matched by ``first``, its id on the
+    wire), if any, else as any other."""
+    taken = state.take(first, peer.read_at)
+    if taken is None:
+        peer.on_request(key, op, payload, stream)
+    else:
+        serve_with_meta(peer, key, op, payload, stream, *taken)
 
 
 def serve_with_meta(
