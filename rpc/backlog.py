@@ -19,7 +19,10 @@ slots while they call the peer back get its replies. Reading pauses once the bac
   backlog's bytes are :attr:`RequestBytes.reserved <rpc.request_bytes.RequestBytes>`:
   with those the peer's requests hold while served, they stay within
   ``Options.max_request_bytes`` (64 MiB), and a handler that frees some gives the peer a
-  turn to read on;
+  turn to read on. The backlog alone may always keep a quarter of it (:data:`OWN_SHARE`),
+  so together they hold at most 1.25 times it: while the requests being served hold the
+  whole limit (a peer without retry results), their handlers still get the peer's
+  replies to their calls;
 - count: at most :data:`MAX_MESSAGES`, for floods of tiny messages.
 
 The message that passes the bound and the rest of its read are kept too (a read is at most
@@ -61,6 +64,11 @@ loop iteration (reading paused meanwhile), so other connections get their turn."
 OVERHEAD = 256
 """Bytes counted per message besides its payload: about what a decoded message takes in
 memory (a small Gotalk request, its id and op: about 200 bytes)."""
+
+OWN_SHARE = 4
+"""The backlog may keep ``max_request_bytes // OWN_SHARE`` (a quarter) whatever the requests
+being served hold: the replies its handlers wait for are read while those requests hold
+the whole limit."""
 
 MAX_MESSAGES = 16_384
 """Messages kept before reading pauses, whatever their size: about 3 MiB of tiny ones
@@ -169,8 +177,10 @@ class Backlog:
     def full(self) -> bool:
         """True when reading should pause (see the module doc)."""
         requests = self.requests
-        used = requests.reserved + requests.used
-        return len(self) >= MAX_MESSAGES or used >= requests.limit
+        reserved = requests.reserved
+        if len(self) >= MAX_MESSAGES or reserved + requests.used < requests.limit:
+            return len(self) >= MAX_MESSAGES
+        return reserved >= requests.limit // OWN_SHARE
 
     def __len__(self) -> int:
         """The messages kept, those set aside behind their stream request too."""

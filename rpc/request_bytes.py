@@ -18,9 +18,11 @@ them hold at most 4 MiB, and counting them would cost every small request.
 
 The messages the peer keeps unrun while its output waits (:mod:`rpc.backlog`) share the
 limit: their bytes are ``reserved`` here, so that the backlog is full once ``used`` and
-``reserved`` together reach it. ``reserved`` does not count against new requests (``full``):
-a kept request runs after it leaves the backlog, and it would otherwise wait for room that
-only its neighbours in the backlog take, with no handler running to free any.
+``reserved`` together reach it, and ``reserved`` a quarter of it (``OWN_SHARE`` there: the
+replies the handlers wait for are still read while ``used`` takes it all). ``reserved``
+does not count against new requests (``full``): a kept request runs after it leaves the
+backlog, and it would otherwise wait for room that only its neighbours in the backlog take,
+with no handler running to free any.
 """
 
 from __future__ import annotations

@@ -95,6 +95,36 @@ async def test_request_handlers_that_call_back_a_peer_without_retry_results(
     assert got == [0, 10, 20, 30]
 
 
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_handlers_holding_max_request_bytes_get_their_replies(flavour: str) -> None:
+    """A request whose payload takes all of ``max_request_bytes`` has a handler that calls
+    the peer back; the peer (without retry results) sends a request meanwhile, which waits
+    for bytes. The reply is read: the backlog keeps its own share of the limit. Before, the
+    backlog was full with that one request kept, reading paused, and the handler waited
+    for its call's 20-s timeout."""
+    scheme, query = FLAVOURS[flavour]
+    reg = collecting_registry()
+
+    @reg.handle("ask_big")
+    async def ask_big(blob: str) -> object:
+        answer = await rpc.current_peer.get().request("back", 1, timeout=20)
+        return [len(blob), answer]
+
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0",
+        registry=reg,
+        options=rpc.Options(max_concurrent=4, max_request_bytes=100_000),
+        retry_results=False,
+    ) as server:
+        url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+        async with rpc.connect(url, registry=back_registry([server]), reconnect=False) as peer:
+            async with asyncio.timeout(10):
+                big = asyncio.ensure_future(peer.request("ask_big", "x" * 120_000))
+                small = asyncio.ensure_future(peer.request("echo", "after"))
+                assert await big == [120_000, 10]
+                assert await small == "after"
+
+
 def collecting_registry() -> rpc.Registry:
     """``collect``: a stream handler that returns the parts it got, in order; ``echo``."""
     reg = rpc.Registry()
