@@ -113,6 +113,7 @@ class Backlog:
         "_parked_count",
         "_size",
         "_times",
+        "front",
         "messages",
         "read_at",
         "refused",
@@ -150,6 +151,11 @@ class Backlog:
         """The parts and ends of the stream requests kept in :attr:`messages`, by stream,
         with their read times, in order (see the module doc); an entry per such request."""
         self._parked_count = 0
+        self.front: Any = None
+        """The last of the parts put back first (:meth:`popleft`) while it waits: a read
+        meanwhile is kept whole, as while not :attr:`sorted`, so that a part read later
+        does not overtake them, without the look over every message that not sorted asks
+        for (a stream opened per turn would make that quadratic)."""
         self._loop = loop
         self._on_turn = on_turn
         self._kinds = kinds
@@ -225,6 +231,8 @@ class Backlog:
         message = messages.popleft()
         self.read_at = self._times.popleft()
         self.requests.reserved -= self._size(message) + OVERHEAD
+        if message is self.front:
+            self.front = None
         if self._parked:
             key = self._kinds.opens_stream(message)
             parts = self._parked.pop(key, None) if key is not None else None
@@ -233,6 +241,7 @@ class Backlog:
                 for part, read_at in reversed(parts):
                     messages.appendleft(part)
                     self._times.appendleft(read_at)
+                self.front = parts[-1][0]
         if not messages:
             self.sorted = True
         return message
@@ -317,6 +326,7 @@ class Backlog:
         reply_times: list[float] = []
         kept: list[Any] = []
         kept_times: list[float] = []
+        self.front = None  # what may run now runs here, or goes back first, not sorted
         for message, read_at in zip(self.messages, self._times, strict=True):
             if runs_now(message):
                 replies.append(message)
@@ -358,6 +368,7 @@ class Backlog:
         self._times.clear()
         self._parked.clear()
         self._parked_count = 0
+        self.front = None
         self.requests.reserved = 0
         self.sorted = True
         self.refused = None

@@ -15,7 +15,7 @@ states the bound), and when reading pauses and resumes:
 - while a message waits, reading goes on (replies run, the rest is kept) up to the
   backlog's bound, unless :meth:`InputFlow._holds_all`, a message that refused to run
   (InputHeld from its handler), or kept messages that may run now (the backlog not
-  ``sorted``: they run first) pause it at once;
+  ``sorted``, or a stream's parts put back ``front``: they run first) pause it at once;
 - a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn.
 
 It shares the peer's state (slots set up by :class:`~rpc.peer.Peer`).
@@ -154,9 +154,15 @@ class InputFlow(Generic[K]):
         """The rest of a read from ``messages[start]``, which may not run now or comes after
         messages that wait: reading goes on (:meth:`~rpc.backlog.Backlog.take`) unless
         :meth:`_holds_all`, a message that refused to run, or kept messages that may run
-        now (not ``sorted``: they run first) keep them all, reading paused."""
+        now (not ``sorted``, or ``front``: they run first) keep them all, reading paused."""
         kept = self._kept
-        if not self._reading or kept.refused is not None or not kept.sorted or self._holds_all():
+        if (
+            not self._reading
+            or kept.refused is not None
+            or not kept.sorted
+            or kept.front is not None
+            or self._holds_all()
+        ):
             self._keep(messages, start)
             return
         end = min(len(messages), MESSAGES_PER_TURN)  # (no handler runs: no current_peer)
@@ -221,7 +227,9 @@ class InputFlow(Generic[K]):
         that refused to run (``kept.refused``) stops it."""
         if kept.refused is not None or (self._output_hold and self.outbox.blocked):
             return False
-        return not kept.messages or (kept.sorted and not kept.full and not self._holds_all())
+        if not kept.messages:
+            return True
+        return kept.sorted and kept.front is None and not kept.full and not self._holds_all()
 
     def answered_while_blocked(self) -> None:
         """The codec answered input itself (Chatter Pongs) while our output waits: reading
