@@ -196,9 +196,9 @@ class Backlog:
         size = self._size
         return sum(size(message) + OVERHEAD for message in messages)
 
-    def _keep(self, message: Any, read_at: float) -> None:
+    def _keep(self, message: Any, read_at: float) -> int:
         """Keep one message last, or set it aside behind its stream request if that is
-        kept too (see the module doc)."""
+        kept too (see the module doc); the bytes it counts, for the caller to add."""
         parked = self._parked
         if parked:
             key = self._kinds.stream_part_of(message)
@@ -207,21 +207,20 @@ class Backlog:
                 if parts is not None:
                     parts.append((message, read_at))
                     self._parked_count += 1
-                    return
+                    return self._size(message) + OVERHEAD
         key = self._kinds.opens_stream(message)
         if key is not None and key not in parked:  # (a repeated id: the peer errs)
             parked[key] = []
         self.messages.append(message)
         self._times.append(read_at)
+        return self._size(message) + OVERHEAD
 
     def extend(self, messages: list[Any]) -> None:
         """Keep messages in order, replies to our calls among them maybe."""
         if messages:
             read_at = self.read_at
             keep = self._keep
-            for message in messages:
-                keep(message, read_at)
-            self.requests.reserved += self._count(messages)
+            self.requests.reserved += sum([keep(message, read_at) for message in messages])
             self.sorted = False
 
     def popleft(self) -> Any:
@@ -298,7 +297,6 @@ class Backlog:
         backlog may be :attr:`full` whichever: reading must then pause."""
         keep = self._keep
         read_at = self.read_at
-        size = self._size
         requests = self.requests
         for index in range(start, end):
             message = messages[index]
@@ -308,8 +306,7 @@ class Backlog:
                 except InputHeld:
                     return index
             else:
-                keep(message, read_at)
-                requests.reserved += size(message) + OVERHEAD
+                requests.reserved += keep(message, read_at)
                 if self.full:
                     return index + 1
         return end
