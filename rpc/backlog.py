@@ -37,12 +37,13 @@ read that comes while kept messages may run now (not :attr:`Backlog.sorted`) unt
 Each message keeps the loop time of its read (:attr:`Backlog.read_at`): a request kept a
 while counts its caller's time left from its arrival, not from when it runs.
 
-The parts and end of a stream request that is kept itself are set aside by stream, and go
-back in right behind their request when it is taken (:meth:`Backlog.popleft`): its handler
-may take the last slot, and a request kept between them, waiting for that slot, must not
-hold the parts that handler waits for (a peer without retry results could stall both
-until a deadline or the connection's end). A message costs one look-up of its stream
-(the adapter's ``opens_stream`` and ``stream_part_of``) when kept, none when not.
+What follows a request that is kept itself (the parts and end of its stream, its
+cancellation) is set aside by request, and goes back in right behind it when it is taken
+(:meth:`Backlog.popleft`): its handler may take the last slot, and a request kept between
+them, waiting for that slot, must not hold the parts that handler waits for, or the
+cancellation that would free the slot (a peer without retry results could stall both
+until a deadline or the connection's end). A message costs a look-up or two of its
+request (the adapter's ``opens_request`` and ``follows_request``) when kept, none when not.
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
 """
 
@@ -89,8 +90,8 @@ class MessageKinds(Protocol):
     message it keeps."""
 
     def message_size(self, message: Any) -> int: ...
-    def opens_stream(self, message: Any) -> Hashable | None: ...
-    def stream_part_of(self, message: Any) -> Hashable | None: ...
+    def opens_request(self, message: Any) -> Hashable | None: ...
+    def follows_request(self, message: Any) -> Hashable | None: ...
 
 
 class Backlog:
@@ -147,15 +148,16 @@ class Backlog:
         the backlog's own are counted there (``reserved``)."""
         self.turn: asyncio.Handle | None = None
         """The next turn at the messages (``on_turn``), if one is due: see :meth:`next_turn`."""
-        self._parked: dict[Hashable, list[tuple[Any, float]]] = {}
-        """The parts and ends of the stream requests kept in :attr:`messages`, by stream,
-        with their read times, in order (see the module doc); an entry per such request."""
+        self._parked: dict[Hashable, list[tuple[Any, float]] | None] = {}
+        """What follows the requests kept in :attr:`messages`, by request, with their read
+        times, in order (see the module doc): an entry per such request, None until
+        something follows it."""
         self._parked_count = 0
         self.front: Any = None
-        """The last of the parts put back first (:meth:`popleft`) while it waits: a read
+        """The last of the messages put back first (:meth:`popleft`) while it waits: a read
         meanwhile is kept whole, as while not :attr:`sorted`, so that a part read later
         does not overtake them, without the look over every message that not sorted asks
-        for (a stream opened per turn would make that quadratic)."""
+        for (a request taken per turn would make that quadratic)."""
         self._loop = loop
         self._on_turn = on_turn
         self._kinds = kinds
@@ -189,7 +191,7 @@ class Backlog:
         return reserved >= requests.limit // OWN_SHARE
 
     def __len__(self) -> int:
-        """The messages kept, those set aside behind their stream request too."""
+        """The messages kept, those set aside behind their request too."""
         return len(self.messages) + self._parked_count
 
     def _count(self, messages: Iterable[Any]) -> int:
@@ -197,20 +199,22 @@ class Backlog:
         return sum(size(message) + OVERHEAD for message in messages)
 
     def _keep(self, message: Any, read_at: float) -> int:
-        """Keep one message last, or set it aside behind its stream request if that is
-        kept too (see the module doc); the bytes it counts, for the caller to add."""
+        """Keep one message last, or set it aside behind its request if that is kept too
+        (see the module doc); the bytes it counts, for the caller to add."""
         parked = self._parked
         if parked:
-            key = self._kinds.stream_part_of(message)
-            if key is not None:
-                parts = parked.get(key)
-                if parts is not None:
-                    parts.append((message, read_at))
-                    self._parked_count += 1
-                    return self._size(message) + OVERHEAD
-        key = self._kinds.opens_stream(message)
+            key = self._kinds.follows_request(message)
+            if key is not None and key in parked:
+                followers = parked[key]
+                if followers is None:
+                    parked[key] = [(message, read_at)]
+                else:
+                    followers.append((message, read_at))
+                self._parked_count += 1
+                return self._size(message) + OVERHEAD
+        key = self._kinds.opens_request(message)
         if key is not None and key not in parked:  # (a repeated id: the peer errs)
-            parked[key] = []
+            parked[key] = None
         self.messages.append(message)
         self._times.append(read_at)
         return self._size(message) + OVERHEAD
@@ -224,8 +228,8 @@ class Backlog:
             self.sorted = False
 
     def popleft(self) -> Any:
-        """Take the first message; :attr:`read_at` becomes the time it was read at. A stream
-        request's parts set aside come first after it."""
+        """Take the first message; :attr:`read_at` becomes the time it was read at. What
+        follows a request, set aside, comes first after it."""
         messages = self.messages
         message = messages.popleft()
         self.read_at = self._times.popleft()
@@ -233,14 +237,14 @@ class Backlog:
         if message is self.front:
             self.front = None
         if self._parked:
-            key = self._kinds.opens_stream(message)
-            parts = self._parked.pop(key, None) if key is not None else None
-            if parts:
-                self._parked_count -= len(parts)
-                for part, read_at in reversed(parts):
-                    messages.appendleft(part)
+            key = self._kinds.opens_request(message)
+            followers = self._parked.pop(key, None) if key is not None else None
+            if followers:
+                self._parked_count -= len(followers)
+                for follower, read_at in reversed(followers):
+                    messages.appendleft(follower)
                     self._times.appendleft(read_at)
-                self.front = parts[-1][0]
+                self.front = followers[-1][0]
         if not messages:
             self.sorted = True
         return message

@@ -208,27 +208,30 @@ class ChatterAdapter:
         return not msg.owner  # a message in a conversation we started
 
     def serves_running(self, msg: Msg) -> bool:
-        if not msg.owner:
+        first = self.follows_request(msg)
+        if first is None:
             return False
+        if first == msg.first:  # a later message in its conversation
+            return self.peer.has_stream(Conversation(False, first))
+        return self.peer.cancellable(Conversation(False, first))
+
+    def opens_request(self, msg: Msg) -> int | None:
+        # the first message of a conversation the peer started, not its last: a request
+        return msg.id if msg.owner and msg.first == msg.id and not msg.last else None
+
+    def follows_request(self, msg: Msg) -> int | None:
+        if not msg.owner:
+            return None
         first = msg.first
         if first != msg.id:  # a later message in a conversation the peer started
-            return self.peer.has_stream(Conversation(False, first))
+            return first
         if not (msg.last and self.cancels):
-            return False
+            return None
         module = msg.module
         if (f"{module}.{msg.type}" if module else msg.type) != _CANCEL:
-            return False
+            return None
         cancelled = self.payloads.decode(_CANCEL, msg.data)  # (undecodable: told as it runs)
-        return isinstance(cancelled, int) and self.peer.cancellable(Conversation(False, cancelled))
-
-    def opens_stream(self, msg: Msg) -> int | None:
-        # the first message of a conversation the peer started, not its last, without the
-        # token: a stream request (as dispatch tells one), keyed by its id
-        opens = msg.owner and msg.first == msg.id and not msg.last and not msg.token
-        return msg.id if opens else None
-
-    def stream_part_of(self, msg: Msg) -> int | None:
-        return msg.first if msg.owner and msg.first != msg.id else None
+        return cancelled if isinstance(cancelled, int) and cancelled != first else None
 
     def message_size(self, msg: Msg) -> int:
         return len(msg.data) + text_size(msg.type) + (text_size(msg.module) if msg.module else 0)

@@ -148,21 +148,23 @@ class GotalkAdapter:
         return msg.__class__ in _REPLIES
 
     def serves_running(self, msg: Any) -> bool:
-        cls = msg.__class__
-        if cls is gotalk.StreamRequestPart:
+        if msg.__class__ is gotalk.StreamRequestPart:
             return self.peer.has_stream(msg.id)
-        if cls is gotalk.Notification and msg.name == CANCEL and self.cancels:
-            return self.peer.cancellable(msg.payload)
-        return False
+        cancelled = self.follows_request(msg)  # a cancellation
+        return cancelled is not None and self.peer.cancellable(cancelled)
 
-    def opens_stream(self, msg: Any) -> bytes | None:
-        # not an id in flight: its parts are that stream's until the repeat is refused
-        if msg.__class__ is gotalk.StreamRequest and not self.peer.has_stream(msg.id):
-            return msg.id
-        return None
+    def opens_request(self, msg: Any) -> bytes | None:
+        cls = msg.__class__  # (an id repeated in flight: the peer errs, and pays for it)
+        return msg.id if cls is gotalk.Request or cls is gotalk.StreamRequest else None
 
-    def stream_part_of(self, msg: Any) -> bytes | None:
-        return msg.id if msg.__class__ is gotalk.StreamRequestPart else None
+    def follows_request(self, msg: Any) -> bytes | None:
+        cls = msg.__class__
+        key: bytes | None = None
+        if cls is gotalk.StreamRequestPart:
+            key = msg.id
+        elif cls is gotalk.Notification and msg.name == CANCEL and self.cancels:
+            key = msg.payload if len(msg.payload) == 4 else None
+        return key
 
     def message_size(self, msg: Any) -> int:
         cls = msg.__class__  # its payload, and a request's op or a notification's name

@@ -113,15 +113,16 @@ class Adapter(Protocol[K]):
         once cancelled. Asked only of input that waits."""
         ...
 
-    def opens_stream(self, message: Any) -> Hashable | None:
-        """The stream ``message`` opens when it is a stream request (a key that its parts'
-        :meth:`stream_part_of` gives too), else None. Asked only of input kept in the
-        backlog (:mod:`rpc.backlog`)."""
+    def opens_request(self, message: Any) -> Hashable | None:
+        """The key of the request or stream request ``message`` is (one that
+        :meth:`follows_request` gives for what follows it), else None. Asked only of input
+        kept in the backlog (:mod:`rpc.backlog`)."""
         ...
 
-    def stream_part_of(self, message: Any) -> Hashable | None:
-        """The stream (as :meth:`opens_stream` names it) whose part or end ``message`` is,
-        whether that stream runs or not; else None. Asked only of input kept in the backlog."""
+    def follows_request(self, message: Any) -> Hashable | None:
+        """The request (as :meth:`opens_request` names it) that ``message`` follows: a part
+        or the end of its stream, its cancellation; whether it runs or not. Else None.
+        Asked only of input that waits."""
         ...
 
     def message_size(self, message: Any) -> int:

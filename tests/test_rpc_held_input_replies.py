@@ -329,3 +329,63 @@ async def test_a_cancel_reaches_its_running_handler_past_a_request_waiting_for_i
                 await cancelled.wait()
                 assert await request == "after"
             assert call.cancelled()
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_cancel_kept_before_its_handler_ran_reaches_it_past_a_waiting_request(
+    flavour: str,
+) -> None:
+    """The one slot is held; the caller sends ``forever`` and then ``echo`` (both kept,
+    waiting for the slot), then gives up on ``forever``: its cancellation is kept too,
+    behind ``echo``, as ``forever`` does not run yet. Once the slot frees, ``forever``
+    takes it and ``echo`` waits for it: the cancellation must still reach ``forever``'s
+    handler (it is for a running handler now), else ``echo`` waits for a slot that only
+    that cancellation frees (a peer without retry results; the handler never ends on its
+    own). Found in review by helper-96: 8a3a50a ran a cancellation past the rest only when
+    read while its handler ran; kept before, it stayed behind ``echo``, which never ran."""
+    gate = asyncio.Event()
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("hold")
+    async def hold(value: Any) -> Any:
+        await gate.wait()
+        return value
+
+    @reg.handle("forever")
+    async def forever(value: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    @reg.handle("echo")
+    async def echo(value: Any) -> Any:
+        return value
+
+    scheme, _ = FLAVOURS[flavour]
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        f"{scheme}://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
+            [server_peer] = server.peers
+            kept = server_peer._kept
+            await wait_until(lambda: peer.adapter.cancels and server_peer.adapter.cancels)
+            holding = asyncio.ensure_future(peer.request("hold", "held"))
+            await wait_until(lambda: server_peer.handlers_running == 1)
+            call = asyncio.ensure_future(peer.request("forever", 1))
+            await wait_until(lambda: len(kept) == 1)
+            request = asyncio.ensure_future(peer.request("echo", "after"))
+            await wait_until(lambda: len(kept) == 2)
+            call.cancel()  # forever is kept, not running: its cancellation is kept too
+            await wait_until(lambda: len(kept) == 3)
+            gate.set()
+            async with asyncio.timeout(5):
+                assert await holding == "held"
+                assert await request == "after"  # the slot freed: forever went
+            assert call.cancelled()
+            assert cancelled.is_set() or not started.is_set()  # cancelled, or dropped unrun
