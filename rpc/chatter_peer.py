@@ -42,6 +42,7 @@ from rpc.chatter_payloads import Incoming, Reply, Sbs, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
 from rpc.chatter_replies import END, ERROR, PART, RESULT, RETRY, RPC_MODULE, ChatterReplies
 from rpc.logs import violations
+from rpc.message_stall import MessageStall
 from rpc.payload import PayloadError, convert, decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
@@ -106,6 +107,7 @@ class ChatterAdapter:
         self.payloads = SbsPayloads(self.sbs_repo)
         self._sbs_names = self.payloads.names
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
+        self.stall = MessageStall(peer)  # the least rate of an unfinished message
         replies = self.replies = ChatterReplies(
             peer, self.codec, self.payloads, self.sbs_repo, self._send
         )
@@ -181,6 +183,7 @@ class ChatterAdapter:
         messages = codec.receive_data(data)
         if codec.pings_received != pings or codec.pongs_received != pongs:
             self._heard_pings(codec.pings_received != pings, codec.pongs_received != pongs)
+        self.stall.read(read_at, len(data), codec.buffered)
         return messages
 
     def _heard_pings(self, pinged: bool, ponged: bool) -> None:

@@ -25,6 +25,7 @@ from rpc.backlog import text_size
 from rpc.errors import retry_wait_ms
 from rpc.gotalk_liveness import GotalkLiveness
 from rpc.logs import violations
+from rpc.message_stall import MessageStall
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
@@ -111,6 +112,8 @@ class GotalkAdapter:
             peer, heartbeat_interval, read_timeout, self._emit_header, self.codec.fault
         )
         """Heartbeats and the read check (:mod:`rpc.gotalk_liveness`)."""
+        self.stall = MessageStall(peer, lambda: self.codec.fault(gotalk.ErrorCode.TIMEOUT))
+        """The least rate of an unfinished message (:mod:`rpc.message_stall`)."""
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -142,7 +145,10 @@ class GotalkAdapter:
 
     def decode(self, data: bytes, read_at: float) -> list[Any]:
         self.liveness.last_read = read_at
-        return self.codec.receive_data(data)
+        codec = self.codec
+        messages = codec.receive_data(data)
+        self.stall.read(read_at, len(data), codec.buffered)
+        return messages
 
     def is_reply(self, msg: Any) -> bool:
         return msg.__class__ in _REPLIES

@@ -258,6 +258,11 @@ class InputFlow(Generic[K]):
             self.adapter.input_held()
 
     @property
+    def reading(self) -> bool:
+        """True while the peer is read: not paused by us (see :meth:`_pause_reading`)."""
+        return self._reading
+
+    @property
     def holding_input(self) -> bool:
         """True while we hold the peer's input for reasons of our own (handler slots or
         notification tasks all taken, a turn given to other connections, a stream's full

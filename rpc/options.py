@@ -62,11 +62,22 @@ class Options:
     :mod:`rpc.backlog`: past it come at most the rest of one read and one message). At
     least 1 (ValueError)."""
 
+    min_receive_rate: float | None = 1024.0
+    """Bytes a second the peer must send, on average, while its input ends in an unfinished
+    message, once ``receive_grace`` has passed; else the connection is closed (see
+    :mod:`rpc.message_stall`). None: no such check."""
+    receive_grace: float = 10.0
+    """Seconds an unfinished message may take before ``min_receive_rate`` counts."""
+
     def __post_init__(self) -> None:
         if self.max_stream_queue < 1:
             raise ValueError(f"max_stream_queue must be at least 1, not {self.max_stream_queue}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be at least 1, not {self.max_request_bytes}")
+        if self.min_receive_rate is not None and not self.min_receive_rate > 0:
+            raise ValueError(f"min_receive_rate must be positive, not {self.min_receive_rate}")
+        if not self.receive_grace > 0:
+            raise ValueError(f"receive_grace must be positive, not {self.receive_grace}")
 
 
 class Adapter(Protocol[K]):

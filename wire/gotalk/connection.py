@@ -48,7 +48,7 @@ class GotalkConnection:
 
     @property
     def buffered(self) -> int:
-        """Bytes held back as an incomplete message (for metrics and tests)."""
+        """Bytes held back as an incomplete message (the core bounds how long it may take)."""
         return len(self._buf)
 
     @property
