@@ -11,6 +11,7 @@ for a slot that only that handler's end would free, for good)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -125,24 +126,53 @@ async def test_handlers_holding_max_request_bytes_get_their_replies(flavour: str
                 assert await small == "after"
 
 
-def collecting_registry() -> rpc.Registry:
-    """``collect``: a stream handler that returns the parts it got, in order; ``echo``."""
+class Events:
+    """What the handlers of :func:`collecting_registry` wait for and tell."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        """``hold`` answers once it is set."""
+        self.started = asyncio.Event()
+        """``forever`` began."""
+        self.cancelled = asyncio.Event()
+        """``forever`` was cancelled."""
+
+
+def collecting_registry(events: Events | None = None) -> rpc.Registry:
+    """``collect``: a stream handler that returns the parts it got, in order; ``echo``;
+    ``hold``, answered once ``events.gate`` is set; ``forever``, never answered."""
     reg = rpc.Registry()
+    events = events or Events()
 
     @reg.handle_stream("collect")
     async def collect(parts: Any) -> list[Any]:
         return [part async for part in parts]
 
+    @reg.handle("hold")
+    async def hold(value: Any) -> Any:
+        await events.gate.wait()
+        return value
+
+    @reg.handle("forever")
+    async def forever(value: Any) -> Any:
+        events.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            events.cancelled.set()
+            raise
+
     reg.handle("echo")(lambda value: value)
     return reg
 
 
-def no_retry_server(flavour: str, max_concurrent: int = 1) -> Any:
+def no_retry_server(flavour: str, registry: rpc.Registry | None = None) -> Any:
+    """A server of one handler slot for a peer without retry results."""
     scheme, _ = FLAVOURS[flavour]
     return rpc.serve(
         f"{scheme}://127.0.0.1:0",
-        registry=collecting_registry(),
-        options=rpc.Options(max_concurrent=max_concurrent),
+        registry=registry or collecting_registry(),
+        options=rpc.Options(max_concurrent=1),
         retry_results=False,
     )
 
@@ -150,6 +180,16 @@ def no_retry_server(flavour: str, max_concurrent: int = 1) -> Any:
 def client_url(flavour: str, server: rpc.Server) -> str:
     scheme, query = FLAVOURS[flavour]
     return f"{scheme}://127.0.0.1:{server.url.port}{query}"
+
+
+@contextlib.asynccontextmanager
+async def one_slot(flavour: str, events: Events) -> AsyncIterator[tuple[rpc.Peer, rpc.Peer]]:
+    """Our client and the server's peer of :func:`no_retry_server`, the extension agreed."""
+    async with no_retry_server(flavour, collecting_registry(events)) as server:
+        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
+            [server_peer] = server.peers
+            await wait_until(lambda: peer.adapter.cancels and server_peer.adapter.cancels)
+            yield peer, server_peer
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
@@ -248,14 +288,8 @@ async def test_stream_parts_kept_behind_a_request_reach_their_handler_once_it_ru
     though read after the request that now waits for that slot, reach it. Before, they
     stayed behind that request: the stream's handler waited for them, the request for its
     slot, both until the connection's end (a peer without retry results)."""
-    gate = asyncio.Event()
+    events = Events()
     more = asyncio.Event()
-    reg = collecting_registry()
-
-    @reg.handle("hold")
-    async def hold(value: Any) -> Any:
-        await gate.wait()
-        return value
 
     async def parts() -> AsyncIterator[int]:
         yield 1  # (sent with the stream request)
@@ -263,31 +297,25 @@ async def test_stream_parts_kept_behind_a_request_reach_their_handler_once_it_ru
         for part in (2, 3, 4):
             yield part
 
-    scheme, _ = FLAVOURS[flavour]
-    options = rpc.Options(max_concurrent=1)
-    async with rpc.serve(
-        f"{scheme}://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
-            [server_peer] = server.peers
-            kept = server_peer._kept
-            holding = asyncio.ensure_future(peer.request("hold", "held"))
-            await wait_until(lambda: server_peer.handlers_running == 1)
+    async with one_slot(flavour, events) as (peer, server_peer):
+        kept = server_peer._kept
+        holding = asyncio.ensure_future(peer.request("hold", "held"))
+        await wait_until(lambda: server_peer.handlers_running == 1)
 
-            async def streamed() -> list[Any]:
-                return [item async for item in peer.stream("collect", parts=parts())]
+        async def streamed() -> list[Any]:
+            return [item async for item in peer.stream("collect", parts=parts())]
 
-            stream = asyncio.ensure_future(streamed())
-            await wait_until(lambda: len(kept) == 1)
-            request = asyncio.ensure_future(peer.request("echo", "after"))
-            await wait_until(lambda: len(kept) == 2)
-            more.set()
-            await wait_until(lambda: len(kept) >= 5)  # and three parts
-            gate.set()
-            async with asyncio.timeout(5):
-                assert await holding == "held"
-                assert await stream == [[1, 2, 3, 4]]
-                assert await request == "after"
+        stream = asyncio.ensure_future(streamed())
+        await wait_until(lambda: len(kept) == 1)
+        request = asyncio.ensure_future(peer.request("echo", "after"))
+        await wait_until(lambda: len(kept) == 2)
+        more.set()
+        await wait_until(lambda: len(kept) >= 5)  # and three parts
+        events.gate.set()
+        async with asyncio.timeout(5):
+            assert await holding == "held"
+            assert await stream == [[1, 2, 3, 4]]
+            assert await request == "after"
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
@@ -299,36 +327,17 @@ async def test_a_cancel_reaches_its_running_handler_past_a_request_waiting_for_i
     cancelled and the request runs. Before, the cancellation was kept behind the request,
     which waited for the slot that only the cancellation would free (a peer without retry
     results; the handler never ends on its own)."""
-    started = asyncio.Event()
-    cancelled = asyncio.Event()
-    reg = collecting_registry()
-
-    @reg.handle("forever")
-    async def forever(value: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    scheme, _ = FLAVOURS[flavour]
-    options = rpc.Options(max_concurrent=1)
-    async with rpc.serve(
-        f"{scheme}://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
-            [server_peer] = server.peers
-            await wait_until(lambda: peer.adapter.cancels and server_peer.adapter.cancels)
-            call = asyncio.ensure_future(peer.request("forever", 1))
-            await started.wait()
-            request = asyncio.ensure_future(peer.request("echo", "after"))
-            await wait_until(lambda: len(server_peer._kept) == 1)  # it waits for the slot
-            call.cancel()  # the caller gives up: a cancellation goes out
-            async with asyncio.timeout(5):
-                await cancelled.wait()
-                assert await request == "after"
-            assert call.cancelled()
+    events = Events()
+    async with one_slot(flavour, events) as (peer, server_peer):
+        call = asyncio.ensure_future(peer.request("forever", 1))
+        await events.started.wait()
+        request = asyncio.ensure_future(peer.request("echo", "after"))
+        await wait_until(lambda: len(server_peer._kept) == 1)  # it waits for the slot
+        call.cancel()  # the caller gives up: a cancellation goes out
+        async with asyncio.timeout(5):
+            await events.cancelled.wait()
+            assert await request == "after"
+        assert call.cancelled()
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
@@ -343,49 +352,21 @@ async def test_a_cancel_kept_before_its_handler_ran_reaches_it_past_a_waiting_re
     that cancellation frees (a peer without retry results; the handler never ends on its
     own). Found in review by helper-96: 8a3a50a ran a cancellation past the rest only when
     read while its handler ran; kept before, it stayed behind ``echo``, which never ran."""
-    gate = asyncio.Event()
-    started = asyncio.Event()
-    cancelled = asyncio.Event()
-    reg = rpc.Registry()
-
-    @reg.handle("hold")
-    async def hold(value: Any) -> Any:
-        await gate.wait()
-        return value
-
-    @reg.handle("forever")
-    async def forever(value: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    @reg.handle("echo")
-    async def echo(value: Any) -> Any:
-        return value
-
-    scheme, _ = FLAVOURS[flavour]
-    options = rpc.Options(max_concurrent=1)
-    async with rpc.serve(
-        f"{scheme}://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        async with rpc.connect(client_url(flavour, server), reconnect=False) as peer:
-            [server_peer] = server.peers
-            kept = server_peer._kept
-            await wait_until(lambda: peer.adapter.cancels and server_peer.adapter.cancels)
-            holding = asyncio.ensure_future(peer.request("hold", "held"))
-            await wait_until(lambda: server_peer.handlers_running == 1)
-            call = asyncio.ensure_future(peer.request("forever", 1))
-            await wait_until(lambda: len(kept) == 1)
-            request = asyncio.ensure_future(peer.request("echo", "after"))
-            await wait_until(lambda: len(kept) == 2)
-            call.cancel()  # forever is kept, not running: its cancellation is kept too
-            await wait_until(lambda: len(kept) == 3)
-            gate.set()
-            async with asyncio.timeout(5):
-                assert await holding == "held"
-                assert await request == "after"  # the slot freed: forever went
-            assert call.cancelled()
-            assert cancelled.is_set() or not started.is_set()  # cancelled, or dropped unrun
+    events = Events()
+    async with one_slot(flavour, events) as (peer, server_peer):
+        kept = server_peer._kept
+        holding = asyncio.ensure_future(peer.request("hold", "held"))
+        await wait_until(lambda: server_peer.handlers_running == 1)
+        call = asyncio.ensure_future(peer.request("forever", 1))
+        await wait_until(lambda: len(kept) == 1)
+        request = asyncio.ensure_future(peer.request("echo", "after"))
+        await wait_until(lambda: len(kept) == 2)
+        call.cancel()  # forever is kept, not running: its cancellation is kept too
+        await wait_until(lambda: len(kept) == 3)
+        events.gate.set()
+        async with asyncio.timeout(5):
+            assert await holding == "held"
+            assert await request == "after"  # the slot freed: forever went
+        assert call.cancelled()
+        # cancelled, or dropped unrun
+        assert events.cancelled.is_set() or not events.started.is_set()
