@@ -90,7 +90,8 @@ class Closing:
         Called from a handler (or notification) of this connection, it does not wait for
         that one, which is cancelled with the connection's other work once it is closed.
         (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
-        3.11, which then waits for the handler too, up to ``drain_timeout``.)"""
+        3.11, which then waits for the handler too, up to ``drain_timeout``.) Cancelled
+        while it waits for that work (``wait_for``'s timeout), it closes at once."""
         if self._transport is None and not self.closed.done():
             self.connection_lost(None)  # never opened (a TLS handshake still running)
             return
@@ -107,7 +108,12 @@ class Closing:
             if drained is not None:
                 pending.append(drained)
             if pending:
-                await asyncio.wait(pending, timeout=drain_timeout)
+                try:
+                    await asyncio.wait(pending, timeout=drain_timeout)
+                except asyncio.CancelledError:  # the caller stopped waiting, not closing
+                    if self._transport is not None:
+                        self._close_transport()
+                    raise
             if self._transport is not None:
                 self._close_transport()
             await asyncio.shield(self.closed)

@@ -173,6 +173,24 @@ async def test_a_handler_closing_its_own_connection_does_not_wait_for_itself(
                 await other.closed
 
 
+async def test_a_close_cancelled_while_it_drains_still_closes(flavour: str) -> None:
+    """A handler closes its own connection through ``asyncio.wait_for`` (a task of its own:
+    the close waits for that handler too) with a timeout shorter than the drain's: when
+    the timeout cancels the close, the connection closes all the same. Before, it stayed
+    open, and the handler's TimeoutError went back as an error result."""
+    reg = make_registry()
+
+    @reg.handle("bye")
+    async def bye(_value):
+        await asyncio.wait_for(rpc.current_peer.get().close(drain_timeout=30), 0.2)
+
+    async with served(flavour, reg) as (_server, peer):
+        async with asyncio.timeout(5):  # (before: open for good; the drain alone 30 s)
+            with pytest.raises(rpc.ConnectionClosed):
+                await peer.request("bye", None, timeout=20)
+            await peer.closed
+
+
 async def test_notifications_both_ways_and_callbacks(flavour: str) -> None:
     server_reg = make_registry()
     client_reg = rpc.Registry()
