@@ -155,6 +155,7 @@ class ChatterAdapter:
             self.codec.send_ping(self.handshake.hello())
             self._take_codec_output()
         self.pings.start()
+        self.stall.start()
 
     def stop(self) -> None:
         self._foreign.clear()

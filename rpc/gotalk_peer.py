@@ -127,6 +127,7 @@ class GotalkAdapter:
         if self.extensions:
             self._emit_header(*gotalk.encode_parts(gotalk.Notification(HELLO, _LEVEL)))
         self.liveness.start(self._framed)
+        self.stall.start()
 
     def stop(self) -> None:
         """Nothing of ours outlives the connection (timers live in the peer's deadlines)."""
