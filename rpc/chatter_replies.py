@@ -49,6 +49,7 @@ class ChatterReplies:
         "_peer",
         "_push",
         "_send",
+        "_waiting",
         "codec",
         "foreign",
         "payloads",
@@ -81,6 +82,7 @@ class ChatterReplies:
         """Replies to incoming streams waiting for the requester's token (it still sends
         parts); sent once its End hands the token over (see :mod:`rpc.token_waits`): at
         most ``max_stream_queue`` a stream and ``max_size`` bytes over all streams."""
+        self._waiting = self.waits.waiting
 
     def _our_turn(self, key: Conversation, send: Send, *args: Any) -> bool:
         """True when we hold ``key``'s token and may send in it. While the requester holds
@@ -89,7 +91,7 @@ class ChatterReplies:
         turns: a reply waits only while an incoming stream still takes parts, until its
         End, whatever the token flags say."""
         codec = self.codec
-        if codec.holds_token(key):
+        if codec.holds_token(key) and key not in self._waiting:
             return True
         if codec.strict:
             if not codec.is_open(key):
@@ -121,14 +123,13 @@ class ChatterReplies:
         # the common result: bytes, in the current dialect (no legacy Hat requests, so
         # none is foreign), while we hold the token: one call to the codec checks the
         # token, ends the conversation and makes the frame (see encode_last)
-        if payload.__class__ is bytes and not self.foreign:
+        waiting = self._waiting  # (replies waiting for a stream's End: this one waits too)
+        if payload.__class__ is bytes and not self.foreign and (not waiting or key not in waiting):
             frame = self._encode_last(key, RESULT, payload)
             if frame is not None:
                 self._push(frame)
                 return
-        if not self.codec.holds_token(key) and not self._our_turn(
-            key, self.send_result, key, payload, stream
-        ):  # _our_turn after its first check, written out: once per request
+        if not self._our_turn(key, self.send_result, key, payload, stream):
             return
         if isinstance(payload, Reply):
             self.foreign.discard(key)

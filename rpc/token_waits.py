@@ -2,7 +2,10 @@
 
 Chatter lets only the token holder send in a conversation. While a caller streams request
 parts it keeps the token, so results a stream handler produces meanwhile cannot go out
-yet; they wait here, in order, until the caller's End hands the token over.
+yet; they wait here, in order, until the caller's End hands the token over. The codec
+knows the token is back once it has decoded the End, which may be before the End runs
+(kept behind parts that wait); results meanwhile wait behind those already waiting, so
+that none overtakes them.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ class TokenWaits:
     are those of ``bytes`` payloads: a stream's final ``rpc.Reply`` (one per stream) counts
     as none. Past ``WAITING_STREAMS`` the oldest stream's replies are dropped unsent."""
 
-    __slots__ = ("_bytes", "_error", "_max_bytes", "_open_streams", "_per_stream", "_waiting")
+    __slots__ = ("_bytes", "_error", "_max_bytes", "_open_streams", "_per_stream", "waiting")
 
     def __init__(self, per_stream: int, max_bytes: int, error: Send) -> None:
         self._per_stream = per_stream
         self._max_bytes = max_bytes
         self._error = error
         self._bytes = 0
-        self._waiting: OrderedDict[Hashable, list[tuple[Send, tuple[Any, ...]]]] = OrderedDict()
+        self.waiting: OrderedDict[Hashable, list[tuple[Send, tuple[Any, ...]]]] = OrderedDict()
+        """The replies waiting, by stream (read, never changed, by the replies' hot path:
+        while a stream's replies wait, later ones wait behind them)."""
         self._open_streams: OrderedDict[Hashable, None] = OrderedDict()
         """``strict=False`` connections only (no token tracked): incoming streams whose
         requester has not sent its End nor ended the conversation (the oldest forgotten
@@ -54,15 +59,15 @@ class TokenWaits:
     def keeps(self, key: Hashable) -> bool:
         """A lenient connection's reply in ``key`` must wait: the stream still takes parts,
         or replies already wait (they go first)."""
-        return key in self._open_streams or key in self._waiting
+        return key in self._open_streams or key in self.waiting
 
     def hold(self, key: Hashable, send: Send, args: tuple[Any, ...]) -> None:
         """Keep ``send(*args)`` for when ``key``'s token comes back."""
-        waiting = self._waiting.get(key)
+        waiting = self.waiting.get(key)
         if waiting is None:
-            waiting = self._waiting[key] = []
-            if len(self._waiting) > WAITING_STREAMS:
-                self._bytes -= _size(self._waiting.popitem(last=False)[1])
+            waiting = self.waiting[key] = []
+            if len(self.waiting) > WAITING_STREAMS:
+                self._bytes -= _size(self.waiting.popitem(last=False)[1])
         if waiting and waiting[-1][0] == self._error:
             return  # the stream has failed: nothing more of it is kept
         size = _size([(send, args)])
@@ -79,7 +84,7 @@ class TokenWaits:
 
     def release(self, key: Hashable) -> None:
         """``key``'s token is back: send what waited for it, in order."""
-        waiting = self._waiting.pop(key, None)
+        waiting = self.waiting.pop(key, None)
         if waiting is not None:
             self._bytes -= _size(waiting)
             for send, args in waiting:
@@ -89,15 +94,15 @@ class TokenWaits:
         """``key``'s conversation ended without handing the token over: what waited for it
         can never be sent."""
         self._open_streams.pop(key, None)
-        waiting = self._waiting.pop(key, None)
+        waiting = self.waiting.pop(key, None)
         if waiting is not None:
             self._bytes -= _size(waiting)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._waiting
+        return key in self.waiting
 
     def clear(self) -> None:
-        self._waiting.clear()
+        self.waiting.clear()
         self._open_streams.clear()
         self._bytes = 0
 

@@ -245,7 +245,7 @@ async def test_chatter_requests_ended_by_their_requester_leave_nothing_behind(
             assert (reply.first, reply.type, reply.data) == (echo_id, "Result", b'"after"')
         [server_peer] = server.peers
         adapter: Any = server_peer.adapter
-        assert (len(adapter._foreign), len(adapter._waits._waiting)) == (0, 0)
+        assert (len(adapter._foreign), len(adapter._waits.waiting)) == (0, 0)
         await sock.close()
 
 
