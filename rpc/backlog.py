@@ -56,7 +56,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol
 
 from rpc.request_bytes import RequestBytes
-from rpc.stream_hold import InputHeld
+from rpc.stream_hold import InputHeld, NoRoom
 
 MESSAGES_PER_TURN = 256
 """Messages handled per connection in one go; the rest of a larger read wait for the next
@@ -275,6 +275,9 @@ class Backlog:
             message = self.popleft()
             try:
                 dispatch(message)
+            except NoRoom:  # a part waits for bytes: not refused, reading may go on
+                self.appendleft(message)
+                return ran
             except InputHeld:
                 self.appendleft(message)
                 self.refused = message
@@ -307,12 +310,14 @@ class Backlog:
             if runs_now(message):
                 try:
                     dispatch(message)
+                    continue
+                except NoRoom:  # a part past max_request_bytes: kept with the rest
+                    pass
                 except InputHeld:
                     return index
-            else:
-                requests.reserved += keep(message, read_at)
-                if self.full:
-                    return index + 1
+            requests.reserved += keep(message, read_at)
+            if self.full:
+                return index + 1
         return end
 
     def run_replies(
@@ -350,6 +355,8 @@ class Backlog:
             self.read_at = read_at
             try:
                 dispatch(message)
+            except NoRoom:  # a part waits for bytes: it and the rest go back, in order
+                break
             except InputHeld:
                 self.refused = message
                 break

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from rpc.backlog import MESSAGES_PER_TURN, Backlog
 from rpc.key import K
 from rpc.responder import NoTaskSlot, current_peer
-from rpc.stream_hold import InputHeld, StreamHold
+from rpc.stream_hold import InputHeld, NoRoom, StreamHold
 from wire.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -69,16 +69,24 @@ class InputFlow(Generic[K]):
         @property
         def handlers_running(self) -> int: ...
         @property
+        def takes_parts(self) -> bool: ...
+        @property
         def protocol_name(self) -> str: ...
         def abort(self, exc: BaseException | None = None) -> None: ...
         def _violation(self, exc: ProtocolError) -> None: ...
 
     def _held(self, message: Any) -> bool:
         """True when ``message`` may not run now: a stream's full queue holds all input;
-        our backed-up output or :meth:`_other_holds` all but what :meth:`_runs_now`."""
+        our backed-up output or :meth:`_other_holds` all but what :meth:`_runs_now`; and
+        ``max_request_bytes`` taken the parts of streams (NoRoom), whatever else runs."""
         if self._stream_hold.active:
             return True
-        return (self.outbox.blocked or self._other_holds()) and not self._runs_now(message)
+        waits = self.outbox.blocked or self._other_holds()
+        if not waits and self.takes_parts:
+            return False
+        if self._runs_now(message):
+            return False
+        return waits or self.adapter.follows_request(message) is not None
 
     def _runs_now(self, message: Any) -> bool:
         """True for input that runs while the rest waits (never behind a stream's full
@@ -140,7 +148,7 @@ class InputFlow(Generic[K]):
                     return
                 try:  # free unless raised (3.11's zero-cost exceptions)
                     dispatch(message)
-                except NoTaskSlot:  # it waits for a task; replies to our calls still run
+                except (NoTaskSlot, NoRoom):  # it waits for a task or bytes; replies still run
                     self._hold(messages, index)
                     return
                 except InputHeld:  # a handler's refusal, or an item for a full stream
@@ -243,6 +251,14 @@ class InputFlow(Generic[K]):
         runs in that task nor inherits its context variables."""
         if self._backlog and self._transport is not None:
             self._kept.next_turn()
+
+    def _bytes_freed(self) -> None:
+        """``max_request_bytes`` has room again (:mod:`rpc.request_bytes`): parts of running
+        streams kept meanwhile may run now, before what waits ahead of them (one look over
+        the backlog; a peer must send the limit's worth again for each), and the backlog
+        gets a turn."""
+        self._kept.recheck()
+        self._task_done()
 
     def _pause_reading(self) -> None:
         if self._reading and self._transport is not None:

@@ -56,7 +56,7 @@ class Options:
     """Bytes the peer's requests may hold on the connection: payloads of requests whose
     coroutine handlers have not finished and stream parts not yet read (see
     :mod:`rpc.request_bytes`). Past it new requests are treated as past
-    ``max_concurrent`` and stream parts wait, reading paused, until handlers take or
+    ``max_concurrent`` and stream parts wait, kept (reading goes on), until handlers take or
     finish enough; the first payload always goes in, so the connection holds at most this
     plus ``max_size``. Messages kept unrun while our output waits share it (see
     :mod:`rpc.backlog`: past it come at most the rest of one read and one message). At
@@ -118,7 +118,8 @@ class Adapter(Protocol[K]):
 
     def serves_running(self, message: Any) -> bool:
         """True when ``message`` is for a request of the peer's whose handler runs: a part
-        or the end of its stream (:meth:`~rpc.responder.Responder.has_stream`), or its
+        or the end of its stream (:meth:`~rpc.responder.Responder.has_stream`) while
+        parts are taken (``takes_parts``: not past ``max_request_bytes``), or its
         cancellation (:meth:`~rpc.responder.Responder.cancellable`). It runs while every
         slot is taken: that handler holds one, and waits for the part or frees the slot
         once cancelled. Asked only of input that waits."""

@@ -137,7 +137,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self.call_bounds = CallBounds(self.deadlines, loop)
         """Served calls' deadlines (callers' timeouts), on the deadlines' one timer."""
         self._tasks = TaskSet(loop, self._task_done)
-        self._request_bytes = RequestBytes(self.options.max_request_bytes, self._task_done)
+        self._request_bytes = RequestBytes(self.options.max_request_bytes, self._bytes_freed)
         """Bytes held for the peer's requests (:mod:`rpc.request_bytes`): once under the
         limit again, held-back input gets a turn, as when a handler ends."""
         self._runner: HandlerRunner[K] = HandlerRunner(loop, self._task_done, self._request_bytes)

@@ -9,9 +9,11 @@ payloads could make one connection hold ``max_concurrent`` x ``max_size`` bytes 
 the defaults); :class:`RequestBytes` counts them against ``Options.max_request_bytes``.
 
 Past the limit the peer treats new requests as past ``max_concurrent`` (a retry result to a
-peer that takes them, else its input waits, reading paused) and holds stream parts (reading
-paused) until a handler takes or finishes enough to go below it. The first payload is
-always taken, so a connection holds at most the limit plus one payload (``max_size``).
+peer that takes them, else they are kept) and keeps stream parts (NoRoom) until a handler
+takes or finishes enough to go below it; meanwhile it reads on, up to its backlog's bound,
+and replies to our calls run (the handlers holding the bytes may wait for them). The first
+payload is always taken, so a connection holds at most the limit plus one payload
+(``max_size``).
 Plain function handlers are not counted: they return before the next message is read;
 nor are single payloads of at most :data:`UNCOUNTED` bytes: ``max_concurrent`` (1,024) of
 them hold at most 4 MiB, and counting them would cost every small request.

@@ -33,7 +33,7 @@ from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
 from rpc.request_bytes import UNCOUNTED, RequestBytes, counted_size
-from rpc.stream_hold import InputHeld, StreamHold
+from rpc.stream_hold import InputHeld, NoRoom, StreamHold
 from rpc.streaming import END, StreamQueue
 from rpc.tasks import being_cancelled
 
@@ -270,8 +270,9 @@ class Responder(Generic[K]):
         Past ``max_stream_queue`` parts unread or ``max_size`` bytes of them, raises
         InputHeld (see :mod:`rpc.stream_hold`): the part waits, and the handler's stream
         fails should it take none within the connection's request timeout. Past
-        ``max_request_bytes`` held for the connection's requests, raises InputHeld too:
-        the part waits until handlers take or finish enough (:mod:`rpc.request_bytes`)."""
+        ``max_request_bytes`` held for the connection's requests, raises NoRoom (an
+        InputHeld): the part waits until handlers take or finish enough
+        (:mod:`rpc.request_bytes`), and the peer reads on meanwhile."""
         queue = self._streams.get(key)
         if queue is None:
             return key in self._ended  # refused, failed or answered: dropped
@@ -280,7 +281,7 @@ class Responder(Generic[K]):
             self._stream_hold.hold(queue, lambda: self._stalled_parts(key))
         held = self._request_bytes
         if held.used >= held.limit:
-            raise InputHeld
+            raise NoRoom
         queue.put(payload)
         return True
 
@@ -319,6 +320,12 @@ class Responder(Generic[K]):
         """True while request ``key``'s handler runs and the peer may cancel it (it takes
         the cancellation extension)."""
         return key in self._running
+
+    @property
+    def takes_parts(self) -> bool:
+        """False while ``max_request_bytes`` is taken: stream parts wait (NoRoom)."""
+        held = self._request_bytes
+        return held.used < held.limit
 
     def has_stream(self, key: K) -> bool:
         """True while an incoming stream request ``key`` takes parts."""

@@ -38,6 +38,13 @@ class InputHeld(Exception):
     over a read's messages checks nothing for it."""
 
 
+class NoRoom(InputHeld):
+    """Raised for a stream request's part while ``max_request_bytes`` is taken: unlike a
+    refusal, which pauses reading until the message runs, the peer reads on (replies run,
+    the rest is kept in order: the handlers holding the bytes may wait for replies), and
+    the part runs once handlers take or finish enough (:mod:`rpc.request_bytes`)."""
+
+
 class StreamHold:
     """The one stream whose full queue holds a connection's input (nothing else is handled
     while it holds, so there is never a second). Owned by the peer; ``resume`` gives the
