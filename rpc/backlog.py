@@ -44,6 +44,11 @@ them, waiting for that slot, must not hold the parts that handler waits for, or 
 cancellation that would free the slot (a peer without retry results could stall both
 until a deadline or the connection's end). A message costs a look-up or two of its
 request (the adapter's ``opens_request`` and ``follows_request``) when kept, none when not.
+So are the parts of a running stream that find ``max_request_bytes`` taken (NoRoom), and
+what follows them, set aside by stream until there is room again
+(:meth:`Backlog.room_back` puts them first), rather than kept behind requests that wait
+for a slot: the stream's handler may hold one, and a look over the backlog each time room
+comes back would cost a peer one tiny part per look.
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
 """
 
@@ -119,6 +124,7 @@ class Backlog:
         "read_at",
         "refused",
         "requests",
+        "room",
         "sorted",
         "turn",
     )
@@ -153,6 +159,10 @@ class Backlog:
         times, in order (see the module doc): an entry per such request, None until
         something follows it."""
         self._parked_count = 0
+        self.room: dict[Hashable, None] = {}
+        """The running streams whose parts wait in ``_parked`` for room in
+        ``max_request_bytes`` (:meth:`wait_room`), in order: whatever of theirs comes
+        meanwhile, by any path, waits behind them (:meth:`waits_room`)."""
         self.front: Any = None
         """The last of the messages put back first (:meth:`popleft`) while it waits: a read
         meanwhile is kept whole, as while not :attr:`sorted`, so that a part read later
@@ -219,6 +229,42 @@ class Backlog:
         self._times.append(read_at)
         return self._size(message) + OVERHEAD
 
+    def wait_room(self, message: Any, read_at: float) -> int:
+        """Set aside a part of a running stream that found ``max_request_bytes`` taken
+        (NoRoom); what follows it waits with it until :meth:`room_back`. The bytes it
+        counts, for the caller to add."""
+        key = self._kinds.follows_request(message)
+        followers = self._parked.get(key)
+        if followers is None:
+            self._parked[key] = [(message, read_at)]
+        else:
+            followers.append((message, read_at))
+        self.room[key] = None
+        self._parked_count += 1
+        return self._size(message) + OVERHEAD
+
+    def waits_room(self, message: Any) -> bool:
+        """True when ``message`` follows parts set aside for room: it must wait behind them
+        (:meth:`wait_room` it), whatever it is (a part, the stream's end)."""
+        return bool(self.room) and self._kinds.follows_request(message) in self.room
+
+    def room_back(self) -> None:
+        """``max_request_bytes`` has room again: the parts set aside for it go first, in
+        order (marked ``front``), once each."""
+        if not self.room:
+            return
+        parked = self._parked
+        waited: list[tuple[Any, float]] = []
+        for key in self.room:
+            waited += parked.pop(key, None) or ()
+        self.room.clear()
+        if waited:
+            self._parked_count -= len(waited)
+            self.messages.extendleft(message for message, _ in reversed(waited))
+            self._times.extendleft(read_at for _, read_at in reversed(waited))
+            if self.front is None:  # (else a later one, still waiting, covers these too)
+                self.front = waited[-1][0]
+
     def extend(self, messages: list[Any]) -> None:
         """Keep messages in order, replies to our calls among them maybe."""
         if messages:
@@ -244,7 +290,8 @@ class Backlog:
                 for follower, read_at in reversed(followers):
                     messages.appendleft(follower)
                     self._times.appendleft(read_at)
-                self.front = followers[-1][0]
+                if self.front is None:  # (else a later one, still waiting, covers these)
+                    self.front = followers[-1][0]
         if not messages:
             self.sorted = True
         return message
@@ -273,11 +320,14 @@ class Backlog:
         ran = 0
         while messages and ran < budget and not held(messages[0]):
             message = self.popleft()
+            if self.room and self.waits_room(message):
+                self.requests.reserved += self.wait_room(message, self.read_at)
+                ran += 1
+                continue
             try:
                 dispatch(message)
-            except NoRoom:  # a part waits for bytes: not refused, reading may go on
-                self.appendleft(message)
-                return ran
+            except NoRoom:  # a part waits for bytes: set aside, the rest goes on
+                self.requests.reserved += self.wait_room(message, self.read_at)
             except InputHeld:
                 self.appendleft(message)
                 self.refused = message
@@ -307,15 +357,18 @@ class Backlog:
         requests = self.requests
         for index in range(start, end):
             message = messages[index]
-            if runs_now(message):
+            if self.room and self.waits_room(message):
+                requests.reserved += self.wait_room(message, read_at)
+            elif runs_now(message):
                 try:
                     dispatch(message)
                     continue
-                except NoRoom:  # a part past max_request_bytes: kept with the rest
-                    pass
+                except NoRoom:  # a part past max_request_bytes: set aside for room
+                    requests.reserved += self.wait_room(message, read_at)
                 except InputHeld:
                     return index
-            requests.reserved += keep(message, read_at)
+            else:
+                requests.reserved += keep(message, read_at)
             if self.full:
                 return index + 1
         return end
@@ -353,10 +406,16 @@ class Backlog:
             if ran == budget:
                 break
             self.read_at = read_at
+            if self.room and self.waits_room(message):
+                self.requests.reserved += self.wait_room(message, read_at)
+                ran += 1
+                continue
             try:
                 dispatch(message)
-            except NoRoom:  # a part waits for bytes: it and the rest go back, in order
-                break
+            except NoRoom:  # a part waits for bytes: set aside for room, the rest goes on
+                self.requests.reserved += self.wait_room(message, read_at)
+                ran += 1
+                continue
             except InputHeld:
                 self.refused = message
                 break
@@ -375,6 +434,7 @@ class Backlog:
         self.messages.clear()
         self._times.clear()
         self._parked.clear()
+        self.room.clear()
         self._parked_count = 0
         self.front = None
         self.requests.reserved = 0

@@ -216,8 +216,7 @@ class ChatterAdapter:
         if first is None:
             return False
         if first == msg.first:  # a later message in its conversation
-            peer = self.peer
-            return peer.takes_parts and peer.has_stream(Conversation(False, first))
+            return self.peer.has_stream(Conversation(False, first))
         return self.peer.cancellable(Conversation(False, first))
 
     def opens_request(self, msg: Msg) -> int | None:

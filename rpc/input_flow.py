@@ -69,24 +69,16 @@ class InputFlow(Generic[K]):
         @property
         def handlers_running(self) -> int: ...
         @property
-        def takes_parts(self) -> bool: ...
-        @property
         def protocol_name(self) -> str: ...
         def abort(self, exc: BaseException | None = None) -> None: ...
         def _violation(self, exc: ProtocolError) -> None: ...
 
     def _held(self, message: Any) -> bool:
         """True when ``message`` may not run now: a stream's full queue holds all input;
-        our backed-up output or :meth:`_other_holds` all but what :meth:`_runs_now`; and
-        ``max_request_bytes`` taken the parts of streams (NoRoom), whatever else runs."""
+        our backed-up output or :meth:`_other_holds` all but what :meth:`_runs_now`."""
         if self._stream_hold.active:
             return True
-        waits = self.outbox.blocked or self._other_holds()
-        if not waits and self.takes_parts:
-            return False
-        if self._runs_now(message):
-            return False
-        return waits or self.adapter.follows_request(message) is not None
+        return (self.outbox.blocked or self._other_holds()) and not self._runs_now(message)
 
     def _runs_now(self, message: Any) -> bool:
         """True for input that runs while the rest waits (never behind a stream's full
@@ -131,6 +123,8 @@ class InputFlow(Generic[K]):
         runner = self._runner
         held = self._request_bytes
         runs_now = self._runs_now
+        kept = self._kept
+        room = kept.room  # streams whose parts wait for max_request_bytes: theirs wait too
         token = current_peer.set(self)  # type: ignore[arg-type]  # (mixed into Peer)
         try:
             for index, message in enumerate(messages):
@@ -143,6 +137,12 @@ class InputFlow(Generic[K]):
                 ) and not runs_now(message):
                     self._hold(messages, index)
                     return
+                if room and kept.waits_room(message):
+                    held.reserved += kept.wait_room(message, kept.read_at)
+                    if kept.full:  # reading pauses until room comes back
+                        self._keep(messages, index + 1)
+                        return
+                    continue
                 if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
                     self._keep(messages, index, turn=True)
                     return
@@ -253,11 +253,10 @@ class InputFlow(Generic[K]):
             self._kept.next_turn()
 
     def _bytes_freed(self) -> None:
-        """``max_request_bytes`` has room again (:mod:`rpc.request_bytes`): parts of running
-        streams kept meanwhile may run now, before what waits ahead of them (one look over
-        the backlog; a peer must send the limit's worth again for each), and the backlog
+        """``max_request_bytes`` has room again (:mod:`rpc.request_bytes`): the parts that
+        waited for it go first (:meth:`~rpc.backlog.Backlog.room_back`), and the backlog
         gets a turn."""
-        self._kept.recheck()
+        self._kept.room_back()
         self._task_done()
 
     def _pause_reading(self) -> None:

@@ -118,8 +118,7 @@ class Adapter(Protocol[K]):
 
     def serves_running(self, message: Any) -> bool:
         """True when ``message`` is for a request of the peer's whose handler runs: a part
-        or the end of its stream (:meth:`~rpc.responder.Responder.has_stream`) while
-        parts are taken (``takes_parts``: not past ``max_request_bytes``), or its
+        or the end of its stream (:meth:`~rpc.responder.Responder.has_stream`), or its
         cancellation (:meth:`~rpc.responder.Responder.cancellable`). It runs while every
         slot is taken: that handler holds one, and waits for the part or frees the slot
         once cancelled. Asked only of input that waits."""

@@ -321,12 +321,6 @@ class Responder(Generic[K]):
         the cancellation extension)."""
         return key in self._running
 
-    @property
-    def takes_parts(self) -> bool:
-        """False while ``max_request_bytes`` is taken: stream parts wait (NoRoom)."""
-        held = self._request_bytes
-        return held.used < held.limit
-
     def has_stream(self, key: K) -> bool:
         """True while an incoming stream request ``key`` takes parts."""
         return key in self._streams

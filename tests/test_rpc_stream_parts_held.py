@@ -122,3 +122,56 @@ async def test_a_part_refused_for_max_request_bytes_does_not_spin_the_loop() -> 
             assert answer == gotalk.StreamResult(b"0001", b"[60000,60000,60000]")
         finally:
             await raw.close()
+
+
+async def test_parts_past_max_request_bytes_reach_a_handler_while_requests_wait_for_slots() -> None:
+    """A request holds all but 100 bytes of ``max_request_bytes`` and a stream's handler
+    the other slot; 200 requests wait for a slot (a peer without retry results). Each of
+    300 parts of 200 bytes fills the limit until the handler takes it: the parts that wait
+    for room are set aside by stream and go first when room comes back, not behind the
+    requests that wait for the slot the stream's handler holds (a look over the backlog
+    each time room came back cost a part up to 5 ms at 16,384 kept: helper-99's review of
+    c655033)."""
+    gate = asyncio.Event()
+    seen: list[int] = []
+    reg = rpc.Registry()
+
+    @reg.handle("hold")
+    async def hold(value: Any) -> int:
+        await gate.wait()
+        return len(value)
+
+    @reg.handle_stream("sink")
+    async def sink(parts: Any) -> int:
+        async for part in parts:
+            seen.append(len(part))
+        return len(seen)
+
+    limit = 2 * 1024 * 1024
+    options = rpc.Options(max_concurrent=2, max_request_bytes=limit)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            [peer] = server.peers
+            raw.request_alone(b"0001", "hold", b'"' + b"x" * (limit - 102) + b'"')
+            raw.write(gotalk.StreamRequest(b"0002", "sink", b""))
+            await wait_until(lambda: peer.handlers_running == 2)
+            for n in range(200):  # no slot: kept, reading goes on
+                raw.request_alone(b"%04d" % (1000 + n), "hold", b'"k"')
+            await wait_until(lambda: len(peer._kept) == 200 and peer.reading)
+            for _ in range(300):
+                raw.write(gotalk.StreamRequestPart(b"0002", b'"' + b"p" * 198 + b'"'))
+            await wait_until(lambda: len(seen) == 300, timeout=10)
+            assert len(peer._kept) == 200  # the requests still wait for their slot
+            gate.set()
+            raw.write(gotalk.StreamRequestPart(b"0002", b""))
+            answers = 0
+            async with asyncio.timeout(10):
+                while answers < 202:  # every request and the stream
+                    if not isinstance(await reply(raw), gotalk.Notification):
+                        answers += 1
+        finally:
+            await raw.close()
