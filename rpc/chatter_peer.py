@@ -444,8 +444,14 @@ class ChatterAdapter:
 
     def abandon(self, key: Conversation) -> None:
         """We gave up on ``key``: its late messages are dropped; a peerwire peer is told so
-        (the cancellation extension) and cancels the handler."""
-        self.codec.abandon(key)
+        (the cancellation extension) and cancels the handler. Without the extension (the
+        legacy dialect), a stream request of ours still sending parts (we hold the token)
+        is ended with its End, the conversation's last, so that the handler there ends
+        instead of waiting for parts for as long as the connection lasts."""
+        codec = self.codec
+        if not self.cancels and self.peer.is_open and codec.holds_token(key):
+            self._send(END, b"", key, token=True, last=True)
+        codec.abandon(key)
         if self.cancels and self.peer.is_open:
             self._send(_CANCEL, self.sbs_repo.encode(_CANCEL, key.first), None, True, True)
 

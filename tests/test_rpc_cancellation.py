@@ -206,6 +206,43 @@ async def _pass_through(call: rpc.Call, call_next: Any) -> Any:
     return await call_next(call)
 
 
+async def test_a_stream_given_up_on_in_the_legacy_dialect_ends_its_handlers_parts() -> None:
+    """The legacy dialect has no cancellation: a stream request given up on while it still
+    sends parts is ended instead (its End, the conversation's last), so that the handler
+    there gets the end of its parts and its slot comes free. Before, it waited for parts
+    for as long as the connection lasted (found by helper-100's hunt)."""
+    waiting = asyncio.Queue[str]()
+    ended = asyncio.Queue[list[str]]()
+    reg = rpc.Registry()
+
+    @reg.handle_stream("collect")
+    async def collect(parts) -> list[str]:
+        got = []
+        async for part in parts:
+            got.append(part)
+            waiting.put_nowait(part)
+        ended.put_nowait(got)
+        return got
+
+    reg.handle("echo")(lambda value: value)
+    gate = asyncio.Event()
+
+    async def parts():
+        yield "first"
+        await gate.wait()
+        yield "late"
+
+    async with served("chatter-legacy", reg) as (server, peer):
+        assert not peer.adapter.cancels
+        call = asyncio.create_task(anext(peer.stream("collect", parts=parts())))
+        assert await asyncio.wait_for(waiting.get(), 5) == "first"
+        call.cancel()
+        assert await asyncio.wait_for(ended.get(), 5) == ["first"]
+        [server_peer] = server.peers
+        await wait_until(lambda: server_peer.handlers_running == 0)
+        assert await peer.request("echo", 2) == 2
+
+
 @pytest.mark.parametrize("path", ["plain", "middleware", "deadline", "cancel-on-record"])
 async def test_a_stalled_part_source_ends_with_connection_closed(path: str) -> None:
     """The connection drops while our stream request waits for its source's next part:
