@@ -4,9 +4,13 @@ announcement, metadata, defaults and requests as bytes, and the messages that co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import rpc
 from rpc import gotalk_peer
+from tests.rpc_helpers import wait_until
 from wire import gotalk, metadata
 
 
@@ -67,3 +71,21 @@ class RawGotalk:
     async def close(self) -> None:
         self.writer.close()
         await self.writer.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def served_raw(
+    registry: rpc.Registry, options: rpc.Options | None = None, **serve_options: Any
+) -> AsyncIterator[tuple[RawGotalk, Any]]:
+    """A ``tcp+gotalk`` server of ``registry`` with a :class:`RawGotalk` client connected:
+    the client and the server's peer for it (closed after)."""
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=registry, options=options, **serve_options
+    ) as server:
+        raw = await RawGotalk.connect(server.url.port)
+        try:
+            await wait_until(lambda: len(server.peers) == 1)
+            [peer] = server.peers
+            yield raw, peer
+        finally:
+            await raw.close()

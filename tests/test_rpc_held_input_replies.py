@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import rpc
-from tests.gotalk_raw import RawGotalk
+from tests.gotalk_raw import served_raw
 from tests.rpc_helpers import FLAVOURS, served, wait_until
 from wire import gotalk
 
@@ -248,35 +248,27 @@ async def test_stream_parts_kept_while_our_output_waited_run_once_it_drains() ->
         return value
 
     options = rpc.Options(max_concurrent=1, high_water=64 * 1024, low_water=16 * 1024)
-    async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        raw = await RawGotalk.connect(server.url.port)
-        try:
-            await wait_until(lambda: len(server.peers) == 1)
-            [peer] = server.peers
-            raw.write(gotalk.StreamRequest(b"0001", "sizes", b"1048576"))
-            for _ in range(15):  # 16 MiB of results it does not read yet: output waits
-                raw.write(gotalk.StreamRequestPart(b"0001", b"1048576"))
-            await wait_until(lambda: peer.outbox.blocked)
-            raw.request_alone(b"0100", "later", b'"after"')  # waits for the stream's slot
-            for part in (b"7", b""):  # the stream's last part and its end
-                raw.write(gotalk.StreamRequestPart(b"0001", part))
-            kept = peer._kept.messages
-            await wait_until(lambda: kept and kept[-1] == gotalk.StreamRequestPart(b"0001", b""))
-            results: list[int] = []
-            later_answer = None
-            async with asyncio.timeout(10):  # now it reads: the output drains
-                while later_answer is None or not results or results[-1]:
-                    message = await raw.next()
-                    if isinstance(message, gotalk.StreamResult):
-                        results.append(len(message.payload))
-                    elif getattr(message, "id", None) == b"0100":
-                        later_answer = message.payload
-            assert results[-2:] == [7, 0] and len(results) == 18
-            assert later_answer == b'"after"'
-        finally:
-            await raw.close()
+    async with served_raw(reg, options, retry_results=False) as (raw, peer):
+        raw.write(gotalk.StreamRequest(b"0001", "sizes", b"1048576"))
+        for _ in range(15):  # 16 MiB of results it does not read yet: output waits
+            raw.write(gotalk.StreamRequestPart(b"0001", b"1048576"))
+        await wait_until(lambda: peer.outbox.blocked)
+        raw.request_alone(b"0100", "later", b'"after"')  # waits for the stream's slot
+        for part in (b"7", b""):  # the stream's last part and its end
+            raw.write(gotalk.StreamRequestPart(b"0001", part))
+        kept = peer._kept.messages
+        await wait_until(lambda: kept and kept[-1] == gotalk.StreamRequestPart(b"0001", b""))
+        results: list[int] = []
+        later_answer = None
+        async with asyncio.timeout(10):  # now it reads: the output drains
+            while later_answer is None or not results or results[-1]:
+                message = await raw.next()
+                if isinstance(message, gotalk.StreamResult):
+                    results.append(len(message.payload))
+                elif getattr(message, "id", None) == b"0100":
+                    later_answer = message.payload
+        assert results[-2:] == [7, 0] and len(results) == 18
+        assert later_answer == b'"after"'
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import rpc
-from tests.gotalk_raw import RawGotalk
+from tests.gotalk_raw import RawGotalk, served_raw
 from tests.rpc_helpers import wait_until
 from tests.test_web_hostile import RawClient, close_writer
 from transports.web_http import HttpOptions
@@ -129,38 +129,30 @@ async def test_input_we_hold_does_not_count_against_the_rate() -> None:
     options = rpc.Options(
         max_concurrent=1, max_request_bytes=1000, min_receive_rate=1000.0, receive_grace=0.3
     )
-    async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        raw = await RawGotalk.connect(server.url.port)
-        try:
-            await wait_until(lambda: len(server.peers) == 1)
-            [peer] = server.peers
-            raw.request_alone(b"0001", "hold", b"1")
-            await wait_until(lambda: peer.handlers_running == 1)
-            kept = b"".join(
-                gotalk.request_header(gotalk.MessageType.REQUEST, b"%04d" % n, "echo", 1) + b"2"
-                for n in range(2, 6)
-            )  # four kept: 4 x 257 bytes counted fill the backlog (1,000)
-            rest = b'"' + b"z" * 98 + b'"'
-            begun = gotalk.request_header(gotalk.MessageType.REQUEST, b"0009", "echo", 100)
-            raw.writer.write(kept + begun + rest[:10])
-            await wait_until(lambda: not peer.reading and peer.deadlines.when("message"))
-            first = peer.deadlines.when("message")
-            await wait_until(lambda: (peer.deadlines.when("message") or 0) > first)  # came due
-            assert peer.is_open and not peer.reading
-            gate.set()  # the slot frees: the kept requests run, reading resumes
-            await wait_until(lambda: peer.reading)
-            raw.writer.write(rest[10:])
-            answers: dict[bytes, Any] = {}
-            async with asyncio.timeout(5):
-                while len(answers) < 6:
-                    answer = await raw.next()
-                    if isinstance(answer, gotalk.Result):
-                        answers[answer.id] = answer.payload
-            assert answers[b"0009"] == rest and answers[b"0001"] == b"1"
-        finally:
-            await raw.close()
+    async with served_raw(reg, options, retry_results=False) as (raw, peer):
+        raw.request_alone(b"0001", "hold", b"1")
+        await wait_until(lambda: peer.handlers_running == 1)
+        kept = b"".join(
+            gotalk.request_header(gotalk.MessageType.REQUEST, b"%04d" % n, "echo", 1) + b"2"
+            for n in range(2, 6)
+        )  # four kept: 4 x 257 bytes counted fill the backlog (1,000)
+        rest = b'"' + b"z" * 98 + b'"'
+        begun = gotalk.request_header(gotalk.MessageType.REQUEST, b"0009", "echo", 100)
+        raw.writer.write(kept + begun + rest[:10])
+        await wait_until(lambda: not peer.reading and peer.deadlines.when("message"))
+        first = peer.deadlines.when("message")
+        await wait_until(lambda: (peer.deadlines.when("message") or 0) > first)  # came due
+        assert peer.is_open and not peer.reading
+        gate.set()  # the slot frees: the kept requests run, reading resumes
+        await wait_until(lambda: peer.reading)
+        raw.writer.write(rest[10:])
+        answers: dict[bytes, Any] = {}
+        async with asyncio.timeout(5):
+            while len(answers) < 6:
+                answer = await raw.next()
+                if isinstance(answer, gotalk.Result):
+                    answers[answer.id] = answer.payload
+        assert answers[b"0009"] == rest and answers[b"0001"] == b"1"
 
 
 async def paced(writer: asyncio.StreamWriter, data: bytes) -> None:

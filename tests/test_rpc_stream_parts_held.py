@@ -10,7 +10,7 @@ import contextlib
 from typing import Any
 
 import rpc
-from tests.gotalk_raw import RawGotalk
+from tests.gotalk_raw import RawGotalk, served_raw
 from tests.rpc_helpers import wait_until
 from wire import gotalk
 
@@ -96,32 +96,26 @@ async def test_a_part_refused_for_max_request_bytes_does_not_spin_the_loop() -> 
         return value
 
     options = rpc.Options(max_request_bytes=100_000)
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, options=options) as server:
-        raw = await RawGotalk.connect(server.url.port)
-        try:
-            await wait_until(lambda: len(server.peers) == 1)
-            [peer] = server.peers
-            kept = peer._kept
-            raw.request_alone(b"0002", "nap", b"1")
-            raw.write(gotalk.StreamRequest(b"0001", "later", b""))
-            part = b'"' + b"x" * 60_000 + b'"'
-            for _ in range(3):  # the third finds max_request_bytes taken
-                raw.write(gotalk.StreamRequestPart(b"0001", part))
-            raw.write(gotalk.StreamRequestPart(b"0001", b""))
-            await wait_until(lambda: len(kept) == 2)  # the third part and the end wait
-            nap_gate.set()  # a handler ends: the peer takes a turn at its backlog
-            async with asyncio.timeout(5):
-                answer = await reply(raw)
-            assert answer == gotalk.Result(b"0002", b"1")
-            for _ in range(20):  # loop iterations: a turn that re-arms itself is still due
-                await asyncio.sleep(0)
-            assert len(kept) == 2 and kept.turn is None
-            gate.set()
-            async with asyncio.timeout(5):
-                answer = await reply(raw)
-            assert answer == gotalk.StreamResult(b"0001", b"[60000,60000,60000]")
-        finally:
-            await raw.close()
+    async with served_raw(reg, options) as (raw, peer):
+        kept = peer._kept
+        raw.request_alone(b"0002", "nap", b"1")
+        raw.write(gotalk.StreamRequest(b"0001", "later", b""))
+        part = b'"' + b"x" * 60_000 + b'"'
+        for _ in range(3):  # the third finds max_request_bytes taken
+            raw.write(gotalk.StreamRequestPart(b"0001", part))
+        raw.write(gotalk.StreamRequestPart(b"0001", b""))
+        await wait_until(lambda: len(kept) == 2)  # the third part and the end wait
+        nap_gate.set()  # a handler ends: the peer takes a turn at its backlog
+        async with asyncio.timeout(5):
+            answer = await reply(raw)
+        assert answer == gotalk.Result(b"0002", b"1")
+        for _ in range(20):  # loop iterations: a turn that re-arms itself is still due
+            await asyncio.sleep(0)
+        assert len(kept) == 2 and kept.turn is None
+        gate.set()
+        async with asyncio.timeout(5):
+            answer = await reply(raw)
+        assert answer == gotalk.StreamResult(b"0001", b"[60000,60000,60000]")
 
 
 async def test_parts_past_max_request_bytes_reach_a_handler_while_requests_wait_for_slots() -> None:
@@ -149,29 +143,21 @@ async def test_parts_past_max_request_bytes_reach_a_handler_while_requests_wait_
 
     limit = 2 * 1024 * 1024
     options = rpc.Options(max_concurrent=2, max_request_bytes=limit)
-    async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        raw = await RawGotalk.connect(server.url.port)
-        try:
-            await wait_until(lambda: len(server.peers) == 1)
-            [peer] = server.peers
-            raw.request_alone(b"0001", "hold", b'"' + b"x" * (limit - 102) + b'"')
-            raw.write(gotalk.StreamRequest(b"0002", "sink", b""))
-            await wait_until(lambda: peer.handlers_running == 2)
-            for n in range(200):  # no slot: kept, reading goes on
-                raw.request_alone(b"%04d" % (1000 + n), "hold", b'"k"')
-            await wait_until(lambda: len(peer._kept) == 200 and peer.reading)
-            for _ in range(300):
-                raw.write(gotalk.StreamRequestPart(b"0002", b'"' + b"p" * 198 + b'"'))
-            await wait_until(lambda: len(seen) == 300, timeout=10)
-            assert len(peer._kept) == 200  # the requests still wait for their slot
-            gate.set()
-            raw.write(gotalk.StreamRequestPart(b"0002", b""))
-            answers = 0
-            async with asyncio.timeout(10):
-                while answers < 202:  # every request and the stream
-                    if not isinstance(await reply(raw), gotalk.Notification):
-                        answers += 1
-        finally:
-            await raw.close()
+    async with served_raw(reg, options, retry_results=False) as (raw, peer):
+        raw.request_alone(b"0001", "hold", b'"' + b"x" * (limit - 102) + b'"')
+        raw.write(gotalk.StreamRequest(b"0002", "sink", b""))
+        await wait_until(lambda: peer.handlers_running == 2)
+        for n in range(200):  # no slot: kept, reading goes on
+            raw.request_alone(b"%04d" % (1000 + n), "hold", b'"k"')
+        await wait_until(lambda: len(peer._kept) == 200 and peer.reading)
+        for _ in range(300):
+            raw.write(gotalk.StreamRequestPart(b"0002", b'"' + b"p" * 198 + b'"'))
+        await wait_until(lambda: len(seen) == 300, timeout=10)
+        assert len(peer._kept) == 200  # the requests still wait for their slot
+        gate.set()
+        raw.write(gotalk.StreamRequestPart(b"0002", b""))
+        answers = 0
+        async with asyncio.timeout(10):
+            while answers < 202:  # every request and the stream
+                if not isinstance(await reply(raw), gotalk.Notification):
+                    answers += 1

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import rpc
-from tests.gotalk_raw import RawGotalk
+from tests.gotalk_raw import served_raw
 from tests.rpc_helpers import FLAVOURS, wait_until
 from wire import gotalk
 
@@ -46,32 +46,24 @@ async def test_parts_put_back_behind_their_request_are_not_overtaken_by_a_later_
 
     options = rpc.Options(max_concurrent=1, max_stream_queue=100_000)
     kept_count, late = 8000, 50
-    async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
-    ) as server:
-        raw = await RawGotalk.connect(server.url.port)
-        try:
-            await wait_until(lambda: len(server.peers) == 1)
-            [peer] = server.peers
-            kept = peer._kept
-            raw.request_alone(b"0002", "hold", b"1")
-            await wait_until(lambda: peer.handlers_running == 1)
-            raw.write(gotalk.StreamRequest(b"0001", "collect", b""))  # no slot: kept
-            for n in range(1, kept_count + 1):
+    async with served_raw(reg, options, retry_results=False) as (raw, peer):
+        kept = peer._kept
+        raw.request_alone(b"0002", "hold", b"1")
+        await wait_until(lambda: peer.handlers_running == 1)
+        raw.write(gotalk.StreamRequest(b"0001", "collect", b""))  # no slot: kept
+        for n in range(1, kept_count + 1):
+            raw.write(gotalk.StreamRequestPart(b"0001", str(n).encode()))
+        await wait_until(lambda: len(kept) == kept_count + 1 and peer._reading)
+        assert len(kept.messages) == 1  # the parts are set aside behind their request
+        gate.set()  # the slot frees: the stream's handler takes it, its parts follow
+        async with asyncio.timeout(10):
+            await started.wait()
+            assert kept.messages  # parts put back still wait for their turns
+            for n in range(kept_count + 1, kept_count + late + 1):
                 raw.write(gotalk.StreamRequestPart(b"0001", str(n).encode()))
-            await wait_until(lambda: len(kept) == kept_count + 1 and peer._reading)
-            assert len(kept.messages) == 1  # the parts are set aside behind their request
-            gate.set()  # the slot frees: the stream's handler takes it, its parts follow
-            async with asyncio.timeout(10):
-                await started.wait()
-                assert kept.messages  # parts put back still wait for their turns
-                for n in range(kept_count + 1, kept_count + late + 1):
-                    raw.write(gotalk.StreamRequestPart(b"0001", str(n).encode()))
-                raw.write(gotalk.StreamRequestPart(b"0001", b""))
-                await done.wait()
-            assert seen == list(range(1, kept_count + late + 1))
-        finally:
-            await raw.close()
+            raw.write(gotalk.StreamRequestPart(b"0001", b""))
+            await done.wait()
+        assert seen == list(range(1, kept_count + late + 1))
 
 
 @pytest.mark.parametrize("flavour", ["chatter-current", "chatter-legacy"])
