@@ -97,6 +97,7 @@ class MessageKinds(Protocol):
     def message_size(self, message: Any) -> int: ...
     def opens_request(self, message: Any) -> Hashable | None: ...
     def follows_request(self, message: Any) -> Hashable | None: ...
+    def is_part(self, message: Any) -> bool: ...
 
 
 class Backlog:
@@ -125,6 +126,7 @@ class Backlog:
         "refused",
         "requests",
         "room",
+        "room_due",
         "sorted",
         "turn",
     )
@@ -163,6 +165,8 @@ class Backlog:
         """The running streams whose parts wait in ``_parked`` for room in
         ``max_request_bytes`` (:meth:`wait_room`), in order: whatever of theirs comes
         meanwhile, by any path, waits behind them (:meth:`waits_room`)."""
+        self.room_due = False
+        """Room came back: :meth:`room_back` is due at the next turn."""
         self.front: Any = None
         """The last of the messages put back first (:meth:`popleft`) while it waits: a read
         meanwhile is kept whole, as while not :attr:`sorted`, so that a part read later
@@ -214,7 +218,7 @@ class Backlog:
         parked = self._parked
         if parked:
             key = self._kinds.follows_request(message)
-            if key is not None and key in parked:
+            if key in parked and (key not in self.room or self._kinds.is_part(message)):
                 followers = parked[key]
                 if followers is None:
                     parked[key] = [(message, read_at)]
@@ -244,13 +248,18 @@ class Backlog:
         return self._size(message) + OVERHEAD
 
     def waits_room(self, message: Any) -> bool:
-        """True when ``message`` follows parts set aside for room: it must wait behind them
-        (:meth:`wait_room` it), whatever it is (a part, the stream's end)."""
-        return bool(self.room) and self._kinds.follows_request(message) in self.room
+        """True when ``message`` is a part or the end of a stream whose parts are set aside
+        for room: it must wait behind them (:meth:`wait_room` it). Not its cancellation,
+        which frees what they wait for."""
+        kinds = self._kinds
+        if not self.room or not kinds.is_part(message):
+            return False
+        return kinds.follows_request(message) in self.room
 
     def room_back(self) -> None:
         """``max_request_bytes`` has room again: the parts set aside for it go first, in
         order (marked ``front``), once each."""
+        self.room_due = False
         if not self.room:
             return
         parked = self._parked

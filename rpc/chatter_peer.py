@@ -223,6 +223,9 @@ class ChatterAdapter:
         # the first message of a conversation the peer started, not its last: a request
         return msg.id if msg.owner and msg.first == msg.id and not msg.last else None
 
+    def is_part(self, msg: Msg) -> bool:
+        return msg.owner and msg.first != msg.id  # (a later message in the peer's conversation)
+
     def follows_request(self, msg: Msg) -> int | None:
         if not msg.owner:
             return None

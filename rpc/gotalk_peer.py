@@ -164,6 +164,9 @@ class GotalkAdapter:
         cls = msg.__class__  # (an id repeated in flight: the peer errs, and pays for it)
         return msg.id if cls is gotalk.Request or cls is gotalk.StreamRequest else None
 
+    def is_part(self, msg: Any) -> bool:
+        return msg.__class__ is gotalk.StreamRequestPart
+
     def follows_request(self, msg: Any) -> bytes | None:
         cls = msg.__class__
         key: bytes | None = None

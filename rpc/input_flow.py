@@ -192,6 +192,8 @@ class InputFlow(Generic[K]):
         kept = self._kept
         if self._transport is None:
             return
+        if kept.room_due:
+            kept.room_back()
         token = current_peer.set(self)  # type: ignore[arg-type]  # (mixed into Peer)
         try:
             adapter = self.adapter  # _held(): room for a notification too
@@ -235,8 +237,8 @@ class InputFlow(Generic[K]):
         that refused to run (``kept.refused``) stops it."""
         if kept.refused is not None or (self._output_hold and self.outbox.blocked):
             return False
-        if not kept.messages:
-            return True
+        if not kept.messages:  # (parts may wait for room all the same: they count)
+            return not kept.full
         return kept.sorted and kept.front is None and not kept.full and not self._holds_all()
 
     def answered_while_blocked(self) -> None:
@@ -254,10 +256,16 @@ class InputFlow(Generic[K]):
 
     def _bytes_freed(self) -> None:
         """``max_request_bytes`` has room again (:mod:`rpc.request_bytes`): the parts that
-        waited for it go first (:meth:`~rpc.backlog.Backlog.room_back`), and the backlog
-        gets a turn."""
-        self._kept.room_back()
-        self._task_done()
+        waited for it go first (:meth:`~rpc.backlog.Backlog.room_back`) at the backlog's
+        next turn, not now: this may come in the middle of a read (a queued job cancelled),
+        whose later parts would then overtake them."""
+        kept = self._kept
+        if kept.room:
+            kept.room_due = True
+            if self._transport is not None:
+                kept.next_turn()
+        else:
+            self._task_done()
 
     def _pause_reading(self) -> None:
         if self._reading and self._transport is not None:

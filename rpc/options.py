@@ -130,6 +130,12 @@ class Adapter(Protocol[K]):
         kept in the backlog (:mod:`rpc.backlog`)."""
         ...
 
+    def is_part(self, message: Any) -> bool:
+        """True for a part or the end of a stream request (what waits with its stream for
+        room in ``max_request_bytes``; its cancellation does not). Asked only of input that
+        waits."""
+        ...
+
     def follows_request(self, message: Any) -> Hashable | None:
         """The request (as :meth:`opens_request` names it) that ``message`` follows: a part
         or the end of its stream, its cancellation; whether it runs or not. Else None.
