@@ -324,7 +324,9 @@ class Backlog:
         ``budget``); one refused with InputHeld (a full stream queue, a notification with
         no room) goes back first and is :attr:`refused` until it runs: reading must stay
         paused until whoever refused it makes room, even while something else (our output)
-        keeps it from being tried again. Returns how many ran."""
+        keeps it from being tried again. A part that finds ``max_request_bytes`` taken
+        (NoRoom), or follows one, is set aside for room instead (:meth:`wait_room`).
+        Returns how many ran (set aside included)."""
         messages = self.messages
         ran = 0
         while messages and ran < budget and not held(messages[0]):

@@ -16,6 +16,9 @@ states the bound), and when reading pauses and resumes:
   backlog's bound, unless :meth:`InputFlow._holds_all`, a message that refused to run
   (InputHeld from its handler), or kept messages that may run now (the backlog not
   ``sorted``, or a stream's parts put back ``front``: they run first) pause it at once;
+- a part of a running stream that finds ``max_request_bytes`` taken (NoRoom) is set aside,
+  with what of its stream follows, until room comes back (:meth:`InputFlow._bytes_freed`),
+  and reading goes on: the handlers holding the bytes may wait for replies;
 - a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn.
 
 It shares the peer's state (slots set up by :class:`~rpc.peer.Peer`).
