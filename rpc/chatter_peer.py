@@ -276,10 +276,10 @@ class ChatterAdapter:
                     peer.on_cancel(Conversation(False, cancelled))
                 return
             if op == _META and self.metadata:
-                self._on_meta(msg.data)
+                self.meta.receive(metadata.decode_sbs, msg.data, peer)
                 return
             if op == _TIMEOUT and self.timeout_defaults:
-                self._on_timeout(msg.data)
+                self.meta.receive_default(metadata.decode_timeout_sbs, msg.data, peer)
                 return
             peer.on_notification(op, self.payloads.incoming(op, msg.data))
             return
@@ -298,20 +298,6 @@ class ChatterAdapter:
             peer.on_request(conv, op, payload, not token)
         else:
             intercept.request_with_meta(peer, meta, conv, first, op, payload, not token)
-
-    def _on_meta(self, data: bytes) -> None:
-        try:
-            first, meta = metadata.decode_sbs(data)
-        except ProtocolError as exc:
-            violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
-            return
-        self.meta.received(first, meta, self.peer.read_at)
-
-    def _on_timeout(self, data: bytes) -> None:
-        try:
-            self.meta.received_default(metadata.decode_timeout_sbs(data))
-        except ProtocolError as exc:
-            violations.warning("chatter peer %s: %s", self.peer.remote_address, exc)
 
     def _on_reply(self, conv: Conversation, op: str, msg: Msg) -> None:
         """A reply other than ``PeerwireRpc.Result`` (which :meth:`dispatch` hands over)."""

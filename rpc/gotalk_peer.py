@@ -24,7 +24,6 @@ from rpc import intercept
 from rpc.backlog import text_size
 from rpc.errors import retry_wait_ms
 from rpc.gotalk_liveness import GotalkLiveness
-from rpc.logs import violations
 from rpc.message_stall import MessageStall
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
@@ -248,17 +247,9 @@ class GotalkAdapter:
         elif name == CANCEL and self.cancels and len(payload) == 4:
             self.peer.on_cancel(payload)
         elif name == META and self.metadata:
-            try:
-                request_id, meta = metadata.decode_gotalk(payload)
-            except ProtocolError as exc:
-                violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
-                return
-            self.meta.received(request_id, meta, self.peer.read_at)
+            self.meta.receive(metadata.decode_gotalk, payload, self.peer)
         elif name == TIMEOUT and self.timeout_defaults:
-            try:
-                self.meta.received_default(metadata.decode_timeout_gotalk(payload))
-            except ProtocolError as exc:
-                violations.warning("gotalk peer %s: %s", self.peer.remote_address, exc)
+            self.meta.receive_default(metadata.decode_timeout_gotalk, payload, self.peer)
 
     # --- sending ---------------------------------------------------------------------------
 

@@ -10,9 +10,12 @@ metadata record (the next one replaces it) and two defaults per connection, free
 
 from __future__ import annotations
 
-from typing import Generic
+from collections.abc import Callable
+from typing import Any, Generic
 
 from rpc.key import K
+from rpc.logs import violations
+from wire.errors import ProtocolError
 from wire.metadata import RequestMeta, covers, default_for
 
 
@@ -38,6 +41,28 @@ class MetaState(Generic[K]):
     def received_default(self, timeout_ms: int | None) -> None:
         """The peer announced the time left of its requests without metadata from now on."""
         self.default = None if timeout_ms is None else RequestMeta(timeout_ms)
+
+    def receive(
+        self, decode: Callable[[bytes], tuple[K, RequestMeta]], data: bytes, peer: Any
+    ) -> None:
+        """The peer's metadata message ``data`` (read in ``peer``'s current read), decoded
+        by its protocol's ``decode``; one that does not decode is a violation, logged, and
+        changes nothing."""
+        try:
+            key, meta = decode(data)
+        except ProtocolError as exc:
+            violations.warning("%s peer %s: %s", peer.protocol_name, peer.remote_address, exc)
+            return
+        self.received(key, meta, peer.read_at)
+
+    def receive_default(
+        self, decode: Callable[[bytes], int | None], data: bytes, peer: Any
+    ) -> None:
+        """The peer's default-timeout message ``data``, as :meth:`receive` takes metadata."""
+        try:
+            self.received_default(decode(data))
+        except ProtocolError as exc:
+            violations.warning("%s peer %s: %s", peer.protocol_name, peer.remote_address, exc)
 
     def take(self, key: K, read_at: float) -> tuple[RequestMeta, float] | None:
         """The metadata of the peer's request ``key``, which arrived in a read at loop time
