@@ -355,8 +355,10 @@ async def test_dropped_link_reconnects_after_back_off_and_resends() -> None:
 
 @on_both_loops
 async def test_restarted_member_is_used_again_at_once() -> None:
-    # a long back-off: only c's join can make a try it again within the test
-    opts = {"retry_base": 60.0, "retry_after": 60.0, "connect_timeout": 0.5}
+    # a long back-off: only c's join can make a try it again within the test. The default
+    # connect_timeout (2 s): a closed port on 127.0.0.1 refuses at once, and a shorter one
+    # could give up on a live member of a loaded machine, dropping the canary's only copy.
+    opts = {"retry_base": 60.0, "retry_after": 60.0}
     async with group(3, rng=random.Random(3), **opts) as (a, b, c):
         await canary(a, c, "before")
         port = c.node.netid.port
@@ -375,7 +377,7 @@ async def test_restarted_member_is_used_again_at_once() -> None:
 
 @on_both_loops
 async def test_learning_member_restarted_on_a_new_port_is_relearned() -> None:
-    opts = {"learn": True, "connect_timeout": 0.5}
+    opts = {"learn": True}  # the default connect_timeout, as above
     seed = Member()
     await seed.start(**opts)
     others = [Member() for _ in range(3)]
