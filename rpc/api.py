@@ -153,15 +153,17 @@ def _dialer(
         peer: object  # the transport's protocol: checked to be a Peer below
         try:
             if parsed.websocket:
-                max_size = (options or Options()).max_size
+                opts = options or Options()
                 peer = await open_websocket(
                     parsed.websocket_uri,
                     lambda: made,
                     ssl_context=ctx,
                     server_hostname=server_hostname,
                     origin=origin,
-                    max_size=max_size + 4096,
+                    max_size=opts.max_size + 4096,
                     connect_timeout=connect_timeout,
+                    min_rate=opts.min_receive_rate,
+                    rate_grace=opts.receive_grace,
                 )
             else:
                 peer = await open_stream(
@@ -403,6 +405,8 @@ class Server:
                 max_size=max_size,
                 max_connections=self.max_connections,
                 sock=self._sock,
+                min_rate=self._options.min_receive_rate,
+                rate_grace=self._options.receive_grace,
             )
         else:
             options = self._options

@@ -32,10 +32,9 @@ from websockets.server import ServerProtocol
 from websockets.typing import Origin
 from websockets.uri import parse_uri
 
-from transports.logs import RateLimitedLog
 from transports.stream import TLS_SHUTDOWN_TIMEOUT, ByteSink, start_stream_server
 from transports.web_http import HostCheck, HttpOptions, Responder, refuse
-from transports.ws_connection import Connection, Settings
+from transports.ws_connection import Connection, Settings, violations
 from transports.ws_transport import WebSocketTransport
 
 log = logging.getLogger("peerwire.transports.websocket")
@@ -45,10 +44,6 @@ HIGH_WATER = 256 * 1024
 MAX_REFUSING = 1024
 """Connections past ``max_connections`` whose request is read to answer 503 (bounded as any
 pending handshake); more are reset at once."""
-
-
-violations = RateLimitedLog(log)
-"""Where requests the HTTP side failed on are reported (one line each, no traceback)."""
 
 
 class WebSocketServer:
@@ -269,11 +264,16 @@ async def start_websocket_server(
     high_water: int = HIGH_WATER,
     backlog: int = 1024,
     sock: socket.socket | None = None,
+    min_rate: float | None = 1024.0,
+    rate_grace: float = 10.0,
 ) -> WebSocketServer:
     """Serve the endpoint at ``http.mount`` (plus script and static files) on host:port.
 
-    ``max_size`` bounds one incoming message (bigger: closed with 1009). Handshake timeout,
-    request head cap and allowed hosts are in ``http`` (:class:`HttpOptions`).
+    ``max_size`` bounds one incoming message (bigger: closed with 1009); input that ends
+    inside a frame or a fragmented message must come at ``min_rate`` bytes a second on
+    average once it has for ``rate_grace`` seconds (else closed with 1008; see
+    :class:`Settings`). Handshake timeout, request head cap and allowed hosts are in ``http``
+    (:class:`HttpOptions`).
     """
     http = http or HttpOptions()
     settings = Settings(
@@ -283,6 +283,8 @@ async def start_websocket_server(
         close_timeout=close_timeout,
         handshake_timeout=http.handshake_timeout,
         high_water=high_water,
+        min_rate=min_rate,
+        rate_grace=rate_grace,
     )
     server = WebSocketServer(sink_factory, http, settings, max_connections, ssl_context)
     await server.listen(host, port, backlog, sock)
@@ -334,11 +336,14 @@ async def open_websocket(
     close_timeout: float = 10.0,
     connect_timeout: float = 10.0,
     high_water: int = HIGH_WATER,
+    min_rate: float | None = 1024.0,
+    rate_grace: float = 10.0,
 ) -> ByteSink:
     """Connect to a WebSocket endpoint and return the sink (fed from the connection).
 
     ``wss``: the certificate is checked against ``server_hostname`` when given (e.g. a
-    server reached by IP address), else against the URI's host.
+    server reached by IP address), else against the URI's host. ``min_rate`` and
+    ``rate_grace``: the least rate of the server's unfinished input, as the server's.
 
     Raises ``TimeoutError`` after ``connect_timeout`` (TCP, TLS and upgrade together),
     ``OSError`` for refused connections and websockets' ``InvalidHandshake`` (e.g.
@@ -357,6 +362,8 @@ async def open_websocket(
         close_timeout=close_timeout,
         handshake_timeout=connect_timeout,
         high_water=high_water,
+        min_rate=min_rate,
+        rate_grace=rate_grace,
     )
     opening = _ClientOpening(sink_factory)
     conns: list[Connection] = []

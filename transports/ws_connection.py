@@ -7,10 +7,14 @@ text, binary or continuation frame's payload to a byte sink as bytes. The sink s
 :class:`~transports.ws_transport.WebSocketTransport`, an ``asyncio.Transport``: ``write``
 = one binary message, ``writelines`` = one message per item.
 
-One timer per connection, armed for its nearest deadline: the opening handshake
+One timer per connection for its phase, armed for its nearest deadline: the opening handshake
 (``handshake_timeout``), then keepalive (a ping after ``ping_interval`` seconds without
 incoming data, the connection failed when nothing arrives within ``ping_timeout``), then the
-closing handshake (``close_timeout``, then the socket is aborted). Backpressure: the socket's
+closing handshake (``close_timeout``, then the socket is aborted); and, beside it, the
+check that input left unfinished keeps coming (``min_rate`` bytes a second on average once
+``rate_grace`` has passed: :class:`~transports.slow_input.SlowInput` on the socket's bytes,
+its own timer, set when input begins to end inside a frame or a fragmented message and moved
+only when due). Backpressure: the socket's
 write buffer limits drive the sink's ``pause_writing``/``resume_writing``; the sink's
 ``pause_reading`` stops reading the socket, and frames already parsed wait until it resumes.
 The socket is read while our output is backed up (so that the sink can take replies), but a
@@ -34,11 +38,15 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from transports.logs import RateLimitedLog
 from transports.read_buffer import SharedBufferProtocol
+from transports.slow_input import TLS_RECORD, SlowInput
 from transports.stream import ByteSink
 from transports.ws_transport import WebSocketTransport
 
 log = logging.getLogger("peerwire.transports.websocket")
+violations = RateLimitedLog(log)
+"""Where peers that break the rules are reported (refused requests, input too slow)."""
 
 _OPEN = State.OPEN
 _LAST_DATA_OPCODE = Opcode.BINARY  # CONT, TEXT, BINARY are 0, 1, 2
@@ -55,7 +63,9 @@ class Settings:
     """Per-connection limits. Timers default as websockets' own (a ping after 20 s without
     input, 20 s for its pong, 10 s to close, 10 s for the opening handshake); ``max_size``
     (16 MiB) and ``high_water`` (256 KiB) as peerwire's RPC connections use, not websockets'
-    1 MiB and 32 KiB."""
+    1 MiB and 32 KiB; ``min_rate`` (1,024 bytes a second, None: no check) and ``rate_grace``
+    (10 s) as peerwire's ``min_receive_rate`` and ``receive_grace``: the least rate of input
+    that ends inside a frame or a fragmented message, once it has been so for the grace."""
 
     max_size: int | None = 16 * 1024 * 1024
     ping_interval: float | None = 20.0
@@ -64,8 +74,14 @@ class Settings:
     handshake_timeout: float = 10.0
     high_water: int = 256 * 1024
     low_water: int | None = None
+    min_rate: float | None = 1024.0
+    rate_grace: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.min_rate is not None and not self.min_rate > 0:
+            raise ValueError(f"min_rate must be positive or None, not {self.min_rate!r}")
+        if not self.rate_grace > 0:
+            raise ValueError(f"rate_grace must be positive, not {self.rate_grace!r}")
         names = ("ping_interval", "ping_timeout") if self.ping_interval is not None else ()
         for name in names:  # (ping_timeout only matters with pings on)
             value = getattr(self, name)
@@ -121,6 +137,13 @@ class Connection(SharedBufferProtocol):
         self._ping_out = False
         """A keepalive ping went out and nothing has been read since."""
         self._closing_timer = False
+        self._resumed_at = 0.0
+        """Loop time reading last resumed (input held till then does not count as slow)."""
+        self.slow_input: SlowInput | None = None
+        """The rate check on unfinished input, once open (None: off, or failed for it)."""
+        self._slow_timer: asyncio.TimerHandle | None = None
+        self._fragmented = False
+        """The last data frame read did not end its message."""
 
     # --- the transport's callbacks ----------------------------------------------------------
 
@@ -145,9 +168,12 @@ class Connection(SharedBufferProtocol):
                 return
         ws = self.ws
         ws.receive_data(data)
-        self._heard_at = self.loop.time()
+        self._heard_at = now = self.loop.time()
         self._ping_out = False
         events = ws.events_received()
+        slow = self.slow_input
+        if slow is not None and ws.state is _OPEN:
+            slow.read(now, len(data), len(data) if self._unfinished(events) else 0)
         out = ws.data_to_send()
         if out:
             self._send(out)
@@ -159,6 +185,17 @@ class Connection(SharedBufferProtocol):
             self._dispatch(events)
         if ws.state is not _OPEN:
             self._check_closing()
+
+    def _unfinished(self, events: list[Event]) -> bool:
+        """Whether input read up to ``events`` ends inside a frame (no frame ended) or inside
+        a fragmented message (its last data frame is not the message's last)."""
+        if not events:
+            return True
+        for event in reversed(events):
+            if type(event) is Frame and event.opcode <= _LAST_DATA_OPCODE:
+                self._fragmented = not event.fin
+                break
+        return self._fragmented
 
     def _receive_head(self, data: bytes, room: int) -> bytes:
         """Feed at most ``room`` bytes of a request head; 431 when it does not end there."""
@@ -192,6 +229,7 @@ class Connection(SharedBufferProtocol):
             return
         self.lost = True
         self._cancel_timer()
+        self.unschedule()
         self._held = []
         sink, self.sink = self.sink, None
         if sink is not None:
@@ -216,6 +254,7 @@ class Connection(SharedBufferProtocol):
         self._write_paused = False
         if self._pongs_wait:
             self._pongs_wait = False
+            self._resumed_at = self.loop.time()
             raw = self.raw
             if self.reading and not self._held and raw is not None and not raw.is_closing():
                 raw.resume_reading()
@@ -250,6 +289,12 @@ class Connection(SharedBufferProtocol):
         if self.settings.ping_interval:
             self._heard_at = self.loop.time()
             self._arm(self.settings.ping_interval, self._keepalive)
+        if self.settings.min_rate:
+            tls = self.raw.get_extra_info("ssl_object") is not None
+            credit = TLS_RECORD if tls else 0
+            self.slow_input = SlowInput(
+                self, self.settings.min_rate, self.settings.rate_grace, credit=credit
+            )
         transport = self.transport = WebSocketTransport(self, self.raw)
         self.sink = sink
         sink.connection_made(transport)
@@ -276,7 +321,7 @@ class Connection(SharedBufferProtocol):
             self.reading = True
             # silence counts from now (what waited unread is read next); the armed
             # keepalive plans from it when it fires
-            self._heard_at = self.loop.time()
+            self._heard_at = self._resumed_at = self.loop.time()
             self._ping_out = False
             if self._held:
                 self.loop.call_soon(self._release)
@@ -357,7 +402,39 @@ class Connection(SharedBufferProtocol):
         if self.raw is not None:
             self.raw.abort()
 
-    # --- the one timer ---------------------------------------------------------------------
+    # --- unfinished input: the SlowInput's owner ---------------------------------------------
+
+    def now(self) -> float:
+        return self.loop.time() + TIMER_EARLY
+
+    def schedule(self, when: float, coarse: bool) -> None:
+        if self._slow_timer is not None:
+            self._slow_timer.cancel()
+        if self.slow_input is not None:
+            self._slow_timer = self.loop.call_at(when, self.slow_input.due)
+
+    def unschedule(self) -> None:
+        if self._slow_timer is not None:
+            self._slow_timer.cancel()
+            self._slow_timer = None
+
+    def held_since(self, begun: float) -> bool:
+        return not self.reading or self._pongs_wait or self._resumed_at > begun
+
+    def too_slow(self, received: int, seconds: float) -> None:
+        violations.warning(
+            "WebSocket peer %s: %d bytes in %.1f s with a frame or message unfinished, under "
+            "%s bytes a second (min_rate); closing",
+            self.peername,
+            received,
+            seconds,
+            self.settings.min_rate,
+        )
+        self.slow_input = None
+        self.unschedule()
+        self.fail(CloseCode.POLICY_VIOLATION, "input too slow")
+
+    # --- the phase's timer -----------------------------------------------------------------
 
     def _arm(self, delay: float, callback: Callable[[], None]) -> None:
         if self._timer is not None:
