@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from rpc.backlog import MESSAGES_PER_TURN, Backlog
 from rpc.key import K
 from rpc.responder import NoTaskSlot, current_peer
-from rpc.stream_hold import InputHeld, NoRoom, StreamHold
+from rpc.stream_hold import InputHeld, NoRoom, RoomStall, StreamHold
 from wire.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class InputFlow(Generic[K]):
     _hold_told: bool
     _output_hold: bool
     _stream_hold: StreamHold
+    _room_stall: RoomStall
     _tasks: TaskSet
     _task_slots: int
     _runner: HandlerRunner[K]
@@ -182,9 +183,12 @@ class InputFlow(Generic[K]):
             self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
 
     def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:
-        """Keep ``messages[start:]`` in order and pause reading (until the next ``turn``)."""
+        """Keep ``messages[start:]`` in order and pause reading (until the next ``turn``);
+        with ``max_request_bytes`` taken, stream handlers that do not read fail in time."""
         self._kept.extend(messages[start:])
         self._pause_reading()
+        if self._request_bytes.full:
+            self._room_stall.arm()
         if turn:
             self._kept.next_turn()
 
@@ -227,6 +231,7 @@ class InputFlow(Generic[K]):
                 self._kept.next_turn()  # they run first, and reading resumes after them (uvloop
                 return  # reads before the callbacks queued meanwhile: a stream overflowed)
             self._reading = True
+            self._room_stall.disarm()
             self._hold_told = False
             self._output_hold = False
             self.resumed_at = self._loop.time()

@@ -65,7 +65,7 @@ from rpc.registry import Registry, default_registry
 from rpc.request_bytes import RequestBytes
 from rpc.responder import ENDED_STREAMS, Responder, current_peer
 from rpc.responder import _parts as _parts
-from rpc.stream_hold import StreamHold
+from rpc.stream_hold import RoomStall, StreamHold
 from rpc.streaming import ResultWait, StreamQueue
 from rpc.tasks import TaskSet
 from transports.read_buffer import SharedBufferProtocol
@@ -98,6 +98,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_output_hold",
         "_reading",
         "_request_bytes",
+        "_room_stall",
         "_runner",
         "_running",
         "_stream_hold",
@@ -189,6 +190,14 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._backlog = self._kept.messages  # read here (the hot path's check), in responder
         self._stream_hold = StreamHold(self.deadlines, self._kept.next_turn)
         """The stream whose full queue holds our input, if any (:mod:`rpc.stream_hold`)."""
+        self._room_stall = RoomStall(
+            self.deadlines,
+            self._streams,
+            lambda: not self._reading and self._request_bytes.full,
+            lambda key: self._stalled_parts(key, drop=True),
+        )
+        """Fails stream handlers that hold ``max_request_bytes`` unread while it stops our
+        reading (:mod:`rpc.stream_hold`)."""
 
     @property
     def protocol_name(self) -> str:
@@ -282,6 +291,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._running.clear()
         self._kept.clear()
         self._stream_hold.clear()
+        self._room_stall.disarm()
         self._runner.close()
         self._tasks.cancel_all()
         if not self.closed.done():

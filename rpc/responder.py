@@ -285,13 +285,17 @@ class Responder(Generic[K]):
         queue.put(payload)
         return True
 
-    def _stalled_parts(self, key: K) -> None:
+    def _stalled_parts(self, key: K, drop: bool = False) -> None:
         """A stream handler took none of its full queue's parts within its stall limit: its
-        stream fails alone (the error ends its parts; later parts are dropped)."""
+        stream fails alone (the error ends its parts; later parts are dropped). ``drop``:
+        its parts are dropped too, for the bytes they hold
+        (:class:`~rpc.stream_hold.RoomStall`)."""
         queue = self._streams.get(key)
         if queue is not None:
             self._end_stream(key)
             waiting, stall = len(queue), queue.stall
+            if drop:
+                queue.drop()
             queue.put(
                 RemoteError(f"{waiting} stream request parts waiting, none taken for {stall} s")
             )

@@ -12,6 +12,14 @@ taking an item while it holds (a stream of ours: its ``item_timeout``; a stream 
 the connection's request timeout) fails its stream alone, and reading resumes; a slow
 reader that keeps taking never does.
 
+The parts of stream requests also hold bytes of ``max_request_bytes``: past it, a part waits
+for room (:class:`NoRoom`) and the peer reads on, up to its backlog's bound, where reading
+pauses. A handler that never reads its parts would then hold the connection's input for
+good, and with it what the peer sent to end that (its cancellation). :class:`RoomStall`
+gives those readers the same stall limit: while reading is paused with ``max_request_bytes``
+taken, a stream whose reader took no part for its ``stall`` seconds fails, and its parts are
+dropped, their bytes given back.
+
 While one stream holds, nothing else from that peer is read: results of other calls wait
 behind it (the price of one byte stream without windows per stream). One read of a fast
 sender can hold many items; without the hold a reader that keeps up, but had no turn of the
@@ -21,14 +29,16 @@ stream fail.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, NoReturn
 
 from rpc.deadlines import Deadlines
 from rpc.streaming import StreamQueue
 
 SLOT = "stream-hold"
 """The :class:`~rpc.deadlines.Deadlines` slot of the hold's stall limit."""
+ROOM_SLOT = "room-stall"
+"""The slot of :class:`RoomStall`'s check."""
 
 
 class InputHeld(Exception):
@@ -103,3 +113,59 @@ class StreamHold:
         if fail is not None:
             fail()
         self._resume()
+
+
+class RoomStall:
+    """While reading is paused with ``max_request_bytes`` taken (``stuck()``), a stream
+    handler that took none of its queued parts for its queue's ``stall`` seconds fails
+    (``fail(key)``: its stream ends with an error, its parts are dropped and their bytes go
+    back). One check per stall limit while it lasts, no timer otherwise: the queues holding
+    bytes when it began (or at the check before) and taking none since fail; those that
+    began holding later are judged at the next check (within twice the limit)."""
+
+    __slots__ = ("_deadlines", "_fail", "_seen", "_streams", "_stuck")
+
+    def __init__(
+        self,
+        deadlines: Deadlines,
+        streams: Mapping[Any, StreamQueue],
+        stuck: Callable[[], bool],
+        fail: Callable[[Any], None],
+    ) -> None:
+        self._deadlines = deadlines
+        self._streams = streams
+        self._stuck = stuck
+        self._fail = fail
+        self._seen: dict[Hashable, int] | None = None
+        """Items each queue holding bytes had taken at the last look (None: not armed)."""
+
+    def arm(self) -> None:
+        """Reading paused with the bytes taken: look again one stall limit from now."""
+        if self._seen is None:
+            self._look()
+
+    def disarm(self) -> None:
+        """Reading resumed."""
+        if self._seen is not None:
+            self._seen = None
+            self._deadlines.clear(ROOM_SLOT)
+
+    def _look(self) -> None:
+        seen = self._seen = {key: q.taken for key, q in self._streams.items() if q.bytes}
+        if not seen:
+            self._seen = None
+            return
+        stall = min(self._streams[key].stall for key in seen)
+        self._deadlines.set(ROOM_SLOT, self._deadlines.now() + stall, self._check)
+
+    def _check(self) -> None:
+        seen, self._seen = self._seen, None
+        if seen is None or not self._stuck():
+            return
+        streams = self._streams
+        for key, taken in seen.items():
+            queue = streams.get(key)
+            if queue is not None and queue.bytes and queue.taken == taken:
+                self._fail(key)
+        if self._stuck():
+            self._look()

@@ -50,6 +50,7 @@ class StreamQueue:
         "_waiter",
         "bytes",
         "stall",
+        "taken",
         "taken_at",
     )
 
@@ -65,6 +66,8 @@ class StreamQueue:
         self._on_room: Callable[[], None] | None = None
         self._room_at = 0
         self.stall = stall
+        self.taken = 0
+        """Items taken so far (a reader that takes none is stalled: :mod:`rpc.stream_hold`)."""
         self.taken_at = 0.0
         """Loop time of the reader's last take while a room callback is set."""
         self.bytes = 0
@@ -86,6 +89,7 @@ class StreamQueue:
     def take(self) -> Any:
         """The oldest item; IndexError when there is none."""
         item = self._items.popleft()
+        self.taken += 1
         if item.__class__ is bytes:
             self.bytes -= len(item)
             if self._held is not None:
@@ -96,6 +100,15 @@ class StreamQueue:
                 on_room, self._on_room = self._on_room, None
                 on_room()
         return item
+
+    def drop(self) -> None:
+        """Forget the items waiting (a stalled reader's: its stream failed), and the bytes
+        they held for the connection's requests."""
+        self._items.clear()
+        held, size = self._held, self.bytes
+        self.bytes = 0
+        if held is not None and size:
+            held.release(size)
 
     def release_held(self) -> None:
         """Its reader is done (the handler's job ended, or it never had one): the items
