@@ -101,7 +101,7 @@ node: $(VENV)/.core
 PARALLEL := -n auto --dist loadgroup
 test: system-deps $(VENV)/.ready $(LEGACY)/.ready node
 	@echo "== running the test suite (pytest on every core; about 10 minutes on 2)"
-	$(VENV)/bin/pytest $(PARALLEL)
+	$(VENV)/bin/pytest $(PARALLEL) --durations=20
 
 # The core suite again on uvloop (tests, threads and CLI children: see tests/conftest.py),
 # but for the tests marked both_loops: `make test` already ran those on each loop.
