@@ -294,6 +294,12 @@ class InputFlow(Generic[K]):
         return self._reading
 
     @property
+    def input_unfinished(self) -> bool:
+        """True while the peer's input ends in an unfinished message: a WebSocket connection
+        then checks the rate of what comes (:mod:`transports.ws_input_rate`)."""
+        return self.adapter.stall.unfinished
+
+    @property
     def holding_input(self) -> bool:
         """True while we hold the peer's input for reasons of our own (handler slots or
         notification tasks all taken, a turn given to other connections, a stream's full

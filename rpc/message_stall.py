@@ -10,8 +10,10 @@ log. Time while we hold its input (reading paused, whatever the reason) does not
 Bytes come to the codec in whole TLS records (up to 16 KiB, credited over TLS).
 
 Over WebSocket the codec sees a frame only once it is whole (a Gotalk message's payload is a
-frame of its own), so the connection does this check on the socket's bytes instead, with the
-same options (:mod:`transports.ws_connection`).
+frame of its own), so the connection does this check on its frames' payload bytes instead,
+with the same options (:mod:`transports.ws_input_rate`); :attr:`MessageStall.unfinished`
+(the peer's ``input_unfinished``) tells it when a message of ours is unfinished, which may
+come a byte a WebSocket message.
 
 The timer is slot ``"message"`` of the peer's deadlines, coarse.
 """
@@ -29,7 +31,7 @@ class MessageStall:
     """One connection's check on unfinished input: the owner of its
     :class:`~transports.slow_input.SlowInput`."""
 
-    __slots__ = ("_last_word", "_peer", "check")
+    __slots__ = ("_last_word", "_peer", "check", "unfinished")
 
     def __init__(self, peer: Any, last_word: Callable[[], bytes] | None = None) -> None:
         self._peer = peer
@@ -37,6 +39,8 @@ class MessageStall:
         self.check = SlowInput(self, options.min_receive_rate, options.receive_grace)
         self._last_word = last_word
         """The bytes sent before closing, if the protocol has any."""
+        self.unfinished = False
+        """The last read left a message unfinished."""
 
     def start(self) -> None:
         """The connection is made: no check over WebSocket (the connection's own), a
@@ -50,6 +54,7 @@ class MessageStall:
     def read(self, at: float, size: int, buffered: int) -> None:
         """A read of ``size`` bytes at loop time ``at`` left ``buffered`` bytes of a message
         unfinished (0: none)."""
+        self.unfinished = buffered > 0
         self.check.read(at, size, buffered)
 
     # --- InputOwner ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rpc.key import K
+from rpc.message_stall import MessageStall
 from rpc.middleware import Middleware
 from rpc.registry import Handler
 from wire.errors import ProtocolError
@@ -92,6 +93,9 @@ class Adapter(Protocol[K]):
     """True once both sides take request metadata (extension level 2)."""
     timeout_defaults: bool
     """True once both sides take a default timeout per connection (extension level 3)."""
+
+    stall: MessageStall
+    """The least rate of the peer's unfinished messages (:mod:`rpc.message_stall`)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...

@@ -131,7 +131,7 @@ async def test_a_frame_begun_while_we_hold_the_input_is_not_blamed_on_the_peer()
         frame = b"".join(client.ws.data_to_send())
         client.writer.write(frame[:100])
         async with asyncio.timeout(5):
-            while conn.slow_input is None or conn.slow_input.begun is None:
+            while conn.input_rate is None or conn.input_rate.check.begun is None:
                 await asyncio.sleep(0.005)  # polls the server's read (no event for it)
         sink = sinks[0]
         sink.transport.pause_reading()

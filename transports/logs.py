@@ -60,3 +60,8 @@ class RateLimitedLog:
             logger.log(level, message, *args, exc_info=True, stacklevel=3)
         else:  # no exc_info at all: a warning never carries a traceback
             logger.log(level, message, *args, stacklevel=3)
+
+
+websocket_violations = RateLimitedLog(logging.getLogger("peerwire.transports.websocket"))
+"""Where WebSocket peers that break the rules are reported (requests the HTTP side refused,
+input too slow)."""

@@ -32,9 +32,10 @@ from websockets.server import ServerProtocol
 from websockets.typing import Origin
 from websockets.uri import parse_uri
 
+from transports.logs import websocket_violations as violations
 from transports.stream import TLS_SHUTDOWN_TIMEOUT, ByteSink, start_stream_server
 from transports.web_http import HostCheck, HttpOptions, Responder, refuse
-from transports.ws_connection import Connection, Settings, violations
+from transports.ws_connection import Connection, Settings
 from transports.ws_transport import WebSocketTransport
 
 log = logging.getLogger("peerwire.transports.websocket")

@@ -10,11 +10,9 @@ text, binary or continuation frame's payload to a byte sink as bytes. The sink s
 One timer per connection for its phase, armed for its nearest deadline: the opening handshake
 (``handshake_timeout``), then keepalive (a ping after ``ping_interval`` seconds without
 incoming data, the connection failed when nothing arrives within ``ping_timeout``), then the
-closing handshake (``close_timeout``, then the socket is aborted); and, beside it, the
-check that input left unfinished keeps coming (``min_rate`` bytes a second on average once
-``rate_grace`` has passed: :class:`~transports.slow_input.SlowInput` on the socket's bytes,
-its own timer, set when input begins to end inside a frame or a fragmented message and moved
-only when due). Backpressure: the socket's
+closing handshake (``close_timeout``, then the socket is aborted); and, beside it while
+open, the check that unfinished input keeps coming (``min_rate`` bytes a second once
+``rate_grace`` has passed: :mod:`transports.ws_input_rate`). Backpressure: the socket's
 write buffer limits drive the sink's ``pause_writing``/``resume_writing``; the sink's
 ``pause_reading`` stops reading the socket, and frames already parsed wait until it resumes.
 The socket is read while our output is backed up (so that the sink can take replies), but a
@@ -38,15 +36,12 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from transports.logs import RateLimitedLog
 from transports.read_buffer import SharedBufferProtocol
-from transports.slow_input import TLS_RECORD, SlowInput
 from transports.stream import ByteSink
+from transports.ws_input_rate import WsInputRate
 from transports.ws_transport import WebSocketTransport
 
 log = logging.getLogger("peerwire.transports.websocket")
-violations = RateLimitedLog(log)
-"""Where peers that break the rules are reported (refused requests, input too slow)."""
 
 _OPEN = State.OPEN
 _LAST_DATA_OPCODE = Opcode.BINARY  # CONT, TEXT, BINARY are 0, 1, 2
@@ -137,13 +132,10 @@ class Connection(SharedBufferProtocol):
         self._ping_out = False
         """A keepalive ping went out and nothing has been read since."""
         self._closing_timer = False
-        self._resumed_at = 0.0
+        self.resumed_at = 0.0
         """Loop time reading last resumed (input held till then does not count as slow)."""
-        self.slow_input: SlowInput | None = None
-        """The rate check on unfinished input, once open (None: off, or failed for it)."""
-        self._slow_timer: asyncio.TimerHandle | None = None
-        self._fragmented = False
-        """The last data frame read did not end its message."""
+        self.input_rate: WsInputRate | None = None
+        """The rate check on unfinished input, while open (None: off, or not open)."""
 
     # --- the transport's callbacks ----------------------------------------------------------
 
@@ -171,9 +163,7 @@ class Connection(SharedBufferProtocol):
         self._heard_at = now = self.loop.time()
         self._ping_out = False
         events = ws.events_received()
-        slow = self.slow_input
-        if slow is not None and ws.state is _OPEN:
-            slow.read(now, len(data), len(data) if self._unfinished(events) else 0)
+        rate = self.input_rate  # (taken before the events: none during the handshake's read)
         out = ws.data_to_send()
         if out:
             self._send(out)
@@ -185,17 +175,8 @@ class Connection(SharedBufferProtocol):
             self._dispatch(events)
         if ws.state is not _OPEN:
             self._check_closing()
-
-    def _unfinished(self, events: list[Event]) -> bool:
-        """Whether input read up to ``events`` ends inside a frame (no frame ended) or inside
-        a fragmented message (its last data frame is not the message's last)."""
-        if not events:
-            return True
-        for event in reversed(events):
-            if type(event) is Frame and event.opcode <= _LAST_DATA_OPCODE:
-                self._fragmented = not event.fin
-                break
-        return self._fragmented
+        elif rate is not None:  # after the sink took the frames: it says what it holds
+            rate.read(now, len(data), events)
 
     def _receive_head(self, data: bytes, room: int) -> bytes:
         """Feed at most ``room`` bytes of a request head; 431 when it does not end there."""
@@ -229,7 +210,7 @@ class Connection(SharedBufferProtocol):
             return
         self.lost = True
         self._cancel_timer()
-        self.unschedule()
+        self._stop_rate()
         self._held = []
         sink, self.sink = self.sink, None
         if sink is not None:
@@ -254,7 +235,7 @@ class Connection(SharedBufferProtocol):
         self._write_paused = False
         if self._pongs_wait:
             self._pongs_wait = False
-            self._resumed_at = self.loop.time()
+            self.resumed_at = self.loop.time()
             raw = self.raw
             if self.reading and not self._held and raw is not None and not raw.is_closing():
                 raw.resume_reading()
@@ -290,11 +271,9 @@ class Connection(SharedBufferProtocol):
             self._heard_at = self.loop.time()
             self._arm(self.settings.ping_interval, self._keepalive)
         if self.settings.min_rate:
-            tls = self.raw.get_extra_info("ssl_object") is not None
-            credit = TLS_RECORD if tls else 0
-            self.slow_input = SlowInput(
-                self, self.settings.min_rate, self.settings.rate_grace, credit=credit
-            )
+            masked = isinstance(self.ws, ServerProtocol)  # a client's frames are masked
+            rate, grace = self.settings.min_rate, self.settings.rate_grace
+            self.input_rate = WsInputRate(self, rate, grace, masked=masked)
         transport = self.transport = WebSocketTransport(self, self.raw)
         self.sink = sink
         sink.connection_made(transport)
@@ -321,7 +300,7 @@ class Connection(SharedBufferProtocol):
             self.reading = True
             # silence counts from now (what waited unread is read next); the armed
             # keepalive plans from it when it fires
-            self._heard_at = self._resumed_at = self.loop.time()
+            self._heard_at = self.resumed_at = self.loop.time()
             self._ping_out = False
             if self._held:
                 self.loop.call_soon(self._release)
@@ -392,8 +371,10 @@ class Connection(SharedBufferProtocol):
         self._check_closing()
 
     def _check_closing(self) -> None:
-        """Once the socket is expected to close, give it ``close_timeout`` seconds."""
+        """Once the socket is expected to close, give it ``close_timeout`` seconds (and
+        check its input's rate no more)."""
         if not self._closing_timer and self.ws.close_expected():
+            self._stop_rate()
             self._closing_timer = True
             self._arm(self.settings.close_timeout, self._close_timed_out)
 
@@ -402,37 +383,18 @@ class Connection(SharedBufferProtocol):
         if self.raw is not None:
             self.raw.abort()
 
-    # --- unfinished input: the SlowInput's owner ---------------------------------------------
+    # --- the input's rate -------------------------------------------------------------------
 
-    def now(self) -> float:
-        return self.loop.time() + TIMER_EARLY
+    @property
+    def input_held(self) -> bool:
+        """True while we do not read the peer (the sink paused us, or a ping waits for our
+        output to drain): its unread input is not slow."""
+        return not self.reading or self._pongs_wait
 
-    def schedule(self, when: float, coarse: bool) -> None:
-        if self._slow_timer is not None:
-            self._slow_timer.cancel()
-        if self.slow_input is not None:
-            self._slow_timer = self.loop.call_at(when, self.slow_input.due)
-
-    def unschedule(self) -> None:
-        if self._slow_timer is not None:
-            self._slow_timer.cancel()
-            self._slow_timer = None
-
-    def held_since(self, begun: float) -> bool:
-        return not self.reading or self._pongs_wait or self._resumed_at > begun
-
-    def too_slow(self, received: int, seconds: float) -> None:
-        violations.warning(
-            "WebSocket peer %s: %d bytes in %.1f s with a frame or message unfinished, under "
-            "%s bytes a second (min_rate); closing",
-            self.peername,
-            received,
-            seconds,
-            self.settings.min_rate,
-        )
-        self.slow_input = None
-        self.unschedule()
-        self.fail(CloseCode.POLICY_VIOLATION, "input too slow")
+    def _stop_rate(self) -> None:
+        rate, self.input_rate = self.input_rate, None
+        if rate is not None:
+            rate.stop()
 
     # --- the phase's timer -----------------------------------------------------------------
 
