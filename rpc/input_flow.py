@@ -238,6 +238,8 @@ class InputFlow(Generic[K]):
             self._transport.resume_reading()
         elif not self._reading:  # a pause that began otherwise (a turn, output) holds now
             self._tell_hold()
+            if self._request_bytes.full:  # (and the bytes may have filled meanwhile)
+                self._room_stall.arm()
 
     def _may_read(self, kept: Backlog) -> bool:
         """True when reading may resume: nothing waits, or only our output holds what does

@@ -119,9 +119,12 @@ class RoomStall:
     """While reading is paused with ``max_request_bytes`` taken (``stuck()``), a stream
     handler that took none of its queued parts for its queue's ``stall`` seconds fails
     (``fail(key)``: its stream ends with an error, its parts are dropped and their bytes go
-    back). One check per stall limit while it lasts, no timer otherwise: the queues holding
-    bytes when it began (or at the check before) and taking none since fail; those that
-    began holding later are judged at the next check (within twice the limit)."""
+    back). One check per stall limit while it lasts, no timer otherwise: of the queues
+    holding bytes when it began (or at the check before) that took none since, the largest
+    holder fails first, then the next only while still stuck (a handler that waits for a
+    reply the pause holds takes none either, and reading may resume without failing it);
+    those that began holding later are judged at the next check (within twice the limit).
+    Armed by the peer wherever it leaves reading paused with the bytes taken."""
 
     __slots__ = ("_deadlines", "_fail", "_seen", "_streams", "_stuck")
 
@@ -136,8 +139,9 @@ class RoomStall:
         self._streams = streams
         self._stuck = stuck
         self._fail = fail
-        self._seen: dict[Hashable, int] | None = None
-        """Items each queue holding bytes had taken at the last look (None: not armed)."""
+        self._seen: dict[Hashable, tuple[StreamQueue, int]] | None = None
+        """Each queue holding bytes at the last look, and the items it had taken then
+        (None: not armed)."""
 
     def arm(self) -> None:
         """Reading paused with the bytes taken: look again one stall limit from now."""
@@ -151,21 +155,28 @@ class RoomStall:
             self._deadlines.clear(ROOM_SLOT)
 
     def _look(self) -> None:
-        seen = self._seen = {key: q.taken for key, q in self._streams.items() if q.bytes}
+        seen = {key: (q, q.taken) for key, q in self._streams.items() if q.bytes}
         if not seen:
             self._seen = None
             return
-        stall = min(self._streams[key].stall for key in seen)
+        self._seen = seen
+        stall = min(queue.stall for queue, _ in seen.values())
         self._deadlines.set(ROOM_SLOT, self._deadlines.now() + stall, self._check)
 
     def _check(self) -> None:
         seen, self._seen = self._seen, None
-        if seen is None or not self._stuck():
+        if seen is None:
             return
         streams = self._streams
-        for key, taken in seen.items():
-            queue = streams.get(key)
-            if queue is not None and queue.bytes and queue.taken == taken:
-                self._fail(key)
+        stalled = [
+            (queue.bytes, key)
+            for key, (queue, taken) in seen.items()
+            if streams.get(key) is queue and queue.bytes and queue.taken == taken
+        ]
+        stalled.sort(key=lambda pair: pair[0], reverse=True)
+        for _, key in stalled:
+            if not self._stuck():
+                break
+            self._fail(key)
         if self._stuck():
             self._look()
