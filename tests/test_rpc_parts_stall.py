@@ -21,16 +21,10 @@ from wire import gotalk
 pytestmark = pytest.mark.both_loops
 
 
-@pytest.mark.parametrize("then", ["parts", "requests"])
-async def test_a_stream_handler_that_never_reads_is_failed_and_its_cancel_read(then: str) -> None:
-    """Its parts take the 100 kB of request bytes; then more parts (set aside for room), or
-    requests (kept: the raw peer takes no retry results), fill the backlog's 25-kB share."""
-    cancelled = asyncio.Event()
+def ignoring(cancelled: asyncio.Event) -> rpc.Registry:
+    """A registry whose stream handler ``ignore`` never reads its parts; ``cancelled`` is
+    set when it is cancelled."""
     reg = rpc.Registry()
-
-    @reg.handle("echo")
-    async def echo(value: Any) -> Any:
-        return value
 
     @reg.handle_stream("ignore")
     async def ignore(parts: Any) -> None:
@@ -39,6 +33,20 @@ async def test_a_stream_handler_that_never_reads_is_failed_and_its_cancel_read(t
         except asyncio.CancelledError:
             cancelled.set()
             raise
+
+    return reg
+
+
+@pytest.mark.parametrize("then", ["parts", "requests"])
+async def test_a_stream_handler_that_never_reads_is_failed_and_its_cancel_read(then: str) -> None:
+    """Its parts take the 100 kB of request bytes; then more parts (set aside for room), or
+    requests (kept: the raw peer takes no retry results), fill the backlog's 25-kB share."""
+    cancelled = asyncio.Event()
+    reg = ignoring(cancelled)
+
+    @reg.handle("echo")
+    async def echo(value: Any) -> Any:
+        return value
 
     # a stall limit of 0.5 s (the request timeout); 100 kB of request bytes, a 25-kB share
     options = rpc.Options(max_request_bytes=100_000, timeout=0.5)

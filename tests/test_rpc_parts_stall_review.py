@@ -15,6 +15,7 @@ from rpc import gotalk_peer
 from rpc.backlog import MESSAGES_PER_TURN
 from tests.gotalk_raw import RawGotalk, served_raw
 from tests.rpc_helpers import wait_until
+from tests.test_rpc_parts_stall import ignoring
 from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
@@ -31,20 +32,6 @@ async def _answer(raw: RawGotalk) -> Any:
     return message
 
 
-def _ignoring(cancelled: asyncio.Event) -> rpc.Registry:
-    reg = rpc.Registry()
-
-    @reg.handle_stream("ignore")
-    async def ignore(parts: Any) -> None:
-        try:
-            await asyncio.Event().wait()  # never reads its parts
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    return reg
-
-
 async def test_bytes_filled_after_a_turn_cut_still_fail_the_stalled_stream() -> None:
     """One read of more than MESSAGES_PER_TURN messages: the first 256 (the stream request
     and notifications nobody handles) run, the rest is kept for the next turn with
@@ -54,7 +41,7 @@ async def test_bytes_filled_after_a_turn_cut_still_fail_the_stalled_stream() -> 
     cancellation after them is never read."""
     cancelled = asyncio.Event()
     options = rpc.Options(max_request_bytes=10_000, timeout=0.5)
-    async with served_raw(_ignoring(cancelled), options, retry_results=False) as (raw, peer):
+    async with served_raw(ignoring(cancelled), options, retry_results=False) as (raw, peer):
         await wait_until(lambda: peer.adapter.cancels)
         filler = [gotalk.Notification("nobody", b"") for _ in range(MESSAGES_PER_TURN)]
         part = b'"' + b"p" * 998 + b'"'
@@ -75,7 +62,7 @@ async def test_a_handler_waiting_for_a_reply_behind_the_pause_is_not_failed_with
     nothing, and RoomStall fails both at once; failing ``ignore`` alone gives the bytes
     back, reading resumes and ``ask`` gets its reply and reads on."""
     cancelled = asyncio.Event()
-    reg = _ignoring(cancelled)
+    reg = ignoring(cancelled)
 
     @reg.handle_stream("ask")
     async def ask(parts: Any) -> int:

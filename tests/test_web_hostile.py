@@ -33,6 +33,7 @@ from tests.rpc_helpers import gotalk_peer_registry
 from transports.stream import server_ssl_context
 from transports.web_http import HttpOptions
 from transports.websocket import WebSocketServer, start_websocket_server
+from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
 
@@ -121,6 +122,21 @@ class RawClient:
     async def read_until_closed(self) -> None:
         while await self.read_once():
             pass
+
+    async def gotalk_results(self) -> list[Any]:
+        """Read (within 5 s) until the frames' payloads, decoded as Gotalk, bring a result;
+        the results. Fails if the server closes first."""
+        codec = gotalk.GotalkConnection()
+        answers: list[Any] = []
+        seen = 0
+        async with asyncio.timeout(5):
+            while not any(isinstance(m, gotalk.Result) for m in answers):
+                assert await self.read_once(), "the server closed the connection"
+                for frame in self.frames[seen:]:
+                    if frame.opcode is Opcode.BINARY or frame.opcode is Opcode.TEXT:
+                        answers += codec.receive_data(frame.data)
+                seen = len(self.frames)
+        return [m for m in answers if isinstance(m, gotalk.Result)]
 
 
 @pytest.fixture
