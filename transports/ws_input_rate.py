@@ -73,10 +73,14 @@ class WsInputRate:
     def _unfinished(self, events: list[Any]) -> bool:
         if not events:
             return True
-        for event in reversed(events):
-            if event.opcode <= _LAST_DATA_OPCODE:
-                self._fragmented = not event.fin
-                break
+        last = events[-1]  # (most reads end in a data frame: no scan)
+        if last.opcode <= _LAST_DATA_OPCODE:
+            self._fragmented = not last.fin
+        else:
+            for event in reversed(events):
+                if event.opcode <= _LAST_DATA_OPCODE:
+                    self._fragmented = not event.fin
+                    break
         return self._fragmented or bool(getattr(self._conn.sink, "input_unfinished", False))
 
     def stop(self) -> None:
