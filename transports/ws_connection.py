@@ -271,9 +271,7 @@ class Connection(SharedBufferProtocol):
             self._heard_at = self.loop.time()
             self._arm(self.settings.ping_interval, self._keepalive)
         if self.settings.min_rate:
-            masked = isinstance(self.ws, ServerProtocol)  # a client's frames are masked
-            rate, grace = self.settings.min_rate, self.settings.rate_grace
-            self.input_rate = WsInputRate(self, rate, grace, masked=masked)
+            self.input_rate = WsInputRate(self, self.settings.min_rate, self.settings.rate_grace)
         transport = self.transport = WebSocketTransport(self, self.raw)
         self.sink = sink
         sink.connection_made(transport)
@@ -315,6 +313,9 @@ class Connection(SharedBufferProtocol):
         held, self._held = self._held, []
         if held:
             self._dispatch(held)
+            rate = self.input_rate
+            if rate is not None and self.ws.state is _OPEN:
+                rate.released(self.loop.time())
         raw = self.raw
         if (
             self.reading

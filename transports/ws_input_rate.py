@@ -8,12 +8,15 @@ codec holds part of a Gotalk or Chatter message, which may come a byte a WebSock
 Meanwhile the peer must send ``min_rate`` bytes a second of payload, on average, once
 ``rate_grace`` has passed, or it is sent close code 1008.
 
-Only data frames' payloads count as progress: a read's size less the headers of the frames
-it ends and the whole of its control frames (a peer that sends pings, or empty
-continuation frames, keeps its connection busy but its message no longer), so that a read
-of nothing but those counts less than nothing. Bytes of a frame not yet whole count as they
-come; the frame's header is taken off when it ends. Per read, when nothing is unfinished
-and no count runs: one scan for the last data frame and one attribute of the sink.
+Only data frames' payloads count as progress (a peer that sends pings, or empty
+continuation frames, keeps its connection busy but its message no longer): a read that ends
+frames counts the payloads of its data frames. Bytes of a frame not yet whole count as they
+come, and are taken back when a read ends it (its payload counts then), so the count never
+runs more than one frame's header (14 bytes) ahead of the payloads, however the peer
+encodes its lengths. Bytes after the last frame a read ends count once their frame ends.
+Frames the connection held while paused count as read; once it hands them to the sink, the
+sink is asked again (:meth:`WsInputRate.released`). Per read, when nothing is unfinished and
+no count runs: a look at the last frame and one attribute of the sink.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from websockets.frames import CloseCode, Frame, Opcode
+from websockets.frames import CloseCode, Opcode
 
 from transports.logs import websocket_violations
 from transports.slow_input import TLS_RECORD, SlowInput
@@ -34,26 +37,18 @@ EARLY = 0.001
 _LAST_DATA_OPCODE = Opcode.BINARY  # CONT, TEXT, BINARY are 0, 1, 2
 
 
-def _overhead(frame: Frame, masked: bool) -> int:
-    """The bytes of ``frame`` on the wire that are not data: its header (2 bytes, 2 or 8
-    more for a long payload, 4 for the mask of a client's), and a control frame's payload."""
-    size = len(frame.data)
-    head = (6 if masked else 2) + (0 if size < 126 else 2 if size < 65536 else 8)
-    return head + size if frame.opcode > _LAST_DATA_OPCODE else head
-
-
 class WsInputRate:
     """One open connection's rate check (see the module doc): the owner of its
     :class:`SlowInput`, with one timer of its own."""
 
-    __slots__ = ("_conn", "_fragmented", "_masked", "_timer", "check")
+    __slots__ = ("_conn", "_fragmented", "_partial", "_timer", "check")
 
-    def __init__(self, conn: Connection, rate: float, grace: float, *, masked: bool) -> None:
+    def __init__(self, conn: Connection, rate: float, grace: float) -> None:
         self._conn = conn
         tls = conn.raw is not None and conn.raw.get_extra_info("ssl_object") is not None
         self.check = SlowInput(self, rate, grace, credit=TLS_RECORD if tls else 0)
-        self._masked = masked
-        """The peer's frames are masked (it is a client; we serve)."""
+        self._partial = 0
+        """Bytes counted of a frame not yet whole (taken back when it ends)."""
         self._fragmented = False
         """The last data frame read did not end its message."""
         self._timer: asyncio.TimerHandle | None = None
@@ -64,11 +59,22 @@ class WsInputRate:
         unfinished = self._unfinished(events)
         check = self.check
         if not unfinished and check.begun is None:
+            self._partial = 0
             return
-        masked = self._masked
-        for frame in events:
-            size -= _overhead(frame, masked)
+        if events:
+            size = -self._partial
+            self._partial = 0
+            for frame in events:
+                if frame.opcode <= _LAST_DATA_OPCODE:
+                    size += len(frame.data)
+        else:
+            self._partial += size
         check.read(at, size, 1 if unfinished else 0)
+
+    def released(self, at: float) -> None:
+        """The frames held while paused went to the sink: what it holds may have changed."""
+        unfinished = self._fragmented or bool(getattr(self._conn.sink, "input_unfinished", False))
+        self.check.read(at, 0, 1 if unfinished else 0)
 
     def _unfinished(self, events: list[Any]) -> bool:
         if not events:
