@@ -216,7 +216,7 @@ class ChatterAdapter:
         if first is None:
             return False
         if first == msg.first:  # a later message in its conversation
-            return self.peer.has_stream(Conversation(False, first))
+            return self.peer.takes_parts(Conversation(False, first))
         return self.peer.cancellable(Conversation(False, first))
 
     def opens_request(self, msg: Msg) -> int | None:

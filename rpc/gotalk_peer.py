@@ -155,7 +155,7 @@ class GotalkAdapter:
 
     def serves_running(self, msg: Any) -> bool:
         if msg.__class__ is gotalk.StreamRequestPart:
-            return self.peer.has_stream(msg.id)
+            return self.peer.takes_parts(msg.id)
         cancelled = self.follows_request(msg)  # a cancellation
         return cancelled is not None and self.peer.cancellable(cancelled)
 

@@ -122,10 +122,11 @@ class Adapter(Protocol[K]):
 
     def serves_running(self, message: Any) -> bool:
         """True when ``message`` is for a request of the peer's whose handler runs: a part
-        or the end of its stream (:meth:`~rpc.responder.Responder.has_stream`), or its
-        cancellation (:meth:`~rpc.responder.Responder.cancellable`). It runs while every
-        slot is taken: that handler holds one, and waits for the part or frees the slot
-        once cancelled. Asked only of input that waits."""
+        or the end of its stream (:meth:`~rpc.responder.Responder.takes_parts`; or of a
+        stream that ended lately: dropped at once), or its cancellation
+        (:meth:`~rpc.responder.Responder.cancellable`). It runs while every slot is taken:
+        that handler holds one, and waits for the part or frees the slot once cancelled.
+        Asked only of input that waits."""
         ...
 
     def opens_request(self, message: Any) -> Hashable | None:

@@ -329,6 +329,11 @@ class Responder(Generic[K]):
         """True while an incoming stream request ``key`` takes parts."""
         return key in self._streams
 
+    def takes_parts(self, key: K) -> bool:
+        """True while parts of stream request ``key`` need no slot: its handler takes them,
+        or they are dropped (the stream ended lately, e.g. failed for a stall)."""
+        return key in self._streams or key in self._ended
+
     # --- handler completion ----------------------------------------------------------------
 
     def on_cancel(self, key: K) -> None:

@@ -120,9 +120,10 @@ class RoomStall:
     handler that took none of its queued parts for its queue's ``stall`` seconds fails
     (``fail(key)``: its stream ends with an error, its parts are dropped and their bytes go
     back). One check per stall limit while it lasts, no timer otherwise: of the queues
-    holding bytes when it began (or at the check before) that took none since, the largest
-    holder fails first, then the next only while still stuck (a handler that waits for a
-    reply the pause holds takes none either, and reading may resume without failing it);
+    holding bytes when it began (or at the check before) that took none since, the one whose
+    handler took a part longest ago (or never) fails first, then the next only while still
+    stuck (a handler that read and now waits for a reply the pause holds takes none either,
+    and reading may resume without failing it);
     those that began holding later are judged at the next check (within twice the limit).
     Armed by the peer wherever it leaves reading paused with the bytes taken."""
 
@@ -169,12 +170,12 @@ class RoomStall:
             return
         streams = self._streams
         stalled = [
-            (queue.bytes, key)
-            for key, (queue, taken) in seen.items()
+            (taken, -queue.bytes, index, key)
+            for index, (key, (queue, taken)) in enumerate(seen.items())
             if streams.get(key) is queue and queue.bytes and queue.taken == taken
         ]
-        stalled.sort(key=lambda pair: pair[0], reverse=True)
-        for _, key in stalled:
+        stalled.sort()  # (the longest since a take first: never; then the largest holder)
+        for *_, key in stalled:
             if not self._stuck():
                 break
             self._fail(key)

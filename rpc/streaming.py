@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import warnings
 from collections.abc import (
     AsyncIterable,
@@ -27,6 +28,10 @@ T = TypeVar("T")
 
 END = object()
 """Ends the queue of a stream's results (ours) or of a stream request's parts (served)."""
+
+
+_TAKES = itertools.count(1)
+"""Stamps of :attr:`StreamQueue.taken`."""
 
 
 class StreamQueue:
@@ -67,7 +72,9 @@ class StreamQueue:
         self._room_at = 0
         self.stall = stall
         self.taken = 0
-        """Items taken so far (a reader that takes none is stalled: :mod:`rpc.stream_hold`)."""
+        """When the reader last took an item, as a stamp that grows with every take in the
+        process (0: never), so that readers compare by how long ago they took one
+        (:mod:`rpc.stream_hold`)."""
         self.taken_at = 0.0
         """Loop time of the reader's last take while a room callback is set."""
         self.bytes = 0
@@ -89,7 +96,7 @@ class StreamQueue:
     def take(self) -> Any:
         """The oldest item; IndexError when there is none."""
         item = self._items.popleft()
-        self.taken += 1
+        self.taken = next(_TAKES)
         if item.__class__ is bytes:
             self.bytes -= len(item)
             if self._held is not None:

@@ -68,6 +68,12 @@ class RawGotalk:
             ]
         return self.pending.pop(0)
 
+    async def answer(self) -> Any:
+        """The next message but a notification (the server's announcements)."""
+        while isinstance(message := await self.next(), gotalk.Notification):
+            pass
+        return message
+
     async def close(self) -> None:
         self.writer.close()
         await self.writer.wait_closed()

@@ -13,7 +13,7 @@ import pytest
 import rpc
 from rpc import gotalk_peer
 from rpc.backlog import MESSAGES_PER_TURN
-from tests.gotalk_raw import RawGotalk, served_raw
+from tests.gotalk_raw import served_raw
 from tests.rpc_helpers import wait_until
 from tests.test_rpc_parts_stall import ignoring
 from wire import gotalk
@@ -23,13 +23,6 @@ pytestmark = pytest.mark.both_loops
 
 def _encoded(*messages: Any) -> bytes:
     return b"".join(b"".join(gotalk.encode_parts(m)) for m in messages)
-
-
-async def _answer(raw: RawGotalk) -> Any:
-    """The next message the raw peer gets other than a notification (its hello, ...)."""
-    while isinstance(message := await raw.next(), gotalk.Notification):
-        pass
-    return message
 
 
 async def test_bytes_filled_after_a_turn_cut_still_fail_the_stalled_stream() -> None:
@@ -81,7 +74,7 @@ async def test_a_handler_waiting_for_a_reply_behind_the_pause_is_not_failed_with
             raw.write(gotalk.StreamRequestPart(b"0001", part))
         raw.write(gotalk.StreamRequest(b"0002", "ask", part))
         raw.write(gotalk.StreamRequestPart(b"0002", part))
-        callback = await _answer(raw)  # ask took its first part and calls back
+        callback = await raw.answer()  # ask took its first part and calls back
         assert isinstance(callback, gotalk.Request)
         assert callback.op == "back"
         for _ in range(3):  # past the 100 kB; then 40 kB set aside: past the 25-kB share
@@ -90,7 +83,7 @@ async def test_a_handler_waiting_for_a_reply_behind_the_pause_is_not_failed_with
         raw.write(gotalk.StreamRequestPart(b"0002", b""))  # ask's end
         raw.write(gotalk.Result(callback.id, b"null"))  # unread until the pause ends
         while True:  # ask: each part's callback answered, then its result
-            message = await _answer(raw)
+            message = await raw.answer()
             if isinstance(message, gotalk.Request):
                 raw.write(gotalk.Result(message.id, b"null"))
             elif message.id == b"0002":
