@@ -12,8 +12,8 @@ Bytes come to the codec in whole TLS records (up to 16 KiB, credited over TLS).
 Over WebSocket the codec sees a frame only once it is whole (a Gotalk message's payload is a
 frame of its own), so the connection does this check on its frames' payload bytes instead,
 with the same options (:mod:`transports.ws_input_rate`); :attr:`MessageStall.unfinished`
-(the peer's ``input_unfinished``) tells it when a message of ours is unfinished, which may
-come a byte a WebSocket message.
+(the peer's ``input_unfinished``) tells it when the codec holds part of a message, whose
+rest may come a byte a WebSocket message.
 
 The timer is slot ``"message"`` of the peer's deadlines, coarse.
 """

@@ -123,9 +123,9 @@ class RoomStall:
     holding bytes when it began (or at the check before) that took none since, the one whose
     handler took a part longest ago (or never) fails first, then the next only while still
     stuck (a handler that read and now waits for a reply the pause holds takes none either,
-    and reading may resume without failing it);
-    those that began holding later are judged at the next check (within twice the limit).
-    Armed by the peer wherever it leaves reading paused with the bytes taken."""
+    and reading may resume without failing it); those that began holding later are judged
+    at the next check (within twice the limit). Armed by the peer wherever it leaves
+    reading paused with the bytes taken."""
 
     __slots__ = ("_deadlines", "_fail", "_seen", "_streams", "_stuck")
 
@@ -141,8 +141,8 @@ class RoomStall:
         self._stuck = stuck
         self._fail = fail
         self._seen: dict[Hashable, tuple[StreamQueue, int]] | None = None
-        """Each queue holding bytes at the last look, and the items it had taken then
-        (None: not armed)."""
+        """Each queue holding bytes at the last look, and its last take's stamp then
+        (:attr:`~rpc.streaming.StreamQueue.taken`; None: not armed)."""
 
     def arm(self) -> None:
         """Reading paused with the bytes taken: look again one stall limit from now."""

@@ -20,7 +20,7 @@ Per read this costs a comparison or two; the owner's timer is set once when inpu
 to end unfinished and moved on only when it comes due, so input that keeps ending
 unfinished (large messages, reads cut anywhere) arms no timer per read. Used by the RPC
 peers over TCP and TLS (:mod:`rpc.message_stall`) and by WebSocket connections
-(:mod:`transports.ws_connection`).
+(:mod:`transports.ws_input_rate`).
 """
 
 from __future__ import annotations

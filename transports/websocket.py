@@ -271,10 +271,10 @@ async def start_websocket_server(
     """Serve the endpoint at ``http.mount`` (plus script and static files) on host:port.
 
     ``max_size`` bounds one incoming message (bigger: closed with 1009); input that ends
-    inside a frame or a fragmented message must come at ``min_rate`` bytes a second on
-    average once it has for ``rate_grace`` seconds (else closed with 1008; see
-    :class:`Settings`). Handshake timeout, request head cap and allowed hosts are in ``http``
-    (:class:`HttpOptions`).
+    inside a frame, a fragmented message or a message the sink holds part of must bring
+    ``min_rate`` bytes of payload a second on average once it has for ``rate_grace``
+    seconds (else closed with 1008; see :class:`Settings`). Handshake timeout, request head
+    cap and allowed hosts are in ``http`` (:class:`HttpOptions`).
     """
     http = http or HttpOptions()
     settings = Settings(

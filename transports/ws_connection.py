@@ -59,8 +59,9 @@ class Settings:
     input, 20 s for its pong, 10 s to close, 10 s for the opening handshake); ``max_size``
     (16 MiB) and ``high_water`` (256 KiB) as peerwire's RPC connections use, not websockets'
     1 MiB and 32 KiB; ``min_rate`` (1,024 bytes a second, None: no check) and ``rate_grace``
-    (10 s) as peerwire's ``min_receive_rate`` and ``receive_grace``: the least rate of input
-    that ends inside a frame or a fragmented message, once it has been so for the grace."""
+    (10 s) as peerwire's ``min_receive_rate`` and ``receive_grace``: the least rate of the
+    payloads of input that ends inside a frame, a fragmented message or a message the sink
+    holds part of, once it has been so for the grace (:mod:`transports.ws_input_rate`)."""
 
     max_size: int | None = 16 * 1024 * 1024
     ping_interval: float | None = 20.0
