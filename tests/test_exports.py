@@ -166,10 +166,12 @@ def test_transports_package_exports_through_its_modules() -> None:
     modules = {
         "logs",
         "read_buffer",
+        "slow_input",
         "stream",
         "web_http",
         "websocket",
         "ws_connection",
+        "ws_input_rate",
         "ws_transport",
     }
     assert public <= modules, public
