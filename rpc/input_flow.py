@@ -180,7 +180,9 @@ class InputFlow(Generic[K]):
         end = min(len(messages), MESSAGES_PER_TURN)  # (no handler runs: no current_peer)
         stop = kept.take(messages, start, end, self._runs_now, self.adapter.dispatch)
         if stop < len(messages) or kept.full:  # or a stream's queue full, a turn's end
-            self._keep(messages, stop, turn=stop == MESSAGES_PER_TURN)
+            # a turn for what the rest holds that may run now (replies, parts of running
+            # streams): the handler that would give the next turn may wait for it
+            self._keep(messages, stop, turn=stop < len(messages))
 
     def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:
         """Keep ``messages[start:]`` in order and pause reading (until the next ``turn``);
