@@ -37,6 +37,19 @@ def ignoring(cancelled: asyncio.Event) -> rpc.Registry:
     return reg
 
 
+def add_asker(reg: rpc.Registry) -> None:
+    """Adds ``ask``: a stream handler that, for each part it reads, calls the peer back
+    (``back``, timeout 10 s) and waits for the reply; returns how many parts it read."""
+
+    @reg.handle_stream("ask")
+    async def ask(parts: Any) -> int:
+        count = 0
+        async for _ in parts:
+            count += 1
+            await rpc.current_peer.get().request("back", None, timeout=10)
+        return count
+
+
 @pytest.mark.parametrize("then", ["parts", "requests"])
 async def test_a_stream_handler_that_never_reads_is_failed_and_its_cancel_read(then: str) -> None:
     """Its parts take the 100 kB of request bytes; then more parts (set aside for room), or

@@ -15,7 +15,7 @@ from rpc import gotalk_peer
 from rpc.backlog import MESSAGES_PER_TURN
 from tests.gotalk_raw import served_raw
 from tests.rpc_helpers import wait_until
-from tests.test_rpc_parts_stall import ignoring
+from tests.test_rpc_parts_stall import add_asker, ignoring
 from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
@@ -57,13 +57,7 @@ async def test_a_handler_waiting_for_a_reply_behind_the_pause_is_not_failed_with
     cancelled = asyncio.Event()
     reg = ignoring(cancelled)
 
-    @reg.handle_stream("ask")
-    async def ask(parts: Any) -> int:
-        count = 0
-        async for _ in parts:
-            count += 1
-            await rpc.current_peer.get().request("back", None, timeout=10)
-        return count
+    add_asker(reg)
 
     options = rpc.Options(max_request_bytes=100_000, timeout=0.5)
     part = b'"' + b"p" * 19_998 + b'"'

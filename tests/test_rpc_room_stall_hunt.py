@@ -21,6 +21,7 @@ import rpc
 from rpc import gotalk_peer
 from tests.gotalk_raw import served_raw
 from tests.rpc_helpers import wait_until
+from tests.test_rpc_parts_stall import add_asker, ignoring
 from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
@@ -46,13 +47,7 @@ async def test_the_larger_handler_waiting_for_a_held_reply_is_not_failed_first()
             cancelled.set()
             raise
 
-    @reg.handle_stream("ask")
-    async def ask(parts: Any) -> int:
-        count = 0
-        async for _ in parts:
-            count += 1
-            await rpc.current_peer.get().request("back", None, timeout=10)
-        return count
+    add_asker(reg)
 
     options = rpc.Options(max_request_bytes=100_000, timeout=0.5)
     part = b'"' + b"p" * 19_998 + b'"'
@@ -98,15 +93,7 @@ async def test_a_failed_streams_parts_set_aside_do_not_wait_for_its_own_slot(
     the input held until the connection closes, what RoomStall was made to end. (With a
     slot free the parts run, are dropped, and reading resumes.)"""
     cancelled = asyncio.Event()
-    reg = rpc.Registry()
-
-    @reg.handle_stream("ignore")
-    async def ignore(parts: Any) -> None:
-        try:
-            await asyncio.Event().wait()  # never reads its parts
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+    reg = ignoring(cancelled)
 
     @reg.handle_stream("idle")
     async def idle(parts: Any) -> int:

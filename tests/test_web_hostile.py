@@ -123,14 +123,14 @@ class RawClient:
         while await self.read_once():
             pass
 
-    async def gotalk_results(self) -> list[Any]:
-        """Read (within 5 s) until the frames' payloads, decoded as Gotalk, bring a result;
-        the results. Fails if the server closes first."""
+    async def gotalk_results(self, count: int = 1) -> list[Any]:
+        """Read (within 5 s) until the frames' payloads, decoded as Gotalk, bring ``count``
+        results; the results. Fails if the server closes first."""
         codec = gotalk.GotalkConnection()
         answers: list[Any] = []
         seen = 0
         async with asyncio.timeout(5):
-            while not any(isinstance(m, gotalk.Result) for m in answers):
+            while sum(isinstance(m, gotalk.Result) for m in answers) < count:
                 assert await self.read_once(), "the server closed the connection"
                 for frame in self.frames[seen:]:
                     if frame.opcode is Opcode.BINARY or frame.opcode is Opcode.TEXT:

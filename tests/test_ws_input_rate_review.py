@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
 
 import pytest
 from websockets.frames import Close, CloseCode, Opcode
 
 import rpc
 from tests.test_web_hostile import RawClient, recorder_server
+from tests.test_ws_slow_input import ws_client
 from tests.test_ws_slow_input_review import closed_while_dripping
-from transports.web_http import HttpOptions
 from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
@@ -37,21 +36,6 @@ RATE, GRACE = 1000.0, 0.3
 
 def _request(rid: bytes, payload: bytes) -> bytes:
     return gotalk.request_header(gotalk.MessageType.REQUEST, rid, "work", len(payload)) + payload
-
-
-async def _results(client: RawClient, count: int) -> list[Any]:
-    """Read (within 5 s) until ``count`` Gotalk results came; fails if the server closes."""
-    codec = gotalk.GotalkConnection()
-    answers: list[Any] = []
-    seen = 0
-    async with asyncio.timeout(5):
-        while sum(isinstance(m, gotalk.Result) for m in answers) < count:
-            assert await client.read_once(), "the server closed the connection"
-            for frame in client.frames[seen:]:
-                if frame.opcode is Opcode.BINARY or frame.opcode is Opcode.TEXT:
-                    answers += codec.receive_data(frame.data)
-            seen = len(client.frames)
-    return [m for m in answers if isinstance(m, gotalk.Result)]
 
 
 async def _closed_within(client: RawClient, bound: float) -> bool:
@@ -77,28 +61,17 @@ async def test_a_peer_waiting_for_its_replies_after_held_frames_is_not_closed() 
     peer whose messages do not follow the RPC messages: the codec takes them as a stream.)"""
     reg = rpc.Registry()
     reg.handle("work")(lambda value: value)
-    async with rpc.serve(
-        "ws+gotalk://127.0.0.1:0/gotalk/",
-        registry=reg,
-        options=rpc.Options(min_receive_rate=RATE, receive_grace=GRACE),
-        web=HttpOptions(allow_missing_origin=True),
-    ) as server:
-        client = await RawClient.open(server.url.port)
-        try:
-            client.ws.send_binary(b"01")  # the Gotalk version
-            client.flush()
-            many = b"".join(_request(b"%04d" % i, b'"a"') for i in range(300))
-            last = _request(b"9999", b'"z"')
-            client.ws.send_binary(many + last[:-3])
-            client.ws.send_binary(last[-3:])
-            client.writer.write(b"".join(client.ws.data_to_send()))  # one write, one read
-            results = await _results(client, 301)
-            assert len({r.id for r in results}) == 301
-            assert not await _closed_within(client, 1.5), (
-                "a peer that owes nothing was closed as too slow"
-            )
-        finally:
-            client.writer.transport.abort()
+    async with ws_client(reg) as client:
+        many = b"".join(_request(b"%04d" % i, b'"a"') for i in range(300))
+        last = _request(b"9999", b'"z"')
+        client.ws.send_binary(many + last[:-3])
+        client.ws.send_binary(last[-3:])
+        client.writer.write(b"".join(client.ws.data_to_send()))  # one write, one read
+        results = await client.gotalk_results(301)
+        assert len({r.id for r in results}) == 301
+        assert not await _closed_within(client, 1.5), (
+            "a peer that owes nothing was closed as too slow"
+        )
 
 
 def _empty_continuation_long_length() -> bytes:

@@ -26,10 +26,13 @@ STRICT = rpc.Options(min_receive_rate=1000.0, receive_grace=0.3)
 
 
 @contextlib.asynccontextmanager
-async def ws_client() -> AsyncIterator[RawClient]:
-    """A raw WebSocket client of a ws+gotalk server with ``STRICT`` options."""
-    reg = rpc.Registry()
-    reg.handle("echo")(lambda value: value)
+async def ws_client(reg: rpc.Registry | None = None) -> AsyncIterator[RawClient]:
+    """A raw WebSocket client, its Gotalk version sent, of a ws+gotalk server of ``reg``
+    (default: ``echo``) with ``STRICT`` options. Aborted at the end: the server may have
+    closed or reset it (a close could raise BrokenPipeError then)."""
+    if reg is None:
+        reg = rpc.Registry()
+        reg.handle("echo")(lambda value: value)
     async with rpc.serve(
         "ws+gotalk://127.0.0.1:0/gotalk/",
         registry=reg,
@@ -42,7 +45,7 @@ async def ws_client() -> AsyncIterator[RawClient]:
             client.flush()
             yield client
         finally:
-            await close_writer(client.writer)
+            client.writer.transport.abort()
 
 
 async def closed_with(client: RawClient, drip: list[bytes]) -> int:

@@ -22,9 +22,8 @@ import asyncio
 import pytest
 from websockets.frames import Close, CloseCode, Opcode
 
-import rpc
 from tests.test_web_hostile import RawClient, recorder_server
-from transports.web_http import HttpOptions
+from tests.test_ws_slow_input import ws_client
 from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
@@ -64,28 +63,16 @@ async def test_an_rpc_message_trickled_a_byte_per_websocket_message_is_closed() 
     """A Gotalk request's header in one WebSocket message, then its 1,000-byte payload a
     byte a message, a message every 0.05 s (140 bytes a second on the socket, 20 of
     payload): the request stays unfinished, under the least rate, and must be closed."""
-    reg = rpc.Registry()
-    reg.handle("echo")(lambda value: value)
-    async with rpc.serve(
-        "ws+gotalk://127.0.0.1:0/gotalk/",
-        registry=reg,
-        options=rpc.Options(min_receive_rate=RATE, receive_grace=GRACE),
-        web=HttpOptions(allow_missing_origin=True),
-    ) as server:
-        client = await RawClient.open(server.url.port)
-        try:
-            client.ws.send_binary(b"01")  # the Gotalk version
-            header = gotalk.request_header(gotalk.MessageType.REQUEST, b"0001", "echo", 1000)
-            client.ws.send_binary(header)
-            client.flush()
-            for _ in range(100):  # each a whole, unfragmented message of one byte
-                client.ws.send_binary(b"y")
-            drip = client.ws.data_to_send()
-            assert await closed_while_dripping(client, drip, 2.0), (
-                "a request trickled a byte per WebSocket message held its connection"
-            )
-        finally:
-            client.writer.transport.abort()  # the server may have closed it already
+    async with ws_client() as client:
+        header = gotalk.request_header(gotalk.MessageType.REQUEST, b"0001", "echo", 1000)
+        client.ws.send_binary(header)
+        client.flush()
+        for _ in range(100):  # each a whole, unfragmented message of one byte
+            client.ws.send_binary(b"y")
+        drip = client.ws.data_to_send()
+        assert await closed_while_dripping(client, drip, 2.0), (
+            "a request trickled a byte per WebSocket message held its connection"
+        )
 
 
 def _ping(i: int) -> bytes:
