@@ -15,6 +15,7 @@ import pytest
 from websockets.frames import Close, CloseCode, Opcode
 
 import rpc
+from tests.rpc_helpers import wait_until
 from tests.test_web_hostile import RawClient, close_writer, recorder_server
 from transports.web_http import HttpOptions
 from wire import gotalk
@@ -121,17 +122,15 @@ async def test_a_frame_begun_while_we_hold_the_input_is_not_blamed_on_the_peer()
         client.ws.send_binary(b"z" * 1000)
         frame = b"".join(client.ws.data_to_send())
         client.writer.write(frame[:100])
-        async with asyncio.timeout(5):
-            while conn.input_rate is None or conn.input_rate.check.begun is None:
-                await asyncio.sleep(0.005)  # polls the server's read (no event for it)
+        # the server read them: its count began (no event says so)
+        rate = conn.input_rate
+        await wait_until(lambda: rate is not None and rate.check.begun is not None)
         sink = sinks[0]
         sink.transport.pause_reading()
         await asyncio.sleep(1.0)  # the hold being tested: we do not read for 1 s
         sink.transport.resume_reading()
         client.writer.write(frame[100:])
-        async with asyncio.timeout(5):
-            while b"".join(sink.data) != b"z" * 1000:
-                await asyncio.sleep(0.005)  # polls the sink (it has no event to wait on)
+        await wait_until(lambda: b"".join(sink.data) == b"z" * 1000)
         assert not sink.lost
         assert not any(f.opcode is Opcode.CLOSE for f in client.frames)
     finally:
