@@ -143,8 +143,10 @@ class InputFlow(Generic[K]):
                     return
                 if room and kept.waits_room(message):
                     held.reserved += kept.wait_room(message, kept.read_at)
-                    if kept.full:  # reading pauses until room comes back
-                        self._keep(messages, index + 1)
+                    if kept.full:  # reading pauses until room comes back; a turn for
+                        # what the rest holds that may run now (replies, cancellations):
+                        # the handlers holding the bytes may wait for it (as in _hold)
+                        self._keep(messages, index + 1, turn=index + 1 < len(messages))
                         return
                     continue
                 if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
