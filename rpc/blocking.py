@@ -85,8 +85,8 @@ default ``max_size``); :meth:`BlockingPeer.stream` takes its connection's ``max_
 
 
 _stopping: set[asyncio.Task[None]] = set()
-"""Pumps cancelled by a close that does not wait (held until done: the loop keeps only weak
-references to tasks)."""
+"""Pumps cancelled by a close that does not wait, and closes of clients an interrupted
+connect made (held until done: the loop keeps only weak references to tasks)."""
 
 
 def _cancel_soon(pump: asyncio.Task[None]) -> None:
@@ -315,8 +315,26 @@ def connect(url: str | Sequence[str], **kwargs: Any) -> BlockingPeer:
     """Blocking :func:`rpc.connect`; takes the same arguments (callbacks such as
     ``on_state`` run on the background loop's thread)."""
 
+    made: list[ReconnectingPeer | Peer] = []
+
     async def open_peer() -> ReconnectingPeer | Peer:
         peer: ReconnectingPeer | Peer = await async_connect(url, **kwargs)
+        made.append(peer)
         return peer
 
-    return BlockingPeer(_run(open_peer()))
+    try:
+        return BlockingPeer(_run(open_peer()))
+    except BaseException:
+        # interrupted: a connect that completed before _run's cancel reached the loop made
+        # a client nobody holds; closed after that cancel (one still running is cancelled)
+        with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
+            _background_loop().call_soon_threadsafe(_close_made, made)
+        raise
+
+
+def _close_made(made: list[ReconnectingPeer | Peer]) -> None:
+    """On the loop: close the clients an interrupted :func:`connect` made for nobody."""
+    for peer in made:
+        closing = asyncio.ensure_future(peer.close())
+        _stopping.add(closing)
+        closing.add_done_callback(_stopping.discard)

@@ -441,19 +441,27 @@ class ReconnectingPeer:
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Stop reconnecting and close the connection gracefully (waiting up to
-        ``drain_timeout`` for work in flight)."""
+        ``drain_timeout`` for work in flight). Cancelled meanwhile (a timeout around it,
+        an interrupted blocking ``close()``), it closes the connection at once and the
+        client is closed all the same."""
         if self._closing:
             await asyncio.shield(self.closed)
             return
         self._closing = True
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.wait([task])
-        peer = self._peer
-        if peer is not None:
-            await peer.close(drain_timeout=drain_timeout)
-        self._finish(None)
+        closing: Peer | None = None
+        try:
+            task = self._task
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.wait([task])
+            closing = self._peer
+            if closing is not None:
+                await closing.close(drain_timeout=drain_timeout)
+        finally:
+            peer = self._peer
+            if closing is None and peer is not None:  # cancelled before its close began
+                peer.abort()
+            self._finish(None)
 
     def abort(self) -> None:
         """Close the current connection now, dropping work in flight; the client then
