@@ -178,6 +178,8 @@ def _dialer(
         except TimeoutError:
             raise ConnectionClosed(f"connecting to {url} timed out") from None
         except (OSError, InvalidHandshake) as exc:  # refused, unreachable, TLS, WS handshake
+            if made.gave_up is not None:  # we cut it (no handshake in time): not the server
+                raise ConnectionClosed(f"cannot connect to {url}: {made.gave_up}") from exc
             cause = exc.__cause__ if isinstance(exc, TlsFailure) else exc
             raise _connect_error(url, parsed, exc) from cause
         if not isinstance(peer, Peer):

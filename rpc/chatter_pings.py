@@ -123,7 +123,7 @@ class ChatterPings:
                 peer.remote_address,
                 interval + self.timeout,
             )
-            peer.abort()
+            peer.abort(TimeoutError(f"no whole frame within {interval + self.timeout} s"))
             return
         self._send_ping()
         self._ping_sent_at = now
@@ -163,4 +163,4 @@ class ChatterPings:
             peer.remote_address,
             self.timeout,
         )
-        peer.abort()
+        peer.abort(TimeoutError(f"ping not answered within {self.timeout} s (ping_timeout)"))

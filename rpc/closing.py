@@ -37,6 +37,7 @@ class Closing:
     outbox: Outbox
     deadlines: Deadlines
     closed: asyncio.Future[BaseException | None]
+    gave_up: BaseException | None
     remote_address: Any
 
     if TYPE_CHECKING:
@@ -47,14 +48,18 @@ class Closing:
         def connection_lost(self, exc: BaseException | None) -> None: ...
 
     def abort(self, exc: BaseException | None = None) -> None:
-        """Close now, dropping work in flight. Queued bytes (a protocol's last word, such as
-        Gotalk's ``f`` message) still go out, then the connection is cut without waiting for
-        the peer's side of a closing handshake (a TLS close_notify, a WebSocket close frame):
-        a peer given up on is not waited for. Bytes the transport could not hand to the
-        socket at once have :data:`LINGER` s; a peer that has stopped reading is cut at once."""
+        """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
+        one given, where the reconnecting client and ``connect`` read it). Queued bytes (a
+        protocol's last word, such as Gotalk's ``f`` message) still go out, then the
+        connection is cut without waiting for the peer's side of a closing handshake (a TLS
+        close_notify, a WebSocket close frame): a peer given up on is not waited for. Bytes
+        the transport could not hand to the socket at once have :data:`LINGER` s; a peer
+        that has stopped reading is cut at once."""
         transport = self._transport
         if transport is None:
             return
+        if exc is not None and self.gave_up is None:
+            self.gave_up = exc
         if self.outbox.blocked or transport.is_closing():
             transport.abort()
             return

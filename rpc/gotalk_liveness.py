@@ -111,4 +111,4 @@ class GotalkLiveness:
             deadlines.set("read", deadlines.now() + timeout, self._read_due)
             return
         peer.outbox.push(self._fault(gotalk.ErrorCode.TIMEOUT))
-        peer.abort()
+        peer.abort(TimeoutError(f"nothing read within {timeout} s (read_timeout)"))

@@ -221,9 +221,9 @@ class InputFlow(Generic[K]):
         except ProtocolError as exc:
             self._violation(exc)
             return
-        except Exception:  # as in data_received: no half-dead connection, reading paused
+        except Exception as exc:  # as in data_received: no half-dead connection, reading paused
             log.exception("%s: unexpected error handling input; closing", self.protocol_name)
-            self.abort()
+            self.abort(exc)
             return
         finally:
             current_peer.reset(token)

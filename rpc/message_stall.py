@@ -85,7 +85,12 @@ class MessageStall:
         )
         if self._last_word is not None:
             peer.outbox.push(self._last_word())
-        peer.abort()
+        peer.abort(
+            TimeoutError(
+                f"{received} bytes in {seconds:.1f} s with a message unfinished"
+                " (under min_receive_rate)"
+            )
+        )
 
     def _due(self) -> None:
         if self._peer.is_open:

@@ -111,6 +111,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "call_bounds",
         "closed",
         "deadlines",
+        "gave_up",
         "middleware",
         "on_open",
         "options",
@@ -173,6 +174,10 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         """Free room for the application's per-connection data (e.g. a session)."""
         self.violation: Exception | None = None
         """Why we closed the connection when the peer broke the protocol (else None)."""
+        self.gave_up: BaseException | None = None
+        """Why this side cut the connection (the first reason :meth:`abort` was given): a
+        protocol violation, a handshake, liveness or input-rate limit, a failed ``on_open``
+        or an error of ours; None when the peer closed it, or we closed it without one."""
         self.middleware = (*self.options.middleware, *self.registry.middleware)
         """The middleware of calls served here, outermost first (fixed at connection time;
         our own calls go through ``options.middleware`` alone)."""
@@ -232,9 +237,9 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
                 result = self.on_open(self)
                 if inspect.isawaitable(result):
                     self._tasks.spawn(self._opening(result))
-            except Exception:
+            except Exception as exc:
                 refusals.exception("%s: on_open callback failed; closing", self.remote_address)
-                self.abort()
+                self.abort(exc)
             finally:
                 current_peer.reset(token)
         self.outbox.flush()
@@ -243,9 +248,9 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         """An async ``on_open``: its failure closes the connection, as a plain one's does."""
         try:
             await result
-        except Exception:
+        except Exception as exc:
             refusals.exception("%s: on_open callback failed; closing", self.remote_address)
-            self.abort()
+            self.abort(exc)
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the peer: what a stream transport read into the thread's shared
@@ -264,11 +269,11 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
                 outbox.release(flush=False)
             self._violation(exc)
             return
-        except Exception:  # a bug of ours must not leave a half-dead connection behind
+        except Exception as exc:  # a bug of ours must not leave a half-dead connection behind
             if held:
                 outbox.release(flush=False)
             log.exception("%s: unexpected error handling input; closing", self.protocol_name)
-            self.abort()
+            self.abort(exc)
             return
         if held:
             outbox.release()
@@ -315,13 +320,13 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
 
     def _handshake_due(self) -> None:
         if self.adapter.handshake_pending():
-            self.violation = TimeoutError("no handshake")
             timeout = self.options.handshake_timeout
+            self.violation = TimeoutError(f"no handshake within {timeout} s")
             name, address = self.protocol_name, self.remote_address
             violations.warning(
                 "%s peer %s sent nothing valid within %s s; closing", name, address, timeout
             )
-            self.abort()
+            self.abort(self.violation)
 
     # --- state ---------------------------------------------------------------------------
 

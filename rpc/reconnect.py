@@ -374,13 +374,13 @@ class ReconnectingPeer:
                 exc = await asyncio.shield(peer.closed)
                 proven = self._proven is not None
                 self._peer = self._proven = None
-                why = f"{self.url}: {peer.violation or exc or 'closed by the peer'}"
+                cause = peer.gave_up or exc or "closed by the peer"
+                why = f"{self.url}: {cause}"
                 lived = self._loop.time() - self._opened_at
                 if proven or lived >= self.policy.backoff.cap:
                     self._failures = self._rounds = 0  # it worked: back-off starts again
                 else:  # accepted, then closed before it answered: a failed attempt
                     self._failures += 1
-                    cause = peer.violation or exc or "closed by the peer"
                     why = f"{self.url} closed after {lived:.3f} s, before answering: {cause}"
                 if not await self._reconnect(why):
                     return
