@@ -14,15 +14,19 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import os
 import signal
 import ssl
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import rpc
-from rpc import loops, metrics_dir
+from rpc import loops, metrics_dir, workers_metrics
 from rpc.workers import freeze_startup_objects, serve_workers
 from transports.stream import server_ssl_context
 
@@ -35,6 +39,12 @@ EXIT_CONNECTION = 3
 EXIT_TIMEOUT = 4
 EXIT_REMOTE_ERROR = 5
 EXIT_RETRY = 6
+
+STOP_GRACE = 5.0
+"""Seconds a single-process ``peerwire serve`` gives what its handlers left running once its
+servers have closed (their drain and linger: about 10 s): a task that ignores cancellation,
+a thread it waits on, past which the process exits anyway (``--workers`` kills such a worker
+after as long, :data:`rpc.workers.KILL_GRACE`)."""
 
 
 class CliError(Exception):
@@ -114,20 +124,51 @@ def _start_metrics(address: str) -> tuple[Any, Any]:
         http, _ = metrics.start_http_server(host, port, registry=registry)
     except OSError as exc:
         raise CliError(f"cannot serve metrics on {address}: {exc}", EXIT_CONNECTION) from None
-    print(f"metrics on http://{host}:{http.server_port}/metrics", flush=True)
+    print(f"metrics on {workers_metrics.url_of(http.socket)}", flush=True)
     return collected, http
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Serve in this process, or with ``--workers N`` in N forked worker processes."""
-    if not (args.metrics and args.workers > 1):
-        return _serve(args)
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
-    # the multiprocess directory must be set before the served module might import
-    # prometheus_client; it is removed when serving ends
-    with metrics_dir.owned():
-        return _serve(args)
+    """Serve in this process, or with ``--workers N`` in N forked worker processes. A
+    SIGTERM while it starts (a slow import of the served module) ends it as SIGINT would,
+    what it set up undone (the metrics directory), until serving takes the signal over."""
+    with _stop_while_starting():
+        if not (args.metrics and args.workers > 1):
+            return _serve(args)
+        if importlib.util.find_spec("prometheus_client") is None:
+            raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
+        # the multiprocess directory must be set before the served module might import
+        # prometheus_client; it is removed when serving ends
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(metrics_dir.owned())
+            except OSError as exc:  # a PROMETHEUS_MULTIPROC_DIR of the user's it cannot make
+                raise CliError(f"cannot use {metrics_dir.ENV}: {exc}", EXIT_USAGE) from None
+            return _serve(args)
+
+
+@contextmanager
+def _stop_while_starting() -> Iterator[None]:
+    """SIGTERM raises SystemExit (exit 0) in the main thread for the block's life: its
+    default would end the process with nothing cleaned up. Serving installs handlers of its
+    own (the loop's, the supervisor's) over it."""
+
+    def stop(signum: int, frame: object) -> NoReturn:
+        raise SystemExit(EXIT_OK)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_now(why: str) -> None:
+    """End the process at once (what is still running would hold it): say why first."""
+    log.warning("%s; exiting now", why)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -148,7 +189,21 @@ def _serve(args: argparse.Namespace) -> int:
     except loops.LoopUnavailable as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     if args.workers == 1:
-        return loops.run(_serve_here(urls, registry, server_ctx, args.metrics), args.loop)
+        # the loop's end cancels the tasks left and waits for them, and for its executor's
+        # threads, without bound: a handler that ignores cancellation, or waits on a thread,
+        # would hold the process; past STOP_GRACE (armed once the servers closed) it ends
+        watchdog = threading.Timer(
+            STOP_GRACE,
+            _exit_now,
+            (f"work left by handlers still running {STOP_GRACE} s after closing",),
+        )
+        watchdog.daemon = True
+        try:
+            return loops.run(
+                _serve_here(urls, registry, server_ctx, args.metrics, watchdog), args.loop
+            )
+        finally:
+            watchdog.cancel()
     metrics = _host_port(args.metrics) if args.metrics else None
     try:
         serve_workers(
@@ -177,8 +232,13 @@ async def _serve_here(
     registry: rpc.Registry,
     server_ctx: ssl.SSLContext | None,
     metrics_address: str | None,
+    watchdog: threading.Timer,
 ) -> int:
     servers: list[rpc.Server] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # first: a stop once it says it listens is
+        loop.add_signal_handler(sig, stop.set)  # graceful (asked for as it starts: too)
     metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
     try:
         for url in urls:
@@ -193,15 +253,14 @@ async def _serve_here(
             servers.append(server)
             print(f"listening on {server.url}", flush=True)
         freeze_startup_objects()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("stopping: closing %d server(s)", len(servers))
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: no more waiting
+            loop.add_signal_handler(sig, _exit_now, f"{signal.Signals(sig).name} again")
     finally:
         await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
         if http is not None:
             http.shutdown()
             http.server_close()  # the listening socket too, not at the process's exit
+        watchdog.start()
     return EXIT_OK

@@ -37,9 +37,12 @@ def owned() -> Iterator[Path]:
     """A multiprocess directory for the life of the block: a new temporary one, set in the
     environment (so forked children inherit it) and removed with the variable at the end.
     When ``PROMETHEUS_MULTIPROC_DIR`` is set already, that directory is used and left as
-    it is (whoever set it owns it). RuntimeError as :func:`prepare`."""
+    it is (whoever set it owns it), made first if it does not exist (OSError when it
+    cannot be). RuntimeError as :func:`prepare`."""
     if os.environ.get(ENV):
-        yield Path(os.environ[ENV])
+        given = Path(os.environ[ENV])
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
         return
     path = prepare()
     try:

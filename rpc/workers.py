@@ -338,8 +338,10 @@ class _Supervisor:
             workers_metrics.worker_exited(process.pid)
         uptime = time.monotonic() - slot.started
         slot.quick_exits = 0 if uptime >= STABLE_AFTER else slot.quick_exits + 1
-        delay = 0.0 if not slot.quick_exits else BACKOFF_FIRST * 2 ** (slot.quick_exits - 1)
-        delay = min(delay, BACKOFF_MAX)
+        # the doubling stops at the cap: a float's 2 ** 1024 overflows (a worker failing at
+        # start for about 8.5 hours would have ended the supervisor)
+        doublings = min(slot.quick_exits - 1, 64)
+        delay = 0.0 if not slot.quick_exits else min(BACKOFF_FIRST * 2.0**doublings, BACKOFF_MAX)
         slot.restart_at = time.monotonic() + delay
         log.warning(
             "%s (pid %d) exited with %s after %.1f s; restarting in %.1f s",
