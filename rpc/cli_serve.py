@@ -218,7 +218,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except OSError as exc:
         where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
-        raise CliError(f"cannot listen on {where}: {exc}", EXIT_CONNECTION) from None
+        raise CliError(f"cannot serve {where}: {exc}", EXIT_CONNECTION) from None
     return EXIT_OK
 
 

@@ -288,6 +288,16 @@ def _describe_exit(code: int | None) -> str:
     return f"code {code}"
 
 
+def _backoff(quick_exits: int) -> float:
+    """Seconds before a process that failed ``quick_exits`` times in a row (each within
+    :data:`STABLE_AFTER` of its start) is started again: none after a stable run, then
+    :data:`BACKOFF_FIRST` doubling to :data:`BACKOFF_MAX` (the doubling stops there: a
+    float's ``2 ** 1024`` overflows, after about 8.5 hours of a worker failing at start)."""
+    if not quick_exits:
+        return 0.0
+    return min(BACKOFF_FIRST * 2.0 ** min(quick_exits - 1, 64), BACKOFF_MAX)
+
+
 class _Supervisor:
     def __init__(
         self,
@@ -338,10 +348,7 @@ class _Supervisor:
             workers_metrics.worker_exited(process.pid)
         uptime = time.monotonic() - slot.started
         slot.quick_exits = 0 if uptime >= STABLE_AFTER else slot.quick_exits + 1
-        # the doubling stops at the cap: a float's 2 ** 1024 overflows (a worker failing at
-        # start for about 8.5 hours would have ended the supervisor)
-        doublings = min(slot.quick_exits - 1, 64)
-        delay = 0.0 if not slot.quick_exits else min(BACKOFF_FIRST * 2.0**doublings, BACKOFF_MAX)
+        delay = _backoff(slot.quick_exits)
         slot.restart_at = time.monotonic() + delay
         log.warning(
             "%s (pid %d) exited with %s after %.1f s; restarting in %.1f s",
@@ -409,7 +416,22 @@ class _Supervisor:
             now = time.monotonic()
             for slot in self.slots:
                 if slot.restart_at is not None and slot.restart_at <= now:
-                    self._start(slot, pipes)
+                    self._restart(slot, pipes)
+
+    def _restart(self, slot: _Slot, pipes: _Pipes) -> None:
+        """Start ``slot``'s process again; a fork that fails (EAGAIN, ENOMEM: the machine
+        is short of processes or memory) is tried again after the back-off of a quick
+        exit, instead of ending the supervisor and every worker with it."""
+        try:
+            self._start(slot, pipes)
+        except OSError as exc:
+            slot.process = None
+            slot.quick_exits += 1
+            delay = _backoff(slot.quick_exits)
+            slot.restart_at = time.monotonic() + delay
+            log.warning(
+                "%s could not be started (%s); trying again in %.1f s", slot.name, exc, delay
+            )
 
     def _stop_all(self) -> None:
         live = [s.process for s in self.slots if s.process is not None]
