@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from rpc.deadlines import Deadlines
+from rpc.logs import cuts
 from rpc.outbox import Outbox
 
 if TYPE_CHECKING:
@@ -114,11 +115,21 @@ class Closing:
                 pending.append(drained)
             if pending:
                 try:
-                    await asyncio.wait(pending, timeout=drain_timeout)
+                    _, left = await asyncio.wait(pending, timeout=drain_timeout)
                 except asyncio.CancelledError:  # the caller stopped waiting, not closing
                     if self._transport is not None:
                         self._close_transport()
                     raise
+                if left and self._transport is not None:
+                    cuts.warning(
+                        "%s peer %s: %d handler(s) and %d call(s) of ours still running "
+                        "after the %s-s drain are cut",
+                        self.protocol_name,
+                        self.remote_address,
+                        self._runner.jobs + sum(1 for task in self._tasks if task not in closers),
+                        sum(1 for c in self._calls.values() if c.future in left),
+                        drain_timeout,
+                    )
             if self._transport is not None:
                 self._close_transport()
             await asyncio.shield(self.closed)
