@@ -13,12 +13,14 @@ object is built, on the driver.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
 from pyspark.sql.types import DataType
 
+from rpc.spark.frames import ON_ERROR, REQUEST_SHAPES
 from rpc.spark.stats import CallStats
 from rpc.spark.worker import Tls
 
@@ -45,6 +47,12 @@ class FrameOptions:
     into: str = DEFAULT_INTO
     """The column the ``*_frame`` functions add (ignored by ``call`` / ``apply``, whose
     column is named after the op)."""
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, not {self.on_error!r}")
+        if self.request is not None and self.request not in REQUEST_SHAPES:
+            raise ValueError(f"request must be one of {REQUEST_SHAPES}, not {self.request!r}")
 
     @classmethod
     def of(cls, options: Self | None, keywords: Mapping[str, Any]) -> Self:
@@ -80,8 +88,17 @@ class CallOptions(FrameOptions):
     """Keyword arguments of the protocol peer (``ping_interval``, ...)."""
 
     def __post_init__(self) -> None:
+        super(CallOptions, self).__post_init__()  # (slots: no zero-argument super)
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        if self.timeout is not None and not _positive(self.timeout):
+            raise ValueError(
+                f"timeout must be a positive number of seconds or None: {self.timeout!r}"
+            )
+        if not _positive(self.connect_timeout):
+            raise ValueError(f"connect_timeout must be positive: {self.connect_timeout!r}")
+        if not (math.isfinite(self.retry_for) and math.isfinite(self.backoff)):
+            raise ValueError("retry_for and backoff must be finite")
         if min(self.retry_for, self.backoff, self.retries or 0) < 0:
             raise ValueError("retry_for, retries and backoff must not be negative")
 
@@ -94,5 +111,11 @@ class ApplyOptions(FrameOptions):
     """Coroutine handlers running at once per Python worker."""
 
     def __post_init__(self) -> None:
+        super(ApplyOptions, self).__post_init__()  # (slots: no zero-argument super)
         if self.max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
+
+
+def _positive(seconds: float) -> bool:
+    """A finite number of seconds above 0 (NaN and infinity are not)."""
+    return math.isfinite(seconds) and seconds > 0

@@ -184,24 +184,30 @@ class Link:
             finally:
                 self._waiters -= 1
 
-    def settled(self, peer: Peer) -> None:
-        """The probe's call on ``peer`` ended: a peer still open has answered (the outage
-        is over); one closed meanwhile never did (a failed attempt, the outage goes on)."""
+    def settled(self, peer: Peer, answered: bool) -> None:
+        """The probe's call on ``peer`` ended: ``answered`` (a result, an error or a retry
+        result came back) on a peer still open ends the outage; else it is a failed
+        attempt and the outage goes on: a connection closed meanwhile, or one that left
+        the call unanswered (its timeout: a frozen process, a proxy with nothing behind
+        it; a Chatter server has no handshake to fail first), which is closed."""
         if peer is self._peer and self._probing:
             self._probing = False
-            self._proven = peer.is_open
+            self._proven = answered and peer.is_open
             if self._proven:
                 self._outage_ends()
+            elif peer.is_open:
+                peer.abort(ConnectionClosed("its first call was not answered"))
+                self._closed_unanswered("connection did not answer its first call")
             else:
                 self._closed_unanswered()
             news, self._news = self._news, self._loop.create_future()
             news.set_result(None)
 
-    def _closed_unanswered(self) -> None:
-        """The new connection closed before answering: count a failed attempt and start
-        the reconnect task, which backs off before its first attempt."""
+    def _closed_unanswered(self, why: str = "connection closed before answering") -> None:
+        """The new connection closed, or was given up on, before answering: count a failed
+        attempt and start the reconnect task, which backs off before its first attempt."""
         self._peer = None
-        self._failed(ConnectionClosed("connection closed before answering"))
+        self._failed(ConnectionClosed(why))
         if self._task is None:
             self._task = self._loop.create_task(self._reconnect())
 

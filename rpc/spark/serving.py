@@ -72,6 +72,12 @@ class SparkBatcher:
         batch's requests fail with a timeout error; the next batch's job starts at once."""
         if not job_timeout > 0:
             raise ValueError(f"job_timeout must be positive: {job_timeout!r}")
+        if max_batch < 1 or max_pending < 1:  # a batch of none would never let the loop go
+            raise ValueError(
+                f"max_batch and max_pending must be at least 1: {max_batch}, {max_pending}"
+            )
+        if not max_wait >= 0:
+            raise ValueError(f"max_wait must not be negative: {max_wait!r}")
         parsed: DataType | None = parse_type(schema)
         if not isinstance(parsed, StructType):
             raise TypeError(f"schema must describe a struct (the request's fields): {schema!r}")

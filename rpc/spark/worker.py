@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from rpc import loops
 from rpc.api import connect
 from rpc.backoff import full_jitter
-from rpc.errors import ConnectionClosed, RetryLater, RpcError
+from rpc.errors import ConnectionClosed, RequestTimeout, RetryLater, RpcError
 from rpc.payload import PayloadError
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
@@ -294,23 +294,30 @@ def make_caller(
                     return None, describe(exc)
                 if not peer.is_open:
                     if probe:
-                        link.settled(peer)
+                        link.settled(peer, answered=False)
                     continue  # closed while this call was being woken: not sent
             # sent from here on (unless the transport's buffer is full and the connection
             # dies while the request waits for room: then it counts as lost too)
+            answered = False  # a result, an error or a retry result came back
             try:
-                return await peer.request(policy.op, value, timeout=policy.timeout), None
+                result = await peer.request(policy.op, value, timeout=policy.timeout)
+                answered = True
+                return result, None
             except RetryLater as exc:  # the peer did not run it: safe to send again
+                answered = True
                 error, wait = describe(exc), exc.wait
             except ConnectionClosed:
                 if not policy.idempotent:
                     return None, lost
                 error, wait = lost, 0.0
+            except RequestTimeout as exc:
+                return None, describe(exc)
             except (RpcError, PayloadError) as exc:
+                answered = True
                 return None, describe(exc)
             finally:
                 if probe:
-                    link.settled(peer)
+                    link.settled(peer, answered)
             if policy.retries is not None and resends >= policy.retries:
                 return None, error
             wait = max(wait, full_jitter(resends + 1, policy.backoff, policy.max_backoff))
