@@ -64,6 +64,7 @@ from rpc.deadlines import EARLY
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
+from wire.errors import MessageTooLarge
 
 log = logging.getLogger("peerwire.rpc")
 
@@ -193,7 +194,8 @@ class ReconnectingPeer:
     ) -> Coroutine[Any, Any, Any]:
         """:meth:`Peer.request <rpc.peer.Peer.request>` on the current connection, waiting
         for one within ``timeout``. ``idempotent=True``: the request may run twice, and is
-        sent again if the connection drops while it is in flight.
+        sent again if the connection drops while it is in flight (not when we cut it on a
+        message over ``max_size``, which may be its answer: that would only come again).
 
         Returns a coroutine to await. On a connection that is open and has answered, a
         request that is not idempotent is the connection's own ``request`` (its result and
@@ -228,9 +230,14 @@ class ReconnectingPeer:
             left = deadline - loop.time() if chosen or waited else None
             try:
                 reply = await peer.request(op, value, timeout=left, raw=raw)
-            except ConnectionClosed:
+            except ConnectionClosed as exc:
                 if not idempotent or self._closing:
                     raise
+                if isinstance(peer.gave_up, MessageTooLarge):  # its answer may be that message:
+                    raise ConnectionClosed(  # sent again, it would come back as large
+                        f"{op}: the connection was cut on a message over max_size "
+                        f"({peer.gave_up}); not sent again"
+                    ) from exc
                 log.debug("%s: connection to %s lost in flight; sending it again", op, self.url)
                 continue
             except (RemoteError, RetryLater):

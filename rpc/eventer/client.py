@@ -250,8 +250,12 @@ class Client:
         self, events: Sequence[RegisterEvent], with_response: bool = False
     ) -> list[Event] | None:
         """Register one session. With a response: its events, or None if the server
-        refused them; without: None once sent. Raises :class:`RegistrationTooLarge` (nothing
-        sent) if the request, or the events it would bring back, exceed ``max_size``."""
+        refused them; without: None once sent, after waiting (up to ``timeout``, then
+        RequestTimeout, nothing sent) while the connection's output is over its
+        ``high_water``, as a request waits: a server that stopped reading would otherwise
+        leave every registration buffered here. Raises :class:`RegistrationTooLarge`
+        (nothing sent) if the request, or the events it would bring back, exceed
+        ``max_size``."""
         data = common.encode(MSG_REGISTER_REQ, [common.register_event_to_sbs(e) for e in events])
         size = len(data) + len(events) * common.MAX_EVENT_GROWTH + common.ENVELOPE_RESERVE
         if size > self.max_size:
@@ -261,6 +265,14 @@ class Client:
             )
         peer = await self._ready_peer()
         if not with_response:
+            if peer.outbox.blocked:
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        await peer.drain()
+                except TimeoutError:
+                    raise rpc.RequestTimeout(
+                        f"register: the server took none of our output for {self.timeout} s"
+                    ) from None
             peer.notify(MSG_REGISTER_REQ, data)
             return None
         # not idempotent: lost in flight, it fails (the server may have registered it)
