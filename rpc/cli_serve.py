@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -164,10 +165,13 @@ def _stop_while_starting() -> Iterator[None]:
 
 
 def _exit_now(why: str) -> None:
-    """End the process at once (what is still running would hold it): say why first."""
-    log.warning("%s; exiting now", why)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """End the process at once (what is still running would hold it): say why first. A
+    stream that cannot be flushed (a pipe whose reader is gone) must not stop the exit."""
+    with contextlib.suppress(Exception):
+        log.warning("%s; exiting now", why)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(EXIT_OK)
 
 
@@ -190,8 +194,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     if args.workers == 1:
         # the loop's end cancels the tasks left and waits for them, and for its executor's
-        # threads, without bound: a handler that ignores cancellation, or waits on a thread,
-        # would hold the process; past STOP_GRACE (armed once the servers closed) it ends
+        # threads, and the interpreter's exit waits for every other pool's threads and
+        # non-daemon thread, all without bound: a handler that ignores cancellation, or
+        # waits on a thread, would hold the process. Past STOP_GRACE after the servers
+        # closed, it ends: the timer stays armed through the exit (a daemon thread, gone
+        # with the process), so this is for the CLI's process only
         watchdog = threading.Timer(
             STOP_GRACE,
             _exit_now,
@@ -202,8 +209,9 @@ def _serve(args: argparse.Namespace) -> int:
             return loops.run(
                 _serve_here(urls, registry, server_ctx, args.metrics, watchdog), args.loop
             )
-        finally:
-            watchdog.cancel()
+        except BaseException:
+            watchdog.cancel()  # not stopped by a signal: an error, said as usual
+            raise
     metrics = _host_port(args.metrics) if args.metrics else None
     try:
         serve_workers(

@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from rpc.deadlines import Deadlines
+from rpc.errors import ConnectionClosed
 from rpc.logs import cuts
 from rpc.outbox import Outbox
 
@@ -50,7 +51,8 @@ class Closing:
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
-        one given, where the reconnecting client and ``connect`` read it). Queued bytes (a
+        reason given, where the reconnecting client and ``connect`` read it; without one,
+        "aborted by this side"). Queued bytes (a
         protocol's last word, such as Gotalk's ``f`` message) still go out, then the
         connection is cut without waiting for the peer's side of a closing handshake (a TLS
         close_notify, a WebSocket close frame): a peer given up on is not waited for. Bytes
@@ -59,8 +61,8 @@ class Closing:
         transport = self._transport
         if transport is None:
             return
-        if exc is not None and self.gave_up is None:
-            self.gave_up = exc
+        if self.gave_up is None:
+            self.gave_up = exc if exc is not None else ConnectionClosed("aborted by this side")
         if self.outbox.blocked or transport.is_closing():
             transport.abort()
             return
@@ -101,6 +103,8 @@ class Closing:
         if self._transport is None and not self.closed.done():
             self.connection_lost(None)  # never opened (a TLS handshake still running)
             return
+        if self.gave_up is None:
+            self.gave_up = ConnectionClosed("closed by this side")
         current = asyncio.current_task(self._loop)
         closers = self._closers
         if current is not None:

@@ -69,6 +69,7 @@ from rpc.stream_hold import RoomStall, StreamHold
 from rpc.streaming import ResultWait, StreamQueue
 from rpc.tasks import TaskSet
 from transports.read_buffer import SharedBufferProtocol
+from transports.stream import ClosedHere
 from wire.errors import ProtocolError
 
 # (the "x as x" imports above: names read as rpc.peer.<name>, e.g. by rpc.intercept)
@@ -175,9 +176,10 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self.violation: Exception | None = None
         """Why we closed the connection when the peer broke the protocol (else None)."""
         self.gave_up: BaseException | None = None
-        """Why this side cut the connection (the first reason :meth:`abort` was given): a
-        protocol violation, a handshake, liveness or input-rate limit, a failed ``on_open``
-        or an error of ours; None when the peer closed it, or we closed it without one."""
+        """Why this side ended the connection (the first reason :meth:`abort` was given, or
+        an abort or graceful :meth:`close` without one): a protocol violation, a handshake,
+        liveness or input-rate limit, a failed ``on_open``, an error of ours; None when the
+        peer closed it."""
         self.middleware = (*self.options.middleware, *self.registry.middleware)
         """The middleware of calls served here, outermost first (fixed at connection time;
         our own calls go through ``options.middleware`` alone)."""
@@ -282,6 +284,8 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         return False  # half-closed peers are closed: nothing more can be answered to them
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if isinstance(exc, ClosedHere) and self.gave_up is None:
+            self.gave_up = exc  # a limit of the transport's (WebSocket): ours, not the peer's
         self._transport = None
         self.deadlines.close()
         self.call_bounds.clear()

@@ -474,7 +474,7 @@ class ReconnectingPeer:
         """Close the current connection now, dropping work in flight; the client then
         reconnects like after any drop (:meth:`close` stops it)."""
         if self._peer is not None:
-            self._peer.abort()
+            self._peer.abort(ConnectionClosed("aborted by this client"))
 
     def __repr__(self) -> str:
         return f"<ReconnectingPeer {self.url} {self.connection_state.value}>"

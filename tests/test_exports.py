@@ -125,6 +125,7 @@ EXPORTS = {
     "transports.stream": [
         "ByteSink",
         "ClosedBeforeReply",
+        "ClosedHere",
         "ProtocolFactory",
         "TLS_SHUTDOWN_TIMEOUT",
         "TlsFailure",

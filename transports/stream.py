@@ -63,6 +63,12 @@ class ClosedBeforeReply(ConnectionError):
     """The peer closed the connection before its first byte."""
 
 
+class ClosedHere(ConnectionError):
+    """This side's transport closed the connection on a limit of its own (a WebSocket close
+    code it sent: input too slow, keepalive ping timeout, a message too large): what the
+    protocol above hears in ``connection_lost``, so that it is not taken for the peer's."""
+
+
 _UNKNOWN_CA_CODES = frozenset({2, 18, 19, 20, 21})
 """OpenSSL verify codes meaning "signed by no CA we trust" (X509_V_ERR_...)."""
 _NAME_MISMATCHES = frozenset({62, 64})
@@ -391,6 +397,7 @@ __all__ = [
     "TLS_SHUTDOWN_TIMEOUT",
     "ByteSink",
     "ClosedBeforeReply",
+    "ClosedHere",
     "ProtocolFactory",
     "TlsFailure",
     "TlsServer",

@@ -37,7 +37,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from transports.read_buffer import SharedBufferProtocol
-from transports.stream import ByteSink
+from transports.stream import ByteSink, ClosedHere
 from transports.ws_input_rate import WsInputRate
 from transports.ws_transport import WebSocketTransport
 
@@ -215,9 +215,14 @@ class Connection(SharedBufferProtocol):
         self._held = []
         sink, self.sink = self.sink, None
         if sink is not None:
-            rcvd = self.ws.close_rcvd
-            error = None
-            if rcvd is None or rcvd.code not in (1000, 1001):
+            ws = self.ws
+            rcvd, sent = ws.close_rcvd, ws.close_sent
+            error: ConnectionError | None = None
+            if sent is not None and sent.code not in (1000, 1001) and not ws.close_rcvd_then_sent:
+                # we failed it (a limit of ours: input rate, keepalive, a frame too large)
+                error = ClosedHere(f"WebSocket closed by this side: {sent}")
+                error.__cause__ = exc
+            elif rcvd is None or rcvd.code not in (1000, 1001):
                 error = ConnectionError(f"WebSocket closed: {rcvd or 'no close frame'}")
                 error.__cause__ = exc
             sink.connection_lost(error)
