@@ -2,11 +2,13 @@
 
 Relative paths in the file (``database``, ``tls.*``) are relative to the file's folder, so
 a config can travel with its database. Unknown keys are errors (a typo must not silently
-fall back to a default).
+fall back to a default), and so are values the server cannot use: integers beyond int64,
+an ``ack_timeout`` that is not a finite positive number, paths holding a NUL.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -14,6 +16,15 @@ from typing import Literal
 import msgspec
 
 from rpc.url import UrlError, parse_url
+
+INT64_MAX = 2**63 - 1
+"""Largest integer the server can use: ids are SBS Integers and SQLite INTEGERs (int64)."""
+_MINIMUMS = {
+    "max_query_results": 1,
+    "max_client_backlog": 1,
+    "max_pending_bytes": 1,
+    "max_message_size": 4096,
+}
 
 
 class ConfigError(ValueError):
@@ -80,16 +91,23 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
                 raise ConfigError(f"listen: {url!r} is not a Chatter (tcp+sbs/ssl+sbs) URL")
             if parsed.tls and self.tls is None:
                 raise ConfigError(f"listen: {url!r} needs a [tls] section (cert, key)")
-        if self.max_query_results < 1:
-            raise ConfigError("max_query_results must be at least 1")
-        if self.ack_timeout <= 0:
-            raise ConfigError("ack_timeout must be positive")
-        if self.max_client_backlog < 1:
-            raise ConfigError("max_client_backlog must be at least 1")
-        if self.max_pending_bytes < 1:
-            raise ConfigError("max_pending_bytes must be at least 1")
-        if self.max_message_size < 4096:
-            raise ConfigError("max_message_size must be at least 4096")
+        if not -INT64_MAX - 1 <= self.server_id <= INT64_MAX:
+            raise ConfigError("server_id must be an int64 (-2**63 to 2**63 - 1)")
+        if not (math.isfinite(self.ack_timeout) and self.ack_timeout > 0):
+            raise ConfigError("ack_timeout must be a positive number of seconds (not nan/inf)")
+        for key, minimum in _MINIMUMS.items():
+            if not minimum <= getattr(self, key) <= INT64_MAX:
+                raise ConfigError(f"{key} must be from {minimum} to {INT64_MAX} (int64)")
+        if not self.database:
+            raise ConfigError("database: give a file path (or ':memory:')")
+        paths = [("database", self.database)]
+        if self.tls is not None:
+            paths += [
+                (f"tls.{key}", getattr(self.tls, key)) for key in ("cert", "key", "client_ca")
+            ]
+        for key, path in paths:
+            if path is not None and "\0" in path:
+                raise ConfigError(f"{key}: a path cannot hold a NUL character")
 
 
 def config_from_dict(data: dict[str, object], base: Path | None = None) -> ServerConfig:
