@@ -22,6 +22,12 @@ Layout (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
 Version 1 databases (integer, clamped ``source_ts``) are migrated on open: each key is
 recomputed from the event's stored bytes, in the same transaction as the version change.
 
+One server per file: an open store holds an exclusive ``flock`` on its database
+(:func:`~rpc.eventer.dbfile.lock`) until :meth:`Store.close`, so a second one fails at
+:meth:`Store.open` (``in use by another process``). Version 0 files with tables (another
+application's) are refused untouched. Pages are not checked at open (the cost of
+``PRAGMA quick_check`` grows with the file): what touches a damaged page fails.
+
 Result sizes: every query method stops reading once its rows exceed ``max_bytes`` (a
 timeseries or server result is cut there and reports more; a latest result raises
 :class:`ResultTooLarge`), so a query never holds more than one message's worth of rows.
@@ -48,7 +54,7 @@ from typing import Any
 
 import msgspec
 
-from rpc.eventer import common
+from rpc.eventer import common, dbfile
 from rpc.eventer.common import EventId, EventType
 
 log = logging.getLogger("peerwire.eventer.store")
@@ -156,71 +162,107 @@ class Store:
         self.sync = sync.upper()
         if self.sync not in ("FULL", "NORMAL", "EXTRA"):
             raise ValueError(f"sync must be full, normal or extra, not {sync!r}")
+        if "\0" in self.path:
+            raise ValueError("the database path holds a NUL character")
         self.single_connection = self.path == ":memory:"
         self._writer: sqlite3.Connection | None = None
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._checkpointer: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        self._lock_fd: int | None = None
+        """Holds the database's flock from :meth:`open` to :meth:`close` (not ``:memory:``)."""
 
     # --- writer thread -----------------------------------------------------------------
 
     def open(self, server_id: int) -> StoreState:
-        """Open (or create) the database. Raises :class:`StoreError` naming the path and
-        the reason when it cannot be opened or is not an eventer database."""
+        """Open (or create) the database and lock it (``flock``, held until :meth:`close`;
+        the kernel drops it when the process dies). Raises :class:`StoreError` naming the
+        path and the reason when it cannot be opened, is in use by another process or is
+        not an eventer database (left untouched)."""
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            reason = _open_failure(self.path, exc)
+            reason = dbfile.open_failure(self.path, exc)
             raise StoreError(f"cannot open database {self.path}: {reason}") from exc
         try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            if version not in (0, 1, SCHEMA_VERSION) or (version == 0 and "events" in tables):
-                raise StoreError(
-                    f"{self.path}: schema version {version}, expected {SCHEMA_VERSION}"
-                )
             if not self.single_connection:
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if mode.lower() != "wal":
-                    raise StoreError(f"{self.path}: cannot switch to WAL mode ({mode})")
-            if not self.single_connection:
-                # checkpoints run on their own connection (checkpoint()), off the commit path
-                conn.execute("PRAGMA wal_autocheckpoint=0")
-            conn.execute(f"PRAGMA synchronous={self.sync}")
-            conn.execute("PRAGMA cache_size=-65536")
-            conn.execute("PRAGMA temp_store=MEMORY")
-            # one transaction: tables, indexes and the version appear together or not at all
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if version == 1:
-                    _migrate_source_keys(conn)
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            types = [
-                (type_id, tuple(_type_decoder.decode(text)))
-                for type_id, text in conn.execute("SELECT id, type FROM event_types ORDER BY id")
-            ]
-            last = conn.execute(
-                "SELECT session, ts FROM events WHERE server = ? "
-                "ORDER BY session DESC, instance DESC LIMIT 1",
-                (server_id,),
-            ).fetchone()
-        except sqlite3.DatabaseError as exc:
+                self._lock_fd = self._flock()
+            state = self._prepare(conn, server_id)
+        except BaseException as exc:
             conn.close()
-            raise StoreError(f"{self.path}: {exc}") from exc
-        except BaseException:
-            conn.close()
+            self._unlock()
+            if isinstance(exc, sqlite3.DatabaseError):
+                reason = dbfile.write_failure(self.path, exc)
+                raise StoreError(f"cannot open database {self.path}: {reason}") from exc
             raise
         self._writer = conn
+        return state
+
+    def _prepare(self, conn: sqlite3.Connection, server_id: int) -> StoreState:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, 1, SCHEMA_VERSION):
+            raise StoreError(
+                f"cannot open database {self.path}: schema version {version}, "
+                f"expected {SCHEMA_VERSION}"
+            )
+        if version == 0 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone():
+            # another application's file (a new one has no tables): never write into it
+            raise StoreError(
+                f"cannot open database {self.path}: not an Eventer database "
+                "(schema version 0 with tables of its own)"
+            )
+        if not self.single_connection:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreError(
+                    f"cannot open database {self.path}: cannot switch to WAL mode ({mode})"
+                )
+            # checkpoints run on their own connection (checkpoint()), off the commit path
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute(f"PRAGMA synchronous={self.sync}")
+        conn.execute("PRAGMA cache_size=-65536")
+        conn.execute("PRAGMA temp_store=MEMORY")
+        # one transaction: tables, indexes and the version appear together or not at all
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if version == 1:
+                _migrate_source_keys(conn)
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        types = [
+            (type_id, tuple(_type_decoder.decode(text)))
+            for type_id, text in conn.execute("SELECT id, type FROM event_types ORDER BY id")
+        ]
+        last = conn.execute(
+            "SELECT session, ts FROM events WHERE server = ? "
+            "ORDER BY session DESC, instance DESC LIMIT 1",
+            (server_id,),
+        ).fetchone()
         return StoreState(types, last[0] if last else 0, last[1] if last else None)
+
+    def _flock(self) -> int:
+        """One server per database: it hands out session and type ids from what it read
+        at open, so a second one on the same file would hand out the same."""
+        try:
+            return dbfile.lock(self.path)
+        except BlockingIOError:
+            reason = "in use by another process"
+        except OSError as exc:
+            reason = f"cannot lock it ({exc.strerror})"
+        raise StoreError(f"cannot open database {self.path}: {reason}")
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # drops the flock
+            self._lock_fd = None
 
     def write(
         self, types: list[tuple[int, EventType]], rows: list[Row], latest: list[LatestRow]
@@ -268,6 +310,7 @@ class Store:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        self._unlock()
 
     # --- readers -----------------------------------------------------------------------
 
@@ -322,7 +365,7 @@ class Store:
         if last_event_id is None:
             rows = conn.execute(
                 "SELECT data FROM events WHERE server = ? ORDER BY session, instance LIMIT ?",
-                (server_id, limit + 1),
+                (server_id, _one_past(limit)),
             )
         else:
             rows = conn.execute(
@@ -333,7 +376,7 @@ class Store:
                     last_event_id.session,
                     last_event_id.session,
                     last_event_id.instance,
-                    limit + 1,
+                    _one_past(limit),
                 ),
             )
         try:
@@ -353,7 +396,7 @@ class Store:
             return [], False
         col = "source_ts" if q.by_source else "ts"
         where: list[str] = []
-        params: dict[str, Any] = {"limit": q.limit + 1}
+        params: dict[str, Any] = {"limit": _one_past(q.limit)}
         if q.by_source:
             where.append("source_ts IS NOT NULL")
         for name, column, op in (
@@ -439,6 +482,12 @@ class Store:
                 cursor.close()  # type: ignore[attr-defined]
 
 
+def _one_past(limit: int) -> int:
+    """The SQL ``LIMIT`` that reads one row past ``limit`` (to tell whether more follow),
+    within SQLite's int64: a limit of 2**63 - 1 reads them all anyway."""
+    return min(limit + 1, 2**63 - 1)
+
+
 def _take(blobs: Iterator[bytes], limit: int, max_bytes: int) -> tuple[list[bytes], bool]:
     """Up to ``limit`` (-1: any number of) blobs totalling at most ``max_bytes``, and
     whether any is left; reads at most one blob past the cut."""
@@ -452,20 +501,6 @@ def _take(blobs: Iterator[bytes], limit: int, max_bytes: int) -> tuple[list[byte
             return taken, True
         taken.append(blob)
     return taken, False
-
-
-def _open_failure(path: str, exc: sqlite3.Error) -> str:
-    """Why SQLite could not open ``path`` (its own text says only "unable to open")."""
-    target = Path(path)
-    if target.is_dir():
-        return "it is a directory"
-    if not target.parent.is_dir():
-        return f"no such directory {target.parent}"
-    if target.exists() and not os.access(target, os.R_OK | os.W_OK):
-        return "permission denied"
-    if not target.exists() and not os.access(target.parent, os.W_OK | os.X_OK):
-        return f"permission denied to create it in {target.parent}"
-    return str(exc)
 
 
 def _migrate_source_keys(conn: sqlite3.Connection) -> None:
