@@ -3,7 +3,8 @@
 The config file is JSON or TOML (``.toml``); see :mod:`rpc.eventer.config` for the keys.
 Prints ``listening on URL`` per bound URL, runs until SIGINT/SIGTERM, then stops cleanly
 (clients get STOPPING, queued registrations are committed). Exit codes: 0 stopped,
-2 bad config, 3 cannot listen or open the database.
+2 bad config (TLS files that cannot be loaded included), 3 cannot listen or open the
+database (or it is in use by another process).
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ def run_serve(args: argparse.Namespace) -> int:
         loops.run(run(), args.loop)
     except loops.LoopUnavailable as exc:
         print(f"peerwire eventer: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ConfigError as exc:  # TLS files that cannot be loaded
+        print(f"peerwire eventer: bad config: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (OSError, StoreError) as exc:
         print(f"peerwire eventer: {exc}", file=sys.stderr)

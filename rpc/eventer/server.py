@@ -36,7 +36,7 @@ from rpc.eventer.codec import (
     peer_repository,
     register_event_to_sbs,
 )
-from rpc.eventer.config import ServerConfig
+from rpc.eventer.config import ConfigError, ServerConfig, TlsConfig
 from rpc.eventer.fanout import ClientInfo
 from rpc.eventer.service import Service
 from rpc.eventer.store import ResultTooLarge, Store
@@ -50,14 +50,18 @@ from rpc.eventer.values import (
     RegisterEvent,
     Status,
 )
-from transports.stream import server_ssl_context
 
-__all__ = ["ClientInfo", "EventerServer", "serve_forever"]
+__all__ = ["ClientInfo", "EventerServer", "ListenError", "serve_forever"]
 
 log = logging.getLogger("peerwire.eventer.server")
 
 STOP_FLUSH_TIMEOUT = 1.0
 """Seconds ``close`` waits for ack-paced clients to take their last notifications."""
+
+
+class ListenError(OSError):
+    """An address the server cannot listen on; the message names its URL and the reason
+    (``cannot listen on URL: reason``), the original error is its ``__cause__``."""
 
 
 class EventerServer:
@@ -99,19 +103,19 @@ class EventerServer:
         return self._started().registry
 
     async def start(self) -> EventerServer:
-        """Open the database, register STARTED, then listen. Raises
-        :class:`~rpc.eventer.store.StoreError` for a database it cannot use, OSError for
-        an address it cannot listen on."""
+        """Load the TLS files, open the database, register STARTED, then listen. Raises
+        :class:`~rpc.eventer.config.ConfigError` for TLS files it cannot load,
+        :class:`~rpc.eventer.store.StoreError` for a database it cannot use,
+        :class:`ListenError` (an OSError) for an address it cannot listen on."""
         if self._service is not None:
             raise RuntimeError("EventerServer.start: already started")
+        ctx = self._ssl
+        if ctx is None and self.config.tls is not None:
+            ctx = tls_context(self.config.tls)  # before the database: nothing to undo
         service = self._service = await Service.open(self.config, self._store)
         try:
             if self.config.system_events:
                 await service.register_system(("engine",), "STARTED")
-            ctx = self._ssl
-            if ctx is None and self.config.tls is not None:
-                tls = self.config.tls
-                ctx = server_ssl_context(tls.cert, tls.key, client_cafile=tls.client_ca)
             options = rpc.Options(  # max_concurrent: the default, 1,024 per connection
                 timeout=self.config.ack_timeout, max_size=self.config.max_message_size
             )
@@ -124,7 +128,10 @@ class EventerServer:
                     sbs_repo=peer_repository(),
                     retry_results=False,  # Hat clients cannot decode PeerwireRpc.Retry
                 )
-                await server.start()
+                try:
+                    await server.start()
+                except OSError as exc:
+                    raise ListenError(f"cannot listen on {url}: {exc.strerror or exc}") from exc
                 self.servers.append(server)
                 log.info("eventer server %d listening on %s", self.server_id, server.url)
         except BaseException:
@@ -190,6 +197,46 @@ class EventerServer:
         if self._service is None:
             raise RuntimeError("the EventerServer is not started")
         return self._service
+
+
+def tls_context(tls: TlsConfig) -> ssl_module.SSLContext:
+    """A server context from ``tls`` (as ``transports.stream.server_ssl_context`` makes
+    one), each file checked on its own so that :class:`ConfigError` names the one that
+    cannot be loaded. An encrypted key is refused (no passphrase prompt)."""
+
+    def failure(key: str, path: str, exc: OSError, pem: str) -> ConfigError:
+        if not isinstance(exc, ssl_module.SSLError):
+            reason = exc.strerror or str(exc)
+        elif exc.reason in (None, "NO_CERTIFICATE_OR_CRL_FOUND"):  # None: "PEM lib"
+            reason = pem
+        elif exc.reason == "KEY_VALUES_MISMATCH":
+            reason = f"it does not match the certificate {tls.cert}"
+        else:
+            reason = exc.reason.lower().replace("_", " ")
+        return ConfigError(f"tls.{key}: cannot load {path}: {reason}")
+
+    def no_passphrase() -> str:
+        key = "tls.key" if tls.key else "tls.cert"
+        raise ConfigError(f"{key}: cannot load {tls.key or tls.cert}: it is encrypted")
+
+    try:  # certificates only: a failure past this one is the key's
+        ssl_module.create_default_context().load_verify_locations(tls.cert)
+    except OSError as exc:
+        raise failure("cert", tls.cert, exc, "no PEM certificate in it") from None
+    ctx = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(tls.cert, tls.key, password=no_passphrase)
+    except OSError as exc:
+        if tls.key:
+            raise failure("key", tls.key, exc, "no PEM private key in it") from None
+        raise failure("cert", tls.cert, exc, "no PEM private key in it (or give tls.key)") from None
+    if tls.client_ca:
+        try:
+            ctx.load_verify_locations(tls.client_ca)
+        except OSError as exc:
+            raise failure("client_ca", tls.client_ca, exc, "no PEM certificate in it") from None
+        ctx.verify_mode = ssl_module.CERT_REQUIRED
+    return ctx
 
 
 def _decode_event(blob: bytes) -> Event:
