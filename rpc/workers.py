@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import gc
 import logging
 import multiprocessing
@@ -40,7 +39,6 @@ import os
 import signal
 import socket
 import ssl as ssl_module
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,28 +48,21 @@ from typing import Any
 from rpc import loops, metrics_dir, workers_metrics
 from rpc.api import Server, serve
 from rpc.registry import Registry
-from rpc.url import PeerUrl, parse_url
+from rpc.url import parse_url
+from rpc.workers_sockets import (
+    REUSE_PORT,
+    Listener,
+    bind_listeners,
+    close_listeners,
+    worker_sockets,
+)
 
 log = logging.getLogger("peerwire.workers")
 
-REUSE_PORT = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
-"""Whether workers bind their own ``SO_REUSEPORT`` sockets here (Linux spreads connections
-over them); elsewhere they share the parent's listening socket."""
-
-BACKLOG = 1024
 STABLE_AFTER = 10.0
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 30.0
 KILL_GRACE = 5.0
-
-
-@dataclass(frozen=True)
-class Listener:
-    """One URL, bound by the parent: its resolved URL, addresses and the parent's sockets."""
-
-    url: PeerUrl
-    addresses: tuple[tuple[socket.AddressFamily, tuple[Any, ...]], ...]
-    sockets: tuple[socket.socket, ...]
 
 
 def freeze_startup_objects() -> None:
@@ -81,89 +72,6 @@ def freeze_startup_objects() -> None:
     three listeners here). Called once the servers of a serving process are started."""
     gc.collect()
     gc.freeze()
-
-
-def _bind(
-    family: socket.AddressFamily,
-    address: tuple[Any, ...],
-    *,
-    reuse_port: bool,
-    reuse_address: bool = True,
-) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        if reuse_address:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(address)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _reserve(family: socket.AddressFamily, address: tuple[Any, ...]) -> socket.socket:
-    """A bound, never listening, ``SO_REUSEPORT`` socket that holds the port for the workers.
-
-    Without ``SO_REUSEADDR`` no other server can take the port even while no worker listens;
-    but then connections of an earlier server left in TIME_WAIT block the bind, so that case
-    falls back to ``SO_REUSEADDR`` (which still fails if anything listens on the port).
-    """
-    try:
-        return _bind(family, address, reuse_port=True, reuse_address=False)
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        return _bind(family, address, reuse_port=True)
-
-
-def _bind_url(url: PeerUrl, reuse_port: bool) -> Listener:
-    infos = socket.getaddrinfo(url.host, url.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    addresses: list[tuple[socket.AddressFamily, tuple[Any, ...]]] = []
-    sockets: list[socket.socket] = []
-    port = url.port  # 0 until the first address is bound, then that port for every address
-    try:
-        for family, _, _, _, sockaddr in infos:
-            address = (sockaddr[0], port, *sockaddr[2:])
-            if (family, address) in addresses:
-                continue
-            if reuse_port:
-                sock = _reserve(family, address)
-            else:
-                sock = _bind(family, address, reuse_port=False)
-                sock.listen(BACKLOG)
-            sockets.append(sock)
-            port = sock.getsockname()[1]
-            addresses.append((family, (sockaddr[0], port, *sockaddr[2:])))
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return Listener(url.with_port(port), tuple(addresses), tuple(sockets))
-
-
-def bind_listeners(urls: Sequence[str], *, reuse_port: bool = REUSE_PORT) -> list[Listener]:
-    """Bind every address of every URL (port 0 picks one port, shared by all addresses of
-    that URL). With ``reuse_port`` the sockets only reserve the port; without, they listen.
-    Raises ``OSError`` (the port is taken, the host does not resolve) with nothing left open.
-    """
-    listeners: list[Listener] = []
-    try:
-        for url in urls:
-            listeners.append(_bind_url(parse_url(url), reuse_port))
-    except BaseException:
-        close_listeners(listeners)
-        raise
-    return listeners
-
-
-def close_listeners(listeners: Sequence[Listener]) -> None:
-    for listener in listeners:
-        for sock in listener.sockets:
-            sock.close()
 
 
 @dataclass(frozen=True)
@@ -211,17 +119,6 @@ def _worker_main(
     loops.run(_serve_worker(listeners, config, pipes), config.loop)
 
 
-def _worker_sockets(listener: Listener, reuse_port: bool) -> list[socket.socket]:
-    if not reuse_port:
-        return list(listener.sockets)
-    for sock in listener.sockets:  # the parent's port reservations
-        sock.close()
-    sockets = [_bind(family, address, reuse_port=True) for family, address in listener.addresses]
-    for sock in sockets:
-        sock.listen(BACKLOG)
-    return sockets
-
-
 async def _serve_worker(listeners: list[Listener], config: WorkerConfig, pipes: _Pipes) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -239,7 +136,7 @@ async def _serve_worker(listeners: list[Listener], config: WorkerConfig, pipes: 
         options["metrics"] = workers_metrics.worker_metrics()
     try:
         for listener in listeners:
-            for sock in _worker_sockets(listener, config.reuse_port):
+            for sock in worker_sockets(listener, config.reuse_port):
                 server = serve(
                     str(listener.url),
                     registry=config.registry,
