@@ -1,6 +1,7 @@
 """SQLite persistence of events (stdlib ``sqlite3``, WAL mode).
 
-Layout (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`):
+Layout (``PRAGMA user_version`` = :data:`~rpc.eventer.schema.SCHEMA_VERSION`; the tables and the
+migration are in :mod:`rpc.eventer.schema`):
 
 - ``events``: one row per event, a WITHOUT ROWID table keyed by the event id
   ``(server, session, instance)``, so the table itself is the natural-order index used by
@@ -54,44 +55,15 @@ from typing import Any
 
 import msgspec
 
-from rpc.eventer import common, dbfile
+from rpc.eventer import dbfile
 from rpc.eventer.common import EventId, EventType
+from rpc.eventer.schema import SCHEMA_VERSION, create_tables, migrate_source_keys
 
 log = logging.getLogger("peerwire.eventer.store")
 
-SCHEMA_VERSION = 2
 MERGE_MAX_TYPES = 32
 """Up to this many queried types, a timeseries query merges one index range per type
 (fast for rare types in a large table); past it, one scan of the time index filters types."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS event_types (
-    id INTEGER PRIMARY KEY,
-    type TEXT NOT NULL UNIQUE
-);
-CREATE TABLE IF NOT EXISTS events (
-    server INTEGER NOT NULL,
-    session INTEGER NOT NULL,
-    instance INTEGER NOT NULL,
-    type_id INTEGER NOT NULL,
-    ts INTEGER NOT NULL,
-    source_ts BLOB,
-    data BLOB NOT NULL,
-    PRIMARY KEY (server, session, instance)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
-CREATE INDEX IF NOT EXISTS events_source_ts ON events (source_ts) WHERE source_ts IS NOT NULL;
-CREATE INDEX IF NOT EXISTS events_type_ts ON events (type_id, ts);
-CREATE INDEX IF NOT EXISTS events_type_source_ts ON events (type_id, source_ts)
-    WHERE source_ts IS NOT NULL;
-CREATE TABLE IF NOT EXISTS latest (
-    type_id INTEGER PRIMARY KEY,
-    server INTEGER NOT NULL,
-    session INTEGER NOT NULL,
-    instance INTEGER NOT NULL,
-    ts INTEGER NOT NULL
-);
-"""
 
 _INSERT_EVENT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)"
 # the reference's natural order: same server -> by id (later rows always win, ids only
@@ -227,11 +199,8 @@ class Store:
         conn.execute("BEGIN IMMEDIATE")
         try:
             if version == 1:
-                _migrate_source_keys(conn)
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                migrate_source_keys(conn)
+            create_tables(conn)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -501,21 +470,3 @@ def _take(blobs: Iterator[bytes], limit: int, max_bytes: int) -> tuple[list[byte
             return taken, True
         taken.append(blob)
     return taken, False
-
-
-def _migrate_source_keys(conn: sqlite3.Connection) -> None:
-    """Version 1 -> 2: integer (clamped) source timestamps become exact timestamp keys,
-    recomputed from each event's stored bytes. Runs inside the caller's transaction."""
-    rows = conn.execute(
-        "SELECT server, session, instance, data FROM events WHERE source_ts IS NOT NULL"
-    ).fetchall()
-    updates = []
-    for server, session, instance, data in rows:
-        source = common.decode("HatEventer.Event", data)["sourceTimestamp"][1]
-        key = common.timestamp_key(source["s"], source["us"])
-        updates.append((key, server, session, instance))
-    conn.executemany(
-        "UPDATE events SET source_ts = ? WHERE server = ? AND session = ? AND instance = ?",
-        updates,
-    )
-    log.info("migrated %d source timestamps to schema version %d", len(updates), SCHEMA_VERSION)
