@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from pyspark import StatusTracker
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -47,10 +48,17 @@ def running_tasks(tracker: StatusTracker) -> int:
     return sum(executor.numRunningTasks for executor in tracker.getExecutorInfos())
 
 
+@pytest.mark.timeout(240)  # Spark's start (up to ~45 s), the 20 s job_timeout, the rest
 def test_a_stuck_job_is_cancelled_at_job_timeout_and_the_next_batch_runs(
     spark: SparkSession, serve_peer
 ) -> None:
-    timeout = 5.0
+    # job_timeout bounds every job, the follow-up's too: that one took 2-6 s on a loaded
+    # 2-core machine (where 5 s failed it in 6 of 6 runs), as the stuck one's worker dies
+    timeout = 20.0
+    # the session's first Python job (worker start-up) ran past 20 s there: a warm-up of
+    # the same job, outside the batcher, before any job_timeout runs
+    warm = spark.createDataFrame([(0, 1.0), (1, 2.0)], f"{pws.ROW_ID} long, x double")
+    assert sorted(row.y for row in double_job(warm).collect()) == [2.0, 4.0]
     batcher = pws.SparkBatcher(
         spark, double_job, "x double", result="y", max_batch=2, max_wait=0.5, job_timeout=timeout
     )
