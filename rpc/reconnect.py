@@ -64,6 +64,7 @@ from rpc.deadlines import EARLY
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
+from transports.stream import ClosedHere
 from wire.errors import MessageTooLarge
 
 log = logging.getLogger("peerwire.rpc")
@@ -233,8 +234,8 @@ class ReconnectingPeer:
             except ConnectionClosed as exc:
                 if not idempotent or self._closing:
                     raise
-                if isinstance(peer.gave_up, MessageTooLarge):  # its answer may be that message:
-                    raise ConnectionClosed(  # sent again, it would come back as large
+                if _cut_for_size(peer.gave_up):  # its answer may be that message: sent
+                    raise ConnectionClosed(  # again, it would come back as large
                         f"{op}: the connection was cut on a message over max_size "
                         f"({peer.gave_up}); not sent again"
                     ) from exc
@@ -478,6 +479,14 @@ class ReconnectingPeer:
 
     def __repr__(self) -> str:
         return f"<ReconnectingPeer {self.url} {self.connection_state.value}>"
+
+
+def _cut_for_size(reason: BaseException | None) -> bool:
+    """We cut the connection on an incoming message over ``max_size``: the codec's check,
+    or the WebSocket layer's (close code 1009)."""
+    return isinstance(reason, MessageTooLarge) or (
+        isinstance(reason, ClosedHere) and reason.too_large
+    )
 
 
 def _cause(exc: BaseException) -> str:

@@ -66,7 +66,17 @@ class ClosedBeforeReply(ConnectionError):
 class ClosedHere(ConnectionError):
     """This side's transport closed the connection on a limit of its own (a WebSocket close
     code it sent: input too slow, keepalive ping timeout, a message too large): what the
-    protocol above hears in ``connection_lost``, so that it is not taken for the peer's."""
+    protocol above hears in ``connection_lost``, so that it is not taken for the peer's.
+    ``code``: the close code sent; ``too_large``: it was for an incoming message over the
+    size limit (WebSocket's 1009)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def too_large(self) -> bool:
+        return self.code == 1009
 
 
 _UNKNOWN_CA_CODES = frozenset({2, 18, 19, 20, 21})

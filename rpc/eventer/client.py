@@ -266,9 +266,10 @@ class Client:
         peer = await self._ready_peer()
         if not with_response:
             if peer.outbox.blocked:
-                try:
+                try:  # reading goes on meanwhile: the server may wait for us to read it
                     async with asyncio.timeout(self.timeout):
-                        await peer.drain()
+                        with self._deliveries.answer_awaited():
+                            await peer.drain()
                 except TimeoutError:
                     raise rpc.RequestTimeout(
                         f"register: the server took none of our output for {self.timeout} s"

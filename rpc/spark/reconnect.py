@@ -184,19 +184,24 @@ class Link:
             finally:
                 self._waiters -= 1
 
-    def settled(self, peer: Peer, answered: bool) -> None:
-        """The probe's call on ``peer`` ended: ``answered`` (a result, an error or a retry
-        result came back) on a peer still open ends the outage; else it is a failed
-        attempt and the outage goes on: a connection closed meanwhile, or one that left
-        the call unanswered (its timeout: a frozen process, a proxy with nothing behind
-        it; a Chatter server has no handshake to fail first), which is closed."""
+    def settled(self, peer: Peer, answered: bool | None) -> None:
+        """The probe's call on ``peer`` ended: ``answered`` True (a result, an error or a
+        retry result came back), False (none within the call's timeout, or the connection
+        closed), None (the call failed here, before it was sent: the next call probes).
+        On a peer still open, an answer ends the outage, and so does a timeout on a peer
+        that has sent us anything at all (a Gotalk version, a Pong: alive, only slow);
+        else it is a failed attempt and the outage goes on: a connection closed
+        meanwhile, or one silent since it opened (a frozen process, a proxy with nothing
+        behind it; a Chatter server has no handshake to fail first), which is closed."""
         if peer is self._peer and self._probing:
             self._probing = False
-            self._proven = answered and peer.is_open
-            if self._proven:
+            if answered is None and peer.is_open:
+                pass  # not a probe after all: the next call is
+            elif peer.is_open and (answered or peer.read_at > 0):
+                self._proven = True
                 self._outage_ends()
             elif peer.is_open:
-                peer.abort(ConnectionClosed("its first call was not answered"))
+                peer.abort(ConnectionClosed("silent since it opened"))
                 self._closed_unanswered("connection did not answer its first call")
             else:
                 self._closed_unanswered()

@@ -298,7 +298,7 @@ def make_caller(
                     continue  # closed while this call was being woken: not sent
             # sent from here on (unless the transport's buffer is full and the connection
             # dies while the request waits for room: then it counts as lost too)
-            answered = False  # a result, an error or a retry result came back
+            answered: bool | None = False  # a result, an error or a retry result came back
             try:
                 result = await peer.request(policy.op, value, timeout=policy.timeout)
                 answered = True
@@ -312,7 +312,10 @@ def make_caller(
                 error, wait = lost, 0.0
             except RequestTimeout as exc:
                 return None, describe(exc)
-            except (RpcError, PayloadError) as exc:
+            except PayloadError as exc:  # maybe ours, before it was sent: not a probe's answer
+                answered = None
+                return None, describe(exc)
+            except RpcError as exc:
                 answered = True
                 return None, describe(exc)
             finally:
