@@ -11,9 +11,7 @@ import asyncio
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -24,6 +22,7 @@ import pytest
 import rpc
 from rpc import workers
 from rpc.cli_serve import STOP_GRACE
+from tests.test_workers import Running
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERWIRE = [sys.executable, "-m", "rpc.cli"]
@@ -36,64 +35,19 @@ pytestmark = [
 ]
 
 
-class Child:
-    """A ``peerwire`` process whose stdout and stderr lines threads collect (no read hangs)."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.process = subprocess.Popen(
-            [*PEERWIRE, *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self.changed = threading.Condition()
-        self.pumps = [
-            threading.Thread(target=self._pump, args=(name, stream), daemon=True)
-            for name, stream in (("stdout", self.process.stdout), ("stderr", self.process.stderr))
-        ]
-        for pump in self.pumps:
-            pump.start()
-
-    def _pump(self, name: str, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            with self.changed:
-                self.lines[name].append(line.rstrip("\n"))
-                self.changed.notify_all()
-
-    def line(self, containing: str, timeout: float = 20) -> str:
-        """The first stdout line containing ``containing``."""
-
-        def found() -> list[str]:
-            return [line for line in self.lines["stdout"] if containing in line]
-
-        with self.changed:
-            self.changed.wait_for(lambda: found() or self.process.poll() is not None, timeout)
-            if not found():
-                raise AssertionError(
-                    f"no {containing!r} (exit {self.process.poll()}): {self.lines['stderr']}"
-                )
-            return found()[0]
-
-    def exit_code(self, timeout: float) -> int | None:
-        """The exit code, or None if the process still runs ``timeout`` s from now."""
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for pump, stream in zip(
-            self.pumps, (self.process.stdout, self.process.stderr), strict=True
-        ):
-            pump.join(10)
-            if not pump.is_alive() and stream is not None:
-                stream.close()
+def serve_two_workers_with_metrics(module: Path, env: dict[str, str]) -> Running:
+    """``peerwire serve MODULE --workers=2 --metrics=...`` in the environment ``env``."""
+    return Running(
+        [
+            *PEERWIRE,
+            "serve",
+            str(module),
+            "--workers=2",
+            "--metrics=127.0.0.1:0",
+            "--listen=tcp+gotalk://127.0.0.1:0",
+        ],
+        env=env,
+    )
 
 
 def write_module(directory: Path, body: str) -> Path:
@@ -109,12 +63,13 @@ async def sigterm_with_a_call_in_flight(module: Path, op: str) -> tuple[int | No
     """Serve ``module``, start ``op`` (which prints ``started``), SIGTERM the server: its
     exit code (None: still running after EXIT_BOUND) and the seconds it took; it must say
     why it exits without waiting for what is left."""
-    server = Child(["serve", str(module), "--listen", "tcp+gotalk://127.0.0.1:0"])
+    server = Running([*PEERWIRE, "serve", str(module), "--listen", "tcp+gotalk://127.0.0.1:0"])
     try:
-        url = (await asyncio.to_thread(server.line, "listening on ")).split()[-1]
+        [line] = await asyncio.to_thread(server.wait_lines, "stdout", "listening on ")
+        url = line.split()[-1]
         peer = await rpc.connect(url, reconnect=False)
         call = asyncio.ensure_future(peer.request(op, None, timeout=60))
-        await asyncio.to_thread(server.line, "started")
+        await asyncio.to_thread(server.wait_lines, "stdout", "started")
         began = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(server.exit_code, EXIT_BOUND)
@@ -177,9 +132,9 @@ def test_sigterm_right_after_listening_is_graceful(tmp_path: Path) -> None:
     affected (the parent's handlers are installed before any worker starts)."""
     module = write_module(tmp_path, "registry.handle('pid')(lambda _: os.getpid())\n")
     for _ in range(2):
-        server = Child(["serve", str(module), "--listen", "tcp+gotalk://127.0.0.1:0"])
+        server = Running([*PEERWIRE, "serve", str(module), "--listen", "tcp+gotalk://127.0.0.1:0"])
         try:
-            server.line("listening on ")
+            server.wait_lines("stdout", "listening on ")[0]
             server.process.send_signal(signal.SIGTERM)
             assert server.exit_code(10) == 0, server.lines["stderr"]
         finally:
@@ -202,18 +157,9 @@ def test_sigterm_during_start_up_leaves_no_metrics_directory(tmp_path: Path) -> 
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    server = Child(
-        [
-            "serve",
-            str(module),
-            "--workers=2",
-            "--metrics=127.0.0.1:0",
-            "--listen=tcp+gotalk://127.0.0.1:0",
-        ],
-        env=env,
-    )
+    server = serve_two_workers_with_metrics(module, env)
     try:
-        directory = Path(server.line("importing").split()[-1])
+        directory = Path(server.wait_lines("stdout", "importing")[0].split()[-1])
         assert directory.parent == temp
         server.process.send_signal(signal.SIGTERM)
         assert server.exit_code(10) is not None
@@ -254,10 +200,12 @@ def test_metrics_url_printed_for_an_ipv6_address_is_a_url(tmp_path: Path) -> Non
     urllib.parse finds no host and no port), where ``--workers 2`` prints
     ``http://[::1]:PORT/metrics`` (``workers_metrics.url_of``)."""
     module = write_module(tmp_path, "registry.handle('pid')(lambda _: os.getpid())\n")
-    server = Child(["serve", str(module), "--metrics=[::1]:0", "--listen=tcp+gotalk://127.0.0.1:0"])
+    server = Running(
+        [*PEERWIRE, "serve", str(module), "--metrics=[::1]:0", "--listen=tcp+gotalk://127.0.0.1:0"]
+    )
     try:
-        url = server.line("metrics on ").split()[-1]
-        server.line("listening on ")
+        url = server.wait_lines("stdout", "metrics on ")[0].split()[-1]
+        server.wait_lines("stdout", "listening on ")[0]
         parts = urllib.parse.urlsplit(url)
         assert parts.hostname == "::1", url
         assert parts.port is not None and parts.port > 0
@@ -282,19 +230,10 @@ async def test_a_missing_multiproc_directory_of_the_users_is_refused_or_made(
     module = write_module(tmp_path, "registry.handle('pid')(lambda _: os.getpid())\n")
     missing = tmp_path / "not-there"
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(missing)}
-    server = Child(
-        [
-            "serve",
-            str(module),
-            "--workers=2",
-            "--metrics=127.0.0.1:0",
-            "--listen=tcp+gotalk://127.0.0.1:0",
-        ],
-        env=env,
-    )
+    server = serve_two_workers_with_metrics(module, env)
     try:
         try:
-            line = await asyncio.to_thread(server.line, "listening on ")
+            [line] = await asyncio.to_thread(server.wait_lines, "stdout", "listening on ")
         except AssertionError:  # exited without serving: it must say why, as a usage error
             assert server.exit_code(10) == 2, server.lines["stderr"]
             return

@@ -38,9 +38,9 @@ pytestmark = [
 class Running:
     """A process whose stdout and stderr lines threads collect, so no read can hang."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self.changed = threading.Condition()
@@ -82,6 +82,13 @@ class Running:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         return self.wait(timeout)
+
+    def exit_code(self, timeout: float) -> int | None:
+        """The exit code, or None if the process still runs ``timeout`` s from now."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait(self, timeout: float = 20) -> int:
         """Wait for the process to exit by itself and for its output; its exit code."""
