@@ -87,6 +87,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more: {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     # -v is accepted before and after the subcommand; SUPPRESS keeps a subparser from
     # overwriting the top-level value with its own default.
@@ -130,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1,
         help="serve in N processes sharing the listening sockets (default 1: this process)",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        metavar="S",
+        type=_seconds,
+        default=5.0,
+        help="on SIGTERM/SIGINT, seconds requests in flight may take to finish (default: 5)",
     )
     serve.add_argument(
         "--loop",

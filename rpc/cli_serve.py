@@ -43,9 +43,9 @@ EXIT_RETRY = 6
 
 STOP_GRACE = 5.0
 """Seconds a single-process ``peerwire serve`` gives what its handlers left running once its
-servers have closed (their drain and linger: about 10 s): a task that ignores cancellation,
-a thread it waits on, past which the process exits anyway (``--workers`` kills such a worker
-after as long, :data:`rpc.workers.KILL_GRACE`)."""
+servers have closed (their drain, ``--drain-timeout``, 5 s, then the linger: about 10 s): a
+task that ignores cancellation, a thread it waits on, past which the process exits anyway
+(``--workers`` kills such a worker after as long, :data:`rpc.workers.KILL_GRACE`)."""
 
 
 class CliError(Exception):
@@ -206,9 +206,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
         watchdog.daemon = True
         try:
-            return loops.run(
-                _serve_here(urls, registry, server_ctx, args.metrics, watchdog), args.loop
+            serving = _serve_here(
+                urls, registry, server_ctx, args.metrics, args.drain_timeout, watchdog
             )
+            return loops.run(serving, args.loop)
         except BaseException:
             watchdog.cancel()  # not stopped by a signal: an error, said as usual
             raise
@@ -220,6 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
             registry=registry,
             ssl=server_ctx,
             loop=args.loop,
+            drain_timeout=args.drain_timeout,
             on_ready=_print_listening,
             metrics=metrics,
             on_metrics=lambda url: print(f"metrics on {url}", flush=True),
@@ -240,6 +242,7 @@ async def _serve_here(
     registry: rpc.Registry,
     server_ctx: ssl.SSLContext | None,
     metrics_address: str | None,
+    drain_timeout: float,
     watchdog: threading.Timer,
 ) -> int:
     servers: list[rpc.Server] = []
@@ -266,7 +269,9 @@ async def _serve_here(
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: no more waiting
             loop.add_signal_handler(sig, _exit_now, f"{signal.Signals(sig).name} again")
     finally:
-        await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
+        await asyncio.gather(
+            *(s.close(drain_timeout=drain_timeout) for s in servers), return_exceptions=True
+        )
         if http is not None:
             http.shutdown()
             http.server_close()  # the listening socket too, not at the process's exit

@@ -29,8 +29,8 @@ from tests.reconnect_helpers import FAST, RECONNECTING, Recorder, named
 from tests.rpc_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-DRAIN = 5.0  # Server.close's default drain_timeout, which `peerwire serve` uses
-EXIT_BOUND = DRAIN + STOP_GRACE + 5.0
+DRAIN = 0.5  # `peerwire serve --drain-timeout`: the calls in flight are cut then
+EXIT_BOUND = DRAIN + STOP_GRACE + 3.0
 PEERWIRE = [sys.executable, "-m", "rpc.cli"]
 LISTEN = "tcp+gotalk://127.0.0.1:0"
 
@@ -142,7 +142,16 @@ class Served:
 
     def __init__(self, module: Path, loop: str) -> None:
         self.process = subprocess.Popen(
-            [*PEERWIRE, "serve", str(module), "--loop", loop, "--listen", LISTEN],
+            [
+                *PEERWIRE,
+                "serve",
+                str(module),
+                "--loop",
+                loop,
+                f"--drain-timeout={DRAIN}",
+                "--listen",
+                LISTEN,
+            ],
             cwd=ROOT,
             # stdout block-buffered into a pipe, as a service manager runs it by default
             env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},

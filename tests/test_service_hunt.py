@@ -26,8 +26,9 @@ from tests.test_workers import Running
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERWIRE = [sys.executable, "-m", "rpc.cli"]
-DRAIN = 5.0  # Server.close's default drain_timeout, which `peerwire serve` uses
-EXIT_BOUND = DRAIN + STOP_GRACE + 5.0  # the drain, then what handlers left gets STOP_GRACE
+DRAIN = 0.5  # `peerwire serve --drain-timeout` (default 5 s): the calls in flight are cut then
+EXIT_BOUND = DRAIN + STOP_GRACE + 3.0  # the drain, then what handlers left gets STOP_GRACE
+# (past the bound if the drain were the default's: 5 + 5 s)
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -63,7 +64,16 @@ async def sigterm_with_a_call_in_flight(module: Path, op: str) -> tuple[int | No
     """Serve ``module``, start ``op`` (which prints ``started``), SIGTERM the server: its
     exit code (None: still running after EXIT_BOUND) and the seconds it took; it must say
     why it exits without waiting for what is left."""
-    server = Running([*PEERWIRE, "serve", str(module), "--listen", "tcp+gotalk://127.0.0.1:0"])
+    server = Running(
+        [
+            *PEERWIRE,
+            "serve",
+            str(module),
+            f"--drain-timeout={DRAIN}",
+            "--listen",
+            "tcp+gotalk://127.0.0.1:0",
+        ]
+    )
     try:
         [line] = await asyncio.to_thread(server.wait_lines, "stdout", "listening on ")
         url = line.split()[-1]

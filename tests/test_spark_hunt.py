@@ -6,9 +6,6 @@ freezes the server's loop, and a new Chatter connection that never answers taken
 from __future__ import annotations
 
 import math
-import socket
-import time
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -63,30 +60,3 @@ def test_spark_batcher_rejects_a_batch_bound_below_one(spark: SparkSession, max_
     connection is served again. Like job_timeout, it must fail when the batcher is built."""
     with pytest.raises(ValueError, match="max_batch"):
         pws.SparkBatcher(spark, lambda df: df, "x double", max_batch=max_batch)
-
-
-# --- a new connection that never answers ----------------------------------------------------
-
-
-def test_a_probe_that_times_out_does_not_end_the_outage(spark: SparkSession) -> None:
-    """docs/spark.md: "A new connection carries one call until it answers, then the whole
-    window; only that answer ends the outage." A Chatter peer that accepts and never answers
-    (a frozen process, a proxy with no backend: the kernel accepts, and Chatter has no
-    handshake to fail) has its probe time out; that timeout is taken as the answer, so
-    every row is then sent into the void, 128 at a time, each waiting out its timeout,
-    instead of one probe per connection and the rest failing within retry_for."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(64)  # never accepts: the kernel completes the TCP handshakes
-        url = f"tcp+sbs://127.0.0.1:{listener.getsockname()[1]}?dialect=HatChatter"
-        df = spark.range(0, 400, numPartitions=2)
-        started = time.monotonic()
-        rows = df.select(
-            pws.call(url, "greet", "id", timeout=0.5, retry_for=2.0, connect_timeout=1.0)
-        ).collect()
-        elapsed = time.monotonic() - started
-    errors = Counter(r.greet.error.split(":")[0] for r in rows)
-    sent = errors["RequestTimeout"]
-    assert sent + errors["ConnectionClosed"] == 400, errors
-    # one probe per connection (each Python worker, and its reconnects), not every row
-    assert sent <= 10, f"{sent} rows sent to a peer that never answered ({elapsed:.1f} s)"

@@ -5,6 +5,8 @@ tests/test_spark_reconnect_unanswered.py."""
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections import Counter
 
 import rpc
 from rpc.spark.worker import CallPolicy, Endpoint, Pipeline, make_caller, runtime
@@ -45,3 +47,33 @@ def test_a_probe_that_times_out_on_a_live_peer_does_not_fail_the_rest(
     assert len(failed) == 1 and failed[0].startswith("RequestTimeout"), failed
     answered = [i for i, e in enumerate(errors) if e is None]
     assert [results[i] for i in answered] == answered and len(answered) == 39
+
+
+def test_a_probe_that_times_out_on_a_silent_connection_does_not_end_the_outage(
+    loop_thread: LoopThread,
+) -> None:
+    """docs/spark.md: "A new connection carries one call until it answers, then the whole
+    window; only that answer ends the outage." A Chatter peer that accepts and never sends a
+    byte (a frozen process, a proxy with nothing behind it: the kernel accepts, and Chatter
+    has no handshake to fail) had its probe time out, and that was taken as the answer: every
+    row was then sent into it, the window at a time, each waiting out its timeout (2,000
+    rows under Spark: 24 s), instead of one probe per connection and the rest failing within
+    retry_for (found by helper-114)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)  # never accepts: the kernel completes the TCP handshakes
+        url = f"tcp+sbs://127.0.0.1:{listener.getsockname()[1]}?dialect=HatChatter"
+        caller = make_caller(
+            runtime().pool,
+            Endpoint(url, connect_timeout=1.0),
+            CallPolicy("greet", timeout=0.5, retry_for=2.0),
+        )
+        pipe = Pipeline(runtime(), caller, 16)
+        try:
+            results, errors = pipe.submit(list(range(200))).result(60)
+        finally:
+            pipe.close()
+    kinds = Counter((e or "").split(":")[0] for e in errors)
+    sent = kinds["RequestTimeout"]
+    assert results == [None] * 200 and sent + kinds["ConnectionClosed"] == 200, kinds
+    assert sent <= 6, f"{sent} rows sent to a peer that never answered"  # probes: 1 a try
