@@ -52,12 +52,11 @@ class Closing:
     def abort(self, exc: BaseException | None = None) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
         reason given, where the reconnecting client and ``connect`` read it; without one,
-        "aborted by this side"). Queued bytes (a
-        protocol's last word, such as Gotalk's ``f`` message) still go out, then the
-        connection is cut without waiting for the peer's side of a closing handshake (a TLS
-        close_notify, a WebSocket close frame): a peer given up on is not waited for. Bytes
-        the transport could not hand to the socket at once have :data:`LINGER` s; a peer
-        that has stopped reading is cut at once."""
+        "aborted by this side"). Queued bytes (a protocol's last word, such as Gotalk's
+        ``f`` message) still go out, then the connection is cut without waiting for the
+        peer's side of a closing handshake (a TLS close_notify, a WebSocket close frame): a
+        peer given up on is not waited for. Bytes the transport could not hand to the socket
+        at once have :data:`LINGER` s; a peer that has stopped reading is cut at once."""
         transport = self._transport
         if transport is None:
             return
