@@ -387,10 +387,12 @@ def server_ssl_context(
     keyfile: str | Path | None = None,
     *,
     client_cafile: str | Path | None = None,
+    password: Callable[[], str | bytes] | None = None,
 ) -> ssl.SSLContext:
-    """A server context; ``client_cafile`` requires and verifies client certificates."""
+    """A server context; ``client_cafile`` requires and verifies client certificates;
+    ``password``, as ``SSLContext.load_cert_chain`` takes it, for an encrypted key."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(certfile), str(keyfile) if keyfile else None)
+    ctx.load_cert_chain(str(certfile), str(keyfile) if keyfile else None, password=password)
     if client_cafile:
         ctx.load_verify_locations(str(client_cafile))
         ctx.verify_mode = ssl.CERT_REQUIRED

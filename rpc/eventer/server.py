@@ -50,6 +50,7 @@ from rpc.eventer.values import (
     RegisterEvent,
     Status,
 )
+from transports.stream import server_ssl_context
 
 __all__ = ["ClientInfo", "EventerServer", "ListenError", "serve_forever"]
 
@@ -200,9 +201,9 @@ class EventerServer:
 
 
 def tls_context(tls: TlsConfig) -> ssl_module.SSLContext:
-    """A server context from ``tls`` (as ``transports.stream.server_ssl_context`` makes
-    one), each file checked on its own so that :class:`ConfigError` names the one that
-    cannot be loaded. An encrypted key is refused (no passphrase prompt)."""
+    """The server context of ``tls`` (``transports.stream.server_ssl_context``), each file
+    checked on its own so that :class:`ConfigError` names the one that cannot be loaded.
+    An encrypted key is refused (no passphrase prompt)."""
 
     def failure(key: str, path: str, exc: OSError, pem: str) -> ConfigError:
         if not isinstance(exc, ssl_module.SSLError):
@@ -219,24 +220,23 @@ def tls_context(tls: TlsConfig) -> ssl_module.SSLContext:
         key = "tls.key" if tls.key else "tls.cert"
         raise ConfigError(f"{key}: cannot load {tls.key or tls.cert}: it is encrypted")
 
-    try:  # certificates only: a failure past this one is the key's
+    try:  # certificates only: a failure past these is the key's
         ssl_module.create_default_context().load_verify_locations(tls.cert)
     except OSError as exc:
         raise failure("cert", tls.cert, exc, "no PEM certificate in it") from None
-    ctx = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
+    if tls.client_ca:
+        try:
+            ssl_module.create_default_context().load_verify_locations(tls.client_ca)
+        except OSError as exc:
+            raise failure("client_ca", tls.client_ca, exc, "no PEM certificate in it") from None
     try:
-        ctx.load_cert_chain(tls.cert, tls.key, password=no_passphrase)
+        return server_ssl_context(
+            tls.cert, tls.key, client_cafile=tls.client_ca, password=no_passphrase
+        )
     except OSError as exc:
         if tls.key:
             raise failure("key", tls.key, exc, "no PEM private key in it") from None
         raise failure("cert", tls.cert, exc, "no PEM private key in it (or give tls.key)") from None
-    if tls.client_ca:
-        try:
-            ctx.load_verify_locations(tls.client_ca)
-        except OSError as exc:
-            raise failure("client_ca", tls.client_ca, exc, "no PEM certificate in it") from None
-        ctx.verify_mode = ssl_module.CERT_REQUIRED
-    return ctx
 
 
 def _decode_event(blob: bytes) -> Event:
