@@ -221,9 +221,9 @@ class Connection(SharedBufferProtocol):
             if sent is not None and sent.code not in (1000, 1001) and not ws.close_rcvd_then_sent:
                 # we failed it (a limit of ours: input rate, keepalive, a frame too large)
                 error = ClosedHere(f"WebSocket closed by this side: {sent}", sent.code)
-                error.__cause__ = exc
             elif rcvd is None or rcvd.code not in (1000, 1001):
                 error = ConnectionError(f"WebSocket closed: {rcvd or 'no close frame'}")
+            if error is not None:
                 error.__cause__ = exc
             sink.connection_lost(error)
         self.opening.lost(self, exc)

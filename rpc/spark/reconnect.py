@@ -195,16 +195,15 @@ class Link:
         behind it; a Chatter server has no handshake to fail first), which is closed."""
         if peer is self._peer and self._probing:
             self._probing = False
-            if answered is None and peer.is_open:
-                pass  # not a probe after all: the next call is
-            elif peer.is_open and (answered or peer.read_at > 0):
+            if not peer.is_open:
+                self._closed_unanswered()
+            elif answered or (answered is False and peer.read_at > 0):
                 self._proven = True
                 self._outage_ends()
-            elif peer.is_open:
+            elif answered is False:
                 peer.abort(ConnectionClosed("silent since it opened"))
                 self._closed_unanswered("connection did not answer its first call")
-            else:
-                self._closed_unanswered()
+            # answered None: not sent, not a probe after all; the next call is
             news, self._news = self._news, self._loop.create_future()
             news.set_result(None)
 
