@@ -120,8 +120,12 @@ class Connection(SharedBufferProtocol):
         self.handshake_events: dict[str, Request | Response] = {}
         self.reading = True
         self.lost = False
+        self._in_head = True
+        """The opening handshake's HTTP head (request or response) is not parsed yet."""
         self._head_room = max_head
         """Bytes the peer may still send before its request head is parsed (server)."""
+        self._head_tail = b""
+        """The last 3 bytes of the head read so far (its end may span two reads)."""
         self._held: list[Event] = []
         self._write_paused = False
         self._pongs_wait = False
@@ -154,9 +158,8 @@ class Connection(SharedBufferProtocol):
         raw.set_write_buffer_limits(self.settings.high_water, self.settings.low_water)
 
     def data_received(self, data: bytes) -> None:
-        room = self._head_room
-        if room is not None:
-            data = self._receive_head(data, room)
+        if self._in_head:
+            data = self._receive_head(data)
             if not data:
                 return
         ws = self.ws
@@ -164,7 +167,7 @@ class Connection(SharedBufferProtocol):
         self._heard_at = now = self.loop.time()
         self._ping_out = False
         events = ws.events_received()
-        rate = self.input_rate  # (taken before the events: none during the handshake's read)
+        rate = self.input_rate
         out = ws.data_to_send()
         if out:
             self._send(out)
@@ -179,23 +182,41 @@ class Connection(SharedBufferProtocol):
         elif rate is not None:  # after the sink took the frames: it says what it holds
             rate.read(now, len(data), events)
 
-    def _receive_head(self, data: bytes, room: int) -> bytes:
-        """Feed at most ``room`` bytes of a request head; 431 when it does not end there."""
+    def _receive_head(self, data: bytes) -> bytes:
+        """Feed a read of the opening handshake (on a server at most the ``max_head`` bytes
+        left of it: 431 when its head does not end there); the bytes past that, to be read
+        as frames. What the read that ends the head brings after it (part of a frame, whole
+        frames) counts toward the input rate as a read of its own would: else a peer that
+        sends its head and part of a frame in one segment, then stalls, met only keepalive."""
         ws = self.ws
-        head, rest = (data, b"") if len(data) <= room else (data[:room], data[room:])
-        self._head_room = room - len(head)
+        room = self._head_room
+        head, rest = (
+            (data, b"") if room is None or len(data) <= room else (data[:room], data[room:])
+        )
+        if room is not None:
+            self._head_room = room - len(head)
+        tail = self._head_tail
+        self._head_tail = (tail + head[-3:])[-3:]
         ws.receive_data(head)
         events = ws.events_received()
-        if events or ws.handshake_exc is not None:  # (not HTTP: websockets sent EOF)
-            self._head_room = None
-            self._dispatch(events)
-        elif self._head_room == 0 and isinstance(ws, ServerProtocol):
-            self._head_room = None
-            log.info("WebSocket peer %s: request head over %d bytes", self.peername, room)
-            ws.send_response(ws.reject(431, "Request Header Fields Too Large\n"))
-        out = ws.data_to_send()
+        out = ws.data_to_send()  # first: the sink opened below writes data_to_send()[0]
         if out:
             self._send(out)
+        if events or ws.handshake_exc is not None:  # (not HTTP: websockets sent EOF)
+            self._in_head = False
+            self._dispatch(events)
+            rate = self.input_rate
+            if rate is not None and ws.state is _OPEN:  # opened: count what came past the head
+                seen = tail + head
+                end = seen.find(b"\r\n\r\n") + 4  # (the first: websockets takes CRLF lines)
+                if 4 <= end < len(seen):
+                    frames = [event for event in events if type(event) is Frame]
+                    rate.read(self.loop.time(), len(seen) - end, frames)
+        elif self._head_room == 0 and isinstance(ws, ServerProtocol):
+            self._in_head = False
+            log.info("WebSocket peer %s: request head over %d bytes", self.peername, room)
+            ws.send_response(ws.reject(431, "Request Header Fields Too Large\n"))
+            self._send(ws.data_to_send())
         if ws.state is not _OPEN:
             self._check_closing()
             return b""

@@ -14,6 +14,8 @@ frames counts the payloads of its data frames. Bytes of a frame not yet whole co
 come, and are taken back when a read ends it (its payload counts then), so the count never
 runs more than one frame's header (14 bytes) ahead of the payloads, however the peer
 encodes its lengths. Bytes after the last frame a read ends count once their frame ends.
+The read that ends the opening handshake counts what came after the HTTP head (the
+connection opens within it: :mod:`transports.ws_connection`), as a read of its own would.
 Frames the connection held while paused count as read; once it hands them to the sink, the
 sink is asked again (:meth:`WsInputRate.released`). Per read, when nothing is unfinished and
 no count runs: a look at the last frame and one attribute of the sink.
