@@ -24,10 +24,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from rpc.spark.apply import apply, apply_frame, ship_by_value
 from rpc.spark.frames import SparkCallError
 from rpc.spark.options import ApplyOptions, CallOptions
+from rpc.spark.pool import Tls
 from rpc.spark.serving import ROW_ID, SparkBatcher, serve_op
 from rpc.spark.stats import CallStats
 from rpc.spark.udf import call, call_frame
-from rpc.spark.worker import Tls
 
 __all__ = [
     "ROW_ID",

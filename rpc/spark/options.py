@@ -21,8 +21,8 @@ from typing import Any, Self
 from pyspark.sql.types import DataType
 
 from rpc.spark.frames import ON_ERROR, REQUEST_SHAPES
+from rpc.spark.pool import MAX_CONNECTIONS, Tls
 from rpc.spark.stats import CallStats
-from rpc.spark.worker import Tls
 
 DEFAULT_INTO = "rpc"
 """The column ``call_frame`` and ``apply_frame`` add when ``into`` is not given (for both;
@@ -80,6 +80,9 @@ class CallOptions(FrameOptions):
     """First wait before a resend, doubled each time, with jitter."""
     max_in_flight: int = 128
     """Outstanding calls per Python worker."""
+    max_connections: int = MAX_CONNECTIONS
+    """Connections a Python worker keeps (one per URL and TLS/connect settings, shared by the
+    UDFs it runs): a new one first closes the least recently used one with no call on it."""
     tls: Tls | None = None
     """Files for ``ssl+`` URLs, read on the executors."""
     connect_timeout: float = 10.0
@@ -91,6 +94,8 @@ class CallOptions(FrameOptions):
         super(CallOptions, self).__post_init__()  # (slots: no zero-argument super)
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
         if self.timeout is not None and not _positive(self.timeout):
             raise ValueError(
                 f"timeout must be a positive number of seconds or None: {self.timeout!r}"

@@ -1,6 +1,6 @@
 """One endpoint's pooled connection, reconnected with back-off while calls wait for it.
 
-A :class:`Link` belongs to a Python worker's :class:`rpc.spark.worker.ConnectionPool` and
+A :class:`Link` belongs to a Python worker's :class:`rpc.spark.pool.ConnectionPool` and
 lives on its event loop. When the connection is missing or found closed, an *outage*
 starts: one reconnect task tries to connect, waiting between attempts with exponential
 back-off and full jitter (a uniform wait in ``[0, min(cap, first * 2**n)]``), and every
@@ -135,6 +135,8 @@ class Link:
         self._waiters = 0
         self._asked = 0.0
         self._gave_up = False
+        self._closed = False
+        """:meth:`close` was called: no reconnect task is started again."""
         self.attempts = 0
         """Connection attempts so far (successful or not)."""
         self.connects = 0
@@ -153,6 +155,8 @@ class Link:
         ConnectionClosed naming the last attempt's failure. The first attempt of an outage
         is always waited for (``connect_timeout`` bounds it)."""
         while True:
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.url} closed by this worker")
             peer = self._peer
             if peer is not None:
                 if self._proven and peer.is_open:
@@ -169,8 +173,7 @@ class Link:
             if self._down_since is None or self._task is None:
                 self._outage_starts(now)  # a new outage, or an old one nobody asked about
             self._asked = now
-            if self._task is None:
-                self._task = self._loop.create_task(self._reconnect())
+            self._start_reconnecting()
             deadline = min(since, self._down_since or now) + budget
             if self._error is not None and (now >= deadline or self._refused):
                 self._give_up()
@@ -212,7 +215,10 @@ class Link:
         attempt and start the reconnect task, which backs off before its first attempt."""
         self._peer = None
         self._failed(ConnectionClosed(why))
-        if self._task is None:
+        self._start_reconnecting()
+
+    def _start_reconnecting(self) -> None:
+        if self._task is None and not self._closed:
             self._task = self._loop.create_task(self._reconnect())
 
     def _outage_starts(self, now: float) -> None:
@@ -285,8 +291,16 @@ class Link:
         self._refused = False
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        """End the reconnect task (waiting for it to end) and close the connection (its
+        calls in flight get up to 1 s); calls waiting for it, and any later, fail with
+        ConnectionClosed, and no reconnect task is started again."""
+        self._closed = True
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # its own CancelledError stays in it
+        news, self._news = self._news, self._loop.create_future()
+        news.set_result(None)  # wakes the calls waiting: they see the link closed
         peer, self._peer = self._peer, None
         if peer is not None:
             await peer.close(drain_timeout=1.0)

@@ -4,9 +4,10 @@
     df = df.withColumn("greeting", pws.call("tcp+gotalk://10.0.0.5:4000", "greet", "name"))
     df.select("greeting.result", "greeting.error")
 
-Every Python worker keeps one connection per URL and pipelines each Arrow batch over it
-(see :mod:`rpc.spark.worker`); each row makes one call, sent again only when that is safe
-(it was never sent, the peer asked for a retry, or the op is idempotent).
+Every Python worker keeps one connection per URL (at most ``max_connections``, default 64)
+and pipelines each Arrow batch over it (see :mod:`rpc.spark.worker`); each row makes one
+call, sent again only when that is safe (it was never sent, the peer asked for a retry, or
+the op is idempotent).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from rpc.spark.frames import (
     udf_name,
 )
 from rpc.spark.options import CallOptions
-from rpc.spark.worker import CallPolicy, Endpoint, Pipeline, Tally, make_caller, runtime
+from rpc.spark.pool import Endpoint
+from rpc.spark.worker import CallPolicy, Pipeline, Tally, make_caller, runtime
 from rpc.url import parse_url
 
 
@@ -64,7 +66,15 @@ def _setup(url: str, op: str, options: CallOptions) -> tuple[RemoteCalls, Result
     endpoint = Endpoint(
         url, o.tls, o.connect_timeout, tuple(sorted((o.protocol_options or {}).items()))
     )
-    policy = CallPolicy(op, o.timeout, o.idempotent, o.retry_for, o.retries, o.backoff)
+    policy = CallPolicy(
+        op,
+        o.timeout,
+        o.idempotent,
+        o.retry_for,
+        o.retries,
+        o.backoff,
+        max_connections=o.max_connections,
+    )
     shape = ResultShape(parse_type(o.result_type), o.on_error, what=f"call {op!r}", key=o.key)
     return RemoteCalls(endpoint, policy, o.max_in_flight, o.on_error == "raise"), shape
 
@@ -100,7 +110,10 @@ def call(
     resends per row. Error results and timeouts are never resent.
 
     ``timeout`` bounds each attempt (None = the protocol's default: Chatter 5 s, Gotalk
-    30 s). ``max_in_flight`` bounds each Python worker's outstanding calls. ``stats``
+    30 s). ``max_in_flight`` bounds each Python worker's outstanding calls and
+    ``max_connections`` (default 64) its connections, one per URL: a new one closes the
+    least recently used one with no call in flight (when all have, the row waits for one
+    within ``retry_for``, then fails with ``PoolFull``). ``stats``
     counts calls, errors and resends (a :class:`CallStats`, classic sessions). ``tls``
     gives files for ``ssl+`` URLs (read on the executors); ``protocol_options`` go to the
     protocol peer (``ping_interval``, ...). ``into`` is for :func:`call_frame` only.

@@ -6,10 +6,11 @@ task at a time per process. Everything here is per process and survives from tas
 - :func:`runtime` starts one event loop (:func:`rpc.loops.new_event_loop`: uvloop when
   installed, or as ``PEERWIRE_LOOP`` says) in a daemon thread the first time it is needed
   (and again after a ``fork``: threads do not survive one).
-- :class:`ConnectionPool` keeps one connection per :class:`Endpoint` (a
-  :class:`rpc.spark.reconnect.Link`); a connection found closed (the peer restarted) is
-  replaced by one reconnect task with back-off, which the calls that need it wait for
-  within their time budget.
+- :class:`rpc.spark.pool.ConnectionPool` keeps one connection per :class:`Endpoint` (a
+  :class:`rpc.spark.reconnect.Link`), at most ``max_connections`` (default 64) of them, the
+  least recently used idle one closed to make room; a connection found closed (the peer
+  restarted) is replaced by one reconnect task with back-off, which the calls that need it
+  wait for within their time budget.
 - :func:`make_caller` makes one row's call, resending it only when that is safe.
 - :class:`Pipeline` runs the calls of a stream of batches with at most ``window`` in flight
   over that one connection; the core matches replies to requests. The UDF thread hands a
@@ -27,7 +28,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import ssl
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -35,15 +35,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rpc import loops
-from rpc.api import connect
 from rpc.backoff import full_jitter
 from rpc.errors import ConnectionClosed, RequestTimeout, RetryLater, RpcError
 from rpc.payload import PayloadError
-from rpc.peer import Options, Peer
-from rpc.registry import Registry
+from rpc.spark.pool import MAX_CONNECTIONS, ConnectionPool, Endpoint, PoolFull
 from rpc.spark.reconnect import Link, LoopErrors
 from rpc.tasks import being_cancelled
-from transports.stream import client_ssl_context
 
 log = logging.getLogger("peerwire.spark")
 
@@ -59,40 +56,6 @@ def describe(exc: BaseException) -> str:
     """The text of a row's error column: exception type and message."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# --- endpoints ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Tls:
-    """Client TLS settings that travel to executors (an ``SSLContext`` cannot be pickled).
-
-    Paths are read on the executors, so they must exist there. ``verify=False`` turns
-    certificate and hostname checks off (tests only).
-    """
-
-    cafile: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    verify: bool = True
-    server_hostname: str | None = None
-
-    def context(self) -> ssl.SSLContext:
-        return client_ssl_context(
-            cafile=self.cafile, certfile=self.certfile, keyfile=self.keyfile, verify=self.verify
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """What a pooled connection is keyed by: the URL and how to connect to it."""
-
-    url: str
-    tls: Tls | None = None
-    connect_timeout: float = 10.0
-    protocol_options: tuple[tuple[str, Any], ...] = ()
-    """Keyword arguments for the protocol peer (``ping_interval``, ``heartbeat_interval``)."""
 
 
 # --- the worker loop ---------------------------------------------------------------------
@@ -169,70 +132,6 @@ def _close_runtime() -> None:
         _runtime.close(timeout=1.0)
 
 
-# --- connection pool ---------------------------------------------------------------------
-
-
-class ConnectionPool:
-    """One :class:`Link` (a connection, reconnected on demand) per endpoint; on its loop only.
-
-    Calls that find no connection wait for the link's reconnect task within their time
-    budget (see :mod:`rpc.spark.reconnect`); a peer that stays down makes them fail with
-    the cause of its last failed connection attempt.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, errors: LoopErrors) -> None:
-        self.loop = loop
-        self.errors = errors
-        self._links: dict[Endpoint, Link] = {}
-        self._lock = threading.Lock()  # links are made on the UDF thread
-
-    def link(self, endpoint: Endpoint) -> Link:
-        """The endpoint's link, made on first use (from any thread)."""
-        with self._lock:
-            link = self._links.get(endpoint)
-            if link is None:
-                link = Link(self.loop, endpoint.url, lambda: self._connect(endpoint))
-                self._links[endpoint] = link
-            return link
-
-    async def _connect(self, endpoint: Endpoint) -> Peer:
-        errors, before = self.errors, self.errors.count
-        try:
-            return await _connect(endpoint)
-        except Exception as exc:
-            if errors.count == before or errors.last is None:
-                raise
-            # the real cause died in a protocol callback (asyncio only logged it); the
-            # core then fails with something less telling
-            raise errors.last from exc
-
-    @property
-    def connects(self) -> int:
-        """Connections opened so far (a statistic for tests and logs)."""
-        return sum(link.connects for link in self._links.values())
-
-    async def close(self) -> None:
-        with self._lock:
-            links = list(self._links.values())
-            self._links.clear()
-        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
-
-
-async def _connect(endpoint: Endpoint) -> Peer:
-    tls = endpoint.tls
-    peer: Peer = await connect(
-        endpoint.url,
-        registry=Registry(),  # the remote side may not call anything on executors
-        options=Options(retries=0),  # retry results are the caller's to honour
-        ssl=tls.context() if tls is not None else None,
-        server_hostname=tls.server_hostname if tls is not None else None,
-        connect_timeout=endpoint.connect_timeout,
-        reconnect=False,  # the Link reconnects (rpc.spark.reconnect)
-        **dict(endpoint.protocol_options),
-    )
-    return peer
-
-
 # --- calls -------------------------------------------------------------------------------
 
 
@@ -253,6 +152,9 @@ class CallPolicy:
     """First wait before a resend (retry results, lost idempotent calls); doubled each time,
     at most ``max_backoff``, full jitter; a retry result's own wait is honoured when longer."""
     max_backoff: float = 5.0
+    max_connections: int = MAX_CONNECTIONS
+    """A row of this op that needs a new link closes the pool's least recently used idle
+    one first when the pool holds this many (see :mod:`rpc.spark.pool`)."""
 
 
 @dataclass(slots=True)
@@ -273,16 +175,30 @@ def make_caller(
     the outage's, if earlier). A request that was never sent, or was answered with a retry
     result (the peer did not run it), is sent later for any op. A call in flight when the
     connection died has an unknown fate: it fails unless the op is idempotent. Error
-    results, timeouts and payload errors are never resent.
+    results, timeouts and payload errors are never resent. A row holds its endpoint's link
+    from its start to its end, so the pool never closes it under the row; when the pool is
+    full of links with rows on them, the row waits for room within the same budget.
     """
-    link = pool.link(endpoint)
     loop = pool.loop
     budget = policy.retry_for
+    borrower = pool.borrower(endpoint, policy.max_connections)
     counts = tally if tally is not None else Tally()
     lost = f"ConnectionClosed: connection to {endpoint.url} lost with the call in flight"
 
     async def call(value: Any) -> Outcome:
         started = loop.time()
+        link = borrower.take()
+        if link is None:  # the pool is full and every link has rows on it
+            try:
+                link = await borrower.wait(started + budget)
+            except PoolFull as exc:  # never sent
+                return None, describe(exc)
+        try:
+            return await attempts(link, value, started)
+        finally:
+            borrower.give_back(link)
+
+    async def attempts(link: Link, value: Any, started: float) -> Outcome:
         resends = 0
         while True:
             peer = link.ready()
