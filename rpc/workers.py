@@ -12,11 +12,16 @@ port), forks the workers and supervises them; it serves nothing itself.
   shared between workers (counters, caches, sessions) needs a store of its own.
 - SIGTERM or SIGINT to the parent: every worker gets SIGTERM and closes its servers
   gracefully (stops accepting, lets requests in flight finish within ``drain_timeout``);
-  a worker still running ``drain_timeout`` + 5 s later is killed. A worker whose parent died
-  stops the same way (it watches a pipe only the parent holds open).
+  a worker still running ``drain_timeout`` + 5 s later is killed, and a second signal kills
+  every worker left at once. The parent's handlers stay until :func:`serve_workers`
+  returns, so no signal cuts its clean-up short (the metrics directory's removal). A worker
+  whose parent died stops the same way (it watches a pipe only the parent holds open).
 - A worker that exits while the parent is not stopping (a crash, a kill) is started again:
   at once if it had been up for 10 s, else after a back-off that doubles per quick exit
   (0.1 s, 0.2 s, ... up to 30 s), so a worker that fails at start does not spin.
+- With ``PROMETHEUS_MULTIPROC_DIR`` set (``metrics=``, or the user's own), every worker that
+  exits, a crash or at the stop, is marked dead there (prometheus-client's
+  ``mark_process_dead``): its live gauges leave the scrape.
 
 - ``metrics=(host, port)``: one ``/metrics`` there shows every worker (prometheus-client's
   multiprocess mode, in a temporary directory the parent owns and removes at exit; an
@@ -160,6 +165,39 @@ async def _serve_worker(listeners: list[Listener], config: WorkerConfig, pipes: 
 # --- in the parent --------------------------------------------------------------------------
 
 
+class _Signals:
+    """SIGTERM and SIGINT in the parent for the whole of :func:`serve_workers` (its start,
+    the serving, its clean-up): counted, never raised, so nothing is cut short; each also
+    wakes the supervisor's wait through the wakeup fd (``wake_r``). The first asks for a
+    graceful stop, a second one for the workers left to be killed at once. The previous
+    handlers and wakeup fd are back at exit. Main thread only (``signal.signal``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self._previous_wakeup = -1
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._previous_wakeup = signal.set_wakeup_fd(self.wake_w)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)  # from here a signal may raise again
+        finally:
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.count += 1
+
+
 @dataclass
 class _Slot:
     """One worker position: its current process and its restart state."""
@@ -203,6 +241,7 @@ class _Supervisor:
         config: WorkerConfig,
         on_ready: Callable[[list[str]], object] | None,
         metrics_socket: socket.socket | None = None,
+        signals: _Signals | None = None,
     ) -> None:
         try:
             self._mp = multiprocessing.get_context("fork")
@@ -215,6 +254,7 @@ class _Supervisor:
         self.metrics_socket = metrics_socket
         if metrics_socket is not None:
             self.slots.append(_Slot(workers, exporter=True))
+        self.signals = signals
         self.stopping = False
         self.announced = False
 
@@ -241,7 +281,7 @@ class _Supervisor:
     def _exited(self, slot: _Slot, process: BaseProcess) -> None:
         process.join()
         slot.process = None
-        if self.config.metrics and not slot.exporter and process.pid is not None:
+        if not slot.exporter and process.pid is not None:
             workers_metrics.worker_exited(process.pid)
         uptime = time.monotonic() - slot.started
         slot.quick_exits = 0 if uptime >= STABLE_AFTER else slot.quick_exits + 1
@@ -267,32 +307,32 @@ class _Supervisor:
                 self.on_ready([str(listener.url) for listener in self.listeners])
 
     def run(self) -> None:
+        """Start every process and supervise them until a signal (``self.signals``), then
+        stop them; a signal that came before this starts none."""
+        if self.signals is None:
+            raise RuntimeError("run() needs the parent's signals")
         ready_r, ready_w = os.pipe()
         lifeline_r, lifeline_w = os.pipe()
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_w, False)
-        pipes = _Pipes(ready_w, lifeline_r, (ready_r, lifeline_w, wake_r, wake_w))
-
-        def on_signal(signum: int, frame: object) -> None:
-            self.stopping = True
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        previous_wakeup = signal.set_wakeup_fd(wake_w)
+        wake_r = self.signals.wake_r
+        pipes = _Pipes(ready_w, lifeline_r, (ready_r, lifeline_w, wake_r, self.signals.wake_w))
         try:
-            for slot in self.slots:
-                self._start(slot, pipes)
-            self._supervise(ready_r, wake_r, pipes)
+            if not self._signalled():
+                for slot in self.slots:
+                    self._start(slot, pipes)
+                self._supervise(ready_r, wake_r, pipes)
         finally:
-            self._stop_all()
-            signal.set_wakeup_fd(previous_wakeup)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            for fd in (ready_r, ready_w, lifeline_r, lifeline_w, wake_r, wake_w):
+            self._stop_all(wake_r)
+            for fd in (ready_r, ready_w, lifeline_r, lifeline_w):
                 os.close(fd)
+
+    def _signalled(self) -> bool:
+        if self.signals is not None and self.signals.count:
+            self.stopping = True
+        return self.stopping
 
     def _supervise(self, ready_r: int, wake_r: int, pipes: _Pipes) -> None:
         pending = b""
-        while not self.stopping:
+        while not self._signalled():
             now = time.monotonic()
             restarts = [s.restart_at for s in self.slots if s.restart_at is not None]
             timeout = max(0.0, min(restarts) - now) if restarts else None
@@ -308,7 +348,7 @@ class _Supervisor:
             for sentinel in readable:
                 if sentinel in live:
                     self._exited(*live[sentinel])
-            if self.stopping:
+            if self._signalled():
                 break
             now = time.monotonic()
             for slot in self.slots:
@@ -330,23 +370,55 @@ class _Supervisor:
                 "%s could not be started (%s); trying again in %.1f s", slot.name, exc, delay
             )
 
-    def _stop_all(self) -> None:
-        live = [s.process for s in self.slots if s.process is not None]
+    def _stop_all(self, wake_r: int) -> None:
+        """SIGTERM to every process, then wait for them: up to the drain plus
+        :data:`KILL_GRACE`, or until one more signal comes (``wake_r`` wakes the wait), past
+        which those left are killed. Each worker that ended is marked dead for the metrics."""
+        live = {s.process.sentinel: s for s in self.slots if s.process is not None}
         log.info("stopping %d worker(s)", len(live))
-        for process in live:
-            process.terminate()  # SIGTERM: the worker closes its servers gracefully
+        for slot in live.values():
+            if slot.process is not None:
+                slot.process.terminate()  # SIGTERM: the worker closes its servers gracefully
+        seen = self.signals.count if self.signals is not None else 0
         deadline = time.monotonic() + self.config.drain_timeout + KILL_GRACE
-        for process in live:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.exitcode is None:
-                log.warning("worker pid %d did not stop in time: killed", process.pid)
-                process.kill()
-                process.join()
-            elif process.exitcode != 0:
-                log.warning("worker pid %d exited with %s", process.pid, process.exitcode)
-            process.close()
-        for slot in self.slots:
-            slot.process = None
+        why = "did not stop in time: killed"
+        while live:
+            count = self.signals.count if self.signals is not None else 0
+            if count > seen or count >= 2:  # one more than the stop's own: no more waiting
+                why = "killed at once: SIGTERM or SIGINT again while stopping"
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ended = multiprocessing.connection.wait([*live, wake_r], left)
+            if wake_r in ended:
+                os.read(wake_r, 512)
+            for sentinel in ended:
+                if sentinel in live:
+                    self._reap(live.pop(sentinel))
+        for slot in live.values():
+            self._reap(slot, killed=why)
+
+    def _reap(self, slot: _Slot, killed: str | None = None) -> None:
+        """Wait for ``slot``'s process, killed (SIGKILL) first when ``killed`` says why."""
+        process = slot.process
+        if process is None:
+            return
+        if killed is not None:
+            log.warning("%s (pid %d) %s", slot.name, process.pid, killed)
+            process.kill()
+        process.join()
+        if killed is None and process.exitcode != 0:
+            log.warning(
+                "%s (pid %d) exited with %s",
+                slot.name,
+                process.pid,
+                _describe_exit(process.exitcode),
+            )
+        if not slot.exporter and process.pid is not None:
+            workers_metrics.worker_exited(process.pid)
+        process.close()
+        slot.process = None
 
 
 def serve_workers(
@@ -365,9 +437,10 @@ def serve_workers(
 ) -> None:
     """Serve ``registry`` on ``urls`` in ``workers`` processes until SIGTERM or SIGINT.
 
-    Blocks; returns once every worker has stopped. ``ssl`` is given to the TLS URLs;
-    ``loop`` picks each worker's event loop (:mod:`rpc.loops`); ``serve_options`` go to
-    :func:`rpc.serve` in each worker (``options``, ``max_connections``, ``web``, ...).
+    Blocks; returns once every worker has stopped (a second signal kills those left at
+    once; SIGTERM and SIGINT are only counted until it returns). ``ssl`` is given to the
+    TLS URLs; ``loop`` picks each worker's event loop (:mod:`rpc.loops`); ``serve_options``
+    go to :func:`rpc.serve` in each worker (``options``, ``max_connections``, ``web``, ...).
     ``on_ready(bound_urls)`` runs once in the parent when every worker serves (port 0
     replaced by the bound port). ``reuse_port=False`` shares the parent's listening socket
     even where ``SO_REUSEPORT`` would be used. ``metrics=(host, port)`` (the ``metrics``
@@ -387,6 +460,7 @@ def serve_workers(
     if metrics is not None and "metrics" in serve_options:
         raise ValueError("metrics=(host, port) counts every worker: give no rpc.serve metrics")
     with contextlib.ExitStack() as stack:
+        signals = stack.enter_context(_Signals())  # first in: its handlers leave last
         metrics_socket = None
         if metrics is not None:
             stack.enter_context(metrics_dir.owned())  # before prometheus_client is imported
@@ -398,7 +472,7 @@ def serve_workers(
         config = WorkerConfig(
             registry, ssl, loop, drain_timeout, reuse_port, serve_options, metrics is not None
         )
-        _Supervisor(listeners, workers, config, on_ready, metrics_socket).run()
+        _Supervisor(listeners, workers, config, on_ready, metrics_socket, signals).run()
 
 
 __all__ = [

@@ -10,7 +10,8 @@ The parent of :func:`rpc.workers.serve_workers` owns all of it:
 - an exporter process, forked like a worker and restarted like one, which serves
   ``GET /metrics`` on that socket: every process's values, counters summed over every
   worker that ever ran, gauges (open connections, calls in flight) over live ones;
-- when a worker exits, its live gauges are dropped (``mark_process_dead``).
+- when a worker exits, its live gauges are dropped (``mark_process_dead``), in a
+  ``PROMETHEUS_MULTIPROC_DIR`` of the user's too.
 
 The parent runs no thread (a process that forks should not); prometheus-client is imported
 only once the multiprocess directory is set.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import select
 import signal
@@ -37,6 +39,8 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from rpc.metrics_dir import ENV
+
+log = logging.getLogger("peerwire.workers")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -59,10 +63,24 @@ def worker_metrics() -> Any:
 
 
 def worker_exited(pid: int) -> None:
-    """Drop the live gauges of worker ``pid``; its counters stay in the totals."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(pid, os.environ[ENV])
+    """Drop the live gauges of worker ``pid`` (its counters stay in the totals), as
+    prometheus-client's multiprocess mode asks of whoever runs the processes
+    (``mark_process_dead``), in the ``PROMETHEUS_MULTIPROC_DIR`` set: the parent's own or
+    the user's, whose exporter would show a dead worker's gauges (peerwire's, and those
+    of the served module) for good. Nothing when it is not set, or prometheus-client is
+    not installed (nothing was written there through it); a file that cannot be removed
+    is logged, not raised (the supervisor goes on)."""
+    directory = os.environ.get(ENV) or os.environ.get(ENV.lower())
+    if not directory:
+        return
+    try:
+        from prometheus_client import multiprocess
+    except ImportError:
+        return
+    try:
+        multiprocess.mark_process_dead(pid, directory)
+    except OSError as exc:
+        log.warning("cannot drop the gauges of pid %d in %s: %s", pid, directory, exc)
 
 
 TIMEOUT = 10.0
