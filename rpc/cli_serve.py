@@ -20,11 +20,11 @@ import signal
 import ssl
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any
 
 import rpc
 from rpc import loops, metrics_dir, workers_metrics
@@ -110,7 +110,7 @@ def _host_port(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def _start_metrics(address: str) -> tuple[Any, Any]:
+def _start_metrics(address: str, out: StatusLines) -> tuple[Any, Any]:
     """(Metrics, HTTP server) for ``--metrics HOST:PORT``."""
     host, port = _host_port(address)
     try:
@@ -125,15 +125,18 @@ def _start_metrics(address: str) -> tuple[Any, Any]:
         http, _ = metrics.start_http_server(host, port, registry=registry)
     except OSError as exc:
         raise CliError(f"cannot serve metrics on {address}: {exc}", EXIT_CONNECTION) from None
-    print(f"metrics on {workers_metrics.url_of(http.socket)}", flush=True)
+    out.say(f"metrics on {workers_metrics.url_of(http.socket)}")
     return collected, http
 
 
 def serve(args: argparse.Namespace) -> int:
     """Serve in this process, or with ``--workers N`` in N forked worker processes. A
     SIGTERM while it starts (a slow import of the served module) ends it as SIGINT would,
-    what it set up undone (the metrics directory), until serving takes the signal over."""
-    with _stop_while_starting():
+    what it set up undone (the metrics directory), until serving takes the signal over;
+    once serving ended, no signal cuts that clean-up short. Fds 0-2 closed at the start
+    are opened on /dev/null (:func:`_std_fds_open`)."""
+    _std_fds_open()
+    with _stop_while_starting() as serving_over:
         if not (args.metrics and args.workers > 1):
             return _serve(args)
         if importlib.util.find_spec("prometheus_client") is None:
@@ -145,23 +148,96 @@ def serve(args: argparse.Namespace) -> int:
                 stack.enter_context(metrics_dir.owned())
             except OSError as exc:  # a PROMETHEUS_MULTIPROC_DIR of the user's it cannot make
                 raise CliError(f"cannot use {metrics_dir.ENV}: {exc}", EXIT_USAGE) from None
+            stack.callback(serving_over)  # first out: before the directory is removed
             return _serve(args)
 
 
 @contextmanager
-def _stop_while_starting() -> Iterator[None]:
-    """SIGTERM raises SystemExit (exit 0) in the main thread for the block's life: its
-    default would end the process with nothing cleaned up. Serving installs handlers of its
-    own (the loop's, the supervisor's) over it."""
+def _stop_while_starting() -> Iterator[Callable[[], None]]:
+    """For the block's life, the first SIGTERM raises SystemExit (exit 0) in the main
+    thread, the first SIGINT KeyboardInterrupt (exit 130): SIGTERM's default would end the
+    process with nothing cleaned up. Only the first: a second raise could cut that
+    clean-up short (the metrics directory's removal, left behind), so later ones, and any
+    once the function it gives was called (serving ended), are ignored. Serving installs
+    handlers of its own (the loop's, the supervisor's) over these; the previous ones are
+    back at the block's end."""
+    raised = False
 
-    def stop(signum: int, frame: object) -> NoReturn:
+    def stop(signum: int, frame: object) -> None:
+        nonlocal raised
+        if raised:
+            return
+        raised = True
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(EXIT_OK)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    def over() -> None:
+        nonlocal raised
+        raised = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield over
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _std_fds_open() -> None:
+    """Open /dev/null on each of fds 0, 1, 2 that is closed (``peerwire serve ... >&-``):
+    else the first fds opened (the loop's epoll, a listening socket) take their numbers, a
+    write to stdout (a handler's child process) goes into a socket, and uvloop aborts when
+    it closes them (it asserts fd > 2). ``sys.stdout`` stays None then (Python saw it
+    closed): :class:`StatusLines` tells so on stderr."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free fd: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+class StatusLines:
+    """``serve``'s lines on stdout (``listening on URL``, ``metrics on URL``). Printing is
+    not a server's job: when stdout cannot take a line (closed, a pipe whose reader went
+    away, a full disk), serving goes on; that line and the later ones go to stderr (where a
+    service manager's log has them) after one warning, and stdout becomes /dev/null, so
+    the interpreter's exit does not fail on it either (exit 120)."""
+
+    def __init__(self) -> None:
+        self.to_stderr = False
+
+    def listening(self, urls: list[str]) -> None:
+        for url in urls:
+            self.say(f"listening on {url}")
+
+    def say(self, line: str) -> None:
+        if not self.to_stderr:
+            try:
+                if sys.stdout is None:
+                    raise OSError("stdout is closed")
+                print(line, flush=True)
+                return
+            except (OSError, ValueError) as exc:  # ValueError: sys.stdout closed
+                self.to_stderr = True
+                self._drop_stdout()
+                log.warning("cannot write to stdout (%s): its lines go to stderr", exc)
+        with contextlib.suppress(Exception):
+            print(line, file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _drop_stdout() -> None:
+        if sys.stdout is None:
+            return
+        with contextlib.suppress(Exception):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()  # what the failed write left: to /dev/null now
 
 
 def _exit_now(why: str) -> None:
@@ -177,6 +253,7 @@ def _exit_now(why: str) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     urls = [url_arg(url) for url in args.listen]
+    out = StatusLines()
     registry = find_registry(load_module(args.module))
     if not registry.names():
         log.warning("%s registers no request handlers", args.module)
@@ -207,7 +284,7 @@ def _serve(args: argparse.Namespace) -> int:
         watchdog.daemon = True
         try:
             serving = _serve_here(
-                urls, registry, server_ctx, args.metrics, args.drain_timeout, watchdog
+                urls, registry, server_ctx, args.metrics, args.drain_timeout, watchdog, out
             )
             return loops.run(serving, args.loop)
         except BaseException:
@@ -222,19 +299,14 @@ def _serve(args: argparse.Namespace) -> int:
             ssl=server_ctx,
             loop=args.loop,
             drain_timeout=args.drain_timeout,
-            on_ready=_print_listening,
+            on_ready=out.listening,
             metrics=metrics,
-            on_metrics=lambda url: print(f"metrics on {url}", flush=True),
+            on_metrics=lambda url: out.say(f"metrics on {url}"),
         )
     except OSError as exc:
         where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
         raise CliError(f"cannot serve {where}: {exc}", EXIT_CONNECTION) from None
     return EXIT_OK
-
-
-def _print_listening(urls: list[str]) -> None:
-    for url in urls:
-        print(f"listening on {url}", flush=True)
 
 
 async def _serve_here(
@@ -244,13 +316,14 @@ async def _serve_here(
     metrics_address: str | None,
     drain_timeout: float,
     watchdog: threading.Timer,
+    out: StatusLines,
 ) -> int:
     servers: list[rpc.Server] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # first: a stop once it says it listens is
         loop.add_signal_handler(sig, stop.set)  # graceful (asked for as it starts: too)
-    metrics, http = _start_metrics(metrics_address) if metrics_address else (None, None)
+    metrics, http = _start_metrics(metrics_address, out) if metrics_address else (None, None)
     try:
         for url in urls:
             # the core refuses a TLS context for a plain URL: only TLS URLs get one
@@ -262,7 +335,7 @@ async def _serve_here(
             except OSError as exc:
                 raise CliError(f"cannot listen on {url}: {exc}", EXIT_CONNECTION) from None
             servers.append(server)
-            print(f"listening on {server.url}", flush=True)
+            out.say(f"listening on {server.url}")
         freeze_startup_objects()
         await stop.wait()
         log.info("stopping: closing %d server(s)", len(servers))
