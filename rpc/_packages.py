@@ -10,7 +10,6 @@ without it, or one that fails to import, is traced to the distribution whose fil
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 from types import ModuleType
 
@@ -26,6 +25,8 @@ class PackageClash(ImportError):
 
 def foreign_distributions(name: str) -> list[str]:
     """``"name version"`` of every installed distribution but peerwire with files in ``name/``."""
+    import importlib.metadata  # only on this error path: it costs every import ~60 ms
+
     found = []
     for dist in importlib.metadata.distributions():
         dist_name = dist.metadata["Name"] or ""

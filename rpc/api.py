@@ -8,9 +8,18 @@ import inspect
 import socket
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, Unpack, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
-import hat.sbs
 from websockets.exceptions import InvalidHandshake
 
 from rpc.backoff import Reconnect
@@ -32,7 +41,11 @@ from transports.stream import (
     tls_failure,
 )
 from transports.websocket import HttpOptions, open_websocket, start_websocket_server
+from wire import schemas
 from wire.chatter import Dialect
+
+if TYPE_CHECKING:
+    import hat.sbs
 
 P = TypeVar("P", bound="Peer[Any] | ReconnectingPeer")
 
@@ -75,7 +88,11 @@ def _peer_factory(
     if url.codec == "gotalk":
         return lambda: GotalkPeer(registry, options, **protocol_options)
     dialect = None if server else (url.dialect or Dialect.LEGACY)
-    return lambda: ChatterPeer(registry, options, dialect=dialect, **protocol_options)
+    # the schemas are read here, once per process (hat-sbs' import and parse take ~0.3 s),
+    # so that a server's first client does not wait for them in its handshake
+    repo = protocol_options.get("sbs_repo") or schemas.repository()
+    chatter_options = {**protocol_options, "sbs_repo": repo}
+    return lambda: ChatterPeer(registry, options, dialect=dialect, **chatter_options)
 
 
 def _draw_reply(peer: Peer) -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, TypeAlias, final
-
-import hat.sbs
+from typing import TYPE_CHECKING, Any, TypeAlias, final
 
 from rpc.payload import PayloadError, encode_value
 from wire import schemas
+
+if TYPE_CHECKING:
+    import hat.sbs
 
 
 @dataclass(slots=True, frozen=True)

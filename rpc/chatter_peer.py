@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
-
-import hat.sbs
+from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
 from rpc.backlog import text_size
@@ -50,6 +48,9 @@ from rpc.request_meta import MetaState
 from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
 from wire.errors import MessageTooLarge, ProtocolError
+
+if TYPE_CHECKING:
+    import hat.sbs
 
 log = logging.getLogger("peerwire.rpc.chatter")
 

@@ -11,9 +11,7 @@ peer's request (legacy dialect, module other than ``PeerwireRpc``) is never answ
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
-
-import hat.sbs
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rpc.chatter_payloads import Reply, SbsPayloads
 from rpc.errors import retry_wait_ms
@@ -22,6 +20,9 @@ from rpc.peer import Peer
 from rpc.token_waits import Send, TokenWaits
 from wire.chatter import ChatterConnection, Conversation
 from wire.errors import MessageTooLarge
+
+if TYPE_CHECKING:
+    import hat.sbs
 
 log = logging.getLogger("peerwire.rpc.chatter")
 

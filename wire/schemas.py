@@ -16,12 +16,13 @@ import importlib.resources
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeAlias
-
-import hat.sbs
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from wire import sbs
 from wire.errors import MalformedMessage
+
+if TYPE_CHECKING:
+    import hat.sbs
 
 PACKAGE = "wire.schemas_sbs"
 """The package whose resources are the ``.sbs`` files."""
@@ -84,6 +85,8 @@ def repository(*extra: Path | str) -> hat.sbs.Repository:
     the result is cached per argument tuple because parsing schemas takes milliseconds.
     Raises :class:`SchemaNotFound` when a schema is not installed.
     """
+    import hat.sbs  # here, not at the top: its import is a third of ``import rpc``'s time
+
     return hat.sbs.Repository(*schema_texts().values(), *extra)
 
 
