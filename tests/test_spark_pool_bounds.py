@@ -180,3 +180,30 @@ def test_max_connections_is_an_option_of_call_checked_when_built() -> None:
     assert calls.policy.max_connections == 3
     calls, _ = udf._setup("tcp+gotalk://127.0.0.1:1", "echo", pws.CallOptions())
     assert calls.policy.max_connections == MAX_CONNECTIONS == 64
+
+
+async def test_pool_bound_is_the_largest_max_connections_of_the_udfs() -> None:
+    """The bound is the largest max_connections of the UDFs that share the pool: a UDF
+    with max_connections=1 makes a third link next to 2 busy ones made under a limit of 4
+    (before, its own limit applied: PoolFull, though 2 < 4)."""
+    gate = asyncio.Event()
+    registry = gated_echo(gate)
+    pool = ConnectionPool(asyncio.get_running_loop(), LoopErrors())
+    servers = [await rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry) for _ in range(3)]
+    wide = CallPolicy("echo", timeout=5.0, max_connections=4)
+    narrow = CallPolicy("echo", timeout=5.0, retry_for=0.2, max_connections=1)
+    try:
+        busy = [
+            asyncio.ensure_future(make_caller(pool, Endpoint(str(s.url)), wide)("wait"))
+            for s in servers[:2]
+        ]
+        await wait_until(lambda: all(len(s.peers) == 1 for s in servers[:2]))
+        result = await make_caller(pool, Endpoint(str(servers[2].url)), narrow)(1)
+        assert result == (1, None), result
+        gate.set()
+        await asyncio.gather(*busy)
+    finally:
+        gate.set()
+        await pool.close()
+        for server in servers:
+            await server.close()

@@ -100,6 +100,8 @@ class ConnectionPool:
         self._given_back: asyncio.Future[None] | None = None
         """Resolved (and dropped) when a link has no row left on it and rows wait for room."""
         self._closed_connects = 0
+        self._bound = 0
+        """The largest ``max_connections`` any caller gave (UDFs share the pool)."""
 
     def __len__(self) -> int:
         return len(self._links)
@@ -124,7 +126,7 @@ class ConnectionPool:
     def _link(self, endpoint: Endpoint, max_connections: int) -> Link:
         pooled = self._entry(endpoint, max_connections)
         if pooled is None:
-            raise PoolFull(self._full(max_connections, 0.0))
+            raise PoolFull(self._full(0.0))
         return pooled.link
 
     def _entry(self, endpoint: Endpoint, max_connections: int) -> _Pooled | None:
@@ -133,7 +135,8 @@ class ConnectionPool:
         pooled = self._links.get(endpoint)
         if pooled is not None:
             return pooled
-        if len(self._links) >= max_connections:
+        self._bound = max(self._bound, max_connections)
+        if len(self._links) >= self._bound:
             idle = [(p.used, e) for e, p in self._links.items() if p.calls == 0]
             if not idle:
                 return None
@@ -173,10 +176,11 @@ class ConnectionPool:
 
         task.add_done_callback(closed)
 
-    def _full(self, max_connections: int, waited: float) -> str:
+    def _full(self, waited: float) -> str:
         return (
             f"all {len(self._links)} connections of this Python worker (max_connections="
-            f"{max_connections}) have calls in flight; waited {waited:.1f} s for one"
+            f"{self._bound}, the largest its UDFs gave) have calls in flight; waited "
+            f"{waited:.1f} s for one"
         )
 
     async def _connect(self, endpoint: Endpoint) -> Peer:
@@ -240,7 +244,7 @@ class Borrower:
         while (link := self.take()) is None:
             now = pool.loop.time()
             if now >= deadline:
-                raise PoolFull(pool._full(self._limit, now - started))
+                raise PoolFull(pool._full(now - started))
             await pool._room(deadline)
         return link
 
