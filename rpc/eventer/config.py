@@ -15,6 +15,7 @@ from typing import Literal
 
 import msgspec
 
+from rpc.eventer.wal import MAX_WAL_BYTES
 from rpc.url import UrlError, parse_url
 
 INT64_MAX = 2**63 - 1
@@ -24,6 +25,7 @@ _MINIMUMS = {
     "max_client_backlog": 1,
     "max_pending_bytes": 1,
     "max_message_size": 4096,
+    "max_wal_bytes": 1024 * 1024,
 }
 
 
@@ -75,6 +77,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     one response is refused alone; timeseries and server results are cut to fit
     (``more_follows``); a latest result that cannot fit gets an error reply. Clients must
     accept messages this large (``rpc.eventer.connect(..., max_size=)``)."""
+    max_wal_bytes: int = MAX_WAL_BYTES
+    """Size the database's ``-wal`` file is kept under, in bytes (at least 1 MiB):
+    checkpoints start at a quarter of it, the file is truncated past half of it (see
+    :mod:`rpc.eventer.writer`). Sessions up to a quarter of it keep it below; a larger
+    ``max_message_size`` allows sessions that may pass it."""
     system_events: bool = True
     """Register the reference's own events: ``event/<id>/engine`` STARTED/STOPPED and
     ``event/<id>/eventer/<client>`` CONNECTED/DISCONNECTED."""

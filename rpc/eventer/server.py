@@ -77,7 +77,7 @@ class EventerServer:
         self.server_id = config.server_id
         self.servers: list[rpc.Server] = []
         self._ssl = ssl
-        self._store = Store(config.database, sync=config.sync)
+        self._store = Store(config.database, sync=config.sync, max_wal_bytes=config.max_wal_bytes)
         self._service: Service | None = None
         """Set once by :meth:`start`, when the database is open."""
 

@@ -33,9 +33,12 @@ Result sizes: every query method stops reading once its rows exceed ``max_bytes`
 timeseries or server result is cut there and reports more; a latest result raises
 :class:`ResultTooLarge`), so a query never holds more than one message's worth of rows.
 
-Threads: :meth:`open`, :meth:`write` and :meth:`close` use the writer connection, one call
-at a time (the server runs them on its writer thread, tiny writes inline on its loop);
-:meth:`checkpoint` runs on another thread (it must not overlap :meth:`close`); the query
+The ``-wal`` file is kept under ``max_wal_bytes`` (:mod:`rpc.eventer.wal`).
+
+Threads: :meth:`open`, :meth:`write`, :meth:`truncate_wal` and :meth:`close` use the writer
+connection, one call at a time (the server runs them on its writer thread, tiny writes
+inline on its loop); :meth:`checkpoint` runs on another thread (it must not overlap
+:meth:`close`); the query
 methods run on any thread, each with its own connection (WAL readers see committed data
 only, so nothing uncommitted is ever read). A ``:memory:`` store has a single connection;
 its caller must run queries on the writer thread too (see :attr:`single_connection`).
@@ -55,7 +58,7 @@ from typing import Any
 
 import msgspec
 
-from rpc.eventer import dbfile
+from rpc.eventer import dbfile, wal
 from rpc.eventer.common import EventId, EventType
 from rpc.eventer.schema import SCHEMA_VERSION, create_tables, migrate_source_keys
 
@@ -129,13 +132,17 @@ class TimeseriesQuery:
 
 
 class Store:
-    def __init__(self, path: str | Path, *, sync: str = "full") -> None:
+    def __init__(
+        self, path: str | Path, *, sync: str = "full", max_wal_bytes: int = wal.MAX_WAL_BYTES
+    ) -> None:
         self.path = str(path)
         self.sync = sync.upper()
         if self.sync not in ("FULL", "NORMAL", "EXTRA"):
             raise ValueError(f"sync must be full, normal or extra, not {sync!r}")
         if "\0" in self.path:
             raise ValueError("the database path holds a NUL character")
+        self.max_wal_bytes = max_wal_bytes
+        """The size the ``-wal`` file is kept under (:mod:`rpc.eventer.wal`)."""
         self.single_connection = self.path == ":memory:"
         self._writer: sqlite3.Connection | None = None
         self._local = threading.local()
@@ -190,8 +197,7 @@ class Store:
                 raise StoreError(
                     f"cannot open database {self.path}: cannot switch to WAL mode ({mode})"
                 )
-            # checkpoints run on their own connection (checkpoint()), off the commit path
-            conn.execute("PRAGMA wal_autocheckpoint=0")
+            wal.configure(conn, self.max_wal_bytes)  # checkpoints: off the commit path
         conn.execute(f"PRAGMA synchronous={self.sync}")
         conn.execute("PRAGMA cache_size=-65536")
         conn.execute("PRAGMA temp_store=MEMORY")
@@ -255,18 +261,29 @@ class Store:
                 conn.execute("ROLLBACK")
             raise
 
-    def checkpoint(self) -> None:
-        """Copy committed WAL pages into the database (PASSIVE: never blocks the writer or
-        readers). Runs on a thread of its own; the writer does not checkpoint, so a
-        commit never pays for copying earlier ones."""
+    def checkpoint(self) -> bool:
+        """Copy committed WAL pages into the database (PASSIVE, on a thread of its own:
+        blocks neither the writer nor readers); True when the whole log was copied."""
         if self.single_connection:
-            return
+            return True
         conn = self._checkpointer
         if conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA synchronous={self.sync}")
             self._checkpointer = conn
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return wal.checkpoint(conn)
+
+    def truncate_wal(self) -> bool:
+        """Empty the ``-wal`` file between commits (:func:`rpc.eventer.wal.truncate`);
+        False when older readers did not end in time."""
+        conn = self._writer
+        if conn is None:
+            raise StoreError("store is closed")
+        return self.single_connection or wal.truncate(conn)
+
+    def wal_size(self) -> int:
+        """Bytes of the ``-wal`` file on disk."""
+        return 0 if self.single_connection else wal.size(self.path)
 
     def close(self) -> None:
         if self._checkpointer is not None:
