@@ -8,7 +8,10 @@ Sessions queue in arrival order; the writer commits everything queued (up to
 ``on_commit`` (notification) and answers its registrant, and releases the queries waiting
 for it. A failure of ``on_commit`` is logged: the session is committed, so it is answered
 all the same and the writer goes on (one bad session must not stop every later
-registration).
+registration). A failed commit fails its registrations; its traceback is logged once per
+:data:`FAILURE_LOG_WINDOW` (a failing disk fails every commit), the others counted and
+the count logged with the next, and the first commit that succeeds again says how many
+failed.
 
 The ``-wal`` file (:mod:`rpc.eventer.wal`), measured after each commit, is kept under the
 store's ``max_wal_bytes`` (M): past M/4 a PASSIVE checkpoint runs on another thread, off
@@ -44,8 +47,8 @@ MAX_BATCH_EVENTS = 50_000
 INLINE_COMMIT_ROWS = 8
 """With ``sync = "normal"`` (no fsync), batches up to this size commit on the event loop
 thread: about 60 us, less than the round trip to the writer thread."""
-WAL_WARNING_WINDOW = 60.0
-"""Seconds per logged WAL warning (a failing disk would fail every checkpoint)."""
+FAILURE_LOG_WINDOW = 60.0
+"""Seconds per logged traceback of a failed commit (and per WAL warning)."""
 
 
 def wal_estimate(session: Session) -> int:
@@ -96,7 +99,12 @@ class Writer:
         self._truncate_at = 2 * quarter
         """WAL size from which the writer truncates it."""
         self._batch_wal = store.max_wal_bytes // 8
-        self._wal_warnings = RateLimitedLog(log, burst=1, window=WAL_WARNING_WINDOW)
+        self.failed_commits = 0
+        """Commits that failed since the writer started."""
+        self._failed_in_a_row = 0
+        self._failures = RateLimitedLog(log, burst=1, window=FAILURE_LOG_WINDOW)
+        self._recoveries = RateLimitedLog(log, burst=1, window=FAILURE_LOG_WINDOW)
+        self._wal_warnings = RateLimitedLog(log, burst=1, window=FAILURE_LOG_WINDOW)
 
     def push(self, session: Session) -> None:
         """Queue a session with events for the next commit (failed at once if the writer
@@ -168,7 +176,14 @@ class Writer:
                         self._writer_exec, self._store.write, types, rows, list(latest.values())
                     )
             except (sqlite3.Error, StoreError):
-                log.exception("commit of %d events failed; their registrations fail", count)
+                self.failed_commits += 1
+                self._failed_in_a_row += 1
+                self._failures.exception(
+                    "commit of %d events failed; their registrations fail "
+                    "(%d commits failed in a row)",
+                    count,
+                    self._failed_in_a_row,
+                )
                 for session in batch:
                     session.resolve(None)
             except BaseException:  # cancelled or an unexpected failure: run() ends
@@ -176,6 +191,11 @@ class Writer:
                     session.resolve(None)
                 raise
             else:
+                if self._failed_in_a_row:
+                    self._recoveries.warning(
+                        "commits succeed again, after %d failed", self._failed_in_a_row
+                    )
+                    self._failed_in_a_row = 0
                 self._catalog.saved(types)
                 for session in batch:
                     try:
@@ -189,7 +209,8 @@ class Writer:
             self.processed = batch[-1].id
             if self._barriers:
                 self._release_barriers()
-            await self._keep_wal_small()
+            if self._failed_in_a_row == 0:
+                await self._keep_wal_small()
 
     async def wait_checkpoint(self) -> None:
         """Wait for a running checkpoint (its failure is logged, not raised)."""
