@@ -134,22 +134,35 @@ def serve(args: argparse.Namespace) -> int:
     SIGTERM while it starts (a slow import of the served module) ends it as SIGINT would,
     what it set up undone (the metrics directory), until serving takes the signal over;
     once serving ended, no signal cuts that clean-up short. Fds 0-2 closed at the start
-    are opened on /dev/null (:func:`_std_fds_open`)."""
+    are opened on /dev/null (:func:`_std_fds_open`). Once it is done, what is left is the
+    interpreter's exit (``atexit`` handlers, threads joined): a signal then ends the process
+    at once, exit 0, not by the signal's default (killed)."""
     _std_fds_open()
     with _stop_while_starting() as serving_over:
-        if not (args.metrics and args.workers > 1):
-            return _serve(args)
-        if importlib.util.find_spec("prometheus_client") is None:
-            raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
-        # the multiprocess directory must be set before the served module might import
-        # prometheus_client; it is removed when serving ends
-        with ExitStack() as stack:
-            try:
-                stack.enter_context(metrics_dir.owned())
-            except OSError as exc:  # a PROMETHEUS_MULTIPROC_DIR of the user's it cannot make
-                raise CliError(f"cannot use {metrics_dir.ENV}: {exc}", EXIT_USAGE) from None
-            stack.callback(serving_over)  # first out: before the directory is removed
-            return _serve(args)
+        code = _serve_and_clean_up(args, serving_over)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_on_signal)
+    return code
+
+
+def _serve_and_clean_up(args: argparse.Namespace, serving_over: Callable[[], None]) -> int:
+    if not (args.metrics and args.workers > 1):
+        return _serve(args)
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise CliError("--metrics needs: pip install 'peerwire[metrics]'", EXIT_USAGE)
+    # the multiprocess directory must be set before the served module might import
+    # prometheus_client; it is removed when serving ends
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(metrics_dir.owned())
+        except OSError as exc:  # a PROMETHEUS_MULTIPROC_DIR of the user's it cannot make
+            raise CliError(f"cannot use {metrics_dir.ENV}: {exc}", EXIT_USAGE) from None
+        stack.callback(serving_over)  # first out: before the directory is removed
+        return _serve(args)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    _exit_now(f"{signal.Signals(signum).name} during the exit")
 
 
 @contextmanager

@@ -207,3 +207,44 @@ async def test_serve_goes_on_without_its_stdout(tmp_path: Path, stdout: str, wor
         assert await asyncio.to_thread(server.stop) == 0, server.output("stderr")
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_a_second_signal_during_the_interpreters_exit_exits_0(
+    tmp_path: Path, workers: int
+) -> None:
+    """docs/cli.md: a second signal during the stop, the interpreter's exit included (an
+    atexit handler of the served module), ends it at once, exit 0. Before, SIGTERM was back
+    at its default once the loop closed (one process) or serving ended (--workers): -15."""
+    module = tmp_path / "exit_app.py"
+    module.write_text(
+        "import atexit, sys, time\nimport rpc\nregistry = rpc.Registry()\n"
+        "registry.handle('echo')(lambda v: v)\n"
+        "def slow():\n"
+        "    print('in atexit', file=sys.stderr, flush=True)\n"
+        "    end = time.monotonic() + 3\n"
+        "    while time.monotonic() < end:\n"
+        "        time.sleep(0.05)\n"
+        "atexit.register(slow)\n"
+    )
+    server = Running(
+        [
+            sys.executable,
+            "-m",
+            "rpc.cli",
+            "serve",
+            str(module),
+            "--drain-timeout=0.5",
+            "--listen=tcp+gotalk://127.0.0.1:0",
+            f"--workers={workers}",
+        ]
+    )
+    try:
+        await asyncio.to_thread(server.urls, 1)
+        server.process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(server.wait_lines, "stderr", "in atexit")
+        server.process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(server.wait, 20)
+        assert code == 0, (code, server.output("stderr"))
+    finally:
+        server.kill()
