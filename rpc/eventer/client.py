@@ -33,7 +33,6 @@ by default) bounds every message both ways; a registration that would not fit ra
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
 import ssl as ssl_module
@@ -42,6 +41,7 @@ from typing import Any
 
 import rpc
 from rpc.eventer import common
+from rpc.eventer.addresses import address_text, eventer_url
 from rpc.eventer.common import (
     MSG_EVENTS_ACK,
     MSG_EVENTS_NOTIFY,
@@ -54,6 +54,7 @@ from rpc.eventer.common import (
     MSG_STATUS_NOTIFY,
     Event,
     EventerInitError,
+    EventerInitTimeout,
     EventType,
     QueryError,
     QueryParams,
@@ -64,7 +65,6 @@ from rpc.eventer.common import (
 )
 from rpc.eventer.deliveries import Deliveries
 from rpc.eventer.iterators import EventsIterator, EventsQueue
-from wire.chatter import Dialect
 
 log = logging.getLogger("peerwire.eventer.client")
 
@@ -96,9 +96,10 @@ async def connect(
     max_size: int = 16 * 1024 * 1024,
 ) -> Client:
     """Connect and init; raises :class:`EventerInitError` if the server refuses the init
-    (the first attempt is never retried), ``rpc.ConnectionClosed`` / OSError if the
-    server is unreachable (every URL of a list), ValueError for a URL that cannot carry
-    the Eventer.
+    (the first attempt is never retried), :class:`EventerInitTimeout` (an
+    ``rpc.RequestTimeout``) if it does not answer it within ``timeout``,
+    ``rpc.ConnectionClosed`` / OSError if the server is unreachable (every URL of a list),
+    ValueError for a URL that cannot carry the Eventer.
 
     ``max_size``: largest message in bytes, both ways; raise it to read results of a
     server configured with a larger ``max_message_size`` (hat-event's has no limit).
@@ -131,19 +132,6 @@ async def connect(
     )
     await client._start()
     return client
-
-
-def eventer_url(url: str) -> str:
-    """``url`` in the current Chatter dialect (the only one that carries the Eventer)."""
-    parsed = rpc.parse_url(url)
-    if parsed.codec != "sbs":
-        raise ValueError(f"the Eventer runs over Chatter (tcp+sbs, ssl+sbs), not {url!r}")
-    if parsed.dialect is Dialect.LEGACY:
-        raise ValueError(
-            f"the Eventer exists only in the current Chatter dialect: {url!r} asks for the "
-            "legacy one (drop ?dialect=Hat)"
-        )
-    return str(dataclasses.replace(parsed, dialect=Dialect.CURRENT))
 
 
 class Client:
@@ -350,7 +338,13 @@ class Client:
     async def _init(self, peer: rpc.Peer) -> None:
         """Initialise a new connection (its subscriptions with it), before any call goes
         out on it; a refusal fails this connection attempt."""
-        res = await peer.request(MSG_INIT_REQ, self._init_req, timeout=self.timeout, raw=True)
+        try:
+            res = await peer.request(MSG_INIT_REQ, self._init_req, timeout=self.timeout, raw=True)
+        except rpc.RequestTimeout:
+            raise EventerInitTimeout(
+                f"eventer server {address_text(peer.remote_address)} accepted the connection but "
+                f"did not answer its handshake (init) within {self.timeout} s"
+            ) from None
         kind, value = common.decode(MSG_INIT_RES, _bytes(res, MSG_INIT_RES))
         if kind == "error":
             raise EventerInitError(value)
@@ -456,6 +450,7 @@ def _bytes(value: Any, what: str) -> bytes:
 __all__ = [
     "Client",
     "EventerInitError",
+    "EventerInitTimeout",
     "EventsCb",
     "EventsIterator",
     "StatusCb",

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from rpc.errors import RequestTimeout
 from wire.sbs import INT64_MAX, INT64_MIN
 
 MODULE = "HatEventer"
@@ -40,6 +41,13 @@ class EventerError(Exception):
 
 class EventerInitError(EventerError):
     """The server refused our init (e.g. a wrong token); the message is the server's."""
+
+
+class EventerInitTimeout(EventerError, RequestTimeout):
+    """The server accepted the connection but did not answer our init (the Eventer's
+    handshake) within the client's ``timeout``: it is hung, overloaded, or not an Eventer
+    server. Also an ``rpc.RequestTimeout`` (what ``connect`` raised for it before), so a
+    TimeoutError."""
 
 
 class InvalidMessage(EventerError):
