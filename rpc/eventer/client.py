@@ -22,7 +22,9 @@ token and subscriptions) before any call goes out on it: the client resubscribes
 and logs it. Calls made meanwhile wait for it up to their timeout; a query in flight when
 the connection dropped is sent again, a registration is not (it fails with
 ``rpc.ConnectionClosed``: it may have been registered). Without ``reconnect`` the client
-closes when its connection drops.
+closes when its connection drops. Registrations sent without response that a dropped
+connection lost are not silent: those the server had not confirmed are counted and logged
+(:mod:`rpc.eventer.confirm`).
 
 The Eventer exists only in the current Chatter dialect: a ``tcp+sbs``/``ssl+sbs`` URL
 without ``?dialect=`` uses ``HatChatter``; ``?dialect=Hat`` is refused. ``max_size`` (16 MiB
@@ -63,6 +65,7 @@ from rpc.eventer.common import (
     RegistrationTooLarge,
     Status,
 )
+from rpc.eventer.confirm import Confirmations
 from rpc.eventer.deliveries import Deliveries
 from rpc.eventer.iterators import EventsIterator, EventsQueue
 
@@ -188,6 +191,7 @@ class Client:
         self._closing = False
         self._closed = asyncio.get_running_loop().create_future()
         self._deliveries = Deliveries(events_queue_size, events_queue_bytes)
+        self._confirmations = Confirmations(client_name, timeout)
         self._iterators: set[EventsQueue] = set()
         """The queues of the :meth:`events` iterators still in use."""
         self._delivery = asyncio.get_running_loop().create_task(self._deliver())
@@ -223,6 +227,24 @@ class Client:
         return self._deliveries.queued_bytes
 
     @property
+    def unconfirmed_registrations(self) -> int:
+        """Registrations sent without response whose connection dropped before the server
+        confirmed them: each may or may not have been registered (also logged, see
+        :mod:`rpc.eventer.confirm`)."""
+        return self._confirmations.unconfirmed
+
+    @property
+    def unconfirmed_events(self) -> int:
+        """The events of :attr:`unconfirmed_registrations`."""
+        return self._confirmations.unconfirmed_events
+
+    @property
+    def awaiting_confirmation(self) -> int:
+        """Registrations sent without response on the current connection that the server
+        has not confirmed yet."""
+        return self._confirmations.pending
+
+    @property
     def closed(self) -> asyncio.Future[None]:
         """Resolves once the client is closed for good (closed, or lost without reconnect)."""
         return self._closed
@@ -241,7 +263,9 @@ class Client:
         refused them; without: None once sent, after waiting (up to ``timeout``, then
         RequestTimeout, nothing sent) while the connection's output is over its
         ``high_water``, as a request waits: a server that stopped reading would otherwise
-        leave every registration buffered here. Raises :class:`RegistrationTooLarge`
+        leave every registration buffered here. Sent without response, it is lost if its
+        connection drops before the server read it: counted and logged then
+        (:attr:`unconfirmed_registrations`). Raises :class:`RegistrationTooLarge`
         (nothing sent) if the request, or the events it would bring back, exceed
         ``max_size``."""
         data = common.encode(MSG_REGISTER_REQ, [common.register_event_to_sbs(e) for e in events])
@@ -263,10 +287,13 @@ class Client:
                         f"register: the server took none of our output for {self.timeout} s"
                     ) from None
             peer.notify(MSG_REGISTER_REQ, data)
+            self._confirmations.sent(peer, len(events))
             return None
         # not idempotent: lost in flight, it fails (the server may have registered it)
+        mark = self._confirmations.mark(peer)
         with self._deliveries.answer_awaited():
             res = await peer.request(MSG_REGISTER_REQ, data, timeout=self.timeout, raw=True)
+        self._confirmations.answered(mark)
         kind, value = common.decode(MSG_REGISTER_RES, _bytes(res, MSG_REGISTER_RES))
         if kind == "events":
             return [common.event_from_sbs(e) for e in value]
@@ -277,6 +304,7 @@ class Client:
         larger than its ``max_message_size``)."""
         data = common.encode(MSG_QUERY_REQ, common.query_params_to_sbs(params))
         conn = self._ready_conn()
+        mark = self._confirmations.mark(conn.connection)
         try:
             with self._deliveries.answer_awaited():
                 res = await conn.request(
@@ -288,6 +316,7 @@ class Client:
                 )
         except rpc.RemoteError as exc:
             raise QueryError(str(exc)) from None
+        self._confirmations.answered(mark)
         return common.query_result_from_sbs(
             common.decode(MSG_QUERY_RES, _bytes(res, MSG_QUERY_RES))
         )
@@ -308,6 +337,7 @@ class Client:
             await asyncio.shield(self._closed)
             return
         self._closing = True
+        self._confirmations.close()
         if self._conn is not None:
             await self._conn.close(drain_timeout=1.0)
         self._finish()
@@ -359,10 +389,16 @@ class Client:
         self._set_status(common.status_from_sbs(value))
 
     def _on_state(self, transition: rpc.Transition) -> None:
-        if transition.state is rpc.ConnectionState.CLOSED and not self._closing:
+        state = transition.state
+        if self._closing:
+            return
+        if state is rpc.ConnectionState.RECONNECTING or state is rpc.ConnectionState.CLOSED:
+            self._confirmations.dropped()  # what the server did not confirm may be lost
+        if state is rpc.ConnectionState.CLOSED:
             self._finish()  # lost without reconnecting, or out of attempts
 
     def _finish(self) -> None:
+        self._confirmations.close()
         self._delivery.cancel()
         self._deliveries.release()
         if not self._closed.done():
