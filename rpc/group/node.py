@@ -48,6 +48,7 @@ from rpc.tasks import TaskSet
 from transports.stream import start_stream_server
 from wire.errors import LocalProtocolError, MalformedMessage, ProtocolError
 from wire.gossip import BroadcastID, Gossip, NetID, decode_frame, payload_tag
+from wire.gossip.frame import payload_fits
 
 __all__ = ["GroupNode", "GroupOptions", "GroupStats", "as_netid"]
 
@@ -260,7 +261,7 @@ class GroupNode:
         payload = encode_envelope(self.netid, seq, value)
         members = self._members.all
         overhead = 64 + 8 * (len(members) + self.options.max_others + 16)
-        if len(payload) + overhead > self.options.max_size:
+        if not payload_fits(payload, overhead, self.options.max_size):
             raise PayloadError(
                 f"broadcast of {len(payload)} bytes exceeds max_size {self.options.max_size}"
             )

@@ -90,6 +90,29 @@ def _open(
     return decode_gossip(gossip, max_netids=max_netids)
 
 
+def payload_fits(payload: BytesLike, overhead: int, max_size: int) -> bool:
+    """Whether a frame carrying ``payload`` and at most ``overhead`` other gossip bytes
+    (table, lists, tag) stays within ``max_size``, as gossip and once compressed and sealed.
+
+    Snappy grows incompressible data (random bytes: about 3 bytes per 64 KiB, 772 for
+    16 MiB; its worst case is a sixth), so a payload a few hundred bytes under the limit
+    can make a frame over it. The payload is compressed here only when that worst case
+    could pass ``max_size``; ``overhead`` is counted as incompressible.
+    """
+    body = len(payload) + overhead
+    if body > max_size:
+        return False
+    sealed = PADDING_SIZE + 4 + MAX_VARINT_BYTES  # padding, checksum, size field
+
+    def worst(n: int) -> int:  # snappy's MaxCompressedLength
+        return 32 + n + n // 6
+
+    if sealed + worst(body) <= max_size:
+        return True
+    grown = len(cramjam.snappy.compress_raw(payload)) - len(payload)
+    return sealed + max(grown, 0) + len(payload) + worst(overhead) + 64 <= max_size
+
+
 def encode_frame(g: Gossip, key: BytesLike, *, padding: BytesLike | None = None) -> bytes:
     """One whole message, start byte included; ``padding`` (32 bytes) defaults to random."""
     return _seal(_cipher(key), encode_gossip(g), padding)
