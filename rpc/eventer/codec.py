@@ -15,9 +15,8 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import hat.sbs
 import msgspec
 
 from rpc.eventer.values import (
@@ -44,6 +43,9 @@ from rpc.eventer.values import (
 from wire import schemas
 from wire.sbs import encode_integer
 
+if TYPE_CHECKING:
+    import hat.sbs
+
 HAT_SBS_ERRORS = schemas.SBS_ERRORS
 """What hat-sbs raises on undecodable input (:data:`wire.schemas.SBS_ERRORS`)."""
 
@@ -58,12 +60,16 @@ def eventer_repository() -> hat.sbs.Repository:
 def peer_repository() -> hat.sbs.Repository:
     """Every peerwire schema except ``HatEventer``: peers given this repository hand
     HatEventer payloads over as bytes, which this package encodes and decodes itself."""
+    import hat.sbs  # not at the top: its import is a third of ``import rpc``'s time
+
     texts = [text for name, text in schemas.schema_texts().items() if name != MODULE]
     return hat.sbs.Repository(*texts)
 
 
 @functools.cache
 def _ref(type_name: str) -> hat.sbs.Ref:
+    import hat.sbs
+
     module, _, name = type_name.partition(".")
     return hat.sbs.Ref(module, name)  # hat-sbs parses a str name on every call otherwise
 

@@ -21,6 +21,7 @@ answers it with an error is not probed again on that connection.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import rpc
@@ -36,9 +37,14 @@ drops = RateLimitedLog(log)
 PROBE_DELAY = 1.0
 """Seconds an unconfirmed registration waits for a request of ours to confirm it before
 a probe is sent."""
-PROBE = codec.encode(MSG_QUERY_REQ, codec.query_params_to_sbs(QueryLatestParams([])))
-"""A latest query for no event types: answered with no events, after every registration
-sent before it on the connection is committed."""
+
+
+@functools.cache
+def probe() -> bytes:
+    """A latest query for no event types: answered with no events, after every
+    registration sent before it on the connection is committed (encoded on first use: the
+    schemas are read then, not when the client is imported)."""
+    return codec.encode(MSG_QUERY_REQ, codec.query_params_to_sbs(QueryLatestParams([])))
 
 
 Mark = tuple["rpc.Peer | None", int, int]
@@ -139,7 +145,7 @@ class Confirmations:
     async def _confirm(self, peer: rpc.Peer) -> None:
         mark = self.mark(peer)
         try:
-            await peer.request(MSG_QUERY_REQ, PROBE, timeout=self._timeout, raw=True)
+            await peer.request(MSG_QUERY_REQ, probe(), timeout=self._timeout, raw=True)
         except rpc.RemoteError:
             if self._peer is peer:
                 self._refused = True
