@@ -223,13 +223,25 @@ def _innermost(received: Call, handler: Handler | None, queue: StreamQueue | Non
     the call as received; for one middleware changed or replaced, the handler of its op,
     and its payload (a stream request's first part too)."""
     op, first = received.op, received.payload
+    given = False  # a stream request's parts handed to a handler already
 
     def innermost(call: Call) -> Any:
+        nonlocal given
+        if queue is not None:
+            if given and not len(queue) and received.peer._streams.get(received.id) is not queue:
+                return _parts_gone(op)  # they ended: a second reader would wait forever
+            given = True
         if call is received and call.op is op and call.payload is first:  # the common case
             return _handle(call, handler, queue)
         return _handle(call, _changed(call, received, op, handler, False), queue, first)
 
     return innermost
+
+
+async def _parts_gone(op: str) -> Any:
+    """``call_next`` once more for a stream request whose parts an earlier one's handler
+    read to their end (or failure): nothing is left for another handler to read."""
+    raise RuntimeError(f"{op}: the stream request's parts were all taken by an earlier call")
 
 
 def _changed(

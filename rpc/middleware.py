@@ -20,7 +20,9 @@ Limits: requests past ``Options.max_concurrent`` are answered by the core before
 middleware (as gRPC's ``max_concurrent_rpcs``); with middleware set, every incoming call
 runs as a job of the peer's :class:`~rpc.handler_runner.HandlerRunner` (a task of its own
 once it waits). For a streamed result the middleware gets the async iterator of its parts;
-:func:`on_finish` helps to see its end. With no middleware set nothing of this runs.
+:func:`on_finish` helps to see its end. A stream request's parts are read once: a
+``call_next`` after a handler read them to their end fails with RuntimeError (an error
+result), as no part would come for it. With no middleware set nothing of this runs.
 """
 
 from __future__ import annotations
