@@ -148,7 +148,10 @@ async def test_our_client_against_hat_listen() -> None:
         ]
 
     async def on_query(_info, params):
-        queried.append(params)
+        # not the probe that confirms a registration without response when no request of
+        # ours follows it within a second (a latest query for no types, empty answer)
+        if params != hat.QueryLatestParams([]):
+            queried.append(params)
         event = hat.Event(hat.EventId(9, 1, 1), ("q",), hat.now(), None, None)
         return hat.QueryResult([event], more_follows=True)
 
