@@ -1,13 +1,24 @@
-"""Group node limits found by hunting: what ``notify`` lets through must fit a frame."""
+"""Group node defects found by hunting: what ``notify`` lets through must fit a frame; a
+member restarted with its clock set back is heard again after its join."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 import rpc
-from tests.group_helpers import group, on_both_loops, wait_for
+from rpc.group import NetID
+from tests.group_helpers import (
+    Member,
+    frame,
+    free_port,
+    group,
+    on_both_loops,
+    send_raw,
+    wait_for,
+)
 
 
 @on_both_loops
@@ -24,3 +35,26 @@ async def test_incompressible_payload_just_under_max_size_is_refused_not_dropped
         await wait_for(lambda: b.got or a.node.stats.dropped)
         assert a.node.stats.dropped == 0
         assert b.got == [("blob", fits)]
+
+
+@on_both_loops
+async def test_member_restarted_with_its_clock_set_back_is_heard_after_its_join() -> None:
+    # Sequence numbers start at the clock (microseconds). A node's previous life, whose
+    # clock ran an hour ahead (a reboot before NTP stepped it back), left members with a
+    # window far above the new life's numbers: they took every new broadcast for an old
+    # duplicate. Its join now starts a new window.
+    async with group(1) as (b,):
+        port = free_port()
+        me = NetID("127.0.0.1", port)
+        ahead = time.time_ns() // 1000 + 3600 * 10**6
+        await send_raw(b.node.netid, frame(me, me, ahead, "chat", "previous life"))
+        await wait_for(lambda: b.got == [("chat", "previous life")])
+        restarted = Member()
+        await restarted.start([b.node.netid], port=port)
+        try:
+            await restarted.node.notify("chat", "new life")
+            await wait_for(lambda: len(b.got) == 2 or b.node.stats.duplicates > 0)
+            assert b.got[1:] == [("chat", "new life")]
+            assert b.node.stats.duplicates == 0
+        finally:
+            await restarted.node.close()

@@ -2,7 +2,10 @@
 
 Memory is bounded: one window per origin (an int bitmap of ``window`` bits, default 4096)
 for at most ``max_origins`` origins (default 4096), the least recently heard from forgotten
-first. A sequence number older than its origin's window is taken for a duplicate.
+first. A sequence number older than its origin's window is taken for a duplicate, except
+in a node's join (its first broadcast of a new life, :meth:`Dedup.first` with ``restart``):
+sequence numbers start at the clock, so a node restarted with its clock set back (a
+reboot before NTP steps it) would otherwise be silenced until it caught up with its past.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ class Dedup:
         self._max = max_origins
         self._origins: OrderedDict[NetID, Window] = OrderedDict()
 
-    def first(self, origin: NetID, seq: int) -> bool:
-        """Record the broadcast; True if it was not seen before."""
+    def first(self, origin: NetID, seq: int, *, restart: bool = False) -> bool:
+        """Record the broadcast; True if it was not seen before. With ``restart`` (a join),
+        a number older than the origin's window starts a new window there."""
         win = self._origins.get(origin)
-        if win is None:
+        if win is None or (restart and win.hi - seq >= self._window):
             self._origins[origin] = Window(seq)
+            self._origins.move_to_end(origin)
             if len(self._origins) > self._max:
                 self._origins.popitem(last=False)
             return True

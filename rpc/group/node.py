@@ -349,7 +349,7 @@ class GroupNode:
         origin = envelope.origin
         if learn:
             self._members.learn(origin)
-        first = self._dedup.first(origin, envelope.seq)
+        first = self._dedup.first(origin, envelope.seq, restart=g.tag == _JOIN_TAG)
         if first:
             self._dispatcher.dispatch(g.tag, envelope.data)
         else:
