@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import socket
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     import hat.sbs
 
 P = TypeVar("P", bound="Peer[Any] | ReconnectingPeer")
+T = TypeVar("T")
 
 
 class Meter(Protocol):
@@ -93,6 +95,27 @@ def _peer_factory(
     repo = protocol_options.get("sbs_repo") or schemas.repository()
     chatter_options = {**protocol_options, "sbs_repo": repo}
     return lambda: ChatterPeer(registry, options, dialect=dialect, **chatter_options)
+
+
+async def _in_own_context(opening: Coroutine[Any, Any, T], undo: Callable[[T], Any]) -> T:
+    """Await ``opening`` (a connection or a server being made) in a context of its own. Its
+    transport copies the current context into every callback it schedules, so a connection
+    opened inside a served call (a proxy's handler) would otherwise run its handlers, for
+    its whole life, with that call's context variables: ``rpc.current_call`` and its
+    deadline, a trace's current span, the application's own. Cancelled just as ``opening``
+    made what it makes, ``undo`` closes that: nobody would hold it."""
+    task = asyncio.get_running_loop().create_task(opening, context=contextvars.Context())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if task.done() and not task.cancelled() and task.exception() is None:
+            undo(task.result())
+        raise
+
+
+def _abort(protocol: object) -> None:
+    if isinstance(protocol, Peer):
+        protocol.abort()
 
 
 def _draw_reply(peer: Peer) -> None:
@@ -171,26 +194,32 @@ def _dialer(
         try:
             if parsed.websocket:
                 opts = options or Options()
-                peer = await open_websocket(
-                    parsed.websocket_uri,
-                    lambda: made,
-                    ssl_context=ctx,
-                    server_hostname=server_hostname,
-                    origin=origin,
-                    max_size=opts.max_size + 4096,
-                    connect_timeout=connect_timeout,
-                    min_rate=opts.min_receive_rate,
-                    rate_grace=opts.receive_grace,
+                peer = await _in_own_context(
+                    open_websocket(
+                        parsed.websocket_uri,
+                        lambda: made,
+                        ssl_context=ctx,
+                        server_hostname=server_hostname,
+                        origin=origin,
+                        max_size=opts.max_size + 4096,
+                        connect_timeout=connect_timeout,
+                        min_rate=opts.min_receive_rate,
+                        rate_grace=opts.receive_grace,
+                    ),
+                    _abort,
                 )
             else:
-                peer = await open_stream(
-                    parsed.host,
-                    parsed.port,
-                    lambda: made,
-                    ssl_context=ctx,
-                    server_hostname=server_hostname or parsed.host,
-                    connect_timeout=connect_timeout,
-                    first_reply=_draw_reply if parsed.tls or parsed.codec == "gotalk" else None,
+                peer = await _in_own_context(
+                    open_stream(
+                        parsed.host,
+                        parsed.port,
+                        lambda: made,
+                        ssl_context=ctx,
+                        server_hostname=server_hostname or parsed.host,
+                        connect_timeout=connect_timeout,
+                        first_reply=_draw_reply if parsed.tls or parsed.codec == "gotalk" else None,
+                    ),
+                    _abort,
                 )
         except TimeoutError:
             raise ConnectionClosed(f"connecting to {url} timed out") from None
@@ -415,27 +444,33 @@ class Server:
         if self.url.websocket:
             web = dataclasses.replace(self._web or HttpOptions(), mount=self.url.path)
             max_size = self._max_size + 4096  # room for one Gotalk header beside the payload
-            self._server = await start_websocket_server(
-                self.url.host,
-                self.url.port,
-                self._new_peer,
-                http=web,
-                ssl_context=self._ssl,
-                max_size=max_size,
-                max_connections=self.max_connections,
-                sock=self._sock,
-                min_rate=self._options.min_receive_rate,
-                rate_grace=self._options.receive_grace,
+            self._server = await _in_own_context(
+                start_websocket_server(
+                    self.url.host,
+                    self.url.port,
+                    self._new_peer,
+                    http=web,
+                    ssl_context=self._ssl,
+                    max_size=max_size,
+                    max_connections=self.max_connections,
+                    sock=self._sock,
+                    min_rate=self._options.min_receive_rate,
+                    rate_grace=self._options.receive_grace,
+                ),
+                asyncio.Server.close,
             )
         else:
             options = self._options
-            self._server = await start_stream_server(
-                self.url.host,
-                self.url.port,
-                self._new_peer,
-                ssl_context=self._ssl,
-                handshake_timeout=options.handshake_timeout or 60.0,
-                sock=self._sock,
+            self._server = await _in_own_context(
+                start_stream_server(
+                    self.url.host,
+                    self.url.port,
+                    self._new_peer,
+                    ssl_context=self._ssl,
+                    handshake_timeout=options.handshake_timeout or 60.0,
+                    sock=self._sock,
+                ),
+                asyncio.Server.close,
             )
         self.url = self.url.with_port(server_address(self._server)[1])
         return self
