@@ -19,7 +19,7 @@ import pytest
 import rpc
 from rpc import eventer
 from rpc.eventer import confirm
-from tests.peers.eventer_helpers import json_event, port_of, running_server, wait_until
+from tests.peers.eventer_helpers import json_event, port_of, running_server, url_of, wait_until
 from tests.tcp_proxy import Proxy
 
 BEFORE, AFTER = 10, 5
@@ -114,3 +114,27 @@ async def test_a_server_that_never_answers_the_handshake_fails_connect_clearly()
         "handshake (init) within 0.3 s"
     )
     assert isinstance(caught.value, rpc.RequestTimeout)  # what callers caught before
+
+
+async def test_a_query_answered_with_an_error_confirms_the_registrations_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answers a query, even with an error (a latest result over its
+    max_message_size), only after reading the registrations sent before it on the
+    connection: that answer confirms them as a result does (helper-124's review: before,
+    query() raised QueryError without noting it, and a drop reported them as possibly
+    lost)."""
+    monkeypatch.setattr(confirm, "PROBE_DELAY", 60.0)  # no probe confirms them meanwhile
+    async with running_server(tmp_path, system_events=False, max_message_size=4096) as server:
+        client = await eventer.connect(url_of(server), "errors")
+        try:
+            for name in ("1", "2"):  # together larger than one message: latest fails
+                await client.register([json_event(("big", name), "x" * 2500)], with_response=True)
+            for i in range(3):
+                await client.register([json_event(("small",), i)])
+            assert client.awaiting_confirmation == 3
+            with pytest.raises(eventer.QueryError):
+                await client.query(eventer.QueryLatestParams([("big", "*")]))
+            assert client.awaiting_confirmation == 0
+        finally:
+            await client.close()

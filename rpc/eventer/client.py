@@ -315,6 +315,7 @@ class Client:
                     idempotent=True,  # a query changes nothing: sent again after a reconnect
                 )
         except rpc.RemoteError as exc:
+            self._confirmations.answered(mark)  # an error comes in order too
             raise QueryError(str(exc)) from None
         self._confirmations.answered(mark)
         return common.query_result_from_sbs(

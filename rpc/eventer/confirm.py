@@ -146,9 +146,10 @@ class Confirmations:
         mark = self.mark(peer)
         try:
             await peer.request(MSG_QUERY_REQ, probe(), timeout=self._timeout, raw=True)
-        except rpc.RemoteError:
+        except rpc.RemoteError:  # an answer all the same (in order), but not probed again
             if self._peer is peer:
                 self._refused = True
+            self.answered(mark)
             return
         except (rpc.RpcError, OSError):  # dropped or timed out: confirms nothing
             return

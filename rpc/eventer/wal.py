@@ -3,11 +3,11 @@
 SQLite's own checkpoints are off (``wal_autocheckpoint=0``: they would run inside commits).
 Instead :func:`checkpoint` copies the log into the database on a connection and thread of
 its own (PASSIVE, blocking nobody), and ``journal_size_limit`` (a quarter of
-``max_wal_bytes``) makes the commit that restarts the log, after a complete checkpoint,
-cut the file back: without it the file keeps its high-water size for good. While readers
-keep overlapping (or commits keep coming during the copy), a PASSIVE checkpoint never
-completes and the log never restarts, so it would grow without bound: :func:`truncate`
-then copies the rest and empties the file, waiting for older readers up to
+``max_wal_bytes``) makes the commit that restarts the log (after a complete checkpoint, once
+no reader uses the log) cut the file back: without it the file keeps its high-water size for
+good. While readers keep overlapping (or commits keep coming during the copy), a PASSIVE
+checkpoint never completes and the log never restarts, so it would grow without bound:
+:func:`truncate` then copies the rest and empties the file, waiting for older readers up to
 :data:`TRUNCATE_ATTEMPTS` times :data:`TRUNCATE_WAIT_MS`. When each runs is the writer's
 choice (:mod:`rpc.eventer.writer`)."""
 
