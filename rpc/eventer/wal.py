@@ -57,8 +57,9 @@ def truncate(conn: sqlite3.Connection) -> bool:
 
 
 def size(path: str) -> int:
-    """Bytes of the ``-wal`` file beside the database ``path`` (0 without one)."""
+    """Bytes of the ``-wal`` file beside the database ``path``: 0 without one, or when it
+    cannot be looked at (the next commit looks again; the writer must not stop for it)."""
     try:
         return os.stat(path + "-wal").st_size
-    except FileNotFoundError:
+    except OSError:
         return 0
