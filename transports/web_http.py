@@ -15,6 +15,7 @@ of one while its file loads).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -335,6 +336,14 @@ def serve_asset(request: Request, asset: Asset, cache_control: str) -> Response:
     return Response(200, "OK", headers, body)
 
 
+def for_method(request: Request, response: Response) -> Response:
+    """``response`` as the answer to ``request``'s method: to a HEAD, the same status and
+    headers (``Content-Length`` included) without the body (RFC 9110, 9.3.2)."""
+    if request.method == "HEAD" and response.body:
+        return dataclasses.replace(response, body=b"")
+    return response
+
+
 def refuse(ws: ServerProtocol, status: int, text: str) -> Response:
     """A plain-text refusal (``ws.reject`` with our Server header)."""
     response = ws.reject(status, text)
@@ -364,7 +373,14 @@ class Responder:
 
     def respond(self, request: Request, ws: ServerProtocol) -> Response | asyncio.Future[Response]:
         """The response to ``request``: 101 (``ws.accept``) or any other status; for a
-        static file not in the cache, a future of it (done once the file is loaded)."""
+        static file not in the cache, a future of it (done once the file is loaded). A
+        HEAD gets the GET's status and headers, no body."""
+        response = self._respond(request, ws)
+        if isinstance(response, asyncio.Future):
+            return response
+        return for_method(request, response)
+
+    def _respond(self, request: Request, ws: ServerProtocol) -> Response | asyncio.Future[Response]:
         for name in _SINGLE_HEADERS:
             if len(request.headers.get_all(name)) > 1:
                 log.info("refused HTTP request: repeated %s header", name)
@@ -406,9 +422,10 @@ class Responder:
             asset = None if loading.cancelled() else loading.result()
             try:
                 if asset is None:
-                    answer.set_result(refuse(ws, 404, "Not Found\n"))
+                    response = refuse(ws, 404, "Not Found\n")
                 else:
-                    answer.set_result(serve_asset(request, asset, "no-cache"))
+                    response = serve_asset(request, asset, "no-cache")
+                answer.set_result(for_method(request, response))
             except Exception as exc:  # the server reports it as any failed request
                 answer.set_exception(exc)
 

@@ -1,0 +1,45 @@
+"""HTTP semantics of the WebSocket server's small web server (found by a defect hunt), on
+asyncio and uvloop: HEAD answers carry no body."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_web_hostile import recorder_server
+from tests.test_web_malformed import reply_to
+from transports.web_http import HttpOptions
+
+pytestmark = pytest.mark.both_loops
+
+PAGE = "<p>hello</p>\n" * 100
+
+
+def split(reply: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """(status line, headers by lower-case name, body) of one HTTP response."""
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body
+
+
+async def test_head_gets_the_get_answer_without_its_body(tmp_path: Path) -> None:
+    (tmp_path / "index.html").write_text(PAGE)
+    server, _, port = await recorder_server(http=HttpOptions(static_dir=tmp_path))
+    try:
+        for path in (b"/gotalk/gotalk.js", b"/", b"/", b"/missing", b"/gotalk/"):
+            request = b" %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % path
+            # HEAD first: the first "/" waits for its file to load, the second is cached
+            status, headers, body = split(await reply_to(port, b"HEAD" + request))
+            got_status, got_headers, got_body = split(await reply_to(port, b"GET" + request))
+            assert status == got_status, (path, status)
+            assert body == b"", (path, body[:80])  # RFC 9110 9.3.2: no content
+            assert headers[b"content-length"] == str(len(got_body)).encode(), path
+            assert headers.get(b"etag") == got_headers.get(b"etag"), path
+    finally:
+        server.close()
+        await server.wait_closed()
