@@ -1,5 +1,6 @@
 """HTTP semantics of the WebSocket server's small web server (found by a defect hunt), on
-asyncio and uvloop: HEAD answers carry no body."""
+asyncio and uvloop: HEAD answers carry no body, methods other than GET and
+HEAD get 405."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_web_hostile import recorder_server
+from tests.test_web_hostile import recorder_server, serves_a_websocket
 from tests.test_web_malformed import reply_to
 from transports.web_http import HttpOptions
 
@@ -40,6 +41,28 @@ async def test_head_gets_the_get_answer_without_its_body(tmp_path: Path) -> None
             assert body == b"", (path, body[:80])  # RFC 9110 9.3.2: no content
             assert headers[b"content-length"] == str(len(got_body)).encode(), path
             assert headers.get(b"etag") == got_headers.get(b"etag"), path
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_methods_other_than_get_and_head_get_405(tmp_path: Path) -> None:
+    (tmp_path / "index.html").write_text(PAGE)
+    http = HttpOptions(static_dir=tmp_path, allow_missing_origin=True)
+    server, sinks, port = await recorder_server(http=http)
+    try:
+        for method in (b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"get"):
+            for path in (b"/", b"/gotalk/gotalk.js", b"/gotalk/"):
+                reply = await reply_to(
+                    port,
+                    b"%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+                    % (method, path),
+                )
+                status, headers, body = split(reply)
+                assert status.startswith(b"HTTP/1.1 405 "), (method, path, reply[:120])
+                assert headers[b"allow"] == b"GET, HEAD", (method, path)
+                assert b"hello" not in body and b"gotalk" not in body.lower()
+        await serves_a_websocket(port, sinks)  # the endpoint still upgrades GETs
     finally:
         server.close()
         await server.wait_closed()

@@ -374,7 +374,7 @@ class Responder:
     def respond(self, request: Request, ws: ServerProtocol) -> Response | asyncio.Future[Response]:
         """The response to ``request``: 101 (``ws.accept``) or any other status; for a
         static file not in the cache, a future of it (done once the file is loaded). A
-        HEAD gets the GET's status and headers, no body."""
+        HEAD gets the GET's status and headers, no body; other methods get 405."""
         response = self._respond(request, ws)
         if isinstance(response, asyncio.Future):
             return response
@@ -391,6 +391,10 @@ class Responder:
             reason = f"Host header {host_header!r} is not an allowed host (allowed_hosts)"
             log.info("refused HTTP request: %s", reason)
             return refuse(ws, 400, f"Bad Request: {reason}\n")
+        if request.method not in ("GET", "HEAD"):  # (websockets' parser takes any token)
+            response = refuse(ws, 405, "Method Not Allowed\n")
+            response.headers["Allow"] = "GET, HEAD"
+            return response
         path = request.path.split("?", 1)[0]
         asset = self.scripts.get(path)
         if asset is not None:
