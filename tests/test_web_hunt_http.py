@@ -1,9 +1,10 @@
 """HTTP semantics of the WebSocket server's small web server (found by a defect hunt), on
 asyncio and uvloop: HEAD answers carry no body, methods other than GET and
-HEAD get 405."""
+HEAD get 405, and ``Accept-Encoding`` q-values are honoured (``gzip;q=0``: no gzip)."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,38 @@ async def test_methods_other_than_get_and_head_get_405(tmp_path: Path) -> None:
                 assert headers[b"allow"] == b"GET, HEAD", (method, path)
                 assert b"hello" not in body and b"gotalk" not in body.lower()
         await serves_a_websocket(port, sinks)  # the endpoint still upgrades GETs
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_accept_encoding_q_values_are_honoured(tmp_path: Path) -> None:
+    (tmp_path / "index.html").write_text(PAGE)
+    server, _, port = await recorder_server(http=HttpOptions(static_dir=tmp_path))
+    try:
+        for value, zipped in (
+            (b"gzip;q=0", False),
+            (b"gzip; q=0.000, deflate", False),
+            (b"identity", False),
+            (b"br, *;q=0", False),
+            (b"*;q=0.1, gzip;q=0", False),
+            (b"gzip;q=0.5", True),
+            (b"GZIP", True),
+            (b"deflate, x-gzip", True),
+            (b"br, *", True),
+            (b"gzip", True),
+        ):
+            for path in (b"/", b"/gotalk/gotalk.js"):
+                reply = await reply_to(
+                    port,
+                    b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept-Encoding: %s\r\n\r\n"
+                    % (path, value),
+                )
+                status, headers, body = split(reply)
+                assert status.startswith(b"HTTP/1.1 200 "), (value, path)
+                assert (headers.get(b"content-encoding") == b"gzip") is zipped, (value, path)
+                if path == b"/":
+                    assert (gzip.decompress(body) if zipped else body) == PAGE.encode()
     finally:
         server.close()
         await server.wait_closed()

@@ -317,6 +317,27 @@ def _list_header(request: Request, name: str) -> list[str]:
     return [item.strip() for line in request.headers.get_all(name) for item in line.split(",")]
 
 
+def accepts_gzip(request: Request) -> bool:
+    """Whether ``Accept-Encoding`` gives gzip (or ``x-gzip``, else ``*``) a q-value above 0
+    (RFC 9110, 12.5.3: ``gzip;q=0`` refuses it; a q-value that is not a number counts as 0)."""
+    weights: dict[str, float] = {}
+    for item in _list_header(request, "Accept-Encoding"):
+        coding, *params = item.split(";")
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value.strip())
+                except ValueError:
+                    weight = 0.0
+        weights[coding.strip().lower()] = weight
+    for coding in ("gzip", "x-gzip", "*"):
+        if coding in weights:
+            return weights[coding] > 0  # (NaN too: not above 0)
+    return False
+
+
 def serve_asset(request: Request, asset: Asset, cache_control: str) -> Response:
     headers = _headers(
         Content_Type=asset.content_type,
@@ -328,8 +349,7 @@ def serve_asset(request: Request, asset: Asset, cache_control: str) -> Response:
     if asset.etag in tags or "*" in tags:
         return Response(304, "Not Modified", headers, b"")
     body = asset.body
-    accepted = ",".join(request.headers.get_all("Accept-Encoding"))
-    if asset.gzipped is not None and "gzip" in accepted:
+    if asset.gzipped is not None and accepts_gzip(request):
         body = asset.gzipped
         headers["Content-Encoding"] = "gzip"
     headers["Content-Length"] = str(len(body))
