@@ -7,13 +7,17 @@ One event loop runs in a daemon thread shared by every blocking peer of the proc
 from any thread are handed to it with ``run_coroutine_threadsafe`` and wait for the result.
 The loop is :func:`rpc.loops.new_event_loop`'s: uvloop when installed, or as
 ``PEERWIRE_LOOP`` says. A caller interrupted while it waits (KeyboardInterrupt) cancels
-its call on the loop: nothing it started goes on in the background.
+its call on the loop: nothing it started goes on in the background. A child process made
+by ``os.fork()`` starts a loop of its own at its first call (the loop's thread does not
+come along); the clients and streams it inherited belong to the parent and raise
+ConnectionClosed there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import (
     AsyncGenerator,
@@ -51,8 +55,35 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def _run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+def _forget_loop() -> None:
+    """In a child made by ``os.fork()``: the parent's loop has no thread here (a call handed
+    to it waited for good), and the lock may have been held by another thread of the
+    parent; the child's first call starts a loop of its own."""
+    global _loop, _lock
+    _lock = threading.Lock()
+    _loop = None
+
+
+os.register_at_fork(after_in_child=_forget_loop)
+
+_FORKED = (
+    "this blocking client was made before os.fork(): its connection is the parent's;"
+    " connect again in this process"
+)
+
+
+def _run(
+    coro: Coroutine[Any, Any, T],
+    timeout: float | None = None,
+    home: asyncio.AbstractEventLoop | None = None,
+) -> T:
+    """Run ``coro`` on the background loop and wait for it; ``home``: the loop the object
+    making the call was made on, which a process forked since then does not run
+    (ConnectionClosed)."""
     loop = _background_loop()
+    if home is not None and home is not loop:
+        coro.close()
+        raise ConnectionClosed(_FORKED)
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
@@ -97,8 +128,11 @@ def _cancel_soon(pump: asyncio.Task[None]) -> None:
         _stopping.add(pump)
         pump.add_done_callback(_stopping.discard)
 
+    loop = pump.get_loop()
+    if loop is not _loop:  # the parent's, in a forked child: no thread runs it here
+        return
     with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
-        _background_loop().call_soon_threadsafe(cancel)
+        loop.call_soon_threadsafe(cancel)
 
 
 async def _stopped(pump: asyncio.Task[None]) -> None:
@@ -134,6 +168,7 @@ class BlockingStream(Iterator[Any]):
         if max_buffered_bytes < 1:
             raise ValueError("max_buffered_bytes must be at least 1")
         self._buffer = Buffer(max_buffered, max_buffered_bytes)
+        self._home = _background_loop()  # not this process's after a fork
         self._pump: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one _stop() takes the pump to cancel it
 
@@ -165,6 +200,8 @@ class BlockingStream(Iterator[Any]):
 
     def __next__(self) -> Any:
         try:
+            if self._home is not _loop:  # forked since: nothing would fill the buffer
+                raise ConnectionClosed(_FORKED)
             item = self._buffer.take()
             if item is END:
                 raise StopIteration
@@ -186,7 +223,7 @@ class BlockingStream(Iterator[Any]):
         """Stop the stream; nothing more is read. Idempotent. Waits until it is closed on
         the loop, except on the loop's own thread."""
         pump = self._stop()
-        if pump is None:
+        if pump is None or pump.get_loop() is not _loop:  # none, or the parent's (forked)
             return
         try:
             running = asyncio.get_running_loop()
@@ -214,12 +251,15 @@ class BlockingPeer:
 
     def __init__(self, peer: ReconnectingPeer | Peer) -> None:
         self.peer = peer
+        self._home = _background_loop()  # not this process's after a fork
 
     @property
     def connection_state(self) -> ConnectionState:
         """``connecting``, ``open``, ``reconnecting`` or ``closed`` (a plain peer: open or
-        closed)."""
+        closed; closed in a child process forked since it was made)."""
         peer = self.peer
+        if self._home is not _loop:
+            return ConnectionState.CLOSED
         if isinstance(peer, ReconnectingPeer):
             return peer.connection_state
         return ConnectionState.CLOSED if peer.closed.done() else ConnectionState.OPEN
@@ -243,9 +283,10 @@ class BlockingPeer:
                     lambda: client.request(
                         op, value, timeout=timeout, raw=raw, idempotent=idempotent
                     )
-                )
+                ),
+                home=self._home,
             )
-        return _run(peer.request(op, value, timeout=timeout, raw=raw))
+        return _run(peer.request(op, value, timeout=timeout, raw=raw), home=self._home)
 
     def stream(
         self,
@@ -280,7 +321,7 @@ class BlockingPeer:
             await stream._begin(cast(AsyncGenerator[Any, None], results))
 
         try:
-            _run(start())
+            _run(start(), home=self._home)
         except BaseException:  # its error before any result, or an interrupt: stop the pump
             stream._stop()
             raise
@@ -290,19 +331,22 @@ class BlockingPeer:
         async def send() -> None:
             self.peer.notify(name, value)
 
-        _run(send())
+        _run(send(), home=self._home)
 
     def wait_open(self, timeout: float | None = None) -> None:
         """Wait for the connection (reconnecting peers); raises TimeoutError or
         ConnectionClosed."""
         peer = self.peer
         if isinstance(peer, ReconnectingPeer):
-            _run(peer.wait_open(timeout))
-        elif not peer.is_open:
+            _run(peer.wait_open(timeout), home=self._home)
+        elif not peer.is_open or self._home is not _loop:
             raise ConnectionClosed("connection is closed")
 
     def close(self) -> None:
-        _run(self.peer.close())
+        """Close the connection; in a child process forked since it was made, nothing to do
+        (the connection is the parent's)."""
+        if self._home is _loop:
+            _run(self.peer.close())
 
     def __enter__(self) -> BlockingPeer:
         return self
