@@ -1,6 +1,7 @@
 """HTTP semantics of the WebSocket server's small web server (found by a defect hunt), on
 asyncio and uvloop: HEAD answers carry no body, methods other than GET and
-HEAD get 405, and ``Accept-Encoding`` q-values are honoured (``gzip;q=0``: no gzip)."""
+HEAD get 405, and ``Accept-Encoding`` q-values are honoured (``gzip;q=0``: no gzip);
+files named as compressed (``x.json.gz``) are served as they are."""
 
 from __future__ import annotations
 
@@ -96,6 +97,35 @@ async def test_accept_encoding_q_values_are_honoured(tmp_path: Path) -> None:
                 assert (headers.get(b"content-encoding") == b"gzip") is zipped, (value, path)
                 if path == b"/":
                     assert (gzip.decompress(body) if zipped else body) == PAGE.encode()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_compressed_files_are_served_as_they_are(tmp_path: Path) -> None:
+    """``data.json.gz`` is a gzip file, not JSON: served byte for byte with a type of its
+    compression, never gzipped again (it was ``application/json``, and gzipped twice for
+    clients that accept gzip: they decoded it once and got gzip bytes as JSON)."""
+    data = b'{"values": [' + b"1, " * 2000 + b"1]}"
+    files = {
+        "data.json.gz": (gzip.compress(data), b"application/gzip"),
+        "app.js.br": (b"\x1b\x03\x00\xf8" + data, b"application/octet-stream"),
+        "notes.txt.bz2": (b"BZh91AY&SY" + data, b"application/x-bzip2"),
+    }
+    for name, (body, _) in files.items():
+        (tmp_path / name).write_bytes(body)
+    server, _, port = await recorder_server(http=HttpOptions(static_dir=tmp_path))
+    try:
+        for name, (body, ctype) in files.items():
+            reply = await reply_to(
+                port,
+                b"GET /%s HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept-Encoding: gzip\r\n\r\n"
+                % name.encode(),
+            )
+            status, headers, got = split(reply)
+            assert status.startswith(b"HTTP/1.1 200 "), (name, status)
+            assert headers[b"content-type"] == ctype, (name, headers[b"content-type"])
+            assert b"content-encoding" not in headers and got == body, name
     finally:
         server.close()
         await server.wait_closed()

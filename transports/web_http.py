@@ -44,6 +44,14 @@ file names in ``WEB``); ``web/gotalk.js`` joins the same parts for Node."""
 SCRIPT_NAMES = ("gotalk.js", "peerwire.js")
 SERVER_HEADER = "peerwire"
 _COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/svg+xml")
+_COMPRESSED_TYPES = {
+    "gzip": "application/gzip",
+    "bzip2": "application/x-bzip2",
+    "xz": "application/x-xz",
+    "compress": "application/x-compress",
+}
+"""Types of files whose name says they are compressed (``mimetypes``' encodings; others,
+e.g. ``.br``: ``application/octet-stream``)."""
 _SINGLE_HEADERS = ("Host", "Upgrade", "Origin")
 """Headers read as one value: a request that repeats one gets 400."""
 
@@ -91,7 +99,10 @@ class Asset:
     @classmethod
     def of(cls, body: bytes, name: str) -> Asset:
         """``body`` served as a file called ``name`` (its type is guessed from the name)."""
-        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        ctype, coding = mimetypes.guess_type(name)
+        if coding is not None:  # ``x.json.gz``: a gzip file, served as it is (not gzipped)
+            ctype = _COMPRESSED_TYPES.get(coding)
+        ctype = ctype or "application/octet-stream"
         gzipped = None
         if ctype.startswith(_COMPRESSIBLE):
             zipped = gzip.compress(body, mtime=0)
