@@ -5,7 +5,8 @@ Every request's ``Host`` header must name a host the server is meant to be reach
 WebSocket handshakes from allowed origins (403 otherwise, 426 for plain GETs); the browser
 script (``<mount>gotalk.js`` and ``<mount>peerwire.js``: the parts ``web/gotalk.parts.json``
 lists, joined in that order) and files under ``static_dir`` are served with ETag, 304,
-Cache-Control and gzip. Each static file is read, gzipped and hashed once, in a thread, and
+Cache-Control and gzip (when ``Accept-Encoding`` gives it a q-value above 0), to GET and
+HEAD (other methods: 405). Each static file is read, gzipped and hashed once, in a thread, and
 kept in a cache bounded in bytes (``static_cache_bytes``; a file over a quarter of it is not
 served), checked against the file's size and modification time on every request; the script
 is read once per process. No sockets here: requests in, ``Response`` objects out (or a future
