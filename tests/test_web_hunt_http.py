@@ -129,3 +129,24 @@ async def test_compressed_files_are_served_as_they_are(tmp_path: Path) -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_dotfiles_under_static_dir_are_not_served(tmp_path: Path) -> None:
+    """``.env``, ``.git/config`` and the like in a served folder are 404, as missing files
+    are (before, they were served like any other file)."""
+    (tmp_path / "index.html").write_text(PAGE)
+    (tmp_path / ".env").write_text("SECRET=1\n")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[core]\n")
+    (tmp_path / "page.html").symlink_to(tmp_path / ".env")
+    server, _, port = await recorder_server(http=HttpOptions(static_dir=tmp_path))
+    try:
+        for path in (b"/.env", b"/.git/config", b"/%2eenv", b"/page.html", b"/x/../.env"):
+            request = b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % path
+            status, _, body = split(await reply_to(port, request))
+            assert status.split()[1] == b"404" and b"SECRET" not in body, (path, status)
+        status, _, body = split(await reply_to(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+        assert status.split()[1] == b"200" and body == PAGE.encode()
+    finally:
+        server.close()
+        await server.wait_closed()

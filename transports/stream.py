@@ -320,6 +320,8 @@ class TlsServer:
         while True:
             try:
                 conn, _ = await loop.sock_accept(listener)
+            except ConnectionAbortedError:  # reset before it was accepted (BSD): as asyncio
+                continue
             except OSError as exc:  # out of descriptors or memory: as asyncio, retry in 1 s
                 if listener.fileno() < 0:
                     return

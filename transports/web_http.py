@@ -130,6 +130,11 @@ def script_asset() -> Asset:
     return Asset.of(script_source(), SCRIPT_NAMES[0])
 
 
+def _hidden(relative: Path) -> bool:
+    """A dotfile, or a file in a dot folder (``.env``, ``.git/config``): never served."""
+    return any(part.startswith(".") for part in relative.parts)
+
+
 class StaticFiles:
     """Files under one folder, each loaded once; an LRU cache of at most ``budget`` bytes.
 
@@ -163,7 +168,7 @@ class StaticFiles:
         relative = urllib.parse.unquote(path).lstrip("/") or "index.html"
         try:  # ValueError: a NUL byte (%00) in the path
             target = (self._root / relative).resolve()
-            if self._root not in target.parents:
+            if self._root not in target.parents or _hidden(target.relative_to(self._root)):
                 return None
             stat = target.stat()
         except (OSError, ValueError):
