@@ -150,3 +150,28 @@ async def test_dotfiles_under_static_dir_are_not_served(tmp_path: Path) -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_the_gzipped_body_has_a_tag_of_its_own(tmp_path: Path) -> None:
+    """RFC 9110 8.8.3: the gzipped and the plain body are two representations, each with
+    its tag; a tag answers 304 only for its own (before, both shared one strong tag)."""
+    (tmp_path / "index.html").write_text(PAGE)
+    server, _, port = await recorder_server(http=HttpOptions(static_dir=tmp_path))
+    get = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    gzip_ok = get + b"Accept-Encoding: gzip\r\n"
+    try:
+        _, plain, body = split(await reply_to(port, get + b"\r\n"))
+        _, packed, packed_body = split(await reply_to(port, gzip_ok + b"\r\n"))
+        assert body == PAGE.encode() and gzip.decompress(packed_body) == body
+        assert plain[b"etag"] != packed[b"etag"]
+        for request, tag, status in (
+            (gzip_ok, packed[b"etag"], b"304"),
+            (gzip_ok, plain[b"etag"], b"200"),
+            (get, plain[b"etag"], b"304"),
+            (get, packed[b"etag"], b"200"),
+        ):
+            answer = await reply_to(port, request + b"If-None-Match: %s\r\n\r\n" % tag)
+            assert split(answer)[0].split()[1] == status, (request, tag)
+    finally:
+        server.close()
+        await server.wait_closed()

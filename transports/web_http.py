@@ -356,18 +356,21 @@ def accepts_gzip(request: Request) -> bool:
 
 
 def serve_asset(request: Request, asset: Asset, cache_control: str) -> Response:
+    gzipped = asset.gzipped if asset.gzipped is not None and accepts_gzip(request) else None
+    # the gzipped body is another representation: a tag of its own (RFC 9110, 8.8.3)
+    etag = asset.etag if gzipped is None else f'{asset.etag[:-1]}-gzip"'
     headers = _headers(
         Content_Type=asset.content_type,
-        ETag=asset.etag,
+        ETag=etag,
         Cache_Control=cache_control,
         Vary="Accept-Encoding",
     )
     tags = {tag.removeprefix("W/") for tag in _list_header(request, "If-None-Match")}
-    if asset.etag in tags or "*" in tags:
+    if etag in tags or "*" in tags:
         return Response(304, "Not Modified", headers, b"")
     body = asset.body
-    if asset.gzipped is not None and accepts_gzip(request):
-        body = asset.gzipped
+    if gzipped is not None:
+        body = gzipped
         headers["Content-Encoding"] = "gzip"
     headers["Content-Length"] = str(len(body))
     return Response(200, "OK", headers, body)
