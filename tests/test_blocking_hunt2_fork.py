@@ -10,47 +10,19 @@ background loop (uvloop with ``--loop uvloop``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import select
 import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import rpc
-from rpc import loops
+from tests.test_blocking_stream import serving
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
-
-
-@contextlib.contextmanager
-def serving(registry: rpc.Registry) -> Iterator[str]:
-    """A Gotalk server on 127.0.0.1, port 0, on a loop thread of its own; its URL."""
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    async def main() -> None:
-        state["loop"] = asyncio.get_running_loop()
-        state["stop"] = stop = asyncio.Event()
-        async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry) as server:
-            state["url"] = str(server.url)
-            ready.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loops.run, args=(main(),))
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield state["url"]
-    finally:
-        state["loop"].call_soon_threadsafe(state["stop"].set)
-        thread.join(10)
-    assert not thread.is_alive()
 
 
 def outcome(call: Any) -> str:
