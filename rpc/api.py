@@ -258,6 +258,10 @@ def connect(
     return _Connect(reconnecting)
 
 
+def _close_server(server: asyncio.AbstractServer) -> None:
+    server.close()  # asyncio's, uvloop's, TlsServer, WebSocketServer
+
+
 class Server:
     """A listening server; every accepted connection is a :class:`Peer` in :attr:`peers`."""
 
@@ -330,7 +334,7 @@ class Server:
                     min_rate=self._options.min_receive_rate,
                     rate_grace=self._options.receive_grace,
                 ),
-                asyncio.Server.close,
+                _close_server,
             )
         else:
             options = self._options
@@ -343,7 +347,7 @@ class Server:
                     handshake_timeout=options.handshake_timeout or 60.0,
                     sock=self._sock,
                 ),
-                asyncio.Server.close,
+                _close_server,
             )
         self.url = self.url.with_port(server_address(self._server)[1])
         return self

@@ -49,6 +49,7 @@ from collections.abc import (
     Coroutine,
     Sequence,
 )
+from contextvars import Context
 from typing import Any, cast
 
 from rpc.backoff import Reconnect
@@ -336,7 +337,8 @@ class ReconnectingPeer:
                         log.info("%s; trying the next URL", _failure(url, exc))
                     continue
                 self._opened(peer, url)
-                self._task = self._loop.create_task(self._supervise())
+                # not the caller's context (a served call's), as rpc.dial.in_own_context
+                self._task = self._loop.create_task(self._supervise(), context=Context())
                 return
         except BaseException:
             self._finish("cancelled while connecting")

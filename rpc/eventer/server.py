@@ -33,6 +33,7 @@ from rpc.eventer.codec import (
     decode,
     encode,
     event_from_sbs,
+    eventer_repository,
     peer_repository,
     register_event_to_sbs,
 )
@@ -113,6 +114,7 @@ class EventerServer:
         ctx = self._ssl
         if ctx is None and self.config.tls is not None:
             ctx = tls_context(self.config.tls)  # before the database: nothing to undo
+        eventer_repository()  # the schemas, read now (~0.15 s), not in a first client's turn
         service = self._service = await Service.open(self.config, self._store)
         try:
             if self.config.system_events:
