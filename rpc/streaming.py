@@ -227,8 +227,11 @@ class ResultWait:
     async def next(self, queue: StreamQueue) -> Any:
         """The next item of ``queue``, within ``item`` seconds (once no part is being sent)
         and the deadline. An item already queued (results that came in one read) is taken
-        without a timer."""
+        without a timer, the deadline checked all the same: a reader slower than its peer
+        may never find its queue empty (before, such a stream outlived its deadline)."""
         if len(queue):
+            if self.deadline is not None:
+                self._left(self.deadline)
             return queue.take()
         while True:
             by_item = not self.feeding
