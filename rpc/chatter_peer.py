@@ -261,11 +261,12 @@ class ChatterAdapter:
             conv = _new(Conversation, (False, first))
             if op == PART:
                 self.peer.on_request_part(conv, msg.data)
-            elif op == END:
+            if op == END or (msg.token and self.codec.strict):  # token back: parts end
                 self._waits.stream_ended(conv)
                 self.peer.on_request_end(conv)
                 self._token_back(conv)
             if msg.last:  # the requester ended its conversation: nothing can go back in it
+                self.peer.on_request_end(conv)  # nor more parts come (a no-op after its End)
                 self._foreign.discard(conv)
                 self._waits.drop(conv)
             return
