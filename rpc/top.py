@@ -14,10 +14,14 @@ refresh, so it can be piped or logged.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
+import io
 import math
+import socket
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -268,19 +272,127 @@ def _rich_frame(url: str, before: Snapshot | None, now: Snapshot) -> Any:
     return Group(table, Text(summary(before, now)))
 
 
+MAX_BODY = 32 * 1024 * 1024
+"""Bytes of a scrape's body read at most (32 MiB); a longer one is no metrics endpoint."""
+_CHUNK = 64 * 1024
+
+
 def fetch(url: str, timeout: float) -> str:
-    """The body at ``url``. Raises OSError when nothing answers, NotMetrics for a body that
-    is not text, and ConnectionError for an answer that is not HTTP (an RPC port, say) or is
-    cut short: http.client's errors are no OSError, and are as much a failed scrape."""
+    """The body at ``url``, all of it (the redirects, headers and body) within ``timeout``
+    seconds: an endpoint that trickles its answer is cut at that deadline, not a timeout
+    after its latest byte. Raises OSError when nothing answers in time (TimeoutError),
+    NotMetrics for a body that is not text or is longer than :data:`MAX_BODY`, and
+    ConnectionError for an answer that is not HTTP (an RPC port, say), is cut short, or is
+    an HTTP error (urllib's follows redirects, and says a loop of them in three lines):
+    http.client's errors are no OSError, and are as much a failed scrape."""
+    deadline = time.monotonic() + timeout
+    opener = urllib.request.build_opener(
+        _HTTPHandler(deadline, timeout), _HTTPSHandler(deadline, timeout)
+    )
+    chunks: list[bytes] = []
+    size = 0
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body: bytes = response.read()
+        with opener.open(url, timeout=timeout) as response:
+            while size <= MAX_BODY and (chunk := response.read(_CHUNK)):
+                chunks.append(chunk)
+                size += len(chunk)
+            length = response.headers.get("Content-Length", "")
+            if size <= MAX_BODY and length.isdigit() and size < int(length):
+                raise http.client.IncompleteRead(b"", int(length) - size)  # read(n) says not
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        reason = str(exc.reason).partition("\n")[0]
+        raise ConnectionError(f"HTTP error {exc.code}: {reason}") from None
     except http.client.HTTPException as exc:
         raise ConnectionError(f"not a whole HTTP answer: {exc!r}") from None
+    if size > MAX_BODY:
+        raise NotMetrics(f"the body is more than {MAX_BODY:,} bytes")
     try:
-        return body.decode()
+        return b"".join(chunks).decode()
     except UnicodeDecodeError as exc:
         raise NotMetrics(f"the body is not UTF-8 text ({exc})") from None
+
+
+class _Deadline(io.RawIOBase):
+    """A response's reads from ``sock``, each waiting only for what is left until
+    ``deadline`` (monotonic). Reads through the socket's own raw file, which keeps the
+    socket open after urllib closes its connection (as the response's file does)."""
+
+    def __init__(self, sock: socket.socket, deadline: float, timeout: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._deadline = deadline
+        self._timeout = timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole answer within {self._timeout} s")
+        self._sock.settimeout(left)
+        try:
+            return int(self._raw.readinto(buffer) or 0)
+        except TimeoutError:
+            raise TimeoutError(f"no whole answer within {self._timeout} s") from None
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _Sock:
+    """What an ``HTTPResponse`` is given for the socket: its reads keep the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float, timeout: float) -> None:
+        self._reader = _Deadline(sock, deadline, timeout)
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(self._reader)
+
+
+class _Timed:
+    """Mixed into an ``http.client`` connection: connects within what is left until the
+    deadline, and its response reads to the deadline."""
+
+    def __init__(self, host: str, *, deadline: float, scrape: float, **kw: Any) -> None:
+        kw["timeout"] = max(deadline - time.monotonic(), 0.001)
+        super().__init__(host, **kw)  # type: ignore[call-arg]
+        self._deadline = deadline
+        self._scrape = scrape
+
+    def response_class(self, sock: Any, *args: Any, **kw: Any) -> http.client.HTTPResponse:
+        timed = _Sock(sock, self._deadline, self._scrape)
+        return http.client.HTTPResponse(timed, *args, **kw)  # type: ignore[arg-type]
+
+
+# response_class: a method, called as the class is (``self.response_class(sock, ...)``)
+class _HTTP(_Timed, http.client.HTTPConnection):  # type: ignore[misc]
+    pass
+
+
+class _HTTPS(_Timed, http.client.HTTPSConnection):  # type: ignore[misc]
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: float, scrape: float) -> None:
+        super().__init__()
+        self._timed = functools.partial(_HTTP, deadline=deadline, scrape=scrape)
+
+    def do_open(self, http_class: Any, req: Any, **kw: Any) -> Any:
+        return super().do_open(self._timed, req, **kw)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: float, scrape: float) -> None:
+        super().__init__()
+        self._timed = functools.partial(_HTTPS, deadline=deadline, scrape=scrape)
+
+    def do_open(self, http_class: Any, req: Any, **kw: Any) -> Any:
+        return super().do_open(self._timed, req, **kw)
 
 
 def run(
