@@ -314,6 +314,9 @@ class ChatterAdapter:
                 peer.on_retry(conv, retry["waitMs"] / 1000, retry["message"])
         elif op == PART:
             peer.on_result_part(conv, msg.data)
+            if msg.last or (msg.token and self.codec.strict):  # the peer sends no End then
+                self.codec.abandon(conv)  # nor do we: over (a no-op once closed)
+                peer.on_result_end(conv)
         elif op == END:
             peer.on_result_end(conv)
         elif msg.last:
