@@ -18,8 +18,10 @@ import functools
 import http.client
 import io
 import math
+import signal
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -406,16 +408,20 @@ def run(
 ) -> None:
     """Refresh every ``interval`` s (> 0), ``count`` times (forever when None). Raises
     OSError (urllib's URLError is one) when the endpoint cannot be scraped, NotMetrics when
-    what it answers is not Prometheus text."""
+    what it answers is not Prometheus text. The live table (on the main thread) turns
+    SIGTERM into SystemExit(143) while it runs, so the terminal gets its cursor back."""
     if not interval > 0:
         raise ValueError(f"interval must be above 0 s, not {interval}")
     url = metrics_url(target)
     use_rich = not plain and out.isatty() and _have_rich()
     before: Snapshot | None = None
     live: Any = None
+    sigterm: Any = None
     if use_rich:
         from rich.live import Live
 
+        if threading.current_thread() is threading.main_thread():
+            sigterm = signal.signal(signal.SIGTERM, _terminated)
         live = Live(auto_refresh=False)
         live.start()
     try:
@@ -436,6 +442,14 @@ def run(
     finally:
         if live is not None:
             live.stop()
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM (``kill``) while the live table hides the cursor: exit (128 + 15, as the
+    signal would) through its clean-up, which shows the cursor again."""
+    raise SystemExit(128 + signum)
 
 
 def _have_rich() -> bool:
