@@ -438,7 +438,9 @@ def run(
             if count is not None and shown >= count:
                 break
             next_at += interval
-            time.sleep(max(0.0, next_at - time.monotonic()))
+            if next_at < (now_at := time.monotonic()):  # a slow scrape: no burst to catch up
+                next_at = now_at + interval
+            time.sleep(next_at - now_at)
     finally:
         if live is not None:
             live.stop()
