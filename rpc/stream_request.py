@@ -24,6 +24,7 @@ result has the stream's deadline alone (:class:`~rpc.streaming.ResultWait`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from rpc.calls import Caller, _Call
 
 K = TypeVar("K")
+
+PARTS_PER_TURN = 256
+"""Parts of a stream request sent in one go at most: then the loop gets a turn (as
+:data:`rpc.responder.PARTS_PER_TURN` for a streamed result's parts)."""
 
 
 async def send(
@@ -81,9 +86,12 @@ def _fed(wait: ResultWait, queue: StreamQueue) -> None:
 
 
 def _send_ready(caller: Caller[K], key: K, op: str, source: PartSource) -> bool:
-    """Send a plain iterable's parts while the transport takes them: True once all went."""
+    """Send a plain iterable's parts while the transport takes them, at most
+    :data:`PARTS_PER_TURN`: True once all went."""
     outbox, adapter = caller.outbox, caller.adapter
-    while not outbox.blocked:
+    for _ in range(PARTS_PER_TURN):
+        if outbox.blocked:
+            return False
         part = source.take()
         if part is END:
             return True
@@ -102,15 +110,21 @@ async def _feed(
     """The rest of ``key``'s parts and its end, each sent once the transport takes more
     (within ``item`` seconds and the deadline); see the module doc for how it ends."""
     calls, outbox, adapter, op = caller._calls, caller.outbox, caller.adapter, wait.op
+    sent = 0
     try:
         while (part := await source.next()) is not END:
             if outbox.blocked:
                 wait.check()  # past the deadline: no coroutine made
-                await wait.bounded(outbox.wait_writable(), each=True)
+                await wait.bounded(outbox.wait_writable(), each=True)  # a turn too
+                sent = 0
+            elif sent >= PARTS_PER_TURN:  # a source that never waits yields the loop
+                sent = 0
+                await asyncio.sleep(0)
             if key not in calls:  # answered or gone (a cancel usually comes first)
                 return
             caller._check_open()
             adapter.send_request_part(key, caller._checked_payload(op, encode_value(part)))
+            sent += 1
         if key in calls:
             adapter.send_request_end(key)
     except Exception as exc:  # to the reader, as the stream's end
