@@ -220,6 +220,8 @@ def top(args: argparse.Namespace) -> int:
         live_view.run(
             args.url, interval=args.interval, count=args.count, side=args.side, plain=args.plain
         )
+    except BrokenPipeError:  # our stdout closed (`| head -1`): _run's to handle, not a scrape's
+        raise
     except OSError as exc:  # urllib's URLError and an answer that is not HTTP included
         raise CliError(f"cannot read {args.url}: {exc}", EXIT_CONNECTION) from None
     except live_view.NotMetrics as exc:  # HTTP, but not a Prometheus exposition

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import rpc
 from rpc import top
 from rpc.cli import build_parser
-from tests.test_cli import Serving, run_cli
+from tests.test_cli import PEERWIRE, ROOT, Serving, run_cli
 from tests.test_metrics import scrape
 
 
@@ -194,3 +195,38 @@ def test_rich_view_shows_op_names_as_they_are(op: str) -> None:
     Console(file=out, width=120, color_system=None).print(top._rich_frame("h:1", None, now))
     (line,) = [line for line in out.getvalue().splitlines() if line.rstrip().endswith("7 │")]
     assert line.split("│")[1].strip() == op
+
+
+async def test_top_into_a_pipe_closed_early_is_not_a_scrape_failure() -> None:
+    """``peerwire top URL --plain | head -1``: our stdout closing is the pipe's end, as for
+    ``call`` and ``stream`` (exit 1, nothing said), not "cannot read URL: Broken pipe"
+    (exit 3), which it was (helper-130's hunt)."""
+    reply = http_ok(metrics_text(10, 1, 5, 100).encode())
+    server = await answering({b"/metrics": reply})
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    read_end, write_end = os.pipe()
+    process = await asyncio.create_subprocess_exec(
+        *PEERWIRE,
+        "top",
+        url,
+        "--plain",
+        "--interval",
+        "0.05",
+        cwd=ROOT,
+        stdout=write_end,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as out:
+            first = await asyncio.to_thread(out.readline)  # then the reader goes away
+        assert first, "top printed nothing"
+        async with asyncio.timeout(30):
+            _, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        server.close()
+        await server.wait_closed()
+    assert (process.returncode, err.decode()) == (1, "")
