@@ -15,7 +15,11 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 WAITING_STREAMS = 256
-"""Streams whose replies may wait at once; past it the oldest stream's replies are dropped."""
+"""Streams whose replies may wait at once; past it the oldest stream's replies are dropped,
+its error kept in their place (it fails: its caller is told, not left with a gap)."""
+FAILED_STREAMS = 4096
+"""Streams whose replies were dropped, each waiting with its error alone (a reply's worth
+of memory); past it the oldest is forgotten, its error unsent."""
 LENIENT_STREAMS = 4096
 """Incoming streams a ``strict=False`` connection remembers as still sending parts."""
 
@@ -29,9 +33,21 @@ class TokenWaits:
     ``WAITING_STREAMS`` streams; freed when the token comes back, the conversation ends
     without it, or the connection goes. The requester decides how long they wait. Bytes
     are those of ``bytes`` payloads: a stream's final ``rpc.Reply`` (one per stream) counts
-    as none. Past ``WAITING_STREAMS`` the oldest stream's replies are dropped unsent."""
+    as none. Past ``WAITING_STREAMS`` the oldest stream's replies are dropped unsent and
+    become one error, as past ``per_stream``: the stream fails when its token comes back
+    (before, its later replies went out as if none had been dropped). Such failed
+    streams, their error alone waiting, are at most ``FAILED_STREAMS``."""
 
-    __slots__ = ("_bytes", "_error", "_max_bytes", "_open_streams", "_per_stream", "waiting")
+    __slots__ = (
+        "_bytes",
+        "_error",
+        "_failed",
+        "_live",
+        "_max_bytes",
+        "_open_streams",
+        "_per_stream",
+        "waiting",
+    )
 
     def __init__(self, per_stream: int, max_bytes: int, error: Send) -> None:
         self._per_stream = per_stream
@@ -41,6 +57,10 @@ class TokenWaits:
         self.waiting: OrderedDict[Hashable, list[tuple[Send, tuple[Any, ...]]]] = OrderedDict()
         """The replies waiting, by stream (read, never changed, by the replies' hot path:
         while a stream's replies wait, later ones wait behind them)."""
+        self._live: OrderedDict[Hashable, None] = OrderedDict()
+        """The streams of ``waiting`` whose replies wait (oldest first)."""
+        self._failed: OrderedDict[Hashable, None] = OrderedDict()
+        """The streams of ``waiting`` that failed: their error alone waits (oldest first)."""
         self._open_streams: OrderedDict[Hashable, None] = OrderedDict()
         """``strict=False`` connections only (no token tracked): incoming streams whose
         requester has not sent its End nor ended the conversation (the oldest forgotten
@@ -63,13 +83,16 @@ class TokenWaits:
 
     def hold(self, key: Hashable, send: Send, args: tuple[Any, ...]) -> None:
         """Keep ``send(*args)`` for when ``key``'s token comes back."""
+        if key in self._failed:
+            return  # the stream has failed: nothing more of it is kept
         waiting = self.waiting.get(key)
         if waiting is None:
             waiting = self.waiting[key] = []
-            if len(self.waiting) > WAITING_STREAMS:
-                self._bytes -= _size(self.waiting.popitem(last=False)[1])
-        if waiting and waiting[-1][0] == self._error:
-            return  # the stream has failed: nothing more of it is kept
+            live = self._live
+            live[key] = None
+            if len(live) > WAITING_STREAMS:
+                message = f"more than {WAITING_STREAMS} streams' results waiting for their ends"
+                self._fail(next(iter(live)), message)
         size = _size([(send, args)])
         if len(waiting) < self._per_stream and self._bytes + size <= self._max_bytes:
             waiting.append((send, args))
@@ -79,16 +102,32 @@ class TokenWaits:
             message = f"more than {self._per_stream} results before the stream's end"
         else:
             message = f"more than {self._max_bytes} bytes of results waiting for streams' ends"
+        self._fail(key, message)
+
+    def _fail(self, key: Hashable, message: str) -> None:
+        """Drop ``key``'s waiting replies: its error alone waits in their place."""
+        self._live.pop(key, None)
+        waiting = self.waiting[key]
         self._bytes -= _size(waiting)
         waiting[:] = [(self._error, (key, message))]
+        failed = self._failed
+        failed[key] = None
+        if len(failed) > FAILED_STREAMS:
+            del self.waiting[failed.popitem(last=False)[0]]
 
     def release(self, key: Hashable) -> None:
         """``key``'s token is back: send what waited for it, in order."""
         waiting = self.waiting.pop(key, None)
         if waiting is not None:
-            self._bytes -= _size(waiting)
+            self._forget(key, waiting)
             for send, args in waiting:
                 send(*args)
+
+    def _forget(self, key: Hashable, waiting: list[tuple[Send, tuple[Any, ...]]]) -> None:
+        """``key``'s replies, just taken out of ``waiting``, no longer wait."""
+        self._bytes -= _size(waiting)
+        self._live.pop(key, None)
+        self._failed.pop(key, None)
 
     def drop(self, key: Hashable) -> None:
         """``key``'s conversation ended without handing the token over: what waited for it
@@ -96,13 +135,15 @@ class TokenWaits:
         self._open_streams.pop(key, None)
         waiting = self.waiting.pop(key, None)
         if waiting is not None:
-            self._bytes -= _size(waiting)
+            self._forget(key, waiting)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.waiting
 
     def clear(self) -> None:
         self.waiting.clear()
+        self._live.clear()
+        self._failed.clear()
         self._open_streams.clear()
         self._bytes = 0
 
