@@ -27,32 +27,18 @@ async def serving(reply: object) -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
 
 
-async def test_a_trickling_answer_fails_at_the_scrape_timeout() -> None:
-    """A byte every 0.1 s: each read came within the timeout, so the scrape went on for as
-    long as the endpoint liked (here 4 s; a slowloris endpoint: for ever)."""
+@pytest.mark.parametrize(
+    ("head", "byte"), [(b"HTTP/1.0 200 OK\r\n\r\n", b"#"), (b"HTTP/1.0 200 OK\r\n", b"X")]
+)
+async def test_a_trickling_answer_fails_at_the_scrape_timeout(head: bytes, byte: bytes) -> None:
+    """A byte every 0.1 s, in the body or in the headers: each read came within the
+    timeout, so the scrape went on for as long as the endpoint liked (here 4 s; a slowloris
+    endpoint: for ever)."""
 
     async def trickle(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.0 200 OK\r\n\r\n")
+        writer.write(head)
         for _ in range(40):
-            writer.write(b"#")
-            await writer.drain()
-            await asyncio.sleep(0.1)
-
-    server, url = await serving(trickle)
-    try:
-        start = time.monotonic()
-        with pytest.raises(OSError, match=r"within 1\.0 s"):
-            await asyncio.to_thread(top.fetch, url, 1.0)
-        assert time.monotonic() - start < 2.0
-    finally:
-        server.close()
-
-
-async def test_trickled_headers_fail_at_the_scrape_timeout_too() -> None:
-    async def trickle(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.0 200 OK\r\n")
-        for _ in range(40):
-            writer.write(b"X")
+            writer.write(byte)
             await writer.drain()
             await asyncio.sleep(0.1)
 
