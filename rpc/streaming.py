@@ -83,6 +83,10 @@ class StreamQueue:
     def __len__(self) -> int:
         return len(self._items)
 
+    def ended(self) -> bool:
+        """Its end (:data:`END`) is queued: nothing more comes."""
+        return bool(self._items) and self._items[-1] is END
+
     def put(self, item: Any) -> None:
         if item.__class__ is bytes:
             self.bytes += len(item)
@@ -227,10 +231,12 @@ class ResultWait:
     async def next(self, queue: StreamQueue) -> Any:
         """The next item of ``queue``, within ``item`` seconds (once no part is being sent)
         and the deadline. An item already queued (results that came in one read) is taken
-        without a timer, the deadline checked all the same: a reader slower than its peer
-        may never find its queue empty (before, such a stream outlived its deadline)."""
+        without a timer, the deadline checked all the same unless the stream's end came
+        (a reader slower than its peer may never find its queue empty: such a stream
+        outlived its deadline; one that ended in time is read out, as a request's result
+        is taken whenever it is awaited)."""
         if len(queue):
-            if self.deadline is not None:
+            if self.deadline is not None and not queue.ended():
                 self._left(self.deadline)
             return queue.take()
         while True:
