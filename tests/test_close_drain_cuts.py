@@ -52,7 +52,7 @@ async def test_a_close_that_drains_everything_cuts_nothing(
     @reg.handle("slow")
     async def slow(value: object) -> object:
         started.set()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the handler's work, which the drain waits for
         return value
 
     async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg) as server:

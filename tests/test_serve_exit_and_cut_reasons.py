@@ -27,6 +27,7 @@ from rpc import loops
 from rpc.cli_serve import STOP_GRACE
 from tests.reconnect_helpers import FAST, RECONNECTING, Recorder, named
 from tests.rpc_helpers import wait_until
+from tests.test_service_hunt import stubborn, write_module
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN = 0.5  # `peerwire serve --drain-timeout`: the calls in flight are cut then
@@ -234,12 +235,8 @@ SERVE_LOOPS = pytest.mark.parametrize(
 
 
 def _module(directory: Path, body: str) -> Path:
-    path = directory / "review_app.py"
-    path.write_text(
-        "import asyncio\nimport concurrent.futures\nimport sys\nimport threading\n"
-        "import time\n\nimport rpc\n\nregistry = rpc.Registry()\n\n" + body
-    )
-    return path
+    """test_service_hunt's module, with concurrent.futures and threading imported."""
+    return write_module(directory, "import concurrent.futures\nimport threading\n\n" + body)
 
 
 @SERVE_LOOPS
@@ -274,16 +271,10 @@ async def test_serve_watchdog_exits_when_stdout_is_gone(tmp_path: Path, loop: st
     same function on the loop."""
     module = _module(
         tmp_path,
-        "@registry.handle('stubborn')\n"
-        "async def stubborn(_):\n"
-        "    print('some output')  # buffered: stdout is a pipe\n"
-        "    print('started', file=sys.stderr, flush=True)\n"
-        "    end = time.monotonic() + 60\n"
-        "    while time.monotonic() < end:\n"
-        "        try:\n"
-        "            await asyncio.sleep(end - time.monotonic())\n"
-        "        except asyncio.CancelledError:\n"
-        "            pass\n",
+        stubborn(
+            "print('some output')  # buffered: stdout is a pipe",
+            "print('started', file=sys.stderr, flush=True)",
+        ),
     )
     code, took, server = await _sigterm_with_a_call_in_flight(
         module, "stubborn", loop, close_stdout=True

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, multiprocess
 import rpc
 from rpc.workers import KILL_GRACE
 from tests.test_metrics_workers import one_connection_per_worker
+from tests.test_service_hunt import stubborn
+from tests.test_service_hunt import write_module as service_module
 from tests.test_workers import Running
 
 PEERWIRE = [sys.executable, "-m", "rpc.cli"]
@@ -33,12 +35,8 @@ pytestmark = [
 
 
 def write_module(directory: Path, body: str) -> Path:
-    path = directory / "stop_app.py"
-    path.write_text(
-        "import asyncio\nimport os\nimport time\n\nimport rpc\n\nregistry = rpc.Registry()\n"
-        "registry.handle('pid')(lambda _: os.getpid())\n\n" + body
-    )
-    return path
+    """test_service_hunt's module, with a ``pid`` handler."""
+    return service_module(directory, "registry.handle('pid')(lambda _: os.getpid())\n\n" + body)
 
 
 def serve(module: Path, *options: str, env: dict[str, str] | None = None) -> Running:
@@ -67,18 +65,7 @@ async def test_a_second_signal_kills_the_workers_at_once(tmp_path: Path) -> None
     """With ``--workers``, the parent waited the whole kill grace (drain + 5 s) for a
     worker whose handler ignores cancellation, however many SIGTERMs came, where a
     single-process ``serve`` exits at the second signal."""
-    module = write_module(
-        tmp_path,
-        "@registry.handle('stubborn')\n"
-        "async def stubborn(_):\n"
-        "    print('started', os.getpid(), flush=True)\n"
-        "    end = time.monotonic() + 60\n"
-        "    while time.monotonic() < end:\n"
-        "        try:\n"
-        "            await asyncio.sleep(end - time.monotonic())\n"
-        "        except asyncio.CancelledError:\n"
-        "            pass\n",
-    )
+    module = write_module(tmp_path, stubborn("print('started', os.getpid(), flush=True)"))
     server = serve(module, "--workers=2")
     try:
         [url] = await asyncio.to_thread(server.urls, 1)

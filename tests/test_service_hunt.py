@@ -52,12 +52,29 @@ def serve_two_workers_with_metrics(module: Path, env: dict[str, str]) -> Running
 
 
 def write_module(directory: Path, body: str) -> Path:
+    """A module to serve: ``registry`` and ``body`` (asyncio, os, sys and time imported)."""
     path = directory / "service_app.py"
     path.write_text(
-        "import asyncio\nimport os\nimport time\n\nimport rpc\n\nregistry = rpc.Registry()\n\n"
-        + body
+        "import asyncio\nimport os\nimport sys\nimport time\n\nimport rpc\n\n"
+        "registry = rpc.Registry()\n\n" + body
     )
     return path
+
+
+def stubborn(*started: str) -> str:
+    """The source of ``stubborn``, a handler that swallows its cancellation for 60 s; its
+    first statements are ``started`` (saying it began)."""
+    return (
+        "@registry.handle('stubborn')\n"
+        "async def stubborn(_):\n"
+        + "".join(f"    {line}\n" for line in started)
+        + "    end = time.monotonic() + 60\n"
+        "    while time.monotonic() < end:\n"
+        "        try:\n"
+        "            await asyncio.sleep(end - time.monotonic())\n"
+        "        except asyncio.CancelledError:\n"
+        "            pass\n"
+    )
 
 
 async def sigterm_with_a_call_in_flight(module: Path, op: str) -> tuple[int | None, float]:
@@ -102,18 +119,7 @@ async def test_sigterm_ends_serve_when_a_handler_ignores_cancellation(tmp_path: 
     no bound: a handler that swallows CancelledError held the process for its whole run (60
     s here; forever for a loop), and a second SIGTERM does nothing. ``--workers 2`` kills
     such a worker at drain + 5 s."""
-    module = write_module(
-        tmp_path,
-        "@registry.handle('stubborn')\n"
-        "async def stubborn(_):\n"
-        "    print('started', flush=True)\n"
-        "    end = time.monotonic() + 60\n"
-        "    while time.monotonic() < end:\n"
-        "        try:\n"
-        "            await asyncio.sleep(end - time.monotonic())\n"
-        "        except asyncio.CancelledError:\n"
-        "            pass\n",
-    )
+    module = write_module(tmp_path, stubborn("print('started', flush=True)"))
     code, took = await sigterm_with_a_call_in_flight(module, "stubborn")
     assert code is not None, f"still running {took:.1f} s after SIGTERM"
 
