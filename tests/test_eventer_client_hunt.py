@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,8 @@ import pytest
 from rpc import eventer
 from rpc.eventer import EventerServer
 from tests.peers.eventer_helpers import json_event, server_config
+from tests.test_eventer_cli import start
 
-ROOT = Path(__file__).resolve().parents[1]
 HIGH_WATER = 256 * 1024
 """The core's default ``high_water`` (docs/limits.md)."""
 
@@ -37,22 +35,9 @@ async def test_registering_without_response_waits_for_a_server_that_stopped_read
     (tmp_path / "c.json").write_text(
         json.dumps({"listen": "tcp+sbs://127.0.0.1:0", "database": ":memory:"})
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rpc.eventer",
-        "serve",
-        "--config",
-        str(tmp_path / "c.json"),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None
+    proc, url = await start(tmp_path / "c.json")
     try:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
-        assert line.startswith("listening on "), line
-        client = await eventer.connect(line.split()[-1], "flood", timeout=2)
+        client = await eventer.connect(url, "flood", timeout=2)
         try:
             proc.send_signal(signal.SIGSTOP)
             event = json_event(("flood",), "x" * 65536)
