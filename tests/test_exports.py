@@ -169,6 +169,7 @@ def test_transports_package_exports_through_its_modules() -> None:
         "read_buffer",
         "slow_input",
         "stream",
+        "web_files",
         "web_http",
         "websocket",
         "ws_connection",

@@ -23,7 +23,7 @@ from tests.certs import Pki, make_server_cert
 from tests.rpc_helpers import gotalk_peer_registry
 from tests.test_web_hostile import http_request, recorder_server
 from transports.stream import client_ssl_context, server_ssl_context
-from transports.web_http import Asset, StaticFiles
+from transports.web_files import Asset, StaticFiles
 from transports.websocket import HttpOptions
 
 pytestmark = pytest.mark.both_loops
