@@ -236,8 +236,9 @@ class ResultWait:
         outlived its deadline; one that ended in time is read out, as a request's result
         is taken whenever it is awaited)."""
         if len(queue):
-            if self.deadline is not None and not queue.ended():
-                self._left(self.deadline)
+            deadline = self.deadline  # _left written out: once per queued result
+            if deadline is not None and self.loop.time() >= deadline and not queue.ended():
+                raise self._overdue()
             return queue.take()
         while True:
             by_item = not self.feeding
