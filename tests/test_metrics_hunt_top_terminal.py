@@ -17,8 +17,6 @@ from prometheus_client import CollectorRegistry
 from rpc.metrics import Metrics, start_http_server
 from tests.test_cli import PEERWIRE, ROOT
 
-pytest.importorskip("rich")
-
 SHOW_CURSOR = b"\x1b[?25h"
 HIDE_CURSOR = b"\x1b[?25l"
 

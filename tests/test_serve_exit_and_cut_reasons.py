@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 import rpc
-from rpc import loops
 from rpc.cli_serve import STOP_GRACE
 from tests.reconnect_helpers import FAST, RECONNECTING, Recorder, named
 from tests.rpc_helpers import wait_until
@@ -221,17 +220,9 @@ async def _sigterm_with_a_call_in_flight(
         raise
 
 
-SERVE_LOOPS = pytest.mark.parametrize(
-    "loop",
-    [
-        "asyncio",
-        pytest.param(
-            "uvloop",
-            marks=pytest.mark.skipif(not loops.uvloop_installed(), reason="uvloop not installed"),
-        ),
-    ],
-)
-"""The served process's loop (the tests' own is ``--loop``'s)."""
+SERVE_LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+"""The served process's loop (the tests' own is ``--loop``'s; uvloop comes with the test
+extra: its absence fails, not skips)."""
 
 
 def _module(directory: Path, body: str) -> Path:
