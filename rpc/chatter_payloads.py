@@ -14,11 +14,13 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, final
 
-from rpc.payload import PayloadError, encode_value
+from rpc.payload import PayloadError, convert, decode_any, encode_value
 from wire import schemas
 
 if TYPE_CHECKING:
     import hat.sbs
+
+    from rpc.registry import Handler
 
 
 @dataclass(slots=True, frozen=True)
@@ -109,6 +111,41 @@ class SbsPayloads:
                 raise PayloadError(f"cannot encode {op} as SBS: {exc}") from None
             return data
         return encode_value(value)
+
+    def encode_request(self, op: str, value: Any) -> bytes:
+        """A request's (or notification's) payload: :meth:`encode` without its call for a
+        type outside the repository."""
+        if op in self.names:
+            return self.encode(op, value)
+        if value.__class__ is bytes:  # raw bytes go as they are: encode_value's first case
+            return value
+        return encode_value(value)
+
+    def encode_result(self, value: Any) -> bytes | Reply:
+        """A handler's result: a :class:`Reply` goes as it names, anything else as
+        :func:`~rpc.payload.encode_value` encodes it."""
+        if isinstance(value, Reply):
+            return value
+        return encode_value(value)
+
+    def decode_params(self, handler: Handler, payload: Incoming) -> Any:
+        """A received request's payload as ``handler`` takes it; PayloadError if it does
+        not decode."""
+        if payload.__class__ is bytes:  # the common payload first: one check
+            return handler.decode(payload)
+        if type(payload) is Sbs:
+            return convert(payload.value, handler.annotation)
+        if type(payload) is Undecodable:
+            raise PayloadError(payload.reason)
+        return handler.decode(payload)
+
+    def decode_result(self, payload: Incoming) -> Any:
+        """A received result as its caller gets it; PayloadError if it does not decode."""
+        if type(payload) is Sbs:
+            return payload.value
+        if type(payload) is Undecodable:
+            raise PayloadError(payload.reason)
+        return decode_any(payload)
 
 
 @functools.lru_cache(maxsize=32)

@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 from rpc import intercept
 from rpc.backlog import text_size
 from rpc.chatter_extension import ChatterHandshake
-from rpc.chatter_payloads import Incoming, Reply, Sbs, SbsPayloads, Undecodable
+from rpc.chatter_payloads import Incoming, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
 from rpc.chatter_replies import END, ERROR, PART, RESULT, RETRY, RPC_MODULE, ChatterReplies
 from rpc.logs import violations
 from rpc.message_stall import MessageStall
-from rpc.payload import PayloadError, convert, decode_any, encode_value
+from rpc.payload import PayloadError
 from rpc.peer import Options, Peer
-from rpc.registry import Handler, Registry
+from rpc.registry import Registry
 from rpc.request_meta import MetaState
 from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
@@ -105,8 +105,13 @@ class ChatterAdapter:
         """The peer's outbox (made before its adapter, kept for its life), bound."""
         self._on_result = peer.on_result
         self.sbs_repo = sbs_repo or schemas.repository()
-        self.payloads = SbsPayloads(self.sbs_repo)
-        self._sbs_names = self.payloads.names
+        payloads = self.payloads = SbsPayloads(self.sbs_repo)
+        self._sbs_names = payloads.names
+        self.encode_request = payloads.encode_request
+        self.encode_result = payloads.encode_result
+        self.decode_params = payloads.decode_params
+        self.decode_result = payloads.decode_result
+        """How values and payloads convert (:mod:`rpc.chatter_payloads`), bound here."""
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
         self.stall = MessageStall(peer)  # the least rate of an unfinished message
         replies = self.replies = ChatterReplies(
@@ -330,36 +335,6 @@ class ChatterAdapter:
             violations.warning("chatter peer %s: %s", self.peer.remote_address, value.reason)
             return fallback(data) if callable(fallback) else fallback
         return value
-
-    # --- payloads --------------------------------------------------------------------------
-
-    def encode_request(self, op: str, value: Any) -> bytes:
-        if op in self._sbs_names:
-            return self.payloads.encode(op, value)
-        if value.__class__ is bytes:  # raw bytes go as they are: encode_value's first case
-            return value
-        return encode_value(value)  # as payloads.encode would, without its call
-
-    def encode_result(self, value: Any) -> bytes | Reply:
-        if isinstance(value, Reply):
-            return value
-        return encode_value(value)
-
-    def decode_params(self, handler: Handler, payload: Incoming) -> Any:
-        if payload.__class__ is bytes:  # the common payload first: one check
-            return handler.decode(payload)
-        if type(payload) is Sbs:
-            return convert(payload.value, handler.annotation)
-        if type(payload) is Undecodable:
-            raise PayloadError(payload.reason)
-        return handler.decode(payload)
-
-    def decode_result(self, payload: Incoming) -> Any:
-        if type(payload) is Sbs:
-            return payload.value
-        if type(payload) is Undecodable:
-            raise PayloadError(payload.reason)
-        return decode_any(payload)
 
     # --- sending ---------------------------------------------------------------------------
 
