@@ -23,6 +23,7 @@ from rpc.group.links import Item, Link, Links
 from rpc.group.members import Members
 from rpc.group.options import GroupOptions, GroupStats
 from rpc.group.planner import Chunk, Planner, skip_head
+from wire.errors import LocalProtocolError
 from wire.gossip import BroadcastID, Gossip, GossipCodec, NetID
 
 __all__ = ["Router"]
@@ -91,7 +92,11 @@ class Router:
     ) -> bytes:
         """One gossip frame; with ``others``, a few random members (not ``head``) named.
 
-        Raises :class:`~wire.errors.LocalProtocolError` if it would exceed ``max_size``.
+        The members named and the multicast ``seen`` list are extras: a frame they would
+        take over ``max_size`` goes without both. The sender of a payload left room for
+        its own ``max_others`` and ``seen`` only, so a forwarder naming more members (or
+        seeing more multicast) would otherwise drop a payload at the limit. Raises
+        :class:`~wire.errors.LocalProtocolError` if it still exceeds ``max_size``.
         """
         self._bid += 1
         named: tuple[NetID, ...] = ()
@@ -99,15 +104,14 @@ class Router:
         k = min(self._options.max_others, len(members))
         if others and k:
             named = tuple(m for m in self._rng.sample(members, k) if m != head)
-        gossip = Gossip(
-            current=BroadcastID(self.netid, self._bid),
-            seen=self._seen(),
-            others=named,
-            distribution=rest,
-            tag=tag,
-            payload=payload,
-        )
-        return self._codec.send(gossip)
+        current = BroadcastID(self.netid, self._bid)
+        seen = self._seen()
+        try:
+            return self._codec.send(Gossip(current, seen, named, rest, tag, payload))
+        except LocalProtocolError:
+            if not (named or seen):
+                raise
+        return self._codec.send(Gossip(current, (), (), rest, tag, payload))
 
     async def close(self, drain_timeout: float) -> None:
         """Stop rerouting; flush the links (up to ``drain_timeout`` s) and close them."""
