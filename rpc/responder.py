@@ -4,14 +4,11 @@ run by the registry's handlers, and their results sent back.
 :class:`Responder` is the half of :class:`~rpc.peer.Peer` that does this (calls with
 middleware or request metadata go through :mod:`rpc.intercept` instead, which hands a
 single request for an ``async def`` with its caller's deadline back, when there is no
-middleware, to :meth:`Responder.serve_bounded`). Its state,
-set up by the peer: incoming streams in ``_streams`` (at most ``max_concurrent``; each
-queue at most ``max_stream_queue`` parts, past which reading pauses until its handler makes
-room: :mod:`rpc.stream_hold`), streams
-ended early in ``_ended`` (the last :data:`ENDED_STREAMS`), and the keys of the requests
-the peer may cancel in ``_running``; all freed with the connection. Handlers that return an
-awaitable or an async generator are served as jobs of the peer's
-:class:`~rpc.handler_runner.HandlerRunner`.
+middleware, to :meth:`Responder.serve_bounded`); the parts of stream requests reach their
+handlers through its base :class:`~rpc.served_streams.ServedStreams`. Its state, set up by
+the peer: the keys of the requests the peer may cancel in ``_running``, freed with the
+connection. Handlers that return an awaitable or an async generator are served as jobs of
+the peer's :class:`~rpc.handler_runner.HandlerRunner`.
 """
 
 from __future__ import annotations
@@ -20,21 +17,23 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import Callable
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
-from rpc.errors import ConnectionClosed, PayloadError, RemoteError, RetryLater
+from rpc.errors import ConnectionClosed, PayloadError, RetryLater
 from rpc.key import K
 from rpc.logs import violations
 from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
 from rpc.request_bytes import UNCOUNTED, RequestBytes, counted_size
-from rpc.stream_hold import InputHeld, NoRoom, StreamHold
-from rpc.streaming import END, StreamQueue
+from rpc.served_streams import ENDED_STREAMS as ENDED_STREAMS
+from rpc.served_streams import ServedStreams
+from rpc.served_streams import _parts as _parts
+from rpc.stream_hold import InputHeld
 from rpc.tasks import being_cancelled
 
 if TYPE_CHECKING:
@@ -55,10 +54,6 @@ OWN_CANCEL = "the handler was cancelled (not by its caller)"
 PARTS_PER_TURN = 256
 """Parts of a streamed result sent in one go: then the loop gets a turn (the connection's
 other work, the caller's cancel), even from a generator that never waits."""
-ENDED_STREAMS = 256
-"""Incoming streams remembered after we stopped taking their parts (refused, failed or
-answered early), so their late parts are dropped instead of counting as parts of an
-unknown stream (a protocol violation for Gotalk). Older ones are forgotten."""
 _STREAM = HandlerKind.STREAM
 """A module global: reading an Enum member off its class costs about 100 ns in Python 3.11,
 a global about 10, and it is read per request."""
@@ -81,9 +76,9 @@ class NoTaskSlot(NotificationsHeld):
     slots may wait for replies from this very peer."""
 
 
-class Responder(Generic[K]):
+class Responder(ServedStreams[K]):
     """The calls the peer makes to us (mixed into :class:`~rpc.peer.Peer`, which sets up
-    the attributes below)."""
+    the attributes below and those of :class:`~rpc.served_streams.ServedStreams`)."""
 
     registry: Registry
     adapter: Adapter[K]
@@ -94,10 +89,7 @@ class Responder(Generic[K]):
     _tasks: TaskSet
     _runner: HandlerRunner[K]
     _backlog: deque[Any]
-    _streams: dict[K, StreamQueue]
-    _stream_hold: StreamHold
     _request_bytes: RequestBytes
-    _ended: OrderedDict[K, None]
     _running: set[K]
     _intercepted: bool
     _task_slots: int
@@ -255,84 +247,10 @@ class Responder(Generic[K]):
         else:
             self.adapter.send_error(key, str(exc) or "retry later")
 
-    def _end_stream(self, key: K) -> None:
-        """Stop taking parts of incoming stream ``key``; remember it for a while."""
-        queue = self._streams.pop(key, None)
-        if queue is not None:
-            self._stream_hold.drop(queue)  # its reader takes no more
-        ended = self._ended
-        ended[key] = None
-        if len(ended) > ENDED_STREAMS:
-            ended.popitem(last=False)
-
-    def on_request_part(self, key: K, payload: Any) -> bool:
-        """Queue a part for its stream's handler. False: no such stream, now or lately.
-        Past ``max_stream_queue`` parts unread or ``max_size`` bytes of them, raises
-        InputHeld (see :mod:`rpc.stream_hold`): the part waits, and the handler's stream
-        fails should it take none within the connection's request timeout. Past
-        ``max_request_bytes`` held for the connection's requests, raises NoRoom (an
-        InputHeld): the part waits until handlers take or finish enough
-        (:mod:`rpc.request_bytes`), and the peer reads on meanwhile."""
-        queue = self._streams.get(key)
-        if queue is None:
-            return key in self._ended  # refused, failed or answered: dropped
-        options = self.options
-        if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
-            self._stream_hold.hold(queue, lambda: self._stalled_parts(key))
-        held = self._request_bytes
-        if held.used >= held.limit:
-            raise NoRoom
-        queue.put(payload)
-        return True
-
-    def _stalled_parts(self, key: K, drop: bool = False) -> None:
-        """A stream handler took none of its full queue's parts within its stall limit: its
-        stream fails alone (the error ends its parts; later parts are dropped). ``drop``:
-        its parts are dropped too, for the bytes they hold
-        (:class:`~rpc.stream_hold.RoomStall`)."""
-        queue = self._streams.get(key)
-        if queue is not None:
-            self._end_stream(key)
-            waiting, stall = len(queue), queue.stall
-            if drop:
-                queue.drop()
-            queue.put(
-                RemoteError(f"{waiting} stream request parts waiting, none taken for {stall} s")
-            )
-
-    def open_parts(self, key: K) -> StreamQueue:
-        """Open the queue of stream request ``key``'s parts: its handler may go the
-        connection's request timeout without taking one while it holds
-        (:mod:`rpc.stream_hold`)."""
-        stall = self.options.timeout
-        stall = self.adapter.default_timeout if stall is None else stall
-        queue = self._streams[key] = StreamQueue(self._loop, stall, self._request_bytes)
-        return queue
-
-    def on_request_end(self, key: K) -> bool:
-        """End a stream's parts. False: no such stream, now or lately."""
-        queue = self._streams.pop(key, None)
-        if queue is None:
-            if key not in self._ended:
-                return False
-            del self._ended[key]
-            return True
-        queue.put(END)
-        return True
-
     def cancellable(self, key: K) -> bool:
         """True while request ``key``'s handler runs and the peer may cancel it (it takes
         the cancellation extension)."""
         return key in self._running
-
-    def has_stream(self, key: K) -> bool:
-        """True while an incoming stream request ``key`` takes parts."""
-        return key in self._streams
-
-    def takes_parts(self, key: K) -> bool:
-        """True while parts of stream request ``key`` need no slot: its handler takes them,
-        or they are dropped (the stream ended lately, e.g. failed for a stall)."""
-        return key in self._streams or key in self._ended
 
     # --- handler completion ----------------------------------------------------------------
 
@@ -492,16 +410,3 @@ async def _close(agen: Any) -> None:
         await agen.aclose()
     except Exception:
         log.debug("closing a streamed result's generator failed", exc_info=True)
-
-
-async def _parts(queue: StreamQueue, decode: Any) -> AsyncIterator[Any]:
-    """The async iterator a stream handler reads its request parts from."""
-    while True:
-        while not len(queue):
-            await queue.wait()
-        item = queue.take()
-        if item is END:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield decode(item)
