@@ -10,7 +10,9 @@ The loop is :func:`rpc.loops.new_event_loop`'s: uvloop when installed, or as
 its call on the loop: nothing it started goes on in the background. A child process made
 by ``os.fork()`` starts a loop of its own at its first call (the loop's thread does not
 come along); the clients and streams it inherited belong to the parent and raise
-ConnectionClosed there.
+ConnectionClosed there. A blocking call or ``next()`` made on the loop's own thread (in a
+handler a blocking client serves, in its ``on_connect`` or ``on_state``) would wait for the
+loop it stops, for good: it raises :class:`CalledOnLoopThread` instead.
 """
 
 from __future__ import annotations
@@ -43,15 +45,33 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_loop_thread: int | None = None
+"""The ident of the thread that runs ``_loop``."""
+
+
+class CalledOnLoopThread(RuntimeError):
+    """A blocking call, or a blocking stream's ``next()``, made on the background loop's own
+    thread: in a handler a blocking client serves (its ``registry``), in an ``on_connect``
+    or ``on_state`` callback, in a callback put on that loop. It would wait for the loop it
+    stops, for good. Nothing was done (a stream stays as it was): there, use the async API
+    (:attr:`BlockingPeer.peer`), or hand the blocking work to another thread."""
+
+
+_ON_LOOP = (
+    "a blocking peerwire call on the background loop's own thread (a handler or callback of"
+    " a blocking client) would wait for that loop for good: use the async API there"
+    " (BlockingPeer.peer), or make the call from another thread"
+)
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
-    global _loop
+    global _loop, _loop_thread
     with _lock:
         if _loop is None:
             loop = loops.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="peerwire-loop", daemon=True).start()
-            _loop = loop
+            thread = threading.Thread(target=loop.run_forever, name="peerwire-loop", daemon=True)
+            thread.start()
+            _loop, _loop_thread = loop, thread.ident
         return _loop
 
 
@@ -59,9 +79,9 @@ def _forget_loop() -> None:
     """In a child made by ``os.fork()``: the parent's loop has no thread here (a call handed
     to it waited for good), and the lock may have been held by another thread of the
     parent; the child's first call starts a loop of its own."""
-    global _loop, _lock
+    global _loop, _lock, _loop_thread
     _lock = threading.Lock()
-    _loop = None
+    _loop = _loop_thread = None
 
 
 os.register_at_fork(after_in_child=_forget_loop)
@@ -79,18 +99,14 @@ def _run(
 ) -> T:
     """Run ``coro`` on the background loop and wait for it; ``home``: the loop the object
     making the call was made on, which a process forked since then does not run
-    (ConnectionClosed)."""
+    (ConnectionClosed); on the loop's own thread, CalledOnLoopThread."""
     loop = _background_loop()
     if home is not None and home is not loop:
         coro.close()
         raise ConnectionClosed(_FORKED)
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
+    if threading.get_ident() == _loop_thread:
         coro.close()
-        raise RuntimeError("blocking peerwire call from inside its own event loop")
+        raise CalledOnLoopThread(_ON_LOOP)
     future = asyncio.run_coroutine_threadsafe(coro, loop)
     try:
         return future.result(timeout)
@@ -157,7 +173,9 @@ class BlockingStream(Iterator[Any]):
     such as KeyboardInterrupt in ``next()``) stops the pump and the stream, which tells a
     peerwire peer to cancel its handler; breaking out of a ``for`` over it does so once it
     is no longer referenced. Several threads may read it (each result goes to one); any
-    may close it, which ends the ``next()`` calls that wait with StopIteration.
+    may close it, which ends the ``next()`` calls that wait with StopIteration. ``next()`` on
+    the background loop's own thread raises :class:`CalledOnLoopThread` (it would wait for
+    good), leaving the stream as it was.
     """
 
     def __init__(
@@ -199,6 +217,8 @@ class BlockingStream(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
+        if threading.get_ident() == _loop_thread:  # take() would wait for this thread
+            raise CalledOnLoopThread(_ON_LOOP)
         try:
             if self._home is not _loop:  # forked since: nothing would fill the buffer
                 raise ConnectionClosed(_FORKED)
@@ -225,11 +245,7 @@ class BlockingStream(Iterator[Any]):
         pump = self._stop()
         if pump is None or pump.get_loop() is not _loop:  # none, or the parent's (forked)
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not _background_loop():
+        if threading.get_ident() != _loop_thread:
             _run(_stopped(pump))
 
     def __enter__(self) -> BlockingStream:
