@@ -172,7 +172,10 @@ class BlockingStream(Iterator[Any]):
     Closing it (:meth:`close`, the end of a ``with`` block, dropping it, or an interrupt
     such as KeyboardInterrupt in ``next()``) stops the pump and the stream, which tells a
     peerwire peer to cancel its handler; breaking out of a ``for`` over it does so once it
-    is no longer referenced. Several threads may read it (each result goes to one); any
+    is no longer referenced. One neither read nor closed (still referenced) is a reader that
+    fell behind: once full it holds its whole connection, other calls too, for up to its
+    ``item_timeout``, then fails (neither protocol has flow control per stream): close a
+    stream you stop reading. Several threads may read it (each result goes to one); any
     may close it, which ends the ``next()`` calls that wait with StopIteration. ``next()`` on
     the background loop's own thread raises :class:`CalledOnLoopThread` (it would wait for
     good), leaving the stream as it was.
