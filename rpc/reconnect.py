@@ -32,7 +32,9 @@ protocol of one connection) and presents the calls of a peer: ``request``, ``str
   INFO on the ``peerwire.rpc`` logger with the URL and the wait.
 
 Per-client state: the current connection (replaced at each reconnect), one reconnect task,
-and at most :data:`TRANSITIONS_QUEUE` transitions per unread iterator (the oldest dropped).
+the count of failed attempts and rounds (:class:`~rpc.reconnect_rounds.Rounds`, which also
+orders each round's URLs), and at most :data:`TRANSITIONS_QUEUE` transitions per unread
+iterator (the oldest dropped).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import random
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -64,6 +65,7 @@ from rpc.connection_state import (
 from rpc.deadlines import EARLY
 from rpc.errors import ConnectionClosed, RemoteError, RequestTimeout, RetryLater
 from rpc.peer import Options, Peer
+from rpc.reconnect_rounds import Rounds, failure, one_line
 from rpc.registry import Registry
 from transports.stream import ClosedHere
 from wire.errors import MessageTooLarge
@@ -124,10 +126,7 @@ class ReconnectingPeer:
         to the current peer only; cleared with ``_peer`` (a drop, the end) and by a new
         connection, so an open one is always the current connection."""
         self._opened_at = 0.0
-        self._failures = 0
-        """Failed attempts in a row (a connection that closed before it answered, and
-        lived less than the back-off cap, counts as one)."""
-        self._rounds = 0
+        self._rounds = Rounds(self.urls, self.policy)
         self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
         """Resolves once the client is closed for good (with the last connection error,
         or None after :meth:`close`)."""
@@ -324,7 +323,7 @@ class ReconnectingPeer:
         """Open the first connection: one round over the URLs; raises the last failure."""
         self._states.emit(ConnectionState.CONNECTING, self.urls[0])
         error: BaseException | None = None
-        urls = self._round(-1)
+        urls = self._rounds.order(-1)
         try:
             for url in urls:
                 try:
@@ -334,7 +333,7 @@ class ReconnectingPeer:
                         raise
                     error = exc
                     if url != urls[-1]:  # the last failure is raised
-                        log.info("%s; trying the next URL", _failure(url, exc))
+                        log.info("%s; trying the next URL", failure(url, exc))
                     continue
                 self._opened(peer, url)
                 # not the caller's context (a served call's), as rpc.dial.in_own_context
@@ -343,7 +342,7 @@ class ReconnectingPeer:
         except BaseException:
             self._finish("cancelled while connecting")
             raise
-        self._finish(_failure(self.url, error) if error is not None else "no URL")
+        self._finish(failure(self.url, error) if error is not None else "no URL")
         if error is not None:
             raise error
 
@@ -366,14 +365,6 @@ class ReconnectingPeer:
             raise
         return peer
 
-    def _round(self, after: int) -> list[str]:
-        """The URLs of one round: shuffled, or round-robin from the one after ``after``."""
-        urls = self.urls
-        if self.policy.shuffle:
-            return random.sample(urls, len(urls))
-        start = (after + 1) % len(urls)
-        return [*urls[start:], *urls[:start]]
-
     async def _supervise(self) -> None:
         """Wait for the connection to drop; reconnect; until closed or out of attempts."""
         try:
@@ -388,41 +379,40 @@ class ReconnectingPeer:
                 why = f"{self.url}: {cause}"
                 lived = self._loop.time() - self._opened_at
                 if proven or lived >= self.policy.backoff.cap:
-                    self._failures = self._rounds = 0  # it worked: back-off starts again
+                    self._rounds.worked()  # it worked: back-off starts again
                 else:  # accepted, then closed before it answered: a failed attempt
-                    self._failures += 1
+                    self._rounds.failed()
                     why = f"{self.url} closed after {lived:.3f} s, before answering: {cause}"
                 if not await self._reconnect(why):
                     return
         except Exception as exc:  # a bug of ours: say so, and do not leave callers waiting
             log.exception("reconnecting to %s failed", self.url)
-            self._finish(_cause(exc))
+            self._finish(one_line(exc))
 
     async def _reconnect(self, why: str) -> bool:
         """Rounds of attempts until one connects (True) or the limit is reached (False)."""
-        limit = self.policy.attempts
+        rounds = self._rounds
         last = self.urls.index(self.url) if self.url in self.urls else -1
         while True:
-            if limit is not None and self._failures >= limit:
-                self._finish(why if limit == 0 else f"gave up after {limit} attempts: {why}")
+            if rounds.exhausted:
+                self._finish(rounds.gave_up(why))
                 return False
-            urls = self._round(last)
-            wait = self.policy.backoff.delay(self._rounds)
-            self._rounds += 1
-            self._states.emit(ConnectionState.RECONNECTING, urls[0], wait, why, self._failures)
+            urls = rounds.order(last)
+            wait = rounds.wait()
+            self._states.emit(ConnectionState.RECONNECTING, urls[0], wait, why, rounds.failures)
             await asyncio.sleep(wait)
             for url in urls:
-                if limit is not None and self._failures >= limit:
+                if rounds.exhausted:
                     break
                 try:
                     peer = await self._attempt(url)
                 except Exception as exc:
                     if self._closing:  # closed meanwhile (by on_connect): no more attempts
                         return False
-                    self._failures += 1
-                    why = _failure(url, exc)
+                    failures = rounds.failed()
+                    why = failure(url, exc)
                     last = self.urls.index(url)
-                    log.info("%s (%d failed in a row)", why, self._failures)
+                    log.info("%s (%d failed in a row)", why, failures)
                     continue
                 self._opened(peer, url)
                 return True
@@ -432,7 +422,7 @@ class ReconnectingPeer:
         self._proven = None
         self._opened_at = self._loop.time()
         self.connects += 1
-        self._states.emit(ConnectionState.OPEN, url, failures=self._failures)
+        self._states.emit(ConnectionState.OPEN, url, failures=self._rounds.failures)
 
     def _answered(self, peer: Peer) -> None:
         """A request on ``peer`` got an answer: the connection works."""
@@ -489,20 +479,6 @@ def _cut_for_size(reason: BaseException | None) -> bool:
     return isinstance(reason, MessageTooLarge) or (
         isinstance(reason, ClosedHere) and reason.too_large
     )
-
-
-def _cause(exc: BaseException) -> str:
-    """An error in one line: the message of ours, type and message of others."""
-    text = str(exc)
-    if isinstance(exc, ConnectionClosed):
-        return text
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _failure(url: str, exc: BaseException) -> str:
-    """Why an attempt to ``url`` failed, naming the URL once."""
-    text = _cause(exc)
-    return text if url in text else f"{url}: {text}"
 
 
 __all__ = ["TRANSITIONS_QUEUE", "ConnectionState", "ReconnectingPeer", "Transition"]
