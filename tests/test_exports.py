@@ -173,6 +173,7 @@ def test_transports_package_exports_through_its_modules() -> None:
         "web_http",
         "websocket",
         "ws_connection",
+        "ws_head",
         "ws_input_rate",
         "ws_transport",
     }

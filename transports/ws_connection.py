@@ -38,6 +38,7 @@ from websockets.server import ServerProtocol
 
 from transports.read_buffer import SharedBufferProtocol
 from transports.stream import ByteSink, ClosedHere
+from transports.ws_head import HeadSplit
 from transports.ws_input_rate import WsInputRate
 from transports.ws_transport import WebSocketTransport
 
@@ -122,10 +123,8 @@ class Connection(SharedBufferProtocol):
         self.lost = False
         self._in_head = True
         """The opening handshake's HTTP head (request or response) is not parsed yet."""
-        self._head_room = max_head
-        """Bytes the peer may still send before its request head is parsed (server)."""
-        self._head_tail = b""
-        """The last 3 bytes of the head read so far (its end may span two reads)."""
+        self._head = HeadSplit(max_head)
+        """Where the head ends; ``max_head``: bytes the peer may send before (server)."""
         self._held: list[Event] = []
         self._write_paused = False
         self._pongs_wait = False
@@ -183,21 +182,23 @@ class Connection(SharedBufferProtocol):
             rate.read(now, len(data), events)
 
     def _receive_head(self, data: bytes) -> bytes:
-        """Feed a read of the opening handshake (on a server at most the ``max_head`` bytes
-        left of it: 431 when its head does not end there); the bytes past that, to be read
-        as frames. What the read that ends the head brings after it (part of a frame, whole
-        frames) counts toward the input rate as a read of its own would: else a peer that
-        sends its head and part of a frame in one segment, then stalls, met only keepalive."""
+        """Feed a read of the opening handshake up to its head's end (a server's within
+        the ``max_head`` bytes left: 431 when it does not end there); the bytes to read
+        next as frames. A server answers the request before it reads what came behind it:
+        frames after a 101 (returned); after any other answer, which ends the connection,
+        a pipelined request is dropped unread (RFC 9112, 9.6), as is all of it while an
+        answer waits (the opening pauses reading until it sends it, never a 101). A client
+        feeds what follows its 101 at once, so that what websockets queues for it (a pong)
+        goes out before the sink's first message, and counts it toward the input rate as
+        a read of its own (a server's count as the read they are returned to): else a peer
+        that sends its head and part of a frame in one segment, then stalls, met only
+        keepalive."""
         ws = self.ws
-        room = self._head_room
-        head, rest = (
-            (data, b"") if room is None or len(data) <= room else (data[:room], data[room:])
-        )
-        if room is not None:
-            self._head_room = room - len(head)
-        tail = self._head_tail
-        self._head_tail = (tail + head[-3:])[-3:]
+        server = isinstance(ws, ServerProtocol)
+        head, rest = self._head.split(data)
         ws.receive_data(head)
+        if rest and not server:
+            ws.receive_data(rest)
         events = ws.events_received()
         out = ws.data_to_send()  # first: the sink opened below writes data_to_send()[0]
         if out:
@@ -205,22 +206,22 @@ class Connection(SharedBufferProtocol):
         if events or ws.handshake_exc is not None:  # (not HTTP: websockets sent EOF)
             self._in_head = False
             self._dispatch(events)
+            if ws.state is _OPEN and server:
+                return rest
             rate = self.input_rate
-            if rate is not None and ws.state is _OPEN:  # opened: count what came past the head
-                seen = tail + head
-                end = seen.find(b"\r\n\r\n") + 4  # (the first: websockets takes CRLF lines)
-                if 4 <= end < len(seen):
-                    frames = [event for event in events if type(event) is Frame]
-                    rate.read(self.loop.time(), len(seen) - end, frames)
-        elif self._head_room == 0 and isinstance(ws, ServerProtocol):
+            if rate is not None and ws.state is _OPEN and rest:
+                frames = [event for event in events if type(event) is Frame]
+                rate.read(self.loop.time(), len(rest), frames)
+        elif self._head.room == 0 and isinstance(ws, ServerProtocol):
             self._in_head = False
-            log.info("WebSocket peer %s: request head over %d bytes", self.peername, room)
+            log.info(
+                "WebSocket peer %s: request head over %d bytes", self.peername, self._head.limit
+            )
             ws.send_response(ws.reject(431, "Request Header Fields Too Large\n"))
             self._send(ws.data_to_send())
         if ws.state is not _OPEN:
             self._check_closing()
-            return b""
-        return rest
+        return b""
 
     def eof_received(self) -> bool | None:
         self.ws.receive_eof()
@@ -357,8 +358,7 @@ class Connection(SharedBufferProtocol):
 
     def respond(self, response: Response) -> None:
         """Send the handshake response (a 101 opens the connection for frames). Not when
-        websockets failed the connection already (bytes past the request that are not
-        frames, e.g. a second request): it sent its EOF, the socket just closes."""
+        websockets ended the connection already (it sent its EOF): the socket just closes."""
         ws = self.ws
         if isinstance(ws, ServerProtocol) and not ws.close_expected():
             ws.send_response(response)
