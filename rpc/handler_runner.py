@@ -21,6 +21,16 @@ it runs when the worker ends, not when the request does). A handler must not can
 task itself; the peer's cancellation of one request goes through
 :meth:`HandlerRunner.cancel`.
 
+A job answers its own errors (every Exception). One that ends in a BaseException that is
+not an Exception (a handler's or middleware's ``class Stop(BaseException)``), other than
+CancelledError (see :meth:`HandlerRunner.cancel`) and GeneratorExit (its coroutine closed),
+is answered here: the peer whose request it served (:data:`rpc.current_peer` in the job's
+context) gives its caller an error result at once and logs it
+(:meth:`rpc.responder.Responder.escaped`), and the worker goes on with the queue.
+KeyboardInterrupt and SystemExit (:data:`rpc.responder.PASSED_ON`) are answered so too,
+then passed on as asyncio passes them on: they end the worker and leave the loop's run;
+the queue goes on in another worker should the loop run again.
+
 Bounds: one worker per job that is waiting plus at most one per queued job on its way
 (see :meth:`HandlerRunner.cover`); the queue holds what the owner admits (the peer's
 ``max_concurrent`` counts :attr:`HandlerRunner.jobs`). Freed by :meth:`HandlerRunner.close`:
@@ -36,6 +46,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Coroutine, Generator
 from typing import Any, Generic, TypeAlias
 
+from rpc import responder  # a module in the making when this one is first imported
 from rpc.key import K
 from rpc.request_bytes import RequestBytes
 from rpc.streaming import StreamQueue
@@ -312,6 +323,12 @@ class HandlerRunner(Generic[K]):
                     # the job alone was cancelled (see cancel): the worker goes on
                 except Exception:  # jobs answer their own errors: this is a bug of ours
                     log.exception("the job of request %r failed", key)
+                except GeneratorExit:
+                    raise  # the worker is closed (collected, or with its loop)
+                except BaseException as exc:  # not an Exception: the job left it unanswered
+                    _escaped(key, context, exc)
+                    if isinstance(exc, responder.PASSED_ON):
+                        raise
                 finally:
                     worker_cancelled = False
                     if waiting and waiting.get(key) is me:
@@ -338,3 +355,17 @@ def _drop(job: Job[K]) -> None:
     job[1].close()
     if job[3] is not None:
         job[3].close()
+
+
+def _escaped(key: Any, context: contextvars.Context, exc: BaseException) -> None:
+    """Job ``key`` (run in ``context``) ended in ``exc``, a BaseException that is not an
+    Exception: its peer answers it (logged there), or, for a runner of no peer's, it is
+    logged here."""
+    peer = context.get(responder.current_peer)
+    if peer is None:
+        log.error("the job of request %r ended in %s", key, type(exc).__name__, exc_info=exc)
+        return
+    try:
+        peer.escaped(key, exc)
+    except Exception:  # a bug of ours: the worker goes on all the same
+        log.exception("request %r: its handler's %s could not be answered", key, exc)

@@ -57,6 +57,14 @@ other work, the caller's cancel), even from a generator that never waits."""
 _STREAM = HandlerKind.STREAM
 """A module global: reading an Enum member off its class costs about 100 ns in Python 3.11,
 a global about 10, and it is read per request."""
+PASSED_ON = (KeyboardInterrupt, SystemExit)
+"""What a handler raises that is passed on once its caller has an error result: they end
+the loop's run, as asyncio lets them from a callback or a task (what else the peer read
+with a plain handler's request is then left unrun). Every other BaseException a handler
+or middleware raises is answered (:meth:`Responder.escaped`) and stops there."""
+LEFT_TO_RUNNER = (GeneratorExit, *PASSED_ON)
+"""BaseExceptions a handler's job does not answer: its coroutine closed, or one the runner
+answers and then passes on (:data:`rpc.handler_runner.PASSED_ON`)."""
 PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 """Result types that are never awaitable nor async iterators: no ``inspect`` check for
 them (those are ABC checks, slow)."""
@@ -201,6 +209,10 @@ class Responder(ServedStreams[K]):
                 self._end_stream(key)
             log.debug("handler %r failed", op, exc_info=True)
             adapter.send_error(key, str(exc) or type(exc).__name__)
+        except BaseException as exc:  # not an Exception: a `class Stop(BaseException)`
+            self.escaped(key, exc, job=False)
+            if isinstance(exc, PASSED_ON):
+                raise  # KeyboardInterrupt, SystemExit: answered, and on to the loop
         finally:
             if parts is not None:
                 parts.release_held()
@@ -236,6 +248,10 @@ class Responder(ServedStreams[K]):
         except Exception as exc:
             log.debug("handler %r failed", call.op, exc_info=True)
             adapter.send_error(key, str(exc) or type(exc).__name__)
+        except BaseException as exc:  # not an Exception: as in on_request
+            self.escaped(key, exc, job=False)
+            if isinstance(exc, PASSED_ON):
+                raise
         finally:
             current_call.reset(token)
 
@@ -295,6 +311,11 @@ class Responder(ServedStreams[K]):
                 if self.is_open:
                     self._answer(self.adapter.send_error, key, str(exc) or type(exc).__name__)
                 return
+            except BaseException as exc:  # not an Exception: a `class Stop(BaseException)`
+                if isinstance(exc, LEFT_TO_RUNNER):
+                    raise
+                self.escaped(key, exc)
+                return
             finally:  # a streamed result stays cancellable, its stream open, until it ends
                 streamed = result.__class__ not in PLAIN_RESULTS and inspect.isasyncgen(result)
                 if not streamed:
@@ -340,6 +361,11 @@ class Responder(ServedStreams[K]):
             if self.is_open:
                 self._answer(self._fail_stream, key, str(exc) or type(exc).__name__)
             return
+        except BaseException as exc:  # not an Exception: a `class Stop(BaseException)`
+            if isinstance(exc, LEFT_TO_RUNNER):
+                raise  # (the runner's error result ends the stream on both wire formats)
+            self.escaped(key, exc, streamed=True)
+            return
         finally:
             self._running.discard(key)
             if key in self._streams:
@@ -350,6 +376,36 @@ class Responder(ServedStreams[K]):
             await _close(agen)
         if self.is_open:
             self._answer(adapter.send_result_end, key, False)
+
+    def escaped(
+        self, key: K, exc: BaseException, *, job: bool = True, streamed: bool = False
+    ) -> None:
+        """Answer request ``key``, whose handler (or middleware) raised ``exc``, a
+        BaseException that is not an Exception (a ``class Stop(BaseException)``), with an
+        error result at once, and log it (an error, with its traceback: such an exception
+        is meant to stop more than a call, and here stops only its own). The stream
+        request's parts are dropped; ``streamed``: its streamed result ends with the
+        error. ``job``: from a handler's job (else from the handler's call, in the peer's
+        read). Called by the job itself, or for what it leaves to the runner
+        (:data:`LEFT_TO_RUNNER`, a middleware's) by :class:`~rpc.handler_runner.HandlerRunner`."""
+        log.error(
+            "request %r: its handler raised %s, not an Exception; answered with an error",
+            key,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        self._running.discard(key)
+        if key in self._streams:
+            self._end_stream(key)
+        if not self.is_open:
+            return
+        message = str(exc) or type(exc).__name__
+        if streamed:
+            self._answer(self._fail_stream, key, message)
+        elif job:
+            self._answer(self.adapter.send_error, key, message)
+        else:
+            self.adapter.send_error(key, message)
 
     def own_cancel(self) -> bool:
         """True when a CancelledError that reached a handler's job is the handler's own (it
