@@ -1,0 +1,126 @@
+"""The caller's deadline bounds a served call even where its handler never waits.
+
+A streamed result whose generator never awaits gives the loop a turn only every
+``PARTS_PER_TURN`` (256) parts, and between two parts its task is outside its bound: the
+bound's timer found nothing to cancel, and the stream ran for as long as its generator
+did. Now the next part after the timer fired fails. A call whose bound has passed by the
+time its handler would start (it waited behind a handler that held the loop) is answered
+with the bound's error, its handler never run; before, a handler that did not wait ran
+and its result went out. A raw Gotalk client: it never cancels, so the bound alone ends
+the call."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import rpc
+from rpc.intercept import DEADLINE_GRACE
+from rpc.responder import PARTS_PER_TURN
+from tests.gotalk_raw import served_raw
+from wire import gotalk
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_loops]
+
+DEADLINE_MS = 300
+
+
+async def passthrough(call: rpc.Call, call_next: Any) -> Any:
+    return await call_next(call)
+
+
+class Endless:
+    """``endless``: a streamed result that never waits; it notes how many parts it made
+    once its caller's bound (deadline plus grace) had passed, by the monotonic clock
+    (the loop's: uvloop's does not move while the generator runs)."""
+
+    def __init__(self) -> None:
+        self.after_bound = 0
+        self.closed = asyncio.Event()
+        self.registry = reg = rpc.Registry()
+
+        @reg.handle("endless")
+        async def endless(_: Any = None) -> AsyncIterator[int]:
+            call = rpc.current_call.get()
+            assert call.deadline is not None
+            loop = asyncio.get_running_loop()
+            bound = time.monotonic() + (call.deadline + DEADLINE_GRACE - loop.time())
+            count = 0
+            try:
+                while True:
+                    count += 1
+                    if time.monotonic() > bound:
+                        self.after_bound += 1
+                    yield count
+            finally:
+                self.closed.set()
+
+
+@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
+async def test_a_stream_that_never_waits_ends_at_its_bound(middleware: bool) -> None:
+    endless = Endless()
+    options = rpc.Options(middleware=[passthrough] if middleware else [])
+    async with served_raw(endless.registry, options) as (raw, _peer):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        raw.request(b"0001", "endless", b"null", DEADLINE_MS)
+        parts = 0
+        async with asyncio.timeout(10):  # before: parts for as long as one read them
+            while True:
+                message = await raw.answer()
+                if not isinstance(message, gotalk.StreamResult):
+                    break
+                parts += 1
+        assert isinstance(message, gotalk.ErrorResult), message
+        assert message.payload == b"endless: the caller's deadline passed"
+        assert await raw.answer() == gotalk.StreamResult(b"0001", b"")  # the stream's end
+        elapsed = loop.time() - started
+        assert DEADLINE_MS / 1000 <= elapsed < 5, elapsed
+        await asyncio.wait_for(endless.closed.wait(), 5)  # its generator closed
+        # within a turn's parts of the bound (the clocks may differ by uvloop's millisecond)
+        assert parts > PARTS_PER_TURN and endless.after_bound <= 4 * PARTS_PER_TURN, (
+            parts,
+            endless.after_bound,
+        )
+
+
+def waiting_registry(ran: list[str]) -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle("hold")
+    async def hold(_: Any = None) -> str:
+        time.sleep(DEADLINE_MS / 1000 * 1.5)  # holds the loop: what is queued behind waits
+        return "held"
+
+    @reg.handle("quick")
+    async def quick(name: str) -> str:
+        ran.append(name)
+        return name
+
+    return reg
+
+
+@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "middleware"])
+async def test_a_call_past_its_bound_before_it_starts_is_not_run(middleware: bool) -> None:
+    ran: list[str] = []
+    options = rpc.Options(middleware=[passthrough] if middleware else [])
+    async with served_raw(waiting_registry(ran), options) as (raw, _peer):
+        raw.request_alone(b"0001", "hold", b"null")  # no deadline
+        # bound at 100 ms + DEADLINE_GRACE: it is read with "hold", and queued behind it
+        raw.request(b"0002", "quick", b'"late"', 100)
+        answers = {}
+        async with asyncio.timeout(10):
+            while len(answers) < 2:
+                message = await raw.answer()
+                answers[message.id] = message
+        assert answers[b"0001"] == gotalk.Result(b"0001", b'"held"')
+        late = answers[b"0002"]
+        assert late == gotalk.ErrorResult(b"0002", b"quick: the caller's deadline passed"), late
+        assert ran == []
+        raw.request(b"0003", "quick", b'"in time"', 5000)  # the connection serves on
+        assert await raw.answer() == gotalk.Result(b"0003", b'"in time"')
+        assert ran == ["in time"]
