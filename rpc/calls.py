@@ -104,7 +104,9 @@ class Caller(Generic[K]):
 
         Retry results are honoured (the peer's wait plus up to 50% jitter, then the request
         is sent again), at most ``options.retries`` times and only while the retry still
-        fits ``timeout``. Raises RemoteError, RetryLater, RequestTimeout, ConnectionClosed,
+        fits ``timeout`` and the connection is open (a peer's graceful close answers what
+        comes during its drain so: RetryLater then, the request not run). Raises
+        RemoteError, RetryLater, RequestTimeout, ConnectionClosed,
         or PayloadError (a value that cannot be encoded or a result that cannot be decoded).
         """
         if self._intercepted:
@@ -140,6 +142,9 @@ class Caller(Generic[K]):
                 if attempt > self.options.retries or loop.time() + wait > deadline:
                     raise reply
                 await asyncio.sleep(wait)
+                transport = self._transport  # closed meanwhile (a peer's graceful close
+                if transport is None or transport.is_closing():  # refuses what comes during
+                    raise reply  # its drain so): not run, as it says
                 continue
             return reply if raw else adapter.decode_result(reply)
 

@@ -136,10 +136,11 @@ def serve_request(
     (which a cancel from the caller cancels), its handler (``op``'s, unless the caller
     looked it up already) bounded by ``deadline``."""
     adapter = peer.adapter
-    if peer.handlers_running >= peer.options.max_concurrent or peer._request_bytes.full:
-        adapter.send_retry(key, peer.options.retry_wait, "request rate limit")
-        if stream:
-            peer._end_stream(key)
+    if (
+        peer.handlers_running >= peer.options.max_concurrent
+        or peer._request_bytes.full
+        or peer.gave_up is not None
+    ) and peer.refuses(key, stream):
         return
     if handler is None:
         handler = peer.registry.get(op)
@@ -398,6 +399,8 @@ async def request(peer: Peer, op: str, value: Any, timeout: float | None, raw: b
             if attempt > peer.options.retries or loop.time() + wait > deadline:
                 raise
             await asyncio.sleep(wait)
+            if not peer.is_open:  # closed meanwhile: not run, as Peer.request says
+                raise
 
 
 async def _attempt(call: Call, deadline: float, timeout: float, raw: bool, timed: bool) -> Any:

@@ -196,7 +196,9 @@ class ReconnectingPeer:
         """:meth:`Peer.request <rpc.peer.Peer.request>` on the current connection, waiting
         for one within ``timeout``. ``idempotent=True``: the request may run twice, and is
         sent again if the connection drops while it is in flight (not when we cut it on a
-        message over ``max_size``, which may be its answer: that would only come again).
+        message over ``max_size``, which may be its answer: that would only come again),
+        and when a peer closing the connection refused it (a retry result, then the close:
+        see :meth:`Peer.request <rpc.peer.Peer.request>`).
 
         Returns a coroutine to await. On a connection that is open and has answered, a
         request that is not idempotent is the connection's own ``request`` (its result and
@@ -241,7 +243,14 @@ class ReconnectingPeer:
                     ) from exc
                 log.debug("%s: connection to %s lost in flight; sending it again", op, self.url)
                 continue
-            except (RemoteError, RetryLater):
+            except RetryLater:
+                if idempotent and not self._closing and not peer.is_open:
+                    # refused by a peer closing the connection (see Peer.request): not run
+                    log.debug("%s: refused by %s as it closed; sending it again", op, self.url)
+                    continue
+                self._answered(peer)
+                raise
+            except RemoteError:
                 self._answered(peer)
                 raise
             except RequestTimeout:  # named with the caller's timeout, not what was left of it

@@ -102,6 +102,7 @@ class Responder(ServedStreams[K]):
     _intercepted: bool
     _task_slots: int
     call_bounds: CallBounds
+    gave_up: BaseException | None
 
     if TYPE_CHECKING:
 
@@ -113,6 +114,24 @@ class Responder(ServedStreams[K]):
         """Handlers running or queued to run: coroutine handlers, streamed results and
         notifications' tasks (requests among them: at most ``options.max_concurrent``)."""
         return len(self._tasks) + self._runner.jobs
+
+    def refuses(self, key: K, stream: bool) -> bool:
+        """Answer request ``key`` with a retry result, unrun (True), when it comes past
+        ``max_concurrent`` or ``max_request_bytes`` ("request rate limit"), or while a
+        graceful :meth:`~rpc.closing.Closing.close` drains the connection ("connection
+        closing: not run": its caller may send it again, on another connection). A peer
+        that takes no retry results gets the request run as it comes during the drain
+        (False), and cut if it has not ended when the connection closes."""
+        if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
+            message = "request rate limit"
+        elif self.gave_up is not None and self.adapter.retry_results:
+            message = "connection closing: not run"
+        else:
+            return False
+        self.adapter.send_retry(key, self.options.retry_wait, message)
+        if stream:
+            self._end_stream(key)
+        return True
 
     # --- requests and notifications from the peer (from the adapter) -----------------------
 
@@ -160,10 +179,8 @@ class Responder(ServedStreams[K]):
         if (
             len(self._tasks) + self._runner.jobs >= self.options.max_concurrent
             or held.used >= held.limit
-        ):
-            adapter.send_retry(key, self.options.retry_wait, "request rate limit")
-            if stream:
-                self._end_stream(key)
+            or self.gave_up is not None
+        ) and self.refuses(key, stream):
             return
         parts = None  # a stream's, until its job has it: released if none will
         try:  # current_peer is set: the peer sets it around every batch it dispatches
@@ -227,10 +244,11 @@ class Responder(ServedStreams[K]):
         deadline passed). The middleware path would cost a job running a chain of one, a
         frame more per step and a context it sets itself."""
         adapter = self.adapter
-        if len(self._tasks) + self._runner.jobs >= self.options.max_concurrent or (
-            self._request_bytes.full
-        ):
-            adapter.send_retry(key, self.options.retry_wait, "request rate limit")
+        if (
+            len(self._tasks) + self._runner.jobs >= self.options.max_concurrent
+            or self._request_bytes.full
+            or self.gave_up is not None
+        ) and self.refuses(key, False):
             return
         token = current_call.set(call)  # the job's context is a copy of this one
         try:
