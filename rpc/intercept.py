@@ -136,11 +136,7 @@ def serve_request(
     (which a cancel from the caller cancels), its handler (``op``'s, unless the caller
     looked it up already) bounded by ``deadline``."""
     adapter = peer.adapter
-    if (
-        peer.handlers_running >= peer.options.max_concurrent
-        or peer._request_bytes.full
-        or peer.gave_up is not None
-    ) and peer.refuses(key, stream):
+    if peer.refuses(key, stream):  # past the limits, or closing
         return
     if handler is None:
         handler = peer.registry.get(op)
