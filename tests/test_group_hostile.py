@@ -15,7 +15,7 @@ import pytest
 
 import rpc
 from rpc.group import Footprint, GroupNode, NetID
-from rpc.group.dispatch import Dispatcher
+from rpc.group.dispatch import JOIN, Dispatcher
 from rpc.group.members import Members, full_jitter
 from rpc.group.options import GroupOptions, GroupStats
 from rpc.group.payloads import PayloadType, PayloadTypes, encode_envelope
@@ -343,13 +343,17 @@ async def test_dropped_link_reconnects_after_back_off_and_resends() -> None:
     async with RawPeer("drop-first") as peer, group(1, retry_base=0.05) as (a,):
         a.node.add_peer(peer.netid)
         await a.node.notify("chat", "one")
-        # first connection: read one frame, then reset; the link resends on a new one
-        await wait_for(lambda: peer.accepted == 2 and len(peer.frames) >= 2)
+        # a was started without peers: its join, then "one", queued before the link
+        # connected, go out in one write. First connection: read it, then reset; the link
+        # resends both on a new one
+        tags = [payload_tag(JOIN), payload_tag("chat")]
+        await wait_for(lambda: peer.accepted == 2 and len(peer.frames) >= 4)
         assert a.node.stats.reconnects == 1
-        assert a.node.stats.resent == 1
-        assert peer.frames[0].payload == peer.frames[1].payload
+        assert a.node.stats.resent == 2
+        assert [f.tag for f in peer.frames] == tags * 2
+        assert [f.payload for f in peer.frames[:2]] == [f.payload for f in peer.frames[2:]]
         await a.node.notify("chat", "two")
-        await wait_for(lambda: len(peer.frames) == 3)
+        await wait_for(lambda: len(peer.frames) == 5)
         assert peer.accepted == 2
 
 

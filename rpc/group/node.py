@@ -19,7 +19,8 @@ framing by start byte + VarInt length bounded by ``max_size``; duplicates dispat
 that cannot be reached skipped for the chunk's next node, frames written just before a drop
 sent again; bounded queues, connections and timers; a payload that cannot be decoded is
 dropped (rate-limited warning) and its connection kept; back-off with full jitter for
-failing peers, and a join broadcast at start so a restarted node is used again at once.
+failing peers, and a join broadcast before the first (at start with peers) so a restarted
+node is used again at once and heard even if its clock went back.
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class GroupNode:
         # Origin sequence numbers start at the clock (microseconds), so a restarted node is
         # not taken for a replay of its earlier life by members' duplicate filters.
         self._seq = time.time_ns() // 1000
+        # Our join resets members' windows for us (a clock set back): it goes to every
+        # member before our first broadcast, and to static members added since before the
+        # next one (a subset of the member list).
+        self._joined = False
+        self._unjoined: set[NetID] = set()
         self._server: asyncio.Server | None = None
         self._mcast: MulticastEndpoint | None = None
         self._closing = False
@@ -128,8 +134,9 @@ class GroupNode:
         """Listen on ``host:port`` (0: any free port) and join the group of ``peers``.
 
         ``advertise`` is the IPv4 address members reach us at (default ``host``; required
-        when listening on 0.0.0.0). With peers, the node broadcasts a join: members that
-        learn (``options.learn``) add us, and all use us again at once after a restart.
+        when listening on 0.0.0.0). With peers, the node broadcasts a join now (without,
+        before its first broadcast): members that learn (``options.learn``) add us, and all
+        use us again at once after a restart, even with our clock set back.
         """
         public = advertise or host
         if public == "0.0.0.0":
@@ -161,8 +168,7 @@ class GroupNode:
             if config is not None:
                 node._mcast = await open_multicast(config, node._on_datagram)
                 node._tasks.spawn(node._announce(config))
-            if node._members.all:
-                await node.notify(JOIN)
+            await node._join()
         except BaseException:
             if node._server is None:
                 sock.close()
@@ -236,13 +242,18 @@ class GroupNode:
         )
 
     def add_peer(self, peer: NetID | str | tuple[str, int]) -> NetID:
-        """Add a static member (never forgotten)."""
+        """Add a static member (never forgotten); our join goes to it before our next
+        broadcast, unless it was a member already."""
         netid = as_netid(peer)
+        if self._joined and netid != self.netid and not self._members.knows(netid):
+            self._unjoined.add(netid)
         self._members.add(netid)
         return netid
 
     def remove_peer(self, peer: NetID | str | tuple[str, int]) -> None:
-        self._members.remove(as_netid(peer))
+        netid = as_netid(peer)
+        self._unjoined.discard(netid)
+        self._members.remove(netid)
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -251,7 +262,8 @@ class GroupNode:
 
         Queues at once for every member with room, then waits for the full queues together
         (up to ``send_timeout`` in all), so a fast sender is slowed to the group's pace but
-        no member waits for another. The node does not dispatch its own broadcast.
+        no member waits for another. The node does not dispatch its own broadcast. Members
+        our join has not gone to in this life get it first (see :meth:`_join`).
         """
         if self._closing:
             raise RuntimeError("group node is closed")
@@ -265,11 +277,52 @@ class GroupNode:
             raise PayloadError(
                 f"broadcast of {len(payload)} bytes exceeds max_size {self.options.max_size}"
             )
-        self._dedup.first(self.netid, seq)
-        self.stats.broadcasts += 1
-        targets = self._after_multicast(members, ptype.tag, payload)
-        await self._router.send(targets, ptype.tag, payload)
+        timeout: float | None = None
+        if ptype.tag != _JOIN_TAG:
+            if not self._joined or self._unjoined:  # one test per broadcast once joined
+                timeout = await self._join()
+            self.stats.broadcasts += 1
+        await self._send(members, ptype.tag, seq, payload, timeout)
         return seq
+
+    async def _join(self) -> float | None:
+        """Broadcast our join to the members it has not gone to in this life: all of them
+        the first time, then static members added since. Members then start a new
+        duplicate window for us if our numbers are older than theirs (a clock set back),
+        stop backing off from us, and learners add us. Not counted in ``stats.broadcasts``.
+        A broadcast sent right after it may overtake it on another path of the tree: a
+        member still holding our old window drops that one.
+
+        Returns what is left of ``send_timeout`` for the broadcast that follows (None: no
+        join sent), so a notify with a join still waits for full queues ``send_timeout``
+        in all."""
+        members = self._members.all
+        if self._joined:
+            if not self._unjoined:
+                return None
+            members = tuple(m for m in members if m in self._unjoined)
+        self._unjoined.clear()
+        if not members:
+            return None
+        self._joined = True
+        self._seq += 1
+        began = self._loop.time()
+        await self._send(
+            members, _JOIN_TAG, self._seq, encode_envelope(self.netid, self._seq, None)
+        )
+        return max(0.0, self.options.send_timeout - (self._loop.time() - began))
+
+    async def _send(
+        self,
+        members: Sequence[NetID],
+        tag: int,
+        seq: int,
+        payload: bytes,
+        timeout: float | None = None,
+    ) -> None:
+        self._dedup.first(self.netid, seq)
+        targets = self._after_multicast(members, tag, payload)
+        await self._router.send(targets, tag, payload, timeout)
 
     def _seen(self) -> tuple[BroadcastID, ...]:
         return () if self._sightings is None else self._sightings.seen()

@@ -89,6 +89,7 @@ class GroupStats:
     """Counters for tests, benchmarks and monitoring."""
 
     broadcasts: int = 0
+    """Own broadcasts sent (``notify``); joins are not counted."""
     frames_sent: int = 0
     frames_received: int = 0
     multicast_sent: int = 0

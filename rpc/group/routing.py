@@ -57,17 +57,19 @@ class Router:
         self._room = asyncio.Event()  # set when any link's queue makes room or a link ends
         self.links = Links(self, options, stats, rng, asyncio.get_running_loop())
 
-    async def send(self, targets: Sequence[NetID], tag: int, payload: bytes) -> None:
+    async def send(
+        self, targets: Sequence[NetID], tag: int, payload: bytes, timeout: float | None = None
+    ) -> None:
         """Our own broadcast: queue every chunk at once where there is room, then wait for
-        the full queues together, up to ``send_timeout`` in all; a chunk whose head still
-        has no room then goes to its next node without waiting."""
+        the full queues together, up to ``timeout`` (default ``send_timeout``) in all; a
+        chunk whose head still has no room then goes to its next node without waiting."""
         full: list[tuple[Chunk[NetID], Link]] = []
         for chunk in self.planner.plan(targets, exclude=self.netid):
             self._offer(chunk, tag, payload, full)
         if not full:
             return
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._options.send_timeout):
+            async with asyncio.timeout(self._options.send_timeout if timeout is None else timeout):
                 while full:
                     self._room.clear()
                     waiting, full = full, []

@@ -1,0 +1,108 @@
+"""A node's join goes to every member before its first broadcast, peers at start or not, and
+to a static member added later before its next one: a node restarted with its clock set
+back is heard again however its members were given. Members still reset a window only on
+a join, not on any frame or connection."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rpc.group import NetID
+from tests.group_helpers import (
+    Member,
+    RawPeer,
+    frame,
+    free_port,
+    group,
+    on_both_loops,
+    send_raw,
+    wait_for,
+)
+
+
+async def previous_life(me: NetID, *members: Member) -> None:
+    """Play ``me``'s earlier life, its clock an hour ahead (a reboot before NTP stepped it
+    back): each member's window for ``me`` ends far above the new life's numbers."""
+    ahead = time.time_ns() // 1000 + 3600 * 10**6
+    for m in members:
+        await send_raw(m.node.netid, frame(me, me, ahead, "chat", "previous life"))
+    await wait_for(lambda: all(m.got == [("chat", "previous life")] for m in members))
+
+
+@on_both_loops
+async def test_node_started_without_peers_joins_before_its_first_broadcast() -> None:
+    # Before, only a node started with peers sent a join: one given its members with
+    # add_peer had every broadcast taken for an old duplicate.
+    async with group(2) as (a, b):
+        port = free_port()
+        await previous_life(NetID("127.0.0.1", port), a, b)
+        restarted = Member()
+        await restarted.start(port=port)
+        try:
+            restarted.node.add_peer(a.node.netid)
+            restarted.node.add_peer(b.node.netid)
+            await restarted.node.notify("chat", "new life")
+            nodes = (a.node, b.node)
+            await wait_for(
+                lambda: (
+                    all(len(m.got) == 2 for m in (a, b)) or any(n.stats.duplicates for n in nodes)
+                )
+            )
+            assert [m.got[1:] for m in (a, b)] == [[("chat", "new life")]] * 2
+            assert [n.stats.duplicates for n in nodes] == [0, 0]
+            assert restarted.node.stats.broadcasts == 1  # the join is not counted
+        finally:
+            await restarted.node.close()
+
+
+@on_both_loops
+async def test_static_member_added_after_the_join_gets_it_before_the_next_broadcast() -> None:
+    async with group(2) as (a, b):
+        port = free_port()
+        await previous_life(NetID("127.0.0.1", port), b)
+        restarted = Member()
+        await restarted.start([a.node.netid], port=port)  # its join goes to a only
+        try:
+            restarted.node.add_peer(b.node.netid)
+            await restarted.node.notify("chat", "new life")
+            await wait_for(lambda: len(b.got) == 2 or b.node.stats.duplicates > 0)
+            assert b.got[1:] == [("chat", "new life")]
+            assert b.node.stats.duplicates == 0
+            await wait_for(lambda: a.got == [("chat", "new life")])
+        finally:
+            await restarted.node.close()
+
+
+@on_both_loops
+async def test_a_frame_that_is_not_a_join_resets_no_window() -> None:
+    # What a forger (or a replay) needs to reset a window stays a join: an old number on a
+    # new connection, straight from its origin, is still a duplicate.
+    async with group(1) as (b,):
+        me = NetID("127.0.0.1", free_port())
+        await previous_life(me, b)
+        now = time.time_ns() // 1000
+        await send_raw(b.node.netid, frame(me, me, now, "chat", "not a join"))
+        await wait_for(lambda: b.node.stats.duplicates == 1)
+        assert b.got == [("chat", "previous life")]
+
+
+@on_both_loops
+async def test_a_notify_that_sends_the_join_waits_send_timeout_in_all() -> None:
+    # The join and the broadcast after it share one send_timeout for full queues, not one
+    # each (a notify would otherwise wait twice as long once per life).
+    limit = 1.0
+    opts = {"send_timeout": limit, "max_queued_bytes": 1, "resend_window": 30.0}
+    async with RawPeer() as peer, group(1, **opts) as (a,):
+        a.node.add_peer(peer.netid)
+        # a forwards one frame to peer before its own first broadcast: the copy it keeps
+        # to resend is all max_queued_bytes allows, so every queue counts as full
+        stranger = NetID("127.0.0.1", free_port())
+        await send_raw(a.node.netid, frame(stranger, stranger, 1, "chat", "x", (peer.netid,)))
+        await wait_for(lambda: len(peer.frames) == 1)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await a.node.notify("chat", "mine")
+        assert loop.time() - began < 1.5 * limit  # twice the limit before
+        assert a.node.stats.overflows == 2  # the join, then the broadcast, not queued
+        assert len(peer.frames) == 1
