@@ -105,6 +105,20 @@ class _Pipes:
     parent_only: tuple[int, ...]
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _child_main(main: Callable[..., None], *args: Any) -> None:
+    """A forked process's start: the parent's signal set-up undone (its wakeup fd, its
+    handlers, which only count), then SIGTERM and SIGINT, blocked across the fork, let in:
+    a SIGTERM that came meanwhile ends the process now, as one does until it serves."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the parent too
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    main(*args)
+
+
 def _worker_main(
     listeners: list[Listener],
     config: WorkerConfig,
@@ -114,10 +128,7 @@ def _worker_main(
     """A worker's process. The parent's pipes and the metrics listening socket (the
     exporter's) are closed first: held here, the metrics port stayed bound as long as any
     worker lived, a worker whose parent died included, until its drain ended."""
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # dies at once until it serves
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the parent too
-    for fd in pipes.parent_only:
+    for fd in pipes.parent_only:  # SIGTERM ends it at once until it serves (_child_main)
         os.close(fd)
     if metrics_socket is not None:
         metrics_socket.close()
@@ -261,18 +272,27 @@ class _Supervisor:
     def _start(self, slot: _Slot, pipes: _Pipes) -> None:
         if slot.exporter:
             others = [sock for listener in self.listeners for sock in listener.sockets]
-            slot.process = self._mp.Process(
-                target=workers_metrics.exporter_main,
-                args=(self.metrics_socket, pipes.lifeline_r, pipes.parent_only, others),
-                name="peerwire-metrics",
+            main: Callable[..., None] = workers_metrics.exporter_main
+            args: tuple[Any, ...] = (
+                self.metrics_socket,
+                pipes.lifeline_r,
+                pipes.parent_only,
+                others,
             )
+            name = "peerwire-metrics"
         else:
-            slot.process = self._mp.Process(
-                target=_worker_main,
-                args=(self.listeners, self.config, pipes, self.metrics_socket),
-                name=f"peerwire-worker-{slot.index}",
-            )
-        slot.process.start()
+            main = _worker_main
+            args = (self.listeners, self.config, pipes, self.metrics_socket)
+            name = f"peerwire-worker-{slot.index}"
+        slot.process = self._mp.Process(target=_child_main, args=(main, *args), name=name)
+        # the child is born with the parent's handlers, which only count a signal: blocked
+        # until the child has set its own, a SIGTERM sent meanwhile (a stop while it
+        # starts) waits for them instead of being lost (the stop then waited for the kill)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            slot.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         slot.started = time.monotonic()
         slot.restart_at = None
         slot.ready = slot.exporter  # it serves at once: the parent listens for it
