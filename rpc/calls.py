@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import msgspec
 
 from rpc import intercept, stream_request
+from rpc.closing import closed_by
 from rpc.errors import (
+    CLOSING,
     ConnectionClosed,
     PayloadError,
     RemoteError,
@@ -69,6 +71,7 @@ class Caller(Generic[K]):
     _calls_at: float
     _intercepted: bool
     _stream_hold: StreamHold
+    closed: asyncio.Future[BaseException | None]
 
     if TYPE_CHECKING:
 
@@ -104,8 +107,9 @@ class Caller(Generic[K]):
 
         Retry results are honoured (the peer's wait plus up to 50% jitter, then the request
         is sent again), at most ``options.retries`` times and only while the retry still
-        fits ``timeout`` and the connection is open (a peer's graceful close answers what
-        comes during its drain so: RetryLater then, the request not run). Raises
+        fits ``timeout`` and the connection is open. A peer closing gracefully refuses what
+        comes during its drain (:data:`~rpc.errors.CLOSING`): that waits for the connection
+        to close (within ``timeout``), then raises RetryLater, the request not run. Raises
         RemoteError, RetryLater, RequestTimeout, ConnectionClosed,
         or PayloadError (a value that cannot be encoded or a result that cannot be decoded).
         """
@@ -137,6 +141,9 @@ class Caller(Generic[K]):
                 if key in self._calls:  # given up on (_forget written out)
                     self._forget(key)
             if reply.__class__ is RetryLater:
+                if reply.args[0] == CLOSING:  # refused by a peer closing: not run; again
+                    await closed_by(self.closed, deadline, loop)  # here it would be too
+                    raise reply
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
                 if attempt > self.options.retries or loop.time() + wait > deadline:

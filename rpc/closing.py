@@ -27,6 +27,15 @@ for the transport's own bound (WebSocket's ``close_timeout``, 10 s)."""
 log = logging.getLogger("peerwire.rpc")
 
 
+async def closed_by(
+    closed: asyncio.Future[Any], deadline: float, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Wait for a connection's ``closed`` future, at most until loop time ``deadline``
+    (the future is left as it is)."""
+    if not closed.done():
+        await asyncio.wait((closed,), timeout=max(0.0, deadline - loop.time()))
+
+
 class Closing:
     """How a connection closes (mixed into :class:`~rpc.peer.Peer`)."""
 

@@ -27,6 +27,12 @@ class RetryLater(RpcError):
         self.wait = wait
 
 
+CLOSING = "connection closing: not run"
+"""The message of the retry result a peer closing gracefully answers a request with that
+came during its drain (not run). A peerwire caller that gets it waits for the connection to
+close (within its timeout) instead of sending the request again on it, then raises
+RetryLater; other peers read it as any retry result."""
+
 MAX_RETRY_WAIT_MS = 0xFFFFFFFF
 """The longest wait a retry result carries (Gotalk's field: 32 bits of milliseconds)."""
 

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
 from rpc.call_bounds import BoundPassed
+from rpc.closing import closed_by
 from rpc.errors import (
+    CLOSING,
     ConnectionClosed,
     PayloadError,
     Rejected,
@@ -390,6 +392,9 @@ async def request(peer: Peer, op: str, value: Any, timeout: float | None, raw: b
                 lambda c: _attempt(c, deadline, timeout, raw, timed),
             )
         except RetryLater as reply:
+            if reply.args[0] == CLOSING:  # as Peer.request: not run; wait for the close
+                await closed_by(peer.closed, deadline, loop)
+                raise
             attempt += 1
             wait = reply.wait * (1 + 0.5 * random.random())
             if attempt > peer.options.retries or loop.time() + wait > deadline:

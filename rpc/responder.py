@@ -23,7 +23,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
-from rpc.errors import ConnectionClosed, PayloadError, RetryLater
+from rpc.errors import CLOSING, ConnectionClosed, PayloadError, RetryLater
 from rpc.key import K
 from rpc.logs import violations
 from rpc.middleware import Call, current_call
@@ -103,6 +103,7 @@ class Responder(ServedStreams[K]):
     _task_slots: int
     call_bounds: CallBounds
     gave_up: BaseException | None
+    _calls: dict[K, Any]
 
     if TYPE_CHECKING:
 
@@ -118,14 +119,16 @@ class Responder(ServedStreams[K]):
     def refuses(self, key: K, stream: bool) -> bool:
         """Answer request ``key`` with a retry result, unrun (True), when it comes past
         ``max_concurrent`` or ``max_request_bytes`` ("request rate limit"), or while a
-        graceful :meth:`~rpc.closing.Closing.close` drains the connection ("connection
-        closing: not run": its caller may send it again, on another connection). A peer
-        that takes no retry results gets the request run as it comes during the drain
+        graceful :meth:`~rpc.closing.Closing.close` drains the connection
+        (:data:`~rpc.errors.CLOSING`: its caller may send it again, on another connection)
+        once no call of ours is in flight: until then the peer's requests run, as those
+        calls' handlers may call us back to answer them (the drain waits for our calls). A
+        peer that takes no retry results gets the request run as it comes during the drain
         (False), and cut if it has not ended when the connection closes."""
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
             message = "request rate limit"
-        elif self.gave_up is not None and self.adapter.retry_results:
-            message = "connection closing: not run"
+        elif self.gave_up is not None and self.adapter.retry_results and not self._calls:
+            message = CLOSING
         else:
             return False
         self.adapter.send_retry(key, self.options.retry_wait, message)

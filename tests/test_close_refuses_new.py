@@ -5,10 +5,12 @@ safely, and the reconnecting client does so on its next connection."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 import rpc
+from tests.rpc_helpers import served, wait_until
 
 pytestmark = pytest.mark.both_loops
 
@@ -88,6 +90,90 @@ async def test_the_reconnecting_client_sends_a_refused_request_again() -> None:
         assert await asyncio.wait_for(held, 5) == "held"
         await asyncio.wait_for(closing, 10)
         assert runs == []  # refused by the first server
+        async with rpc.serve(url, registry=_registry(runs, asyncio.Event(), release)):
+            assert await asyncio.wait_for(late, 20) == 7
+    assert runs == [7]
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_our_close_runs_the_callbacks_our_calls_in_flight_need(flavour: str) -> None:
+    """Our call ``outer`` is in flight when we close: close() waits for it, and runs
+    ``inner``, the request the peer's handler of ``outer`` makes to us to answer it. On
+    2693a44 ``inner`` was refused and ``outer`` failed with RetryLater ("not run", though
+    it ran); refusing starts once no call of ours is in flight (helper-137's review)."""
+    go = asyncio.Event()
+    started = asyncio.Event()
+    server_reg = rpc.Registry()
+
+    @server_reg.handle("outer")
+    async def outer(_: Any = None) -> Any:
+        caller = rpc.current_peer.get()
+        started.set()
+        await go.wait()
+        return await caller.request("inner", "x", timeout=10)
+
+    client_reg = rpc.Registry()
+
+    @client_reg.handle("inner")
+    def inner(value: Any) -> Any:
+        return f"inner {value}"
+
+    async with served(
+        flavour,
+        server_reg,
+        client_registry=client_reg,
+        client_options=rpc.Options(retry_wait=0.01),  # the wait our refusals ask for
+    ) as (_server, peer):
+        call = asyncio.ensure_future(peer.request("outer", timeout=10))
+        await asyncio.wait_for(started.wait(), 5)
+        closing = asyncio.ensure_future(peer.close(drain_timeout=10))
+        await wait_until(lambda: peer.gave_up is not None)  # draining now
+        go.set()
+        try:
+            assert await asyncio.wait_for(call, 10) == "inner x"
+        finally:
+            await asyncio.wait_for(closing, 10)
+
+
+async def test_a_refused_request_waits_for_the_close_not_its_retries() -> None:
+    """A request the draining server refused waits for the connection to close, then goes
+    to the next one. On 2693a44 its caller sent it again on the draining connection, each
+    time refused; once ``retries`` (5) were spent, with the drain still going on, RetryLater
+    went to the caller while the connection was open, and the reconnecting client did not
+    send it again (with the defaults, any drain over 2.5-3.75 s; the server's
+    ``retry_wait`` is short here to spend them quickly). Helper-137's review."""
+    runs: list[object] = []
+    refused: list[object] = []
+    first_refusal = asyncio.Event()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def counting(call: rpc.Call, call_next: Any) -> Any:
+        try:
+            return await call_next(call)
+        except rpc.RetryLater:
+            if call.op == "count":
+                refused.append(call.payload)
+                first_refusal.set()
+            raise
+
+    server_options = rpc.Options(retry_wait=0.02)
+    first = await rpc.serve(
+        URLS["gotalk"], registry=_registry(runs, started, release), options=server_options
+    )
+    url = str(first.url)
+    async with rpc.connect(url, options=rpc.Options(middleware=[counting])) as client:
+        held = asyncio.ensure_future(client.request("hold", None, timeout=30))
+        await asyncio.wait_for(started.wait(), 5)
+        closing = asyncio.ensure_future(first.close(drain_timeout=30))
+        await asyncio.sleep(0)  # the close's first step: the connection drains now
+        late = asyncio.ensure_future(client.request("count", 7, timeout=30, idempotent=True))
+        await asyncio.wait_for(first_refusal.wait(), 5)
+        # the drain goes on for 0.5 s: 5 retries at 0.02-0.03 s would take 0.15 s at most
+        await asyncio.sleep(0.5)
+        release.set()
+        assert await asyncio.wait_for(held, 5) == "held"
+        await asyncio.wait_for(closing, 10)
+        assert runs == [] and refused == [7]  # refused once: not sent again on it
         async with rpc.serve(url, registry=_registry(runs, asyncio.Event(), release)):
             assert await asyncio.wait_for(late, 20) == 7
     assert runs == [7]
