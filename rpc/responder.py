@@ -59,12 +59,14 @@ _STREAM = HandlerKind.STREAM
 a global about 10, and it is read per request."""
 PASSED_ON = (KeyboardInterrupt, SystemExit)
 """What a handler raises that is passed on once its caller has an error result: they end
-the loop's run, as asyncio lets them from a callback or a task (what else the peer read
-with a plain handler's request is then left unrun). Every other BaseException a handler
-or middleware raises is answered (:meth:`Responder.escaped`) and stops there."""
+the loop's run, as asyncio lets them from a callback or a task. A plain function's is
+raised again from a callback of its own (``loop.call_soon``) once the read it came in has
+been handled (the rest of it run, the answers written), not in the read. Every other
+BaseException a handler or middleware raises is answered (:meth:`Responder.escaped`) and
+stops there."""
 LEFT_TO_RUNNER = (GeneratorExit, *PASSED_ON)
 """BaseExceptions a handler's job does not answer: its coroutine closed, or one the runner
-answers and then passes on (:data:`rpc.handler_runner.PASSED_ON`)."""
+answers and then passes on (:data:`PASSED_ON`)."""
 PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 """Result types that are never awaitable nor async iterators: no ``inspect`` check for
 them (those are ABC checks, slow)."""
@@ -230,9 +232,7 @@ class Responder(ServedStreams[K]):
             log.debug("handler %r failed", op, exc_info=True)
             adapter.send_error(key, str(exc) or type(exc).__name__)
         except BaseException as exc:  # not an Exception: a `class Stop(BaseException)`
-            self.escaped(key, exc, job=False)
-            if isinstance(exc, PASSED_ON):
-                raise  # KeyboardInterrupt, SystemExit: answered, and on to the loop
+            self.escaped(key, exc, job=False)  # (KeyboardInterrupt: then on to the loop)
         finally:
             if parts is not None:
                 parts.release_held()
@@ -271,8 +271,6 @@ class Responder(ServedStreams[K]):
             adapter.send_error(key, str(exc) or type(exc).__name__)
         except BaseException as exc:  # not an Exception: as in on_request
             self.escaped(key, exc, job=False)
-            if isinstance(exc, PASSED_ON):
-                raise
         finally:
             current_call.reset(token)
 
@@ -407,8 +405,12 @@ class Responder(ServedStreams[K]):
         is meant to stop more than a call, and here stops only its own). The stream
         request's parts are dropped; ``streamed``: its streamed result ends with the
         error. ``job``: from a handler's job (else from the handler's call, in the peer's
-        read). Called by the job itself, or for what it leaves to the runner
-        (:data:`LEFT_TO_RUNNER`, a middleware's) by :class:`~rpc.handler_runner.HandlerRunner`."""
+        read: one of :data:`PASSED_ON` is then raised again from a callback of its own,
+        never in the read, which would leave the outbox held). Called by the job itself,
+        or for what it leaves to the runner (:data:`LEFT_TO_RUNNER`, a middleware's) by
+        :class:`~rpc.handler_runner.HandlerRunner`, which passes those on itself."""
+        if not job and isinstance(exc, PASSED_ON):
+            self._loop.call_soon(_raise, exc)  # on to the loop's run, as asyncio lets it
         log.error(
             "request %r: its handler raised %s, not an Exception; answered with an error",
             key,
@@ -478,6 +480,11 @@ class Responder(ServedStreams[K]):
             self.adapter.send_error(key, str(exc))
             return
         self.adapter.send_result(key, payload, stream)
+
+
+def _raise(exc: BaseException) -> None:
+    """Raise ``exc`` (a callback: a plain handler's KeyboardInterrupt, passed on)."""
+    raise exc
 
 
 async def _close(agen: Any) -> None:

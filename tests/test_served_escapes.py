@@ -7,6 +7,7 @@ answered too, then leaves the loop's run as asyncio lets it; the loop run again 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -137,8 +138,16 @@ def interrupting_registry() -> rpc.Registry:
     async def interrupt(_: Any = None) -> None:
         raise KeyboardInterrupt
 
+    @reg.handle("interrupt_plain")
+    def interrupt_plain(_: Any = None) -> None:  # a plain function: run in the peer's read
+        raise KeyboardInterrupt
+
     @reg.handle("ok")
     async def ok(_: Any = None) -> str:
+        return "ok"
+
+    @reg.handle("ok_plain")
+    def ok_plain(_: Any = None) -> str:
         return "ok"
 
     return reg
@@ -168,5 +177,40 @@ def test_keyboard_interrupt_is_answered_then_leaves_the_loops_run(timeout: float
         assert not main.done()
         assert loop.run_until_complete(main) == ("KeyboardInterrupt", "ok")
     finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+def test_plain_function_keyboard_interrupt_is_answered_and_serves_on(flavour: str) -> None:
+    """A plain function's KeyboardInterrupt: its caller has its error result, then it
+    leaves ``run_until_complete``; the loop run again serves on. Before, it was raised in
+    the peer's read, between the outbox's hold and its release: on asyncio the outbox
+    stayed held (the error result and every answer after it never written, the caller
+    waited for its timeout), on uvloop the transport took it for a failure and closed."""
+    scheme, query = FLAVOURS[flavour]
+
+    async def scenario() -> tuple[str, str]:
+        registry = interrupting_registry()
+        async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry) as server:
+            url = f"{scheme}://127.0.0.1:{server.url.port}{query}"
+            async with rpc.connect(url, reconnect=False) as peer:
+                async with asyncio.timeout(PATIENT / 2):
+                    with pytest.raises(rpc.RemoteError) as info:
+                        await peer.request("interrupt_plain", timeout=PATIENT)
+                    return str(info.value), await peer.request("ok_plain", timeout=PATIENT)
+
+    loop = loops.new_event_loop(os.environ.get(loops.ENV_VAR) or "asyncio")
+    try:
+        main = loop.create_task(scenario())
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main)
+        assert not main.done()
+        assert loop.run_until_complete(main) == ("KeyboardInterrupt", "ok")
+    finally:
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(BaseException):  # what it ended in: reported above
+                loop.run_until_complete(main)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
