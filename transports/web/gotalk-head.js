@@ -73,9 +73,25 @@
 
   // --- errors and addresses -----------------------------------------------------------------
 
+  /**
+   * The text of an error result: an Error's message, a string as it is, other values as
+   * JSON, or String(value) for those without JSON form (a BigInt, a circular object, a
+   * Symbol, undefined): building it never throws, so a request is always answered.
+   */
   function errorText(err) {
     if (err instanceof Error) return err.message || String(err);
-    return typeof err === 'string' ? err : JSON.stringify(err);
+    if (typeof err === 'string') return err;
+    try {
+      const json = JSON.stringify(err);
+      if (json !== undefined) return json;
+    } catch (e) {
+      // no JSON form (BigInt, circular): its String below
+    }
+    try {
+      return String(err);
+    } catch (e) {
+      return 'error'; // an object without toString (Object.create(null))
+    }
   }
 
   function protocolError(code, message) {

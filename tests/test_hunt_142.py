@@ -1,0 +1,65 @@
+"""Defects of our browser library (transports/web/*.js, joined as gotalk.js) found by a
+hunt, run in Node 20 against real peerwire servers and scripted ``websockets`` servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import rpc
+from tests.test_web_js_node import run_node
+from transports.websocket import HttpOptions
+
+WITHIN = """
+const within = (p, ms) => Promise.race([p, sleep(ms).then(() => 'not settled')]);
+const circular = {};
+circular.self = circular;
+"""
+
+
+async def test_page_handler_failing_with_a_value_without_json_form(tmp_path: Path) -> None:
+    """A page handler that throws, rejects or calls ``result.error`` with a value that has no
+    JSON text (a BigInt, a circular object) still answers the server with an error result.
+    Before, building the error's text threw: the server's request was never answered (it
+    waited for its own timeout) and Node died of the unhandled rejection."""
+    answers: list[Any] = []
+    registry = rpc.Registry()
+
+    @registry.handle("ask")
+    async def ask(_: Any = None) -> list[Any]:
+        client = rpc.current_peer.get()
+        out = []
+        for op in ("throws", "rejects", "errors"):
+            try:
+                out.append(await asyncio.wait_for(client.request(op, None), 3))
+            except rpc.RemoteError as exc:
+                out.append(["error", str(exc)])
+            except TimeoutError:
+                out.append(["no answer", op])
+        answers.extend(out)
+        return out
+
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=registry,
+        web=HttpOptions(allow_missing_origin=True),
+    ) as server:
+        result = await run_node(
+            tmp_path,
+            WITHIN
+            + """
+            gotalk.handle('throws', () => { throw 10n; });
+            gotalk.handle('rejects', () => Promise.reject(circular));
+            gotalk.handle('errors', (p, result) => result.error(circular));
+            const s = await connect(ADDR);
+            const out = await within(s.request('ask'), 15000);
+            s.close();
+            return out;
+        """,
+            server.url.websocket_uri,
+        )
+    assert result == answers
+    assert [answer[0] for answer in answers] == ["error", "error", "error"], answers
+    assert answers[0][1] == "10"
