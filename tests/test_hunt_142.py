@@ -63,3 +63,41 @@ async def test_page_handler_failing_with_a_value_without_json_form(tmp_path: Pat
     assert result == answers
     assert [answer[0] for answer in answers] == ["error", "error", "error"], answers
     assert answers[0][1] == "10"
+
+
+async def test_decoded_text_keeps_a_leading_byte_order_mark(tmp_path: Path) -> None:
+    """U+FEFF at the start of received text is kept: ``gotalk.utf8.decode`` of echoed
+    bytes, an operation the server calls and an error result. Before, the library's
+    TextDecoder dropped it (its default): the page got other text than was sent."""
+    registry = rpc.Registry()
+
+    @registry.handle("ask")
+    async def ask(_: Any = None) -> Any:
+        client = rpc.current_peer.get()
+        return await client.request("\ufeffop", None)
+
+    @registry.handle("fail")
+    def fail(_: Any = None) -> Any:
+        raise rpc.RemoteError("\ufeffbad")
+
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=registry,
+        web=HttpOptions(allow_missing_origin=True),
+    ) as server:
+        result = await run_node(
+            tmp_path,
+            """
+            gotalk.handle('op', () => 'without');
+            gotalk.handle('\\ufeffop', () => 'with');
+            const s = await connect(ADDR);
+            const out = {};
+            out.decoded = gotalk.utf8.decode(new Uint8Array([0xef, 0xbb, 0xbf, 0x41]));
+            out.op = await s.request('ask');
+            out.error = await s.request('fail').then(() => 'resolved', (e) => e.message);
+            s.close();
+            return out;
+        """,
+            server.url.websocket_uri,
+        )
+    assert result == {"decoded": "\ufeffA", "op": "with", "error": "\ufeffbad"}

@@ -68,7 +68,8 @@
   const ERR_TIMEOUT = 3;
 
   const encoder = new TextEncoder();
-  const decoder = new TextDecoder('utf-8');
+  // ignoreBOM: a leading U+FEFF is text like any other (names, error texts, utf8.decode)
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true });
   const EMPTY = new Uint8Array(0);
 
   // --- errors and addresses -----------------------------------------------------------------
