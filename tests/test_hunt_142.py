@@ -8,8 +8,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
 import rpc
-from tests.test_web_js_node import run_node
+from tests.test_web_js_node import Scripted, run_node
 from transports.websocket import HttpOptions
 
 WITHIN = """
@@ -101,3 +104,40 @@ async def test_decoded_text_keeps_a_leading_byte_order_mark(tmp_path: Path) -> N
             server.url.websocket_uri,
         )
     assert result == {"decoded": "\ufeffA", "op": "with", "error": "\ufeffbad"}
+
+
+async def test_a_retry_wait_past_the_timer_range(tmp_path: Path) -> None:
+    """A retry result asking for a wait timers cannot hold (over 2**31 - 1 ms, up to the
+    field's 0xffffffff) rejects the request at once with ``err.retry``. Before, the timer
+    overflowed to 1 ms: the request went again at once, each time, until maxRetries."""
+    requests: list[Any] = []
+
+    async def script(ws: ServerConnection, recv: Any, _: int) -> None:
+        await ws.send(b"01")
+        assert await recv() == b"01"
+        while True:
+            try:
+                header = await recv()
+            except ConnectionClosed:
+                return
+            requests.append([header, await recv()])
+            await ws.send(b"e" + header[1:5] + b"ffffffff00000004")
+            await ws.send(b"busy")
+
+    scripted = Scripted(script)
+    async with scripted as address:
+        result = await run_node(
+            tmp_path,
+            WITHIN
+            + """
+            const s = await connect(ADDR);
+            const out = await within(s.request('echo', 1).then(
+              () => 'resolved', (e) => [e.message, e.retry === true, e.wait]), 5000);
+            s.close();
+            return out;
+        """,
+            address,
+        )
+    scripted.check()
+    assert result == ["busy", True, 0xFFFFFFFF]
+    assert requests == [[b"r0000004echo00000001", "1"]]

@@ -46,6 +46,7 @@
   const BACKOFF_FIRST = 500;
   const BACKOFF_MAX = 5000;
   const MAX_RETRIES = 5; // retry results honoured per request before giving up
+  const MAX_TIMER = 0x7fffffff; // ms: setTimeout fires at once for longer delays
   // Sent as a query parameter at connect so a peerwire server knows we understand retry
   // results ("e"); other servers (Go gotalk) ignore the query; real gotalk.js never sends it.
   const RETRY_FLAG = 'peerwire-retry';

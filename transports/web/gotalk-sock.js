@@ -234,9 +234,14 @@
       return promise;
     }
 
+    /**
+     * A retry result: send the request again after `wait` ms (the `e` header's, up to
+     * 0xffffffff), at most `maxRetries` times. A wait past what timers hold (2**31 - 1 ms,
+     * 24.8 days; longer ones fire at once) rejects at once, with `err.retry` and `err.wait`.
+     */
     _retry(id, call, wait, message) {
       call.attempts++;
-      if (call.attempts > this.maxRetries) {
+      if (call.attempts > this.maxRetries || wait > MAX_TIMER) {
         call._fail(remoteError(message || 'retry limit reached', { retry: true, wait: wait }));
         return;
       }
