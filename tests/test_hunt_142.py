@@ -5,6 +5,7 @@ hunt, run in Node 20 against real peerwire servers and scripted ``websockets`` s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,43 @@ async def test_a_retry_wait_past_the_timer_range(tmp_path: Path) -> None:
     scripted.check()
     assert result == ["busy", True, 0xFFFFFFFF]
     assert requests == [[b"r0000004echo00000001", "1"]]
+
+
+async def test_a_request_answered_with_a_streamed_result(tmp_path: Path) -> None:
+    """``request``/``bufferRequest`` of an operation that answers with a streamed result (a
+    peerwire handler that is an async generator) rejects, naming it, as the Python client
+    raises ``PayloadError``. Before, the promise resolved with the first part alone and the
+    other parts were dropped: the page took a part for the whole result."""
+    registry = rpc.Registry()
+
+    @registry.handle("parts")
+    async def parts(_: Any = None) -> AsyncIterator[int]:
+        yield 1
+        yield 2
+
+    @registry.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=registry,
+        web=HttpOptions(allow_missing_origin=True),
+    ) as server:
+        result = await run_node(
+            tmp_path,
+            """
+            const s = await connect(ADDR);
+            const failed = (e) => ['rejected', e.message];
+            const out = {};
+            out.json = await s.request('parts').then((v) => ['resolved', v], failed);
+            out.raw = await s.bufferRequest('parts').then(
+              (v) => ['resolved', gotalk.utf8.decode(v)], failed);
+            out.after = await s.request('echo', 'after');
+            s.close();
+            return out;
+        """,
+            server.url.websocket_uri,
+        )
+    expected = ["rejected", "gotalk: parts answered with a streamed result, not one result"]
+    assert result == {"json": expected, "raw": expected, "after": "after"}

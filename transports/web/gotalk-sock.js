@@ -198,6 +198,13 @@
         const call = {
           op: op, payload: payload, attempts: 0, timer: null, deadline: null,
           _result: (type, bytes) => {
+            if (type === 'S') {
+              // parts of a streamed result (a peerwire async generator): one of them is not
+              // the result; the rest of them, for an id no longer pending, are ignored
+              call._fail(new Error('gotalk: ' + op + ' answered with a streamed result, ' +
+                                   'not one result'));
+              return;
+            }
             clearTimeout(call.deadline);
             this._settled(id, call);
             if (buffer) {
