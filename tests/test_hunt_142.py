@@ -5,6 +5,7 @@ hunt, run in Node 20 against real peerwire servers and scripted ``websockets`` s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,43 @@ async def test_a_request_answered_with_a_streamed_result(tmp_path: Path) -> None
         )
     expected = ["rejected", "gotalk: parts answered with a streamed result, not one result"]
     assert result == {"json": expected, "raw": expected, "after": "after"}
+
+
+async def test_settings_past_the_timer_range(tmp_path: Path) -> None:
+    """``connectTimeout``, ``heartbeatInterval`` and ``requestTimeout`` over 2**31 - 1 ms
+    (timers fire at once past that) act as that longest delay, about 24.8 days. Before, the
+    timers overflowed to 1 ms: the connect attempt failed at once, a heartbeat went every
+    millisecond, and a request slower than 1 ms (here 200 ms) was rejected as timed out."""
+    seen: list[Any] = []
+
+    async def script(ws: ServerConnection, recv: Any, _: int) -> None:
+        await ws.send(b"01")
+        assert await recv() == b"01"
+        header, payload = await recv(), await recv()
+        seen.append([header, payload])
+        await asyncio.sleep(0.2)  # a slow operation: the request timeout's subject
+        await ws.send(b"R" + header[1:5] + b"%08x" % len(payload))
+        await ws.send(payload)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.recv()  # until the client closes (heartbeats kept by Scripted)
+
+    scripted = Scripted(script)
+    async with scripted as address:
+        result = await run_node(
+            tmp_path,
+            """
+            const s = gotalk.Sock();
+            s.connectTimeout = s.heartbeatInterval = s.requestTimeout = 2 ** 32;
+            const out = {};
+            out.open = await new Promise((resolve) =>
+              s.open(ADDR, (err) => resolve(err ? err.message : 'open')));
+            out.slow = await s.request('slow', 'done').catch((e) => e.message);
+            s.close();
+            return out;
+        """,
+            address,
+        )
+    scripted.check()
+    assert result == {"open": "open", "slow": "done"}
+    assert seen == [[b"r0000004slow00000006", '"done"']]
+    assert scripted.heartbeats == []

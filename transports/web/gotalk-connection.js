@@ -123,7 +123,7 @@
         } catch (e) {
           // already closing
         }
-      }, timeout);
+      }, timerDelay(timeout));
     }
 
     _connectFailed(err) {
@@ -141,7 +141,8 @@
       this._queuedMessages = 0;
       for (const frame of queued) ws.send(frame);
       if (this.heartbeatInterval > 0) {
-        this._heartbeatTimer = setInterval(() => this._tick(ws), this.heartbeatInterval);
+        this._heartbeatTimer = setInterval(() => this._tick(ws),
+                                            timerDelay(this.heartbeatInterval));
       }
       this._on.open();
     }

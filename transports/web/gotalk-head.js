@@ -47,6 +47,10 @@
   const BACKOFF_MAX = 5000;
   const MAX_RETRIES = 5; // retry results honoured per request before giving up
   const MAX_TIMER = 0x7fffffff; // ms: setTimeout fires at once for longer delays
+  /** A setting's delay as timers take it: over MAX_TIMER (24.8 days) is MAX_TIMER. */
+  function timerDelay(ms) {
+    return Math.min(ms, MAX_TIMER);
+  }
   // Sent as a query parameter at connect so a peerwire server knows we understand retry
   // results ("e"); other servers (Go gotalk) ignore the query; real gotalk.js never sends it.
   const RETRY_FLAG = 'peerwire-retry';

@@ -232,7 +232,7 @@
             const err = new Error('gotalk: no result for ' + op + ' within ' + timeout + ' ms');
             err.timeout = true;
             call._fail(err); // a late result for this id is ignored
-          }, timeout);
+          }, timerDelay(timeout));
         }
         this._pending.set(id, call);
         this._sendMessage(header, payload);
