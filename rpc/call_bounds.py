@@ -8,12 +8,12 @@ is cancelled and the slot re-armed for the nearest one left. A call that ends fi
 drops its entry (the slot may then fire once early, find nothing due and re-arm), so a
 bounded call costs a dict entry instead of a timer handle made and cancelled (measured with
 ``asyncio.timeout_at`` per call: about 6.5 us of a Gotalk server's CPU per call on 3.11).
-A bound already passed when a call comes to it ends the call at once, its handler never
-started. A streamed result's parts are each bounded by the same bound, one after another in
-one task; a generator that never waits leaves the loop no turn to fire the timer but at
-each :data:`rpc.responder.PARTS_PER_TURN` (256) parts: the next part after that turn fails
-once the timer found its bound passed, so such a stream ends within 256 parts of its bound
-(before, it ran for as long as its generator did).
+A bound already passed when a call comes to it (read against the clock: the timer cannot
+fire while a handler holds the loop) ends the call at once, its handler never started. A
+streamed result's parts are each bounded by the same bound, one after another in one task,
+each read against the clock as it starts: a generator that never waits, which leaves the
+loop a turn to fire the timer only every :data:`rpc.responder.PARTS_PER_TURN` (256) parts,
+ends at its first part past its bound.
 Entries are keyed by the task the handler runs in (a handler runner's worker, held by that
 handler while it waits): at most one per waiting handler (``max_concurrent``), freed when
 the handler leaves its bound or the connection goes.
@@ -39,7 +39,7 @@ class BoundPassed(Exception):
 class CallBounds:
     """The bounds of one connection's served calls (see the module doc)."""
 
-    __slots__ = ("_ahead", "_deadlines", "_due", "_expired", "_loop", "_nearest")
+    __slots__ = ("_deadlines", "_due", "_expired", "_loop", "_nearest")
 
     def __init__(self, deadlines: Deadlines, loop: asyncio.AbstractEventLoop) -> None:
         self._deadlines = deadlines
@@ -52,10 +52,6 @@ class CallBounds:
         self._nearest = float("inf")
         """The time the ``served`` slot is set for (inf: not set); may be earlier than the
         nearest entry left, never later."""
-        self._ahead = float("-inf")
-        """The bound last found ahead of the clock since the ``served`` slot last fired
-        (-inf: none): a streamed result's next part, bounded as its first was, needs no
-        clock read (one compare)."""
 
     def __len__(self) -> int:
         return len(self._due)
@@ -63,16 +59,14 @@ class CallBounds:
     async def within(self, awaitable: Awaitable[T], when: float, op: str) -> T:
         """Await ``awaitable`` in the current task, cancelling it at loop time ``when``;
         then raise :class:`BoundPassed` naming ``op``. A cancellation from anywhere else
-        goes through as it is, as with ``asyncio.timeout_at``. Past ``when`` already, it
-        raises at once, ``awaitable`` unawaited (a coroutine is closed unstarted): known by
-        a clock read, but for the bound last found ahead of the clock (the next part of a
-        streamed result) until the timer fires."""
-        if when != self._ahead:
-            if when <= self._loop.time():
-                if inspect.iscoroutine(awaitable):
-                    awaitable.close()  # the handler never starts
-                raise BoundPassed(f"{op}: the caller's deadline passed")
-            self._ahead = when
+        goes through as it is, as with ``asyncio.timeout_at``. Past ``when`` already (one
+        clock read per call, each part of a streamed result too: the timer cannot fire
+        while a handler holds the loop, so an earlier read says nothing of this one), it
+        raises at once, ``awaitable`` unawaited (a coroutine is closed unstarted)."""
+        if when <= self._loop.time():
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # the handler never starts
+            raise BoundPassed(f"{op}: the caller's deadline passed")
         task = asyncio.current_task(self._loop)
         if task is None:
             raise RuntimeError("CallBounds.within needs a task")
@@ -105,7 +99,6 @@ class CallBounds:
     def _expire(self) -> None:
         """The ``served`` slot fired: cancel every task past its bound; re-arm the slot."""
         now = self._deadlines.now()
-        self._ahead = float("-inf")  # the next bound is read against the clock
         nearest = float("inf")
         due = self._due
         for task, when in tuple(due.items()):
@@ -125,4 +118,3 @@ class CallBounds:
         self._due.clear()
         self._expired.clear()
         self._nearest = float("inf")
-        self._ahead = float("-inf")

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 import rpc
+from rpc import gotalk_peer
 from rpc.intercept import DEADLINE_GRACE
 from rpc.responder import PARTS_PER_TURN
-from tests.gotalk_raw import served_raw
-from wire import gotalk
+from tests.gotalk_raw import RawGotalk, served_raw
+from wire import gotalk, metadata
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_loops]
 
@@ -101,6 +102,11 @@ def waiting_registry(ran: list[str]) -> rpc.Registry:
         ran.append(name)
         return name
 
+    @reg.handle("wait")
+    async def wait(_: Any = None) -> str:
+        await asyncio.sleep(10)  # ended by its bound
+        return "waited"
+
     return reg
 
 
@@ -124,3 +130,47 @@ async def test_a_call_past_its_bound_before_it_starts_is_not_run(middleware: boo
         raw.request(b"0003", "quick", b'"in time"', 5000)  # the connection serves on
         assert await raw.answer() == gotalk.Result(b"0003", b'"in time"')
         assert ran == ["in time"]
+
+
+def request_bytes(rid: bytes, op: str, payload: bytes, timeout_ms: int | None) -> bytes:
+    """A request as RawGotalk.request writes it: its metadata (if ``timeout_ms``), then it."""
+    out = b""
+    if timeout_ms is not None:
+        meta = metadata.encode_gotalk(rid, metadata.RequestMeta(timeout_ms, {"k": "v"}))
+        out += RawGotalk.notification(gotalk_peer.META, meta)
+    header = gotalk.request_header(gotalk.MessageType.REQUEST, rid, op, len(payload))
+    return out + header + payload
+
+
+async def answers_to(raw: RawGotalk, count: int) -> dict[bytes, Any]:
+    """The next ``count`` answers, by request id."""
+    answers = {}
+    async with asyncio.timeout(10):
+        while len(answers) < count:
+            message = await raw.answer()
+            answers[message.id] = message
+    return answers
+
+
+async def test_a_call_past_a_bound_shared_with_a_waiting_call_is_not_run() -> None:
+    """Three requests in one read: ``wait`` and ``quick`` with the same timeout (so the
+    same bound: read time + 100 ms + DEADLINE_GRACE), ``hold`` between them, holding the
+    loop past that bound. Before, CallBounds kept the last bound found ahead of the clock
+    for the whole connection (``wait``'s) and took a call with that bound for ahead
+    without a clock read: ``quick``, started after ``hold`` in the same loop step (the
+    timer had no turn to fire), ran and its result went out."""
+    ran: list[str] = []
+    async with served_raw(waiting_registry(ran)) as (raw, _peer):
+        raw.writer.write(  # one segment: one read, one read time
+            request_bytes(b"0001", "wait", b"null", 100)
+            + request_bytes(b"0002", "hold", b"null", None)
+            + request_bytes(b"0003", "quick", b'"late"', 100)
+        )
+        answers = await answers_to(raw, 3)
+        assert answers[b"0002"] == gotalk.Result(b"0002", b'"held"')
+        assert answers[b"0001"] == gotalk.ErrorResult(
+            b"0001", b"wait: the caller's deadline passed"
+        )
+        late = answers[b"0003"]
+        assert late == gotalk.ErrorResult(b"0003", b"quick: the caller's deadline passed"), late
+        assert ran == []
