@@ -62,10 +62,14 @@ class CallBounds:
         goes through as it is, as with ``asyncio.timeout_at``. Past ``when`` already (one
         clock read per call, each part of a streamed result too: the timer cannot fire
         while a handler holds the loop, so an earlier read says nothing of this one), it
-        raises at once, ``awaitable`` unawaited (a coroutine is closed unstarted)."""
+        raises at once, ``awaitable`` unawaited: a coroutine is closed unstarted, an asyncio
+        Future (a Task a plain function started) cancelled; any other awaitable is left
+        as it is."""
         if when <= self._loop.time():
             if inspect.iscoroutine(awaitable):
                 awaitable.close()  # the handler never starts
+            elif isinstance(awaitable, asyncio.Future):
+                awaitable.cancel()  # nor runs on, unawaited, once its caller is told
             raise BoundPassed(f"{op}: the caller's deadline passed")
         task = asyncio.current_task(self._loop)
         if task is None:

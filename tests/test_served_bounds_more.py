@@ -174,3 +174,34 @@ async def test_a_call_past_a_bound_shared_with_a_waiting_call_is_not_run() -> No
         late = answers[b"0003"]
         assert late == gotalk.ErrorResult(b"0003", b"quick: the caller's deadline passed"), late
         assert ran == []
+
+
+async def test_a_task_returned_past_its_bound_is_cancelled_not_left_running() -> None:
+    """A plain function that returns a Task (an awaitable, not a coroutine), reached after
+    its bound passed (read with ``hold``, which holds the loop past it): its caller is told
+    the deadline passed, and the Task is cancelled. Before, only a coroutine was closed:
+    the Task ran on unawaited, its work done though its caller was told it never ran."""
+    ran: list[str] = []
+    reg = waiting_registry(ran)
+
+    async def work(name: str) -> str:
+        ran.append(name)
+        return name
+
+    @reg.handle("task")
+    def task(name: str) -> Any:
+        return asyncio.ensure_future(work(name))
+
+    options = rpc.Options(middleware=[passthrough])  # plain functions bounded: middleware
+    async with served_raw(reg, options) as (raw, _peer):
+        raw.writer.write(  # one segment: one read, one read time
+            request_bytes(b"0001", "hold", b"null", None)
+            + request_bytes(b"0002", "task", b'"late"', 100)
+        )
+        answers = await answers_to(raw, 2)
+        assert answers[b"0001"] == gotalk.Result(b"0001", b'"held"')
+        late = answers[b"0002"]
+        assert late == gotalk.ErrorResult(b"0002", b"task: the caller's deadline passed"), late
+        raw.request(b"0003", "quick", b'"after"', 5000)  # a turn of the loop or more
+        assert await raw.answer() == gotalk.Result(b"0003", b'"after"')
+        assert ran == ["after"], ran
