@@ -12,15 +12,21 @@ by ``os.fork()`` starts a loop of its own at its first call (the loop's thread d
 come along); the clients and streams it inherited belong to the parent and raise
 ConnectionClosed there. A blocking call or ``next()`` made on the loop's own thread (in a
 handler a blocking client serves, in its ``on_connect`` or ``on_state``) would wait for the
-loop it stops, for good: it raises :class:`CalledOnLoopThread` instead.
+loop it stops, for good: it raises :class:`CalledOnLoopThread` instead. A handler there that
+raises SystemExit or KeyboardInterrupt is answered, then ends the loop's run and its thread
+(as asyncio passes them on): the calls and ``next()`` waiting on that loop then raise
+ConnectionClosed, as do later calls of the clients and streams made on it, and the next
+blocking call (a new ``connect()``) starts another loop, as after a fork.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -44,9 +50,6 @@ from rpc.streaming import legacy_stream_args
 T = TypeVar("T")
 
 _lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_thread: int | None = None
-"""The ident of the thread that runs ``_loop``."""
 
 
 class CalledOnLoopThread(RuntimeError):
@@ -64,32 +67,107 @@ _ON_LOOP = (
 )
 
 
+_FORKED = (
+    "this blocking client was made before os.fork(): its connection is the parent's;"
+    " connect again in this process"
+)
+
+_GONE = (
+    "this blocking client's loop is gone: a handler the process's blocking clients served"
+    " ended the loop's thread (SystemExit, KeyboardInterrupt); connect again"
+)
+
+
+def _lost(home: asyncio.AbstractEventLoop) -> ConnectionClosed:
+    """The error of a call on an object made on ``home``, a loop no thread runs here: one
+    whose thread ended (closed then), or the parent's (forked since)."""
+    return ConnectionClosed(_GONE if home.is_closed() else _FORKED)
+
+
+class _Background:
+    """The shared loop, the thread that runs it, and what waits on it from other threads:
+    the futures of calls handed to it (each dropped once done) and the buffers of the
+    streams made on it (weakly: each goes with its stream). Should the thread end (a
+    handler raised SystemExit or KeyboardInterrupt, which leave ``run_forever``), its exit
+    closes the loop and fails them all with ConnectionClosed; the next call starts another.
+    The thread is compared as an object: a dead thread's ident is given to the next one."""
+
+    def __init__(self) -> None:
+        self.loop = loops.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name="peerwire-loop", daemon=True)
+        self.calls: set[concurrent.futures.Future[Any]] = set()
+        self.buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
+
+    def _serve(self) -> None:
+        try:
+            self.loop.run_forever()
+        finally:  # left by a BaseException: nothing runs this loop again
+            self._end()
+
+    def _end(self) -> None:
+        global _current
+        with _lock:  # from here no call or stream is handed to this loop
+            try:
+                self.loop.close()  # first: an object made on it sees a closed loop (_lost)
+            finally:
+                if _current is self:
+                    _current = None
+                calls, buffers = list(self.calls), list(self.buffers)
+        for call in calls:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled
+                call.set_exception(ConnectionClosed(_GONE))
+        for buffer in buffers:
+            buffer.finish(ConnectionClosed(_GONE), drop=True)
+
+
+_current: _Background | None = None
+"""The loop of this process, while its thread runs it."""
+
+
+def _background(buffer: Buffer | None = None) -> _Background:
+    """The background loop, started if none runs; under ``_lock`` (the caller holds it).
+    ``buffer``: a stream's, failed should the loop's thread end."""
+    global _current
+    if _current is None:
+        started = _Background()
+        try:
+            started.thread.start()
+        except BaseException:  # no thread to run it (RuntimeError: can't start new thread)
+            started.loop.close()
+            raise
+        _current = started
+    if buffer is not None:
+        _current.buffers.add(buffer)
+    return _current
+
+
 def _background_loop() -> asyncio.AbstractEventLoop:
-    global _loop, _loop_thread
     with _lock:
-        if _loop is None:
-            loop = loops.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="peerwire-loop", daemon=True)
-            thread.start()
-            _loop, _loop_thread = loop, thread.ident
-        return _loop
+        return _background().loop
+
+
+def _live_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop that runs now, if any: objects made on another are the parent's (forked)
+    or their loop is gone."""
+    current = _current
+    return None if current is None else current.loop
+
+
+def _on_loop_thread() -> bool:
+    current = _current
+    return current is not None and threading.current_thread() is current.thread
 
 
 def _forget_loop() -> None:
     """In a child made by ``os.fork()``: the parent's loop has no thread here (a call handed
     to it waited for good), and the lock may have been held by another thread of the
     parent; the child's first call starts a loop of its own."""
-    global _loop, _lock, _loop_thread
+    global _current, _lock
     _lock = threading.Lock()
-    _loop = _loop_thread = None
+    _current = None
 
 
 os.register_at_fork(after_in_child=_forget_loop)
-
-_FORKED = (
-    "this blocking client was made before os.fork(): its connection is the parent's;"
-    " connect again in this process"
-)
 
 
 def _run(
@@ -98,16 +176,20 @@ def _run(
     home: asyncio.AbstractEventLoop | None = None,
 ) -> T:
     """Run ``coro`` on the background loop and wait for it; ``home``: the loop the object
-    making the call was made on, which a process forked since then does not run
-    (ConnectionClosed); on the loop's own thread, CalledOnLoopThread."""
-    loop = _background_loop()
-    if home is not None and home is not loop:
-        coro.close()
-        raise ConnectionClosed(_FORKED)
-    if threading.get_ident() == _loop_thread:
-        coro.close()
-        raise CalledOnLoopThread(_ON_LOOP)
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    making the call was made on, which a process forked since then does not run, nor one
+    whose loop's thread ended (ConnectionClosed, as when it ends during the wait); on the
+    loop's own thread, CalledOnLoopThread."""
+    with _lock:
+        background = _background()
+        if home is not None and home is not background.loop:
+            coro.close()
+            raise _lost(home)
+        if threading.current_thread() is background.thread:
+            coro.close()
+            raise CalledOnLoopThread(_ON_LOOP)
+        future = asyncio.run_coroutine_threadsafe(coro, background.loop)
+        background.calls.add(future)
+    future.add_done_callback(background.calls.discard)
     try:
         return future.result(timeout)
     except BaseException:
@@ -145,7 +227,7 @@ def _cancel_soon(pump: asyncio.Task[None]) -> None:
         pump.add_done_callback(_stopping.discard)
 
     loop = pump.get_loop()
-    if loop is not _loop:  # the parent's, in a forked child: no thread runs it here
+    if loop is not _live_loop():  # the parent's (forked), or gone: no thread runs it
         return
     with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
         loop.call_soon_threadsafe(cancel)
@@ -189,7 +271,8 @@ class BlockingStream(Iterator[Any]):
         if max_buffered_bytes < 1:
             raise ValueError("max_buffered_bytes must be at least 1")
         self._buffer = Buffer(max_buffered, max_buffered_bytes)
-        self._home = _background_loop()  # not this process's after a fork
+        with _lock:  # not this process's after a fork; failed should its thread end
+            self._home = _background(self._buffer).loop
         self._pump: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one _stop() takes the pump to cancel it
 
@@ -220,11 +303,11 @@ class BlockingStream(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        if threading.get_ident() == _loop_thread:  # take() would wait for this thread
+        if _on_loop_thread():  # take() would wait for this thread
             raise CalledOnLoopThread(_ON_LOOP)
         try:
-            if self._home is not _loop:  # forked since: nothing would fill the buffer
-                raise ConnectionClosed(_FORKED)
+            if self._home is not _live_loop():  # forked since, or gone: nothing fills it
+                raise _lost(self._home)
             item = self._buffer.take()
             if item is END:
                 raise StopIteration
@@ -246,9 +329,9 @@ class BlockingStream(Iterator[Any]):
         """Stop the stream; nothing more is read. Idempotent. Waits until it is closed on
         the loop, except on the loop's own thread."""
         pump = self._stop()
-        if pump is None or pump.get_loop() is not _loop:  # none, or the parent's (forked)
+        if pump is None or pump.get_loop() is not _live_loop():  # none, forked, gone
             return
-        if threading.get_ident() != _loop_thread:
+        if not _on_loop_thread():
             _run(_stopped(pump))
 
     def __enter__(self) -> BlockingStream:
@@ -275,9 +358,10 @@ class BlockingPeer:
     @property
     def connection_state(self) -> ConnectionState:
         """``connecting``, ``open``, ``reconnecting`` or ``closed`` (a plain peer: open or
-        closed; closed in a child process forked since it was made)."""
+        closed; closed in a child process forked since it was made, or once its loop's
+        thread ended)."""
         peer = self.peer
-        if self._home is not _loop:
+        if self._home is not _live_loop():
             return ConnectionState.CLOSED
         if isinstance(peer, ReconnectingPeer):
             return peer.connection_state
@@ -358,13 +442,13 @@ class BlockingPeer:
         peer = self.peer
         if isinstance(peer, ReconnectingPeer):
             _run(peer.wait_open(timeout), home=self._home)
-        elif not peer.is_open or self._home is not _loop:
+        elif not peer.is_open or self._home is not _live_loop():
             raise ConnectionClosed("connection is closed")
 
     def close(self) -> None:
         """Close the connection; in a child process forked since it was made, nothing to do
-        (the connection is the parent's)."""
-        if self._home is _loop:
+        (the connection is the parent's), nor once its loop's thread ended."""
+        if self._home is _live_loop():
             _run(self.peer.close())
 
     def __enter__(self) -> BlockingPeer:
@@ -385,13 +469,17 @@ def connect(url: str | Sequence[str], **kwargs: Any) -> BlockingPeer:
         made.append(peer)
         return peer
 
+    home = _background_loop()
     try:
-        return BlockingPeer(_run(open_peer()))
+        blocking = BlockingPeer(_run(open_peer(), home=home))
+        if blocking._home is not home:  # the loop's thread ended since the client was made
+            raise _lost(home)
+        return blocking
     except BaseException:
         # interrupted: a connect that completed before _run's cancel reached the loop made
         # a client nobody holds; closed after that cancel (one still running is cancelled)
-        with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
-            _background_loop().call_soon_threadsafe(_close_made, made)
+        with contextlib.suppress(RuntimeError):  # the loop is closed (exit, thread ended)
+            home.call_soon_threadsafe(_close_made, made)
         raise
 
 

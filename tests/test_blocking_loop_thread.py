@@ -11,16 +11,27 @@ is bounded: a deadlocked loop fails the test, which then frees it by closing the
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 import rpc
+from rpc import loops
 from rpc.blocking import CalledOnLoopThread
 from tests.reconnect_helpers import FAST
 from tests.test_blocking_stream import LIVE, Feeds, serving
 
 WAIT = 10.0
 """Seconds a step may take before the test calls it a deadlock."""
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def outcome(call: Any) -> Any:
@@ -110,3 +121,106 @@ def test_blocking_calls_in_on_connect_raise() -> None:
         assert len(errors) == 1
         assert "background loop's own thread" in str(errors[0])
         assert other.request("echo", "still open") == "still open"
+
+
+ENDS_LOOP = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    import rpc, rpc.blocking
+    from tests.test_blocking_stream import LIVE, Feeds, serving
+
+    served = rpc.Registry()
+
+    @served.handle("boom")
+    async def boom(_):
+        raise {"SystemExit": SystemExit(0), "KeyboardInterrupt": KeyboardInterrupt()}[sys.argv[1]]
+
+    feeds = Feeds()
+    held, _ = feeds.expect("held")
+    feeds.expect("read")
+
+    @feeds.registry.handle("call_back")
+    async def call_back(op):  # the server calls the blocking client's handler
+        try:
+            return await rpc.current_peer.get().request(op, timeout=1)
+        except Exception as exc:
+            return repr(exc)
+
+    def start(call):
+        out = []
+        def run():
+            try:
+                out.append(call())
+            except BaseException as exc:
+                out.append(type(exc).__name__)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread, out
+
+    def outcome(started):
+        # what the call did within 5 s: its result, its error's name, or HUNG
+        thread, out = started
+        thread.join(5)
+        return out[0] if out else "HUNG"
+
+    report = {}
+    with serving(feeds.registry) as url:
+        client = rpc.blocking.connect(url, reconnect=False, registry=served)
+        (loop_thread,) = [t for t in threading.enumerate() if t.name == "peerwire-loop"]
+        results = client.stream("feed", value="read", item_timeout=60)
+        report["read"] = [next(results) for _ in range(LIVE)]  # all the handler sends
+        reading = start(lambda: next(results))
+        requesting = start(lambda: client.request("hang", "held"))
+        report["waiting"] = held.wait(5)  # the request is in flight
+        pause = threading.Event()
+        for _ in range(1000):  # (5 s at most) until the next() waits in the buffer
+            if results.waiting:
+                break
+            pause.wait(0.005)
+        report["waiting"] = report["waiting"] and results.waiting == 1
+        outcome(start(lambda: client.request("call_back", "boom")))
+        loop_thread.join(5)
+        report["loop thread ended"] = not loop_thread.is_alive()
+        report["waiting calls"] = [outcome(reading), outcome(requesting)]
+        report["old client"] = [outcome(start(lambda: client.request("echo", 1))) for _ in "123"]
+        report["new client"] = outcome(
+            start(lambda: rpc.blocking.connect(url, reconnect=False).request("echo", 2))
+        )
+        print(json.dumps(report), flush=True)
+        os._exit(0)  # threads left waiting by the old code: no clean exit to wait for
+    """
+)
+
+
+@pytest.mark.parametrize("escape", ["SystemExit", "KeyboardInterrupt"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_blocking_calls_after_a_handler_ends_the_loop_thread(loop: str, escape: str) -> None:
+    """A handler a blocking client serves that raises SystemExit (``sys.exit()``) or
+    KeyboardInterrupt is answered, then passed on (c4f8a7e): it leaves the loop's
+    ``run_forever`` and the loop thread ends. The calls then waiting on that loop (a
+    request, a stream's ``next()``) and later calls of its clients raise ConnectionClosed,
+    and a new client gets a new loop. Before, the dead thread's ident, which the next
+    thread usually gets again, made calls from such a thread raise CalledOnLoopThread;
+    the others, the waiting ones and every later blocking client of the process (a new
+    ``connect()`` too) waited for good. A child process keeps the pytest process's shared
+    loop out of it (and runs each loop, whatever ``--loop`` says)."""
+    if loop == "uvloop" and not loops.uvloop_installed():
+        pytest.fail("uvloop is not installed (the test extra installs it)")
+    env = dict(os.environ, **{loops.ENV_VAR: loop, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", ENDS_LOOP, escape],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    report = json.loads(lines[-1])
+    assert report["read"] == list(range(LIVE))
+    assert report["waiting"], report  # the premise: a request and a next() waited
+    assert report["loop thread ended"], report  # and the handler's escape ended the loop
+    assert report["waiting calls"] == ["ConnectionClosed"] * 2, report
+    assert report["old client"] == ["ConnectionClosed"] * 3, report
+    assert report["new client"] == 2, report
