@@ -8,6 +8,12 @@ handler runs as a task of the caller's :class:`~rpc.tasks.TaskSet`; with ``max_t
 notification that arrives while that many run is not dispatched: a warning through the
 same rate-limited log (a group member can send such notifications by the thousand).
 
+A handler's BaseException that is not an Exception (a ``class Stop(BaseException)``) is
+logged too (always, as an error): it stops the notification, not the connection.
+KeyboardInterrupt and SystemExit are then passed on as asyncio lets them, a plain
+function's from a callback of its own (``loop.call_soon``), never in the peer's read,
+which they would leave half done (its output held).
+
 One exception is raised: :class:`~rpc.stream_hold.InputHeld`, which a handler raises before
 it acts on the notification to say it must wait (the Eventer client, past its deliveries'
 bytes). A peer connection then keeps it and the rest of its read, reading paused, until
@@ -17,6 +23,7 @@ running until it can take more. A group node's handlers have no such use for it.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable
@@ -47,6 +54,11 @@ def run_notification(
     except Exception:
         failures.exception("notification handler %r failed", handler.name)
         return True
+    except BaseException as exc:
+        _escaped(handler.name, exc)
+        if isinstance(exc, PASSED_ON):
+            asyncio.get_running_loop().call_soon(_raise, exc)
+        return True
     if not inspect.isawaitable(result):
         return True
     if max_tasks is not None and len(tasks) >= max_tasks:
@@ -65,3 +77,28 @@ async def _run(name: str, awaitable: Awaitable[Any]) -> None:
         await awaitable
     except Exception:
         failures.exception("notification handler %r failed", name)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        _escaped(name, exc)
+        if isinstance(exc, PASSED_ON):
+            raise  # the task passes it on to the loop's run
+
+
+PASSED_ON = (KeyboardInterrupt, SystemExit)
+"""What a handler raises that leaves the loop's run once logged (as for requests:
+:data:`rpc.responder.PASSED_ON`)."""
+
+
+def _escaped(name: str, exc: BaseException) -> None:
+    log.error(
+        "notification handler %r raised %s, not an Exception",
+        name,
+        type(exc).__name__,
+        exc_info=exc,
+    )
+
+
+def _raise(exc: BaseException) -> None:
+    """Raise ``exc`` (a callback: a plain handler's KeyboardInterrupt, passed on)."""
+    raise exc

@@ -214,3 +214,69 @@ def test_plain_function_keyboard_interrupt_is_answered_and_serves_on(flavour: st
                 loop.run_until_complete(main)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def _notified_registry(seen: list[str]) -> rpc.Registry:
+    reg = rpc.Registry()
+
+    @reg.handle_notification("stop")
+    def stop(_: Any = None) -> None:  # a plain function: run in the peer's read
+        raise Stop
+
+    @reg.handle_notification("interrupt")
+    def interrupt(_: Any = None) -> None:
+        raise KeyboardInterrupt
+
+    @reg.handle_notification("stop_async")
+    async def stop_async(_: Any = None) -> None:
+        raise Stop
+
+    @reg.handle("ok")
+    def ok(value: Any) -> Any:
+        seen.append(value)
+        return value
+
+    return reg
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+def test_a_notification_handlers_base_exception_stops_it_not_the_connection(
+    flavour: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain notification handler's Stop (a BaseException, not an Exception) and
+    KeyboardInterrupt were raised in the peer's read, between the outbox's hold and its
+    release: on asyncio every later answer stayed unwritten (the caller of ``ok`` waited
+    for its timeout), on uvloop the transport took it for a failure and closed. Now Stop
+    is logged and stops there; KeyboardInterrupt leaves ``run_until_complete`` after the
+    read, and the loop run again serves on."""
+    scheme, query = FLAVOURS[flavour]
+    seen: list[str] = []
+
+    async def scenario() -> list[object]:
+        async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=_notified_registry(seen)) as s:
+            url = f"{scheme}://127.0.0.1:{s.url.port}{query}"
+            async with rpc.connect(url, reconnect=False) as peer:
+                async with asyncio.timeout(PATIENT / 2):
+                    answers: list[object] = []
+                    for name in ("stop", "stop_async", "interrupt"):
+                        peer.notify(name)
+                        answers.append(await peer.request("ok", name, timeout=PATIENT))
+                    return answers
+
+    loop = loops.new_event_loop(os.environ.get(loops.ENV_VAR) or "asyncio")
+    try:
+        main = loop.create_task(scenario())
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main)
+        assert not main.done()
+        assert loop.run_until_complete(main) == ["stop", "stop_async", "interrupt"]
+    finally:
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(BaseException):  # what it ended in: reported above
+                loop.run_until_complete(main)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+    assert seen == ["stop", "stop_async", "interrupt"]
+    escaped = [r for r in caplog.records if "not an Exception" in r.getMessage()]
+    assert [r.exc_info[0] for r in escaped if r.exc_info] == [Stop, Stop, KeyboardInterrupt]
