@@ -63,8 +63,13 @@ def _reserve(family: socket.AddressFamily, address: tuple[Any, ...]) -> socket.s
 
     Without ``SO_REUSEADDR`` no other server can take the port even while no worker listens;
     but then connections of an earlier server left in TIME_WAIT block the bind, so that case
-    falls back to ``SO_REUSEADDR`` (which still fails if anything listens on the port).
+    falls back to ``SO_REUSEADDR``. ``SO_REUSEPORT`` lets any socket of the same user that
+    has it too bind beside ours: another worker server's, whose port would then be shared,
+    connections spread over both. So a given port is first bound without it (and closed):
+    that fails if anything listens there, or holds it as we do.
     """
+    if address[1]:
+        _bind(family, address, reuse_port=False).close()
     try:
         return _bind(family, address, reuse_port=True, reuse_address=False)
     except OSError as exc:

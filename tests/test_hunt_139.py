@@ -3,7 +3,11 @@ and sockets on 127.0.0.1.
 
 A SIGTERM to the parent while a worker was starting (between its fork and its own signal
 set-up) went to the parent's own handler, inherited by the child, which only counted it:
-the worker then served on, and the stop waited ``drain_timeout`` + 5 s to kill it."""
+the worker then served on, and the stop waited ``drain_timeout`` + 5 s to kill it.
+
+A second ``--workers`` server started on the port of one already serving started too, and
+the kernel spread connections over both (an old and a new version of an app, say): every
+socket there has ``SO_REUSEPORT``, which lets any process of the same user join the port."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rpc import workers_sockets
 from tests.test_workers import Running, is_running
 
 pytestmark = [
@@ -36,7 +41,7 @@ def pid(value):
 
 
 def slow_start():  # a library's at-fork hook that takes a while, in every worker
-    print(f"forked {os.getpid()}", flush=True)
+    os.write(1, b"forked %d\\n" % os.getpid())  # one write: the workers share the pipe
     time.sleep(2.0)
 
 
@@ -63,3 +68,40 @@ async def test_sigterm_while_workers_start_stops_them_at_once(tmp_path: Path) ->
         assert not [pid for pid in pids if is_running(pid)]
     finally:
         server.kill()
+
+
+def test_a_port_another_workers_server_holds_is_not_shared() -> None:
+    """``bind_listeners`` refuses a port held by another worker server: its parent's
+    reservation (bound with ``SO_REUSEPORT``, not listening), or a worker's listening
+    ``SO_REUSEPORT`` socket; as a plain server's listening socket is refused."""
+    first = workers_sockets.bind_listeners(["tcp+gotalk://127.0.0.1:0"])
+    try:
+        url = f"tcp+gotalk://127.0.0.1:{first[0].url.port}"
+        with pytest.raises(OSError, match="in use"):  # the parent's reservation
+            workers_sockets.close_listeners(workers_sockets.bind_listeners([url]))
+        [worker] = workers_sockets.worker_sockets(first[0], workers_sockets.REUSE_PORT)
+        try:
+            with pytest.raises(OSError, match="in use"):  # a worker listening alone
+                workers_sockets.close_listeners(workers_sockets.bind_listeners([url]))
+        finally:
+            worker.close()
+    finally:
+        workers_sockets.close_listeners(first)
+
+
+async def test_a_second_workers_server_on_a_served_port_exits_3(tmp_path: Path) -> None:
+    module = tmp_path / "app.py"
+    module.write_text("import rpc\nregistry = rpc.Registry()\nregistry.handle('up')(lambda _: 1)\n")
+    serve = [sys.executable, "-m", "rpc.cli", "serve", str(module), "--workers=2"]
+    first = Running([*serve, "--listen=tcp+gotalk://127.0.0.1:0"])
+    second = None
+    try:
+        [url] = await asyncio.to_thread(first.urls, 1)
+        second = Running([*serve, f"--listen={url}"])
+        assert await asyncio.to_thread(second.exit_code, 10) == 3, second.output("stdout")
+        assert "address already in use" in second.output("stderr").lower()
+        assert "listening on" not in second.output("stdout")
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
