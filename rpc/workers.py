@@ -34,9 +34,7 @@ loop (and, ideally, no other threads).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -46,20 +44,26 @@ import socket
 import ssl as ssl_module
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from rpc import loops, metrics_dir, workers_metrics
-from rpc.api import Server, serve
 from rpc.registry import Registry
 from rpc.url import parse_url
+from rpc.workers_child import (
+    STOP_SIGNALS,
+    WorkerConfig,
+    WorkerPipes,
+    child_main,
+    freeze_startup_objects,
+    worker_main,
+)
 from rpc.workers_sockets import (
     REUSE_PORT,
     Listener,
     bind_listeners,
     close_listeners,
-    worker_sockets,
 )
 
 log = logging.getLogger("peerwire.workers")
@@ -68,109 +72,6 @@ STABLE_AFTER = 10.0
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 30.0
 KILL_GRACE = 5.0
-
-
-def freeze_startup_objects() -> None:
-    """Move every object made so far (modules, schemas, the registry, the listeners) out of
-    the collector's reach: they live as long as the process, and each full collection would
-    walk them again (about 41,000 objects and 7 ms per full collection for a server with
-    three listeners here). Called once the servers of a serving process are started."""
-    gc.collect()
-    gc.freeze()
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """What every worker serves, and how."""
-
-    registry: Registry | None = None
-    ssl: ssl_module.SSLContext | None = None  # given to the TLS URLs only
-    loop: str | None = None  # rpc.loops choice; None: $PEERWIRE_LOOP or auto
-    drain_timeout: float = 5.0
-    reuse_port: bool = REUSE_PORT
-    serve_options: dict[str, Any] = field(default_factory=dict)  # more rpc.serve keywords
-    metrics: bool = False  # each worker counts into the multiprocess directory
-
-
-# --- in a worker ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Pipes:
-    """Fds a worker is born with: ``ready_w`` to report, ``lifeline_r`` to watch the parent;
-    the others are the parent's and are closed in the worker at once."""
-
-    ready_w: int
-    lifeline_r: int
-    parent_only: tuple[int, ...]
-
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def _child_main(main: Callable[..., None], *args: Any) -> None:
-    """A forked process's start: the parent's signal set-up undone (its wakeup fd, its
-    handlers, which only count), then SIGTERM and SIGINT, blocked across the fork, let in:
-    a SIGTERM that came meanwhile ends the process now, as one does until it serves."""
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the parent too
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    main(*args)
-
-
-def _worker_main(
-    listeners: list[Listener],
-    config: WorkerConfig,
-    pipes: _Pipes,
-    metrics_socket: socket.socket | None = None,
-) -> None:
-    """A worker's process. The parent's pipes and the metrics listening socket (the
-    exporter's) are closed first: held here, the metrics port stayed bound as long as any
-    worker lived, a worker whose parent died included, until its drain ended."""
-    for fd in pipes.parent_only:  # SIGTERM ends it at once until it serves (_child_main)
-        os.close(fd)
-    if metrics_socket is not None:
-        metrics_socket.close()
-    loops.run(_serve_worker(listeners, config, pipes), config.loop)
-
-
-async def _serve_worker(listeners: list[Listener], config: WorkerConfig, pipes: _Pipes) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    def parent_gone() -> None:  # EOF on the lifeline: nobody holds its write end any more
-        loop.remove_reader(pipes.lifeline_r)
-        stop.set()
-
-    loop.add_reader(pipes.lifeline_r, parent_gone)
-    servers: list[Server] = []
-    options = dict(config.serve_options)
-    if config.metrics:
-        options["metrics"] = workers_metrics.worker_metrics()
-    try:
-        for listener in listeners:
-            for sock in worker_sockets(listener, config.reuse_port):
-                server = serve(
-                    str(listener.url),
-                    registry=config.registry,
-                    ssl=config.ssl if listener.url.tls else None,
-                    sock=sock,
-                    **options,
-                )
-                await server.start()
-                servers.append(server)
-        freeze_startup_objects()
-        os.write(pipes.ready_w, b"%d\n" % os.getpid())
-        await stop.wait()
-        log.debug("worker %d stopping", os.getpid())
-    finally:
-        await asyncio.gather(
-            *(s.close(drain_timeout=config.drain_timeout) for s in servers),
-            return_exceptions=True,
-        )
 
 
 # --- in the parent --------------------------------------------------------------------------
@@ -269,7 +170,7 @@ class _Supervisor:
         self.stopping = False
         self.announced = False
 
-    def _start(self, slot: _Slot, pipes: _Pipes) -> None:
+    def _start(self, slot: _Slot, pipes: WorkerPipes) -> None:
         if slot.exporter:
             others = [sock for listener in self.listeners for sock in listener.sockets]
             main: Callable[..., None] = workers_metrics.exporter_main
@@ -281,14 +182,14 @@ class _Supervisor:
             )
             name = "peerwire-metrics"
         else:
-            main = _worker_main
+            main = worker_main
             args = (self.listeners, self.config, pipes, self.metrics_socket)
             name = f"peerwire-worker-{slot.index}"
-        slot.process = self._mp.Process(target=_child_main, args=(main, *args), name=name)
+        slot.process = self._mp.Process(target=child_main, args=(main, *args), name=name)
         # the child is born with the parent's handlers, which only count a signal: blocked
         # until the child has set its own, a SIGTERM sent meanwhile (a stop while it
         # starts) waits for them instead of being lost (the stop then waited for the kill)
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             slot.process.start()
         finally:
@@ -334,7 +235,7 @@ class _Supervisor:
         ready_r, ready_w = os.pipe()
         lifeline_r, lifeline_w = os.pipe()
         wake_r = self.signals.wake_r
-        pipes = _Pipes(ready_w, lifeline_r, (ready_r, lifeline_w, wake_r, self.signals.wake_w))
+        pipes = WorkerPipes(ready_w, lifeline_r, (ready_r, lifeline_w, wake_r, self.signals.wake_w))
         try:
             if not self._signalled():
                 for slot in self.slots:
@@ -350,7 +251,7 @@ class _Supervisor:
             self.stopping = True
         return self.stopping
 
-    def _supervise(self, ready_r: int, wake_r: int, pipes: _Pipes) -> None:
+    def _supervise(self, ready_r: int, wake_r: int, pipes: WorkerPipes) -> None:
         pending = b""
         while not self._signalled():
             now = time.monotonic()
@@ -375,7 +276,7 @@ class _Supervisor:
                 if slot.restart_at is not None and slot.restart_at <= now:
                     self._restart(slot, pipes)
 
-    def _restart(self, slot: _Slot, pipes: _Pipes) -> None:
+    def _restart(self, slot: _Slot, pipes: WorkerPipes) -> None:
         """Start ``slot``'s process again; a fork that fails (EAGAIN, ENOMEM: the machine
         is short of processes or memory) is tried again after the back-off of a quick
         exit, instead of ending the supervisor and every worker with it."""
@@ -501,5 +402,6 @@ __all__ = [
     "WorkerConfig",
     "bind_listeners",
     "close_listeners",
+    "freeze_startup_objects",
     "serve_workers",
 ]

@@ -55,7 +55,7 @@ def test_a_restart_whose_fork_fails_is_tried_again_after_the_back_off(
         supervisor._mp = forks  # type: ignore[assignment]
         [slot] = supervisor.slots
         slot.restart_at = time.monotonic()  # due now: a worker that just exited
-        pipes = workers._Pipes(fds[1], fds[2], ())
+        pipes = workers.WorkerPipes(fds[1], fds[2], ())
         with caplog.at_level(logging.WARNING, logger="peerwire.workers"):
             supervisor._supervise(fds[0], fds[4], pipes)
         assert len(forks.tried_at) == 3
