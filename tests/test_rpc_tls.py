@@ -216,3 +216,12 @@ async def test_refused_tls_connections_are_closed_before_any_tls(pki: Pki) -> No
         await wait_until(lambda: not srv.peers, timeout=5)
         async with rpc.connect(str(srv.url), ssl=client_ssl_context(cafile=pki.ca)) as peer:
             assert await peer.request("whoami") == "anonymous"
+
+
+def test_server_contexts_refuse_renegotiation(pki: Pki) -> None:
+    """TLS 1.2 renegotiation (a peer making the server redo handshakes at will) is off in
+    the server contexts we make: OpenSSL 3 refuses a client's by default, 1.1.1 does not.
+    Python's ssl has no call that renegotiates, so the context's option is what a test here
+    can check (it was not set before)."""
+    ctx = server_ssl_context(pki.server_cert, pki.server_key)
+    assert ctx.options & ssl.OP_NO_RENEGOTIATION

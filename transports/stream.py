@@ -392,8 +392,11 @@ def server_ssl_context(
     password: Callable[[], str | bytes] | None = None,
 ) -> ssl.SSLContext:
     """A server context; ``client_cafile`` requires and verifies client certificates;
-    ``password``, as ``SSLContext.load_cert_chain`` takes it, for an encrypted key."""
+    ``password``, as ``SSLContext.load_cert_chain`` takes it, for an encrypted key. TLS 1.2
+    renegotiation is refused (OpenSSL 3 refuses a client's by default, 1.1.1 does not: a
+    peer could make the server redo handshakes at will)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.options |= ssl.OP_NO_RENEGOTIATION
     ctx.load_cert_chain(str(certfile), str(keyfile) if keyfile else None, password=password)
     if client_cafile:
         ctx.load_verify_locations(str(client_cafile))
