@@ -46,6 +46,10 @@
   const BACKOFF_FIRST = 500;
   const BACKOFF_MAX = 5000;
   const MAX_RETRIES = 5; // retry results honoured per request before giving up
+  // The message of the retry result a peerwire server closing gracefully answers a request
+  // with that came during its drain (not run; rpc.errors.CLOSING): sent again on that
+  // connection it would only be refused again, so it fails once the connection closes.
+  const CLOSING = 'connection closing: not run';
   const MAX_TIMER = 0x7fffffff; // ms: setTimeout fires at once for longer delays
   /** A setting's delay as timers take it: over MAX_TIMER (24.8 days) is MAX_TIMER. */
   function timerDelay(ms) {

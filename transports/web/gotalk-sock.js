@@ -196,8 +196,9 @@
           return;
         }
         const call = {
-          op: op, payload: payload, attempts: 0, timer: null, deadline: null,
+          op: op, payload: payload, attempts: 0, timer: null, deadline: null, refused: null,
           _result: (type, bytes) => {
+            if (call.refused) return; // refused by a draining server: a result is not its
             if (type === 'S') {
               // parts of a streamed result (a peerwire async generator): one of them is not
               // the result; the rest of them, for an id no longer pending, are ignored
@@ -221,7 +222,7 @@
             clearTimeout(call.timer);
             clearTimeout(call.deadline);
             this._settled(id, call);
-            reject(err);
+            reject(call.refused || err); // refused: not run, whatever ends the wait
           },
           _retry: (wait, message) => this._retry(id, call, wait, message),
         };
@@ -245,8 +246,20 @@
      * A retry result: send the request again after `wait` ms (the `e` header's, up to
      * 0xffffffff), at most `maxRetries` times. A wait past what timers hold (2**31 - 1 ms,
      * 24.8 days; longer ones fire at once) rejects at once, with `err.retry` and `err.wait`.
+     * One from a server draining for a graceful close (message CLOSING) is not sent again:
+     * the request rejects with it (`err.retry`, not run) once the connection closes or its
+     * `requestTimeout` passes, as the Python client raises RetryLater; page code may send
+     * it again on the next connection. Nothing is kept across a reconnect.
      */
     _retry(id, call, wait, message) {
+      if (call.refused) return;
+      if (message === CLOSING) {
+        // the server is draining for a graceful close: on this connection it would be
+        // refused again; it stays pending (nothing is sent) and fails with this error once
+        // the connection closes, or at `requestTimeout`
+        call.refused = remoteError(message, { retry: true, wait: wait });
+        return;
+      }
       call.attempts++;
       if (call.attempts > this.maxRetries || wait > MAX_TIMER) {
         call._fail(remoteError(message || 'retry limit reached', { retry: true, wait: wait }));

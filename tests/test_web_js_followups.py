@@ -1,0 +1,157 @@
+"""Follow-ups to a hunt of our browser library (transports/web/*.js, joined as gotalk.js), run
+in Node 20+ against real peerwire servers and scripted ``websockets`` servers: a request
+refused by a server draining for a graceful close, the stream requests from the server the
+page refused, and a payload split into many tiny frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+import rpc
+from rpc.errors import CLOSING
+from tests.test_web_js_node import Scripted, run_node
+from transports.websocket import HttpOptions
+
+# within(promise, ms): the promise's value, or 'not settled' once ms have passed
+WITHIN = """
+const within = (p, ms) => Promise.race([p, sleep(ms).then(() => 'not settled')]);
+"""
+
+
+async def frames_until_closed(recv: Any) -> list[Any]:
+    """The client's frames (heartbeats skipped) until it closes: then its close code, or
+    "open" when it sent nothing for 5 s (``recv``'s bound) and did not close."""
+    seen: list[Any] = []
+    while True:
+        try:
+            seen.append(await recv())
+        except ConnectionClosed as closed:
+            seen.append(closed.rcvd.code if closed.rcvd else None)
+            return seen
+        except TimeoutError:
+            seen.append("open")
+            return seen
+
+
+# --- a request refused by a server draining for a graceful close ----------------------------
+
+
+async def test_a_request_refused_by_a_draining_server_fails_at_its_close(tmp_path: Path) -> None:
+    """A peerwire server closing gracefully answers a request that comes during its drain
+    with a retry result, CLOSING (not run). The request is not sent again on that
+    connection: it rejects with ``err.retry`` once the server has closed it, after the
+    result of the call the drain waited for. Before, the client waited the retry result's
+    0.5 s to send it again; the connection closed meanwhile and the request failed with
+    "socket is closed", without ``err.retry``: page code could not tell it was not run."""
+    runs: list[Any] = []
+    closing: list[asyncio.Future[None]] = []
+    release = asyncio.Event()
+    registry = rpc.Registry()
+
+    @registry.handle("hold")
+    async def hold(_: Any = None) -> str:
+        await release.wait()
+        return "held"
+
+    @registry.handle("drain")
+    async def drain(_: Any = None) -> str:
+        closing.append(asyncio.ensure_future(rpc.current_peer.get().close(drain_timeout=30)))
+        await asyncio.sleep(0)  # the close's first step: the connection drains now
+        return "draining"
+
+    @registry.handle("count")
+    def count(value: Any) -> Any:
+        runs.append(value)
+        return value
+
+    @registry.handle_notification("release")
+    def on_release(_: Any = None) -> None:
+        release.set()
+
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=registry,
+        web=HttpOptions(allow_missing_origin=True),
+    ) as server:
+        try:
+            result = await run_node(
+                tmp_path,
+                WITHIN
+                + """
+                const s = await connect(ADDR);
+                const events = [];
+                s.on('close', () => events.push('close'));
+                s.on('retry', () => events.push('retry'));
+                const hold = s.request('hold').then((v) => { events.push(v); return v; });
+                const draining = await within(s.request('drain'), 5000);
+                const late = s.request('count', 1).then(() => 'resolved', (e) => {
+                  events.push('late');
+                  return [e.message, e.retry === true, e.wait];
+                });
+                s.notify('release', null);  // read after 'count': hold ends, the drain too
+                return { draining: draining, late: await within(late, 10000),
+                         hold: await within(hold, 5000), events: events };
+            """,
+                server.url.websocket_uri,
+            )
+        finally:
+            release.set()
+            await asyncio.wait_for(asyncio.gather(*closing), 10)
+    assert result == {
+        "draining": "draining",
+        "late": [CLOSING, True, 500],
+        "hold": "held",
+        "events": ["held", "close", "late"],  # no retry; rejected at the close
+    }
+    assert runs == []
+
+
+async def test_a_refused_request_is_not_sent_again_and_fails_at_its_timeout(
+    tmp_path: Path,
+) -> None:
+    """A server that refuses with CLOSING and does not close: the request is sent once and
+    rejects with ``err.retry`` at ``requestTimeout``; the connection stays open. Before, it
+    was sent again every 20 ms (the retry result's wait), 6 times in all, and rejected after
+    the 5th retry, long before its timeout."""
+    seen: dict[str, Any] = {}
+
+    async def script(ws: ServerConnection, recv: Any, _: int) -> None:
+        await ws.send(b"01")
+        assert await recv() == b"01"
+        header = await recv()
+        seen["request"] = [header, await recv()]
+        message = CLOSING.encode()
+        await ws.send(b"e" + header[1:5] + b"00000014" + b"%08x" % len(message))
+        await ws.send(message)
+        seen["after"] = await frames_until_closed(recv)
+
+    scripted = Scripted(script)
+    async with scripted as address:
+        result = await run_node(
+            tmp_path,
+            WITHIN
+            + """
+            const s = await connect(ADDR);
+            s.requestTimeout = 700;
+            const t0 = Date.now();
+            const late = s.request('count', 1).then(() => 'resolved',
+              (e) => [e.message, e.retry === true, e.wait, Date.now() - t0]);
+            const out = await within(late, 5000);
+            const open = s.isOpen;
+            s.close();
+            return [out, open];
+        """,
+            address,
+        )
+    scripted.check()
+    assert seen["request"] == [b"r0000005count00000001", "1"]
+    (message, retry, wait, elapsed), still_open = result
+    assert [message, retry, wait, still_open] == [CLOSING, True, 20, True]
+    assert 650 <= elapsed < 3000, elapsed
+    assert seen["after"] == [1000]  # nothing sent again: the client's close came next
