@@ -155,3 +155,57 @@ async def test_a_refused_request_is_not_sent_again_and_fails_at_its_timeout(
     assert [message, retry, wait, still_open] == [CLOSING, True, 20, True]
     assert 650 <= elapsed < 3000, elapsed
     assert seen["after"] == [1000]  # nothing sent again: the client's close came next
+
+
+# --- stream requests from the server that the page refused -----------------------------------
+
+
+async def test_refused_stream_requests_are_remembered_up_to_a_bound(tmp_path: Path) -> None:
+    """A server opens 257 stream requests and ends none: each is refused; a part of the
+    last is still dropped (the connection answers a request after it), but the first is
+    forgotten: its part is one of an unknown stream, answered with f00000002 and a close.
+    Before, every refused stream was kept until the connection closed (a hostile server
+    grew the set without bound) and the first one's part was dropped too."""
+    seen: dict[str, Any] = {}
+
+    def stream_request(number: int) -> bytes:
+        return b"s%04x001x00000001" % number
+
+    async def script(ws: ServerConnection, recv: Any, _: int) -> None:
+        await ws.send(b"01")
+        assert await recv() == b"01"
+        for number in range(257):
+            await ws.send(stream_request(number))
+            await ws.send(b"a")
+        seen["refusals"] = {(await recv(), await recv()) for _ in range(257)}
+        await ws.send(b"p%04x00000001" % 256)  # the last refused: dropped
+        await ws.send(b"b")
+        await ws.send(b"r\x00\x00\x00\x01004ping00000000")
+        seen["ping"] = [await recv(), await recv()]
+        await ws.send(b"p%04x00000001" % 0)  # the first, forgotten: an unknown stream
+        await ws.send(b"b")
+        await ws.send(b"r\x00\x00\x00\x02004ping00000000")
+        seen["after"] = await frames_until_closed(recv)
+
+    scripted = Scripted(script)
+    async with scripted as address:
+        result = await run_node(
+            tmp_path,
+            WITHIN
+            + """
+            gotalk.handle('ping', () => 'pong');
+            const s = await connect(ADDR);
+            const closed = new Promise((resolve) => s.on('close', (err) => resolve(err)));
+            const err = await within(closed, 10000);
+            return err && err.message ? [err.message, err.code] : err;
+        """,
+            address,
+        )
+    scripted.check()
+    message = "stream requests not supported"
+    assert seen["refusals"] == {
+        (b"E%04x00000%03x" % (number, len(message)), message) for number in range(257)
+    }
+    assert seen["ping"] == [b"R\x00\x00\x00\x0100000006", '"pong"']
+    assert seen["after"] == [b"f00000002", 4002]
+    assert result == ["gotalk protocol error: stream part for an unknown stream", 2]

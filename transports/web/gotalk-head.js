@@ -64,6 +64,10 @@
     return url.href;
   }
   const MAX_MESSAGE_SIZE = 16 * 1024 * 1024; // largest payload accepted from the server
+  // Stream requests from the server the page refused, remembered so their late parts are
+  // dropped (as the Python side's ENDED_STREAMS); past it the oldest is forgotten, and a
+  // part of it is one of an unknown stream: a protocol error that closes the connection.
+  const REFUSED_STREAMS = 256;
   const SEND_BUFFER_LIMIT = 100; // messages queued while the WebSocket is still connecting
   const SINGLE_IDS = 36 * 36 * 36 * 36; // "0000".."zzzz"
   const STREAM_IDS = 36 * 36 * 36; // "!000".."!zzz"

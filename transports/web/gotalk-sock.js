@@ -21,7 +21,9 @@
       this._nextId = 0;
       this._nextStreamId = 0;
       this._pending = new Map(); // our request id -> call or StreamRequest
-      this._refusedStreams = new Set(); // stream requests from the server we answered with E
+      // stream requests from the server we answered with E, until their last part: the
+      // last REFUSED_STREAMS of them (insertion order: the oldest is forgotten first)
+      this._refusedStreams = new Set();
       this._ending = false;
       this._onconnect = null;
       this._conn = new Connection({
@@ -341,6 +343,9 @@
         case 's':
           // Browser peers take no stream requests (gotalk.js cannot either): refuse it.
           this._refusedStreams.add(msg.id);
+          if (this._refusedStreams.size > REFUSED_STREAMS) {
+            this._refusedStreams.delete(this._refusedStreams.values().next().value);
+          }
           this._sendError(msg.id, 'stream requests not supported');
           break;
         case 'p':
