@@ -103,6 +103,9 @@ class Closing:
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close.
+        The peer's requests that come meanwhile are refused (:meth:`Responder.refuses`)
+        unless they run: while calls of ours are in flight, or for a peer that takes no retry
+        results; those that run are waited for too, within the same ``drain_timeout``.
         Called from a handler (or notification) of this connection, it does not wait for
         that one, which is cancelled with the connection's other work once it is closed.
         (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
@@ -121,27 +124,36 @@ class Closing:
             pending: list[Any] = [
                 c.future for c in self._calls.values() if c.future is not None and c.queue is None
             ]
-            pending += [task for task in self._tasks if task not in closers]
-            drained = self._runner.drain(closers)  # those served now, not later ones
-            if drained is not None:
-                pending.append(drained)
-            if pending:
+            deadline = self._loop.time() + drain_timeout
+            left: set[Any] = set()
+            while True:  # more than once only for requests run while our calls were in flight
+                pending += [task for task in self._tasks if task not in closers]
+                drained = self._runner.drain(closers)  # those served now, not later ones
+                if drained is not None:
+                    pending.append(drained)
+                if not pending:
+                    break
                 try:
-                    _, left = await asyncio.wait(pending, timeout=drain_timeout)
+                    _, left = await asyncio.wait(
+                        pending, timeout=max(0.0, deadline - self._loop.time())
+                    )
                 except asyncio.CancelledError:  # the caller stopped waiting, not closing
                     if self._transport is not None:
                         self._close_transport()
                     raise
-                if left and self._transport is not None:
-                    cuts.warning(
-                        "%s peer %s: %d handler(s) and %d call(s) of ours still running "
-                        "after the %s-s drain are cut",
-                        self.protocol_name,
-                        self.remote_address,
-                        self._runner.jobs + sum(1 for task in self._tasks if task not in closers),
-                        sum(1 for c in self._calls.values() if c.future in left),
-                        drain_timeout,
-                    )
+                if left or self._transport is None or self._loop.time() >= deadline:
+                    break
+                pending = []  # the peer's requests run meanwhile (Responder.refuses), if any
+            if left and self._transport is not None:
+                cuts.warning(
+                    "%s peer %s: %d handler(s) and %d call(s) of ours still running "
+                    "after the %s-s drain are cut",
+                    self.protocol_name,
+                    self.remote_address,
+                    self._runner.jobs + sum(1 for task in self._tasks if task not in closers),
+                    sum(1 for c in self._calls.values() if c.future in left),
+                    drain_timeout,
+                )
             if self._transport is not None:
                 self._close_transport()
             await asyncio.shield(self.closed)

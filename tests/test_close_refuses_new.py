@@ -177,3 +177,64 @@ async def test_a_refused_request_waits_for_the_close_not_its_retries() -> None:
         async with rpc.serve(url, registry=_registry(runs, asyncio.Event(), release)):
             assert await asyncio.wait_for(late, 20) == 7
     assert runs == [7]
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_request_run_while_our_call_is_in_flight_is_not_cut_by_the_drain(
+    flavour: str,
+) -> None:
+    """While a call of ours is in flight, our close() runs the peer's requests (f3981df);
+    its drain waited only for the handlers running when close() began and for our calls,
+    so a request of the peer's unrelated to our call, started during the drain and
+    outlasting our call, was cut at the close: its caller got ConnectionClosed though its
+    handler ran (helper-144's review). The drain now waits for those too, within the same
+    drain_timeout."""
+    outer_go = asyncio.Event()
+    send_side = asyncio.Event()
+    side_results: list[object] = []
+    runs: list[str] = []
+    sides: list[asyncio.Future[None]] = []
+
+    server_reg = rpc.Registry()
+
+    @server_reg.handle("outer")
+    async def outer(_: Any = None) -> Any:
+        caller = rpc.current_peer.get()
+
+        async def side() -> None:  # an unrelated request of the server's to the client
+            try:
+                side_results.append(await caller.request("side", "s", timeout=10))
+            except Exception as exc:  # the test compares what happened
+                side_results.append(type(exc).__name__)
+
+        await send_side.wait()
+        sides.append(asyncio.ensure_future(side()))
+        await outer_go.wait()
+        return "outer done"
+
+    client_reg = rpc.Registry()
+    side_release = asyncio.Event()
+
+    @client_reg.handle("side")
+    async def side_handler(value: Any) -> Any:
+        runs.append(value)
+        await side_release.wait()
+        return f"side {value}"
+
+    async with served(flavour, server_reg, client_registry=client_reg) as (_server, peer):
+        call = asyncio.ensure_future(peer.request("outer", timeout=10))
+        await wait_until(lambda: len(_server.peers) == 1)
+        closing = asyncio.ensure_future(peer.close(drain_timeout=10))
+        await wait_until(lambda: peer.gave_up is not None)  # draining now
+        send_side.set()
+        await wait_until(lambda: bool(runs or side_results))  # run, or refused
+        outer_go.set()
+        assert await asyncio.wait_for(call, 5) == "outer done"
+        # a bound, not a synchronisation: a drain that waits for the side handler has
+        # not ended within it (on the defect, the close cut the handler at once)
+        await asyncio.wait([closing], timeout=1)
+        side_release.set()
+        await asyncio.wait_for(closing, 10)
+        await wait_until(lambda: bool(side_results))
+    # ran and answered, or refused and not run; never run and then cut
+    assert (runs, side_results) in ((["s"], ["side s"]), ([], ["RetryLater"])), side_results
