@@ -10,7 +10,8 @@ sent, cut to :data:`~rpc.middleware.MAX_OP_NAME` (128) characters, is then the a
 span's name), ``rpc.peerwire.protocol``, ``rpc.peerwire.kind``, ``network.peer.address``
 and ``.port``, and ``rpc.peerwire.result`` (``ok``, ``retry`` or the kind of error, as in
 :mod:`rpc.metrics`); errors also set the span's status. A streamed result's span ends after
-its last part.
+its last part; a served one's parts are made in its span's context (spans a generator
+handler starts are its children).
 
 Trace context travels between peerwire peers only, in ``Call.metadata`` (W3C
 ``traceparent``/``tracestate`` through OpenTelemetry's configured propagator), which goes
@@ -24,7 +25,8 @@ Spans go wherever the application's tracer provider sends them (the API alone re
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+import inspect
+from collections.abc import AsyncGenerator, Mapping, MutableMapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -64,7 +66,8 @@ class Tracing:
             kind=SpanKind.SERVER if server else SpanKind.CLIENT,
             attributes=_attributes(call, name),
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
+        current = trace.set_span_in_context(span)
+        token = otel_context.attach(current)
         try:
             if not server and call.peer.adapter.metadata:
                 inject_context(call.metadata)
@@ -74,7 +77,32 @@ class Tracing:
             raise
         finally:
             otel_context.detach(token)
+        if server and inspect.isasyncgen(result):
+            result = _in_span(result, current)
         return on_finish(result, lambda error: _end(span, call.side, error))
+
+
+async def _in_span(parts: AsyncGenerator[Any, Any], current: otel_context.Context) -> Any:
+    """A served streamed result whose every step (and its close) runs in ``current``, the
+    context of the call's span, as its handler's steps run past the middleware's return:
+    spans a generator handler starts are children of the call's, not traces of their own.
+    Attached per step, never across a yield: the consumer (the core) sees its own context."""
+    try:
+        while True:
+            token = otel_context.attach(current)
+            try:
+                part = await anext(parts)
+            except StopAsyncIteration:
+                return
+            finally:
+                otel_context.detach(token)
+            yield part
+    finally:
+        token = otel_context.attach(current)
+        try:
+            await parts.aclose()
+        finally:
+            otel_context.detach(token)
 
 
 def _attributes(call: Call, name: str) -> dict[str, Any]:
