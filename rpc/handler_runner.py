@@ -27,7 +27,7 @@ CancelledError (see :meth:`HandlerRunner.cancel`) and GeneratorExit (its corouti
 is answered here: the peer whose request it served (:data:`rpc.current_peer` in the job's
 context) gives its caller an error result at once and logs it
 (:meth:`rpc.responder.Responder.escaped`), and the worker goes on with the queue.
-KeyboardInterrupt and SystemExit (:data:`rpc.responder.PASSED_ON`) are answered so too,
+KeyboardInterrupt and SystemExit (:data:`rpc.escapes.PASSED_ON`) are answered so too,
 then passed on as asyncio passes them on: they end the worker and leave the loop's run;
 the queue goes on in another worker should the loop run again.
 
@@ -47,6 +47,7 @@ from collections.abc import Callable, Collection, Coroutine, Generator
 from typing import Any, Generic, TypeAlias
 
 from rpc import responder  # a module in the making when this one is first imported
+from rpc.escapes import PASSED_ON, report
 from rpc.key import K
 from rpc.request_bytes import RequestBytes
 from rpc.streaming import StreamQueue
@@ -327,7 +328,7 @@ class HandlerRunner(Generic[K]):
                     raise  # the worker is closed (collected, or with its loop)
                 except BaseException as exc:  # not an Exception: the job left it unanswered
                     _escaped(key, context, exc)
-                    if isinstance(exc, responder.PASSED_ON):
+                    if isinstance(exc, PASSED_ON):
                         raise
                 finally:
                     worker_cancelled = False
@@ -363,7 +364,7 @@ def _escaped(key: Any, context: contextvars.Context, exc: BaseException) -> None
     logged here."""
     peer = context.get(responder.current_peer)
     if peer is None:
-        log.error("the job of request %r ended in %s", key, type(exc).__name__, exc_info=exc)
+        report(exc, "the job of request %r ended in %s", key, type(exc).__name__)
         return
     try:
         peer.escaped(key, exc)

@@ -8,11 +8,8 @@ handler runs as a task of the caller's :class:`~rpc.tasks.TaskSet`; with ``max_t
 notification that arrives while that many run is not dispatched: a warning through the
 same rate-limited log (a group member can send such notifications by the thousand).
 
-A handler's BaseException that is not an Exception (a ``class Stop(BaseException)``) is
-logged too (always, as an error): it stops the notification, not the connection.
-KeyboardInterrupt and SystemExit are then passed on as asyncio lets them, a plain
-function's from a callback of its own (``loop.call_soon``), never in the peer's read,
-which they would leave half done (its output held).
+A handler's BaseException that is not an Exception stops the notification, not the
+connection: see :mod:`rpc.escapes`.
 
 One exception is raised: :class:`~rpc.stream_hold.InputHeld`, which a handler raises before
 it acts on the notification to say it must wait (the Eventer client, past its deliveries'
@@ -29,6 +26,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
+from rpc.escapes import PASSED_ON, pass_on, report
 from rpc.registry import Handler
 from rpc.stream_hold import InputHeld
 from rpc.tasks import TaskSet
@@ -55,9 +53,14 @@ def run_notification(
         failures.exception("notification handler %r failed", handler.name)
         return True
     except BaseException as exc:
-        _escaped(handler.name, exc)
+        report(
+            exc,
+            "notification handler %r raised %s, not an Exception",
+            handler.name,
+            type(exc).__name__,
+        )
         if isinstance(exc, PASSED_ON):
-            asyncio.get_running_loop().call_soon(_raise, exc)
+            pass_on(asyncio.get_running_loop(), exc)
         return True
     if not inspect.isawaitable(result):
         return True
@@ -80,25 +83,6 @@ async def _run(name: str, awaitable: Awaitable[Any]) -> None:
     except asyncio.CancelledError:
         raise
     except BaseException as exc:
-        _escaped(name, exc)
+        report(exc, "notification handler %r raised %s, not an Exception", name, type(exc).__name__)
         if isinstance(exc, PASSED_ON):
             raise  # the task passes it on to the loop's run
-
-
-PASSED_ON = (KeyboardInterrupt, SystemExit)
-"""What a handler raises that leaves the loop's run once logged (as for requests:
-:data:`rpc.responder.PASSED_ON`)."""
-
-
-def _escaped(name: str, exc: BaseException) -> None:
-    log.error(
-        "notification handler %r raised %s, not an Exception",
-        name,
-        type(exc).__name__,
-        exc_info=exc,
-    )
-
-
-def _raise(exc: BaseException) -> None:
-    """Raise ``exc`` (a callback: a plain handler's KeyboardInterrupt, passed on)."""
-    raise exc

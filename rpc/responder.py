@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
 from rpc.errors import CLOSING, ConnectionClosed, PayloadError, RetryLater
+from rpc.escapes import PASSED_ON, pass_on, report
 from rpc.key import K
 from rpc.logs import violations
 from rpc.middleware import Call, current_call
@@ -57,16 +58,9 @@ other work, the caller's cancel), even from a generator that never waits."""
 _STREAM = HandlerKind.STREAM
 """A module global: reading an Enum member off its class costs about 100 ns in Python 3.11,
 a global about 10, and it is read per request."""
-PASSED_ON = (KeyboardInterrupt, SystemExit)
-"""What a handler raises that is passed on once its caller has an error result: they end
-the loop's run, as asyncio lets them from a callback or a task. A plain function's is
-raised again from a callback of its own (``loop.call_soon``) once the read it came in has
-been handled (the rest of it run, the answers written), not in the read. Every other
-BaseException a handler or middleware raises is answered (:meth:`Responder.escaped`) and
-stops there."""
 LEFT_TO_RUNNER = (GeneratorExit, *PASSED_ON)
 """BaseExceptions a handler's job does not answer: its coroutine closed, or one the runner
-answers and then passes on (:data:`PASSED_ON`)."""
+answers and then passes on (:data:`rpc.escapes.PASSED_ON`)."""
 PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
 """Result types that are never awaitable nor async iterators: no ``inspect`` check for
 them (those are ABC checks, slow)."""
@@ -405,17 +399,18 @@ class Responder(ServedStreams[K]):
         is meant to stop more than a call, and here stops only its own). The stream
         request's parts are dropped; ``streamed``: its streamed result ends with the
         error. ``job``: from a handler's job (else from the handler's call, in the peer's
-        read: one of :data:`PASSED_ON` is then raised again from a callback of its own,
-        never in the read, which would leave the outbox held). Called by the job itself,
+        read: one of :data:`~rpc.escapes.PASSED_ON` is then raised again from a callback
+        of its own, never in the read, which would leave the outbox held; see
+        :mod:`rpc.escapes`). Logged rate-limited. Called by the job itself,
         or for what it leaves to the runner (:data:`LEFT_TO_RUNNER`, a middleware's) by
         :class:`~rpc.handler_runner.HandlerRunner`, which passes those on itself."""
         if not job and isinstance(exc, PASSED_ON):
-            self._loop.call_soon(_raise, exc)  # on to the loop's run, as asyncio lets it
-        log.error(
+            pass_on(self._loop, exc)  # on to the loop's run, as asyncio lets it
+        report(
+            exc,
             "request %r: its handler raised %s, not an Exception; answered with an error",
             key,
             type(exc).__name__,
-            exc_info=exc,
         )
         self._running.discard(key)
         if key in self._streams:
@@ -480,11 +475,6 @@ class Responder(ServedStreams[K]):
             self.adapter.send_error(key, str(exc))
             return
         self.adapter.send_result(key, payload, stream)
-
-
-def _raise(exc: BaseException) -> None:
-    """Raise ``exc`` (a callback: a plain handler's KeyboardInterrupt, passed on)."""
-    raise exc
 
 
 async def _close(agen: Any) -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from rpc import loops
+from rpc.escapes import escapes
 from rpc.logs import refusals, violations
 from rpc.notifications import failures
 from tests.certs import Pki, make_pki
@@ -64,9 +65,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(autouse=True)
 def fresh_rate_limited_logs() -> None:
     """Each test starts a new window of the process-wide rate-limited logs (protocol
-    violations, notification handlers' failures, refused HTTP requests): one test's burst
-    must not hide the next test's records."""
+    violations, notification handlers' failures, handlers' BaseExceptions, refused HTTP
+    requests): one test's burst must not hide the next test's records."""
     violations.reset()
     refusals.reset()
     failures.reset()
+    escapes.reset()
     websocket.violations.reset()

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +27,7 @@ from tests.rpc_helpers import FLAVOURS, served
 pytestmark = pytest.mark.timeout(60)
 
 PATIENT = 20.0
+ROOT = Path(__file__).resolve().parent.parent
 """The callers' timeout: an answer must come long before it."""
 
 
@@ -280,3 +286,105 @@ def test_a_notification_handlers_base_exception_stops_it_not_the_connection(
     assert seen == ["stop", "stop_async", "interrupt"]
     escaped = [r for r in caplog.records if "not an Exception" in r.getMessage()]
     assert [r.exc_info[0] for r in escaped if r.exc_info] == [Stop, Stop, KeyboardInterrupt]
+
+
+TWO_INTERRUPTS = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import rpc
+    from rpc import loops
+    from wire.gotalk import VERSION, Notification, Request, encode
+
+    registry = rpc.Registry()
+
+    @registry.handle("interrupt")
+    def interrupt(_=None):  # a plain function: run in the peer's read
+        raise KeyboardInterrupt
+
+    @registry.handle_notification("interrupted")
+    def interrupted(_=None):
+        raise KeyboardInterrupt
+
+    report = {"cleanup": False}
+    count = int(sys.argv[1])
+    kind = sys.argv[2]
+
+    def message(i):
+        if kind == "request":
+            return encode(Request(b"%04d" % i, "interrupt", b"null"))
+        return encode(Notification("interrupted", b"null"))
+
+    async def main():
+        try:
+            async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry) as server:
+                _, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+                writer.write(VERSION + b"".join(message(i) for i in range(count)))  # one read
+                await asyncio.Event().wait()  # until the KeyboardInterrupt
+        finally:  # asyncio.run cancels main after a KeyboardInterrupt: this runs
+            report["cleanup"] = True
+
+    try:
+        loops.run(main())
+    except KeyboardInterrupt:
+        report["raised"] = "KeyboardInterrupt"
+    print(json.dumps(report), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["request", "notification"])
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_two_keyboard_interrupts_in_one_read_leave_asyncio_run_once(
+    loop: str, count: int, kind: str
+) -> None:
+    """Each plain handler's KeyboardInterrupt was passed on from a callback of its own
+    (b15b8cc, da2e3c0). With two in one read (two requests, or notifications, sent
+    together), the first left asyncio.run's run_until_complete and the second fired inside
+    its clean-up (while it cancels what is left), before the tasks it cancels ran: main's
+    ``finally`` (closing the server and its connections) never ran, tasks were destroyed
+    pending (asyncio; helper-144's review). One waits per loop now (rpc.escapes)."""
+    if loop == "uvloop" and not loops.uvloop_installed():
+        pytest.fail("uvloop is not installed (the test extra installs it)")
+    env = dict(os.environ, **{loops.ENV_VAR: loop, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_INTERRUPTS, str(count), kind],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    report = json.loads(lines[-1])
+    assert report == {"cleanup": True, "raised": "KeyboardInterrupt"}, report
+
+
+@pytest.mark.both_loops
+async def test_a_peers_notifications_failing_with_a_base_exception_are_logged_rate_limited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler's failure is logged at most 20 per 10 s, as a peer can send what makes a
+    handler fail; a BaseException that is not an Exception was logged always, with its
+    traceback (da2e3c0, c4f8a7e): a peer sending such notifications by the thousand wrote
+    as many error records. Now rate-limited the same way (rpc.escapes; helper-144)."""
+    seen: list[object] = []
+    registry = rpc.Registry()
+
+    @registry.handle_notification("stop")
+    def stop(value: Any = None) -> None:  # a plain function: run in the peer's read
+        seen.append(value)
+        raise Stop
+
+    @registry.handle("ok")
+    def ok(value: Any) -> Any:
+        return value
+
+    async with served("gotalk", registry) as (_server, peer):
+        for i in range(200):
+            peer.notify("stop", i)
+        assert await peer.request("ok", "after", timeout=10) == "after"  # all were read
+    assert seen == list(range(200))  # the premise: each ran and raised
+    logged = [r for r in caplog.records if "not an Exception" in r.getMessage()]
+    assert len(logged) <= 20, len(logged)

@@ -38,7 +38,13 @@ class RateLimitedLog:
         """An ERROR record with the exception being handled (its traceback)."""
         self._log(logging.ERROR, message, args, True)
 
-    def _log(self, level: int, message: str, args: tuple[Any, ...], exc_info: bool) -> None:
+    def error(self, message: str, *args: Any, exc: BaseException) -> None:
+        """An ERROR record with ``exc``'s traceback (one not being handled here)."""
+        self._log(logging.ERROR, message, args, exc)
+
+    def _log(
+        self, level: int, message: str, args: tuple[Any, ...], exc_info: bool | BaseException
+    ) -> None:
         logger = self._logger
         if not logger.isEnabledFor(level):
             return
@@ -56,8 +62,8 @@ class RateLimitedLog:
             return
         self._count += 1
         # stacklevel: the record names the caller of warning()/exception(), not this module
-        if exc_info:
-            logger.log(level, message, *args, exc_info=True, stacklevel=3)
+        if exc_info is not False:
+            logger.log(level, message, *args, exc_info=exc_info, stacklevel=3)
         else:  # no exc_info at all: a warning never carries a traceback
             logger.log(level, message, *args, stacklevel=3)
 
