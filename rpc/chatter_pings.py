@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rpc.deadlines import ANSWERER_SLACK, next_beat
+from rpc.logs import violations
 from wire.chatter import ChatterConnection
 
 log = logging.getLogger("peerwire.rpc")
@@ -158,7 +159,7 @@ class ChatterPings:
             when = next_beat(heard, self.interval)
             peer.deadlines.set("ping", when, self._ping_due, coarse=True)
             return
-        log.warning(
+        violations.warning(  # a peer can make us say it per connection: rate-limited
             "chatter peer %s did not answer a ping within %s s; closing",
             peer.remote_address,
             self.timeout,

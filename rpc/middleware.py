@@ -27,6 +27,7 @@ result), as no part would come for it. With no middleware set nothing of this ru
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -181,8 +182,8 @@ def outcome(error: BaseException | None, side: str) -> str:
     for cls, name in _OUTCOMES:
         if isinstance(error, cls):
             return name
-    if not isinstance(error, Exception):
-        return "cancelled"
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"  # (a handler's other BaseExceptions are answered as errors)
     return "handler" if side == "server" else "local"
 
 
