@@ -15,7 +15,9 @@ from typing import Any
 
 
 class RateLimitedLog:
-    """At most ``burst`` records per ``window`` seconds (default 20 per 10 s)."""
+    """At most ``burst`` records per ``window`` seconds (default 20 per 10 s). How many were
+    left out is said by the first record of a later window (none comes if the flood was the
+    last thing logged)."""
 
     __slots__ = ("_burst", "_count", "_logger", "_started", "_suppressed", "_window")
 
@@ -52,8 +54,9 @@ class RateLimitedLog:
         if now - self._started >= self._window:
             if self._suppressed:
                 logger.warning(
-                    "%d similar records suppressed in the last %.0f s",
+                    "%d similar records suppressed (at most %d per %.0f s)",
                     self._suppressed,
+                    self._burst,
                     self._window,
                 )
             self._started, self._count, self._suppressed = now, 0, 0
