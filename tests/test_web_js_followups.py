@@ -209,3 +209,72 @@ async def test_refused_stream_requests_are_remembered_up_to_a_bound(tmp_path: Pa
     assert seen["ping"] == [b"R\x00\x00\x00\x0100000006", '"pong"']
     assert seen["after"] == [b"f00000002", 4002]
     assert result == ["gotalk protocol error: stream part for an unknown stream", 2]
+
+
+# --- a payload split into many tiny frames ---------------------------------------------------
+
+TINY_FRAMES = 200_000
+
+
+async def test_a_payload_in_one_byte_frames_is_read_in_linear_time(tmp_path: Path) -> None:
+    """A result of 200,000 bytes, each in a WebSocket frame of its own, then one of 5,007
+    bytes whose first 7 come in 1-byte frames and the rest in one frame: both arrive whole
+    and in order, the first within 15 s (about 2 s here; the bound is wide for loaded
+    machines). Before, each frame was a chunk of its own (some 500 bytes each) and taking
+    the payload shifted them out one by one, each shift moving the rest: 36 s here."""
+    size = TINY_FRAMES
+    payload = bytes(i % 251 for i in range(size))
+    mixed = bytes(range(7)) + b"x" * 5000  # 1-byte frames, then one large one, kept as is
+
+    async def script(ws: ServerConnection, recv: Any, _: int) -> None:
+        await ws.send(b"01")
+        assert await recv() == b"01"
+        for body in (payload, mixed):
+            header = await asyncio.wait_for(ws.recv(), 60)  # slow before: not the check
+            while header[:1] == b"h":  # a heartbeat
+                header = await asyncio.wait_for(ws.recv(), 60)
+            assert header[:1] == b"r", header
+            await ws.send(b"R" + header[1:5] + b"%08x" % len(body))
+            # the body's frames written as they are on the wire: FIN + binary, unmasked
+            first = 7 if body is mixed else len(body)
+            frames = [b"\x82\x01" + body[i : i + 1] for i in range(first)]
+            rest = body[first:]
+            if rest:
+                frames.append(b"\x82\x7e" + len(rest).to_bytes(2, "big") + rest)
+            ws.transport.write(b"".join(frames))
+        await frames_until_closed(recv)
+
+    scripted = Scripted(script)
+    async with scripted as address:
+        result = await run_node(
+            tmp_path,
+            WITHIN
+            + """
+            const digest = (b) => {
+              let h = 0;
+              for (let i = 0; i < b.length; i++) h = (h * 31 + b[i]) >>> 0;
+              return [b.length, h];
+            };
+            const s = await connect(ADDR);
+            const t0 = Date.now();
+            const big = await within(s.bufferRequest('big', null).then(digest), 60000);
+            const elapsed = Date.now() - t0;
+            const mixed = await within(s.bufferRequest('mixed', null).then(digest), 5000);
+            s.close();
+            return [big, elapsed, mixed];
+        """,
+            address,
+            timeout=90,
+        )
+    scripted.check()
+
+    def digest(data: bytes) -> list[int]:
+        h = 0
+        for byte in data:
+            h = (h * 31 + byte) % 2**32
+        return [len(data), h]
+
+    big, elapsed, mixed_digest = result
+    assert big == digest(payload)
+    assert mixed_digest == digest(mixed)
+    assert elapsed < 15000, f"{size} one-byte frames took {elapsed} ms"
