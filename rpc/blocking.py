@@ -14,7 +14,8 @@ ConnectionClosed there. A blocking call or ``next()`` made on the loop's own thr
 handler a blocking client serves, in its ``on_connect`` or ``on_state``) would wait for the
 loop it stops, for good: it raises :class:`CalledOnLoopThread` instead. A handler there that
 raises SystemExit or KeyboardInterrupt is answered, then ends the loop's run and its thread
-(as asyncio passes them on): the calls and ``next()`` waiting on that loop then raise
+(as asyncio passes them on), whose exit cuts the connections made on it and closes it
+(:mod:`rpc.blocking_loop`): the calls and ``next()`` waiting on that loop then raise
 ConnectionClosed, as do later calls of the clients and streams made on it, and the next
 blocking call (a new ``connect()``) starts another loop, as after a fork.
 """
@@ -24,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import os
 import threading
-import weakref
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -39,17 +38,15 @@ from collections.abc import (
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from rpc import loops
 from rpc.api import connect as async_connect
 from rpc.blocking_buffer import END, Buffer, pump_results
+from rpc.blocking_loop import GONE, held, live_loop, lost, on_loop_thread, track
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
 from rpc.streaming import legacy_stream_args
 
 T = TypeVar("T")
-
-_lock = threading.Lock()
 
 
 class CalledOnLoopThread(RuntimeError):
@@ -67,109 +64,6 @@ _ON_LOOP = (
 )
 
 
-_FORKED = (
-    "this blocking client was made before os.fork(): its connection is the parent's;"
-    " connect again in this process"
-)
-
-_GONE = (
-    "this blocking client's loop is gone: a handler the process's blocking clients served"
-    " ended the loop's thread (SystemExit, KeyboardInterrupt); connect again"
-)
-
-
-def _lost(home: asyncio.AbstractEventLoop) -> ConnectionClosed:
-    """The error of a call on an object made on ``home``, a loop no thread runs here: one
-    whose thread ended (closed then), or the parent's (forked since)."""
-    return ConnectionClosed(_GONE if home.is_closed() else _FORKED)
-
-
-class _Background:
-    """The shared loop, the thread that runs it, and what waits on it from other threads:
-    the futures of calls handed to it (each dropped once done) and the buffers of the
-    streams made on it (weakly: each goes with its stream). Should the thread end (a
-    handler raised SystemExit or KeyboardInterrupt, which leave ``run_forever``), its exit
-    closes the loop and fails them all with ConnectionClosed; the next call starts another.
-    The thread is compared as an object: a dead thread's ident is given to the next one."""
-
-    def __init__(self) -> None:
-        self.loop = loops.new_event_loop()
-        self.thread = threading.Thread(target=self._serve, name="peerwire-loop", daemon=True)
-        self.calls: set[concurrent.futures.Future[Any]] = set()
-        self.buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
-
-    def _serve(self) -> None:
-        try:
-            self.loop.run_forever()
-        finally:  # left by a BaseException: nothing runs this loop again
-            self._end()
-
-    def _end(self) -> None:
-        global _current
-        with _lock:  # from here no call or stream is handed to this loop
-            try:
-                self.loop.close()  # first: an object made on it sees a closed loop (_lost)
-            finally:
-                if _current is self:
-                    _current = None
-                calls, buffers = list(self.calls), list(self.buffers)
-        for call in calls:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled
-                call.set_exception(ConnectionClosed(_GONE))
-        for buffer in buffers:
-            buffer.finish(ConnectionClosed(_GONE), drop=True)
-
-
-_current: _Background | None = None
-"""The loop of this process, while its thread runs it."""
-
-
-def _background(buffer: Buffer | None = None) -> _Background:
-    """The background loop, started if none runs; under ``_lock`` (the caller holds it).
-    ``buffer``: a stream's, failed should the loop's thread end."""
-    global _current
-    if _current is None:
-        started = _Background()
-        try:
-            started.thread.start()
-        except BaseException:  # no thread to run it (RuntimeError: can't start new thread)
-            started.loop.close()
-            raise
-        _current = started
-    if buffer is not None:
-        _current.buffers.add(buffer)
-    return _current
-
-
-def _background_loop() -> asyncio.AbstractEventLoop:
-    with _lock:
-        return _background().loop
-
-
-def _live_loop() -> asyncio.AbstractEventLoop | None:
-    """The loop that runs now, if any: objects made on another are the parent's (forked)
-    or their loop is gone."""
-    current = _current
-    return None if current is None else current.loop
-
-
-def _on_loop_thread() -> bool:
-    current = _current
-    return current is not None and threading.current_thread() is current.thread
-
-
-def _forget_loop() -> None:
-    """In a child made by ``os.fork()``: the parent's loop has no thread here (a call handed
-    to it waited for good), and the lock may have been held by another thread of the
-    parent; the child's first call starts a loop of its own."""
-    global _current, _lock
-    _lock = threading.Lock()
-    _current = None
-
-
-os.register_at_fork(after_in_child=_forget_loop)
-
-
 def _run(
     coro: Coroutine[Any, Any, T],
     timeout: float | None = None,
@@ -179,11 +73,10 @@ def _run(
     making the call was made on, which a process forked since then does not run, nor one
     whose loop's thread ended (ConnectionClosed, as when it ends during the wait); on the
     loop's own thread, CalledOnLoopThread."""
-    with _lock:
-        background = _background()
+    with held() as background:
         if home is not None and home is not background.loop:
             coro.close()
-            raise _lost(home)
+            raise lost(home)
         if threading.current_thread() is background.thread:
             coro.close()
             raise CalledOnLoopThread(_ON_LOOP)
@@ -192,6 +85,10 @@ def _run(
     future.add_done_callback(background.calls.discard)
     try:
         return future.result(timeout)
+    except concurrent.futures.CancelledError:
+        if background.ending:  # its thread's exit cancelled the loop's tasks
+            raise ConnectionClosed(GONE) from None
+        raise
     except BaseException:
         future.cancel()  # interrupted (KeyboardInterrupt, timeout): the call stops too
         raise
@@ -227,7 +124,7 @@ def _cancel_soon(pump: asyncio.Task[None]) -> None:
         pump.add_done_callback(_stopping.discard)
 
     loop = pump.get_loop()
-    if loop is not _live_loop():  # the parent's (forked), or gone: no thread runs it
+    if loop is not live_loop():  # the parent's (forked), or gone: no thread runs it
         return
     with contextlib.suppress(RuntimeError):  # the loop is closed (interpreter exit)
         loop.call_soon_threadsafe(cancel)
@@ -271,8 +168,8 @@ class BlockingStream(Iterator[Any]):
         if max_buffered_bytes < 1:
             raise ValueError("max_buffered_bytes must be at least 1")
         self._buffer = Buffer(max_buffered, max_buffered_bytes)
-        with _lock:  # not this process's after a fork; failed should its thread end
-            self._home = _background(self._buffer).loop
+        with held(self._buffer) as background:  # failed should its thread end
+            self._home = background.loop  # not this process's after a fork
         self._pump: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one _stop() takes the pump to cancel it
 
@@ -303,11 +200,11 @@ class BlockingStream(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        if _on_loop_thread():  # take() would wait for this thread
+        if on_loop_thread():  # take() would wait for this thread
             raise CalledOnLoopThread(_ON_LOOP)
         try:
-            if self._home is not _live_loop():  # forked since, or gone: nothing fills it
-                raise _lost(self._home)
+            if self._home is not live_loop():  # forked since, or gone: nothing fills it
+                raise lost(self._home)
             item = self._buffer.take()
             if item is END:
                 raise StopIteration
@@ -329,10 +226,11 @@ class BlockingStream(Iterator[Any]):
         """Stop the stream; nothing more is read. Idempotent. Waits until it is closed on
         the loop, except on the loop's own thread."""
         pump = self._stop()
-        if pump is None or pump.get_loop() is not _live_loop():  # none, forked, gone
+        if pump is None or pump.get_loop() is not live_loop():  # none, forked, gone
             return
-        if not _on_loop_thread():
-            _run(_stopped(pump))
+        if not on_loop_thread():
+            with contextlib.suppress(ConnectionClosed):  # its loop's thread ended meanwhile
+                _run(_stopped(pump), home=pump.get_loop())
 
     def __enter__(self) -> BlockingStream:
         return self
@@ -353,7 +251,7 @@ class BlockingPeer:
 
     def __init__(self, peer: ReconnectingPeer | Peer) -> None:
         self.peer = peer
-        self._home = _background_loop()  # not this process's after a fork
+        self._home = track(peer)  # not this process's after a fork; cut should it end
 
     @property
     def connection_state(self) -> ConnectionState:
@@ -361,7 +259,7 @@ class BlockingPeer:
         closed; closed in a child process forked since it was made, or once its loop's
         thread ended)."""
         peer = self.peer
-        if self._home is not _live_loop():
+        if self._home is not live_loop():
             return ConnectionState.CLOSED
         if isinstance(peer, ReconnectingPeer):
             return peer.connection_state
@@ -442,14 +340,15 @@ class BlockingPeer:
         peer = self.peer
         if isinstance(peer, ReconnectingPeer):
             _run(peer.wait_open(timeout), home=self._home)
-        elif not peer.is_open or self._home is not _live_loop():
+        elif not peer.is_open or self._home is not live_loop():
             raise ConnectionClosed("connection is closed")
 
     def close(self) -> None:
         """Close the connection; in a child process forked since it was made, nothing to do
-        (the connection is the parent's), nor once its loop's thread ended."""
-        if self._home is _live_loop():
-            _run(self.peer.close())
+        (the connection is the parent's), nor once its loop's thread ended (which cut it)."""
+        if self._home is live_loop():
+            with contextlib.suppress(ConnectionClosed):  # its loop's thread ended meanwhile
+                _run(self.peer.close(), home=self._home)
 
     def __enter__(self) -> BlockingPeer:
         return self
@@ -467,13 +366,15 @@ def connect(url: str | Sequence[str], **kwargs: Any) -> BlockingPeer:
     async def open_peer() -> ReconnectingPeer | Peer:
         peer: ReconnectingPeer | Peer = await async_connect(url, **kwargs)
         made.append(peer)
+        track(peer)  # an interrupted connect's too
         return peer
 
-    home = _background_loop()
+    with held() as background:
+        home = background.loop
     try:
         blocking = BlockingPeer(_run(open_peer(), home=home))
         if blocking._home is not home:  # the loop's thread ended since the client was made
-            raise _lost(home)
+            raise lost(home)
         return blocking
     except BaseException:
         # interrupted: a connect that completed before _run's cancel reached the loop made

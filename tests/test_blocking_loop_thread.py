@@ -224,3 +224,124 @@ def test_blocking_calls_after_a_handler_ends_the_loop_thread(loop: str, escape: 
     assert report["waiting calls"] == ["ConnectionClosed"] * 2, report
     assert report["old client"] == ["ConnectionClosed"] * 3, report
     assert report["new client"] == 2, report
+
+
+LOOP_ENDS = textwrap.dedent(
+    """
+    import asyncio, json, os, sys, threading
+    import rpc, rpc.blocking
+    from rpc import loops
+
+    served = rpc.Registry()
+
+    @served.handle("boom")
+    async def boom(_):
+        raise SystemExit(0)
+
+    stubborn_runs = threading.Event()
+
+    @served.handle("stubborn")
+    async def stubborn(_):  # ignores the cancel of the loop thread's exit
+        stubborn_runs.set()
+        while True:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                pass
+
+    peers = []
+    registry = rpc.Registry()
+
+    @registry.handle("call_back")
+    async def call_back(op):  # the server calls the blocking client's handler
+        peer = rpc.current_peer.get()
+        peers.append(peer)
+        try:
+            return await peer.request(op, timeout=2)
+        except Exception as exc:
+            return repr(exc)
+
+    ready = threading.Event()
+    state = {}
+
+    async def main():
+        state["loop"] = asyncio.get_running_loop()
+        state["stop"] = stop = asyncio.Event()
+        async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry) as server:
+            state["url"] = str(server.url)
+            ready.set()
+            await stop.wait()
+
+    server_thread = threading.Thread(target=loops.run, args=(main(),), daemon=True)
+    server_thread.start()
+    ready.wait(10)
+    reconnect = sys.argv[1] == "reconnecting"
+    client = rpc.blocking.connect(state["url"], reconnect=reconnect, registry=served)
+    (loop_thread,) = [t for t in threading.enumerate() if t.name == "peerwire-loop"]
+    report = {}
+    if sys.argv[1] == "stubborn":  # a handler of the client's runs on, past its cancel
+
+        def call_stubborn():
+            try:
+                client.request("call_back", "stubborn")
+            except BaseException:
+                pass
+
+        threading.Thread(target=call_stubborn, daemon=True).start()
+        report["stubborn runs"] = stubborn_runs.wait(5)
+    try:  # the loop may end before call_back's answer comes: ConnectionClosed then
+        report["answer"] = client.request("call_back", "boom")
+    except rpc.ConnectionClosed:
+        report["answer"] = "ConnectionClosed"
+    loop_thread.join(5)
+    report["loop thread ended"] = not loop_thread.is_alive()
+    # the client object is still held, as an application holds it: does the server
+    # see its connection close?
+    fut = asyncio.run_coroutine_threadsafe(
+        asyncio.wait_for(asyncio.shield(peers[0].closed), 5), state["loop"]
+    )
+    try:
+        fut.result(10)
+        report["server saw the close"] = True
+    except BaseException as exc:
+        report["server saw the close"] = type(exc).__name__
+    client.close()  # nothing to do, it says
+    print(json.dumps(report), flush=True)
+    os._exit(0)
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["plain", "reconnecting", "stubborn"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_blocking_client_whose_loop_thread_ended_closes_its_connection(
+    loop: str, kind: str
+) -> None:
+    """A handler's SystemExit ends the blocking client's loop thread; the thread's exit
+    closes the connections made on that loop (cancels its tasks, cuts their transports and
+    runs the loop up to 1 s more so that they close), then the loop. Before (d3b9492), it
+    only closed the loop: asyncio's ``loop.close()`` leaves transports' sockets open (uvloop's
+    closes them), and ``BlockingPeer.close()`` then does nothing, so on asyncio the server
+    kept the connection (no FIN) for as long as the client object lived, and the process
+    leaked a socket per such client: "server saw the close" was TimeoutError. Found by
+    review 144. Expected: the server sees the connection close within 5 s, the client
+    object still held (a plain and a reconnecting client), and the thread ends within 5 s
+    too when a handler of the client ignores the cancel ("stubborn": the exit runs the loop
+    for 1 s at most)."""
+    if loop == "uvloop" and not loops.uvloop_installed():
+        pytest.fail("uvloop is not installed (the test extra installs it)")
+    env = dict(os.environ, **{loops.ENV_VAR: loop, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", LOOP_ENDS, kind],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    report = json.loads(lines[-1])
+    assert report.get("stubborn runs", kind != "stubborn"), report  # the premise
+    assert report["loop thread ended"], report  # and a bounded exit
+    assert report["server saw the close"] is True, report
