@@ -223,3 +223,49 @@ async def test_settings_past_the_timer_range(tmp_path: Path) -> None:
     assert result == {"open": "open", "slow": "done"}
     assert seen == [[b"r0000004slow00000006", '"done"']]
     assert scripted.heartbeats == []
+
+
+async def test_page_handler_error_whose_message_has_no_string_form_is_answered(
+    tmp_path: Path,
+) -> None:
+    """An Error whose ``message`` has no string form (a null-prototype object put there):
+    errorText returned it as it was and ``_sendError``'s ``String(message)`` threw, so the
+    server's request was never answered and Node died of the unhandled rejection (of the
+    TypeError in the read, for a synchronous throw). Helper-145's review of fb82c72."""
+    answers: list[Any] = []
+    registry = rpc.Registry()
+
+    @registry.handle("ask")
+    async def ask(_: Any = None) -> list[Any]:
+        client = rpc.current_peer.get()
+        out = []
+        for op in ("throws", "rejects"):
+            try:
+                out.append(await asyncio.wait_for(client.request(op, None), 3))
+            except rpc.RemoteError as exc:
+                out.append(["error", str(exc)])
+            except TimeoutError:
+                out.append(["no answer", op])
+        answers.extend(out)
+        return out
+
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=registry,
+        web=HttpOptions(allow_missing_origin=True),
+    ) as server:
+        result = await run_node(
+            tmp_path,
+            """
+            const odd = () => Object.assign(new Error('x'), { message: Object.create(null) });
+            gotalk.handle('throws', () => { throw odd(); });
+            gotalk.handle('rejects', () => Promise.reject(odd()));
+            const s = await connect(ADDR);
+            const out = await Promise.race([s.request('ask'), sleep(15000).then(() => 'hung')]);
+            s.close();
+            return out;
+        """,
+            server.url.websocket_uri,
+        )
+    assert result == answers
+    assert [answer[0] for answer in answers] == ["error", "error"], answers

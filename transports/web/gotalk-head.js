@@ -93,16 +93,21 @@
    * Symbol, undefined): building it never throws, so a request is always answered.
    */
   function errorText(err) {
-    if (err instanceof Error) return err.message || String(err);
-    if (typeof err === 'string') return err;
+    let value = err;
     try {
-      const json = JSON.stringify(err);
+      if (err instanceof Error) value = err.message || String(err);
+    } catch (e) {
+      return 'error'; // a message getter or toString that throws
+    }
+    if (typeof value === 'string') return value;
+    try {
+      const json = JSON.stringify(value);
       if (json !== undefined) return json;
     } catch (e) {
       // no JSON form (BigInt, circular): its String below
     }
     try {
-      return String(err);
+      return String(value);
     } catch (e) {
       return 'error'; // an object without toString (Object.create(null))
     }
