@@ -24,11 +24,10 @@ circular.self = circular;
 """
 
 
-async def test_page_handler_failing_with_a_value_without_json_form(tmp_path: Path) -> None:
-    """A page handler that throws, rejects or calls ``result.error`` with a value that has no
-    JSON text (a BigInt, a circular object) still answers the server with an error result.
-    Before, building the error's text threw: the server's request was never answered (it
-    waited for its own timeout) and Node died of the unhandled rejection."""
+async def _page_answers(tmp_path: Path, ops: tuple[str, ...], handlers: str) -> list[Any]:
+    """The server calls each of ``ops`` on a Node page whose ``handlers`` (JS) are
+    registered; what each answered (["error", text], or ["no answer", op] after 3 s), as
+    both sides saw it."""
     answers: list[Any] = []
     registry = rpc.Registry()
 
@@ -36,7 +35,7 @@ async def test_page_handler_failing_with_a_value_without_json_form(tmp_path: Pat
     async def ask(_: Any = None) -> list[Any]:
         client = rpc.current_peer.get()
         out = []
-        for op in ("throws", "rejects", "errors"):
+        for op in ops:
             try:
                 out.append(await asyncio.wait_for(client.request(op, None), 3))
             except rpc.RemoteError as exc:
@@ -54,10 +53,8 @@ async def test_page_handler_failing_with_a_value_without_json_form(tmp_path: Pat
         result = await run_node(
             tmp_path,
             WITHIN
+            + handlers
             + """
-            gotalk.handle('throws', () => { throw 10n; });
-            gotalk.handle('rejects', () => Promise.reject(circular));
-            gotalk.handle('errors', (p, result) => result.error(circular));
             const s = await connect(ADDR);
             const out = await within(s.request('ask'), 15000);
             s.close();
@@ -66,6 +63,23 @@ async def test_page_handler_failing_with_a_value_without_json_form(tmp_path: Pat
             server.url.websocket_uri,
         )
     assert result == answers
+    return answers
+
+
+async def test_page_handler_failing_with_a_value_without_json_form(tmp_path: Path) -> None:
+    """A page handler that throws, rejects or calls ``result.error`` with a value that has no
+    JSON text (a BigInt, a circular object) still answers the server with an error result.
+    Before, building the error's text threw: the server's request was never answered (it
+    waited for its own timeout) and Node died of the unhandled rejection."""
+    answers = await _page_answers(
+        tmp_path,
+        ("throws", "rejects", "errors"),
+        """
+        gotalk.handle('throws', () => { throw 10n; });
+        gotalk.handle('rejects', () => Promise.reject(circular));
+        gotalk.handle('errors', (p, result) => result.error(circular));
+        """,
+    )
     assert [answer[0] for answer in answers] == ["error", "error", "error"], answers
     assert answers[0][1] == "10"
 
@@ -232,40 +246,13 @@ async def test_page_handler_error_whose_message_has_no_string_form_is_answered(
     errorText returned it as it was and ``_sendError``'s ``String(message)`` threw, so the
     server's request was never answered and Node died of the unhandled rejection (of the
     TypeError in the read, for a synchronous throw). Helper-145's review of fb82c72."""
-    answers: list[Any] = []
-    registry = rpc.Registry()
-
-    @registry.handle("ask")
-    async def ask(_: Any = None) -> list[Any]:
-        client = rpc.current_peer.get()
-        out = []
-        for op in ("throws", "rejects"):
-            try:
-                out.append(await asyncio.wait_for(client.request(op, None), 3))
-            except rpc.RemoteError as exc:
-                out.append(["error", str(exc)])
-            except TimeoutError:
-                out.append(["no answer", op])
-        answers.extend(out)
-        return out
-
-    async with rpc.serve(
-        "ws+gotalk://127.0.0.1:0/gotalk/",
-        registry=registry,
-        web=HttpOptions(allow_missing_origin=True),
-    ) as server:
-        result = await run_node(
-            tmp_path,
-            """
-            const odd = () => Object.assign(new Error('x'), { message: Object.create(null) });
-            gotalk.handle('throws', () => { throw odd(); });
-            gotalk.handle('rejects', () => Promise.reject(odd()));
-            const s = await connect(ADDR);
-            const out = await Promise.race([s.request('ask'), sleep(15000).then(() => 'hung')]);
-            s.close();
-            return out;
+    answers = await _page_answers(
+        tmp_path,
+        ("throws", "rejects"),
+        """
+        const odd = () => Object.assign(new Error('x'), { message: Object.create(null) });
+        gotalk.handle('throws', () => { throw odd(); });
+        gotalk.handle('rejects', () => Promise.reject(odd()));
         """,
-            server.url.websocket_uri,
-        )
-    assert result == answers
+    )
     assert [answer[0] for answer in answers] == ["error", "error"], answers
