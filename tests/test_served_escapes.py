@@ -14,9 +14,9 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -27,6 +27,7 @@ from tests.rpc_helpers import FLAVOURS, served
 pytestmark = pytest.mark.timeout(60)
 
 PATIENT = 20.0
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 """The callers' timeout: an answer must come long before it."""
 
@@ -137,6 +138,26 @@ async def test_middleware_raising_a_base_exception_is_answered_at_once(
     assert len(logged) == 7, [r.getMessage() for r in caplog.records]
 
 
+def run_past_an_interrupt(scenario: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``scenario()`` on a loop of its own (the one ``--loop`` chose): it must leave
+    ``run_until_complete`` with a KeyboardInterrupt first (a handler's, passed on), then
+    end when the loop is run again; what it returned."""
+    loop = loops.new_event_loop(os.environ.get(loops.ENV_VAR) or "asyncio")
+    main = loop.create_task(scenario())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main)
+        assert not main.done()
+        return loop.run_until_complete(main)
+    finally:
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(BaseException):  # what it ended in: reported above
+                loop.run_until_complete(main)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
 def interrupting_registry() -> rpc.Registry:
     reg = rpc.Registry()
 
@@ -175,16 +196,7 @@ def test_keyboard_interrupt_is_answered_then_leaves_the_loops_run(timeout: float
                         await peer.request("interrupt", timeout=timeout)
                     return str(info.value), await peer.request("ok", timeout=timeout)
 
-    loop = loops.new_event_loop(os.environ.get(loops.ENV_VAR) or "asyncio")
-    try:
-        main = loop.create_task(scenario())
-        with pytest.raises(KeyboardInterrupt):
-            loop.run_until_complete(main)
-        assert not main.done()
-        assert loop.run_until_complete(main) == ("KeyboardInterrupt", "ok")
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+    assert run_past_an_interrupt(scenario) == ("KeyboardInterrupt", "ok")
 
 
 @pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
@@ -206,20 +218,7 @@ def test_plain_function_keyboard_interrupt_is_answered_and_serves_on(flavour: st
                         await peer.request("interrupt_plain", timeout=PATIENT)
                     return str(info.value), await peer.request("ok_plain", timeout=PATIENT)
 
-    loop = loops.new_event_loop(os.environ.get(loops.ENV_VAR) or "asyncio")
-    try:
-        main = loop.create_task(scenario())
-        with pytest.raises(KeyboardInterrupt):
-            loop.run_until_complete(main)
-        assert not main.done()
-        assert loop.run_until_complete(main) == ("KeyboardInterrupt", "ok")
-    finally:
-        if not main.done():
-            main.cancel()
-            with contextlib.suppress(BaseException):  # what it ended in: reported above
-                loop.run_until_complete(main)
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+    assert run_past_an_interrupt(scenario) == ("KeyboardInterrupt", "ok")
 
 
 def _notified_registry(seen: list[str]) -> rpc.Registry:
@@ -269,20 +268,7 @@ def test_a_notification_handlers_base_exception_stops_it_not_the_connection(
                         answers.append(await peer.request("ok", name, timeout=PATIENT))
                     return answers
 
-    loop = loops.new_event_loop(os.environ.get(loops.ENV_VAR) or "asyncio")
-    try:
-        main = loop.create_task(scenario())
-        with pytest.raises(KeyboardInterrupt):
-            loop.run_until_complete(main)
-        assert not main.done()
-        assert loop.run_until_complete(main) == ["stop", "stop_async", "interrupt"]
-    finally:
-        if not main.done():
-            main.cancel()
-            with contextlib.suppress(BaseException):  # what it ended in: reported above
-                loop.run_until_complete(main)
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+    assert run_past_an_interrupt(scenario) == ["stop", "stop_async", "interrupt"]
     assert seen == ["stop", "stop_async", "interrupt"]
     escaped = [r for r in caplog.records if "not an Exception" in r.getMessage()]
     assert [r.exc_info[0] for r in escaped if r.exc_info] == [Stop, Stop, KeyboardInterrupt]
