@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 import rpc
+from rpc import loops
 
 # (server scheme, client query) for every protocol flavour the core speaks
 FLAVOURS = {
@@ -147,3 +155,26 @@ def timing_registry() -> rpc.Registry:
         return value
 
     return reg
+
+
+def child_report(script: str, loop: str, *args: str) -> dict[str, Any]:
+    """Run ``script`` (Python source) in a child process on ``loop`` (``$PEERWIRE_LOOP``)
+    with ``args``; the last line of its stdout that is a JSON object (its report). A child
+    keeps what the script does to its loops and threads out of the test process."""
+    if loop == "uvloop" and not loops.uvloop_installed():
+        pytest.fail("uvloop is not installed (the test extra installs it)")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, **{loops.ENV_VAR: loop, "PYTHONPATH": str(root)})
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    report: dict[str, Any] = json.loads(lines[-1])
+    return report

@@ -11,27 +11,20 @@ is bounded: a deadlocked loop fails the test, which then frees it by closing the
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import rpc
-from rpc import loops
 from rpc.blocking import CalledOnLoopThread
 from tests.reconnect_helpers import FAST
+from tests.rpc_helpers import child_report
 from tests.test_blocking_stream import LIVE, Feeds, serving
 
 WAIT = 10.0
 """Seconds a step may take before the test calls it a deadlock."""
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def outcome(call: Any) -> Any:
@@ -204,20 +197,7 @@ def test_blocking_calls_after_a_handler_ends_the_loop_thread(loop: str, escape: 
     the others, the waiting ones and every later blocking client of the process (a new
     ``connect()`` too) waited for good. A child process keeps the pytest process's shared
     loop out of it (and runs each loop, whatever ``--loop`` says)."""
-    if loop == "uvloop" and not loops.uvloop_installed():
-        pytest.fail("uvloop is not installed (the test extra installs it)")
-    env = dict(os.environ, **{loops.ENV_VAR: loop, "PYTHONPATH": str(ROOT)})
-    done = subprocess.run(
-        [sys.executable, "-c", ENDS_LOOP, escape],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    report = json.loads(lines[-1])
+    report = child_report(ENDS_LOOP, loop, escape)
     assert report["read"] == list(range(LIVE))
     assert report["waiting"], report  # the premise: a request and a next() waited
     assert report["loop thread ended"], report  # and the handler's escape ended the loop
@@ -328,20 +308,7 @@ def test_a_blocking_client_whose_loop_thread_ended_closes_its_connection(
     object still held (a plain and a reconnecting client), and the thread ends within 5 s
     too when a handler of the client ignores the cancel ("stubborn": the exit runs the loop
     for 1 s at most)."""
-    if loop == "uvloop" and not loops.uvloop_installed():
-        pytest.fail("uvloop is not installed (the test extra installs it)")
-    env = dict(os.environ, **{loops.ENV_VAR: loop, "PYTHONPATH": str(ROOT)})
-    done = subprocess.run(
-        [sys.executable, "-c", LOOP_ENDS, kind],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    report = json.loads(lines[-1])
+    report = child_report(LOOP_ENDS, loop, kind)
     assert report.get("stubborn runs", kind != "stubborn"), report  # the premise
     assert report["loop thread ended"], report  # and a bounded exit
     assert report["server saw the close"] is True, report

@@ -8,27 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import AsyncIterator, Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 import rpc
 from rpc import loops
-from tests.rpc_helpers import FLAVOURS, served
+from tests.rpc_helpers import FLAVOURS, child_report, served
 
 pytestmark = pytest.mark.timeout(60)
 
 PATIENT = 20.0
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parent.parent
 """The callers' timeout: an answer must come long before it."""
 
 
@@ -330,20 +325,7 @@ def test_two_keyboard_interrupts_in_one_read_leave_asyncio_run_once(
     its clean-up (while it cancels what is left), before the tasks it cancels ran: main's
     ``finally`` (closing the server and its connections) never ran, tasks were destroyed
     pending (asyncio; helper-144's review). One waits per loop now (rpc.escapes)."""
-    if loop == "uvloop" and not loops.uvloop_installed():
-        pytest.fail("uvloop is not installed (the test extra installs it)")
-    env = dict(os.environ, **{loops.ENV_VAR: loop, "PYTHONPATH": str(ROOT)})
-    done = subprocess.run(
-        [sys.executable, "-c", TWO_INTERRUPTS, str(count), kind],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
-    report = json.loads(lines[-1])
+    report = child_report(TWO_INTERRUPTS, loop, str(count), kind)
     assert report == {"cleanup": True, "raised": "KeyboardInterrupt"}, report
 
 
