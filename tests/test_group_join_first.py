@@ -1,11 +1,14 @@
 """A node's join goes to every member before its first broadcast, peers at start or not, and
 to a static member added later before its next one: a node restarted with its clock set
 back is heard again however its members were given. Members still reset a window only on
-a join, not on any frame or connection."""
+a join, not on any frame or connection. The join and the broadcast after it go down one
+tree, so every member of it gets the join first (before, the join took a tree of its own,
+and in a group of three or more a member could get the broadcast first and drop it)."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 from rpc.group import NetID
@@ -106,3 +109,63 @@ async def test_a_notify_that_sends_the_join_waits_send_timeout_in_all() -> None:
         assert loop.time() - began < 1.5 * limit  # twice the limit before
         assert a.node.stats.overflows == 2  # the join, then the broadcast, not queued
         assert len(peer.frames) == 1
+
+
+async def restart_and_notify(members: list[Member], seed: int) -> list[int]:
+    """Restart a node of ``members``' group with its clock set back and ``Random(seed)``
+    (each time on a new port: a new origin for the members), give it its members with
+    add_peer and notify once; returns what each member dropped as a duplicate, once every
+    member has the broadcast or one has dropped something."""
+    port = free_port()
+    await previous_life(NetID("127.0.0.1", port), *members)
+    nodes = [m.node for m in members]
+    before = [n.stats.duplicates for n in nodes]
+
+    def duplicates() -> list[int]:
+        return [n.stats.duplicates - b for n, b in zip(nodes, before, strict=True)]
+
+    restarted = Member()
+    await restarted.start(port=port, rng=random.Random(seed))
+    try:
+        for m in members:
+            restarted.node.add_peer(m.node.netid)
+        await restarted.node.notify("chat", "new life")
+        await wait_for(lambda: all(len(m.got) == 2 for m in members) or any(duplicates()))
+        assert all(m.got[1:] in ([], [("chat", "new life")]) for m in members)
+        return duplicates()
+    finally:
+        await restarted.node.close()
+        for m in members:
+            m.got.clear()
+
+
+@on_both_loops
+async def test_first_broadcast_after_a_set_back_restart_reaches_a_three_member_group() -> None:
+    # 0f79bb5 sent the join down a tree of its own: the planner shuffles each broadcast's
+    # targets anew, so with three members (chunks of two and one) a member the join reached
+    # through a forwarder could get the broadcast straight from the restarted node first,
+    # its window still its previous life's, and drop it as a duplicate (seeds 0, 1, 2 and 6
+    # of 0-7 did). Now the join and the broadcast go down the same chunks.
+    async with group(3) as members:
+        failed = {}
+        for seed in range(8):
+            duplicates = await restart_and_notify(members, seed)
+            if any(duplicates):
+                failed[seed] = duplicates
+        assert failed == {}
+
+
+@on_both_loops
+async def test_first_broadcast_after_a_set_back_restart_reaches_a_deeper_tree() -> None:
+    # With seven members a chunk holds four: its head forwards to three, one of them
+    # through another. Forwarders shuffled their list anew for each frame, so below the
+    # head the join and the broadcast could take different paths: with the join and the
+    # broadcast down the same chunks but forwarders still shuffling, 4 to 6 of seeds 0-7
+    # failed (the forwarders' own draws vary). Now a forwarder splits its list as received.
+    async with group(7) as members:
+        failed = {}
+        for seed in range(8):
+            duplicates = await restart_and_notify(members, seed)
+            if any(duplicates):
+                failed[seed] = duplicates
+        assert failed == {}

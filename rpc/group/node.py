@@ -19,8 +19,8 @@ framing by start byte + VarInt length bounded by ``max_size``; duplicates dispat
 that cannot be reached skipped for the chunk's next node, frames written just before a drop
 sent again; bounded queues, connections and timers; a payload that cannot be decoded is
 dropped (rate-limited warning) and its connection kept; back-off with full jitter for
-failing peers, and a join broadcast before the first (at start with peers) so a restarted
-node is used again at once and heard even if its clock went back.
+failing peers, and a join sent ahead of the first broadcast, down its tree (at start with
+peers, alone), so a restarted node is used again at once and heard even if its clock went back.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from rpc.group.members import Members
 from rpc.group.multicast import MulticastConfig, MulticastEndpoint, Sightings, open_multicast
 from rpc.group.options import Footprint, GroupOptions, GroupStats, as_netid
 from rpc.group.payloads import PayloadTypes, decode_envelope, encode_envelope
-from rpc.group.routing import Router
+from rpc.group.routing import Frame, Router
 from rpc.logs import violations
 from rpc.payload import PayloadError
 from rpc.registry import Registry, default_registry
@@ -107,8 +107,8 @@ class GroupNode:
         # not taken for a replay of its earlier life by members' duplicate filters.
         self._seq = time.time_ns() // 1000
         # Our join resets members' windows for us (a clock set back): it goes to every
-        # member before our first broadcast, and to static members added since before the
-        # next one (a subset of the member list).
+        # member with our first broadcast, and again with the next one after static
+        # members were added (those not yet sent it are kept until then).
         self._joined = False
         self._unjoined: set[NetID] = set()
         self._server: asyncio.Server | None = None
@@ -135,8 +135,9 @@ class GroupNode:
 
         ``advertise`` is the IPv4 address members reach us at (default ``host``; required
         when listening on 0.0.0.0). With peers, the node broadcasts a join now (without,
-        before its first broadcast): members that learn (``options.learn``) add us, and all
-        use us again at once after a restart, even with our clock set back.
+        with its first broadcast, down the same tree): members that learn
+        (``options.learn``) add us, and all use us again at once after a restart, even
+        with our clock set back.
         """
         public = advertise or host
         if public == "0.0.0.0":
@@ -242,8 +243,8 @@ class GroupNode:
         )
 
     def add_peer(self, peer: NetID | str | tuple[str, int]) -> NetID:
-        """Add a static member (never forgotten); our join goes to it before our next
-        broadcast, unless it was a member already."""
+        """Add a static member (never forgotten); unless it was a member already, our join
+        goes with our next broadcast, down its tree, to every member."""
         netid = as_netid(peer)
         if self._joined and netid != self.netid and not self._members.knows(netid):
             self._unjoined.add(netid)
@@ -262,14 +263,14 @@ class GroupNode:
 
         Queues at once for every member with room, then waits for the full queues together
         (up to ``send_timeout`` in all), so a fast sender is slowed to the group's pace but
-        no member waits for another. The node does not dispatch its own broadcast. Members
-        our join has not gone to in this life get it first (see :meth:`_join`).
+        no member waits for another. The node does not dispatch its own broadcast. The first
+        in this life, or the first after static members were added, takes our join with it
+        (see :meth:`_join_frame`).
         """
         if self._closing:
             raise RuntimeError("group node is closed")
         ptype = self.types.register(name)
-        self._seq += 1
-        seq = self._seq
+        seq = self._next_seq()
         payload = encode_envelope(self.netid, seq, value)
         members = self._members.all
         overhead = 64 + 8 * (len(members) + self.options.max_others + 16)
@@ -277,61 +278,55 @@ class GroupNode:
             raise PayloadError(
                 f"broadcast of {len(payload)} bytes exceeds max_size {self.options.max_size}"
             )
-        timeout: float | None = None
+        frames: tuple[Frame, ...] = ((ptype.tag, payload),)
         if ptype.tag != _JOIN_TAG:
             if not self._joined or self._unjoined:  # one test per broadcast once joined
-                timeout = await self._join()
+                frames = (self._join_frame(members), *frames)
             self.stats.broadcasts += 1
-        await self._send(members, ptype.tag, seq, payload, timeout)
+        await self._send(members, frames)
         return seq
 
-    async def _join(self) -> float | None:
-        """Broadcast our join to the members it has not gone to in this life: all of them
-        the first time, then static members added since. Members then start a new
-        duplicate window for us if our numbers are older than theirs (a clock set back),
-        stop backing off from us, and learners add us. Not counted in ``stats.broadcasts``.
-        A broadcast sent right after it may overtake it on another path of the tree: a
-        member still holding our old window drops that one.
-
-        Returns what is left of ``send_timeout`` for the broadcast that follows (None: no
-        join sent), so a notify with a join still waits for full queues ``send_timeout``
-        in all."""
+    async def _join(self) -> None:
+        """Broadcast our join alone (at start, with peers); see :meth:`_join_frame`."""
         members = self._members.all
-        if self._joined:
-            if not self._unjoined:
-                return None
-            members = tuple(m for m in members if m in self._unjoined)
-        self._unjoined.clear()
-        if not members:
-            return None
-        self._joined = True
-        self._seq += 1
-        began = self._loop.time()
-        await self._send(
-            members, _JOIN_TAG, self._seq, encode_envelope(self.netid, self._seq, None)
-        )
-        return max(0.0, self.options.send_timeout - (self._loop.time() - began))
+        if members:
+            await self._send(members, (self._join_frame(members),))
 
-    async def _send(
-        self,
-        members: Sequence[NetID],
-        tag: int,
-        seq: int,
-        payload: bytes,
-        timeout: float | None = None,
-    ) -> None:
-        self._dedup.first(self.netid, seq)
-        targets = self._after_multicast(members, tag, payload)
-        await self._router.send(targets, tag, payload, timeout)
+    def _join_frame(self, members: Sequence[NetID]) -> Frame:
+        """Our join, for ``members`` (every member: the first time in this life, or after
+        static members were added since; none: nothing is sent, so nothing is marked).
+        Members then start a new duplicate window for us if our numbers are older than
+        theirs (a clock set back), stop backing off from us, and learners add us. Not
+        counted in ``stats.broadcasts``.
+
+        A notify sends it with its broadcast down one tree (:meth:`Router.send`), so
+        every member of that tree gets the join first, and both share ``send_timeout``.
+        A join sent alone (at start) takes a tree of its own: a broadcast right after it
+        may overtake it on another path."""
+        if members:
+            self._joined = True
+            self._unjoined.clear()
+        return _JOIN_TAG, encode_envelope(self.netid, self._next_seq(), None)
+
+    def _next_seq(self) -> int:
+        """Our next sequence number, recorded as seen (our broadcasts come back to us)."""
+        self._seq += 1
+        self._dedup.first(self.netid, self._seq)
+        return self._seq
+
+    async def _send(self, members: Sequence[NetID], frames: Sequence[Frame]) -> None:
+        targets = self._after_multicast(members, frames)
+        await self._router.send(targets, frames)
 
     def _seen(self) -> tuple[BroadcastID, ...]:
         return () if self._sightings is None else self._sightings.seen()
 
     def _after_multicast(
-        self, targets: Sequence[NetID], tag: int, payload: bytes
+        self, targets: Sequence[NetID], frames: Sequence[Frame]
     ) -> Sequence[NetID]:
-        """Multicast first (if on); then drop the peers that see our multicast but one."""
-        if self._sightings is None or not self._multicast(tag, payload):
+        """Multicast first (if on); then, if every frame went, drop the peers that see our
+        multicast but one."""
+        if self._sightings is None or not all([self._multicast(*f) for f in frames]):
             return targets
         seeing = self._sightings.seeing_us(targets)
         if not seeing:
@@ -418,6 +413,6 @@ class GroupNode:
                 # We are the joiner's seed: the whole group learns of it through our tree.
                 targets = [m for m in self._members.all if m != origin]
         if first and self._sightings is not None:
-            targets = self._after_multicast(targets, g.tag, g.payload)
+            targets = self._after_multicast(targets, ((g.tag, g.payload),))
         if targets:
             self._router.forward(targets, g.tag, g.payload)

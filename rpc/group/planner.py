@@ -3,9 +3,12 @@
 A node holding a list of ``m`` nodes still to reach shuffles it and cuts it into chunks of
 ``ceil(m/2)``, then half of what is left, and so on down to one node. It sends the message
 directly to the first node of each chunk, handing it the rest of the chunk as its
-distribution list; that node does the same with its list. A node therefore sends at most
-``bit_length(m) = ceil(log2(m + 1))`` messages, and the tree is as deep, so in a group of
-``n`` nodes no node sends more than ``ceil(log2 n)`` and everyone receives exactly once.
+distribution list; that node splits its list the same way but in the order received, not
+shuffled again: the origin's shuffle makes the tree as random, and frames the origin sends
+down the same chunks then take the same paths to the end (its join, then its broadcast).
+A node therefore sends at most ``bit_length(m) = ceil(log2(m + 1))`` messages, and the
+tree is as deep, so in a group of ``n`` nodes no node sends more than ``ceil(log2 n)``
+and everyone receives exactly once.
 
 If a chunk's first node cannot be reached, :func:`skip_head` hands the chunk to its next
 node instead, so one dead node never cuts off the rest of its chunk.
@@ -67,13 +70,17 @@ class Planner(Generic[T]):
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng if rng is not None else random.Random()
 
-    def plan(self, targets: Sequence[T], *, exclude: T | None = None) -> list[Chunk[T]]:
-        """Chunks for ``targets``: duplicates and ``exclude`` (ourselves) dropped, shuffled."""
+    def plan(
+        self, targets: Sequence[T], *, exclude: T | None = None, shuffle: bool = True
+    ) -> list[Chunk[T]]:
+        """Chunks for ``targets``: duplicates and ``exclude`` (ourselves) dropped, shuffled
+        unless ``shuffle`` is False (a forwarder's list, which its origin shuffled)."""
         seen: set[T] = set()
         unique: list[T] = []
         for target in targets:
             if target != exclude and target not in seen:
                 seen.add(target)
                 unique.append(target)
-        self.rng.shuffle(unique)
+        if shuffle:
+            self.rng.shuffle(unique)
         return split(unique)

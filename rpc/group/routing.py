@@ -26,7 +26,10 @@ from rpc.group.planner import Chunk, Planner, skip_head
 from wire.errors import LocalProtocolError
 from wire.gossip import BroadcastID, Gossip, GossipCodec, NetID
 
-__all__ = ["Router"]
+__all__ = ["Frame", "Router"]
+
+Frame = tuple[int, bytes]
+"""A frame to send: payload type tag and payload (our envelope)."""
 
 log = logging.getLogger("peerwire.group")
 
@@ -57,37 +60,43 @@ class Router:
         self._room = asyncio.Event()  # set when any link's queue makes room or a link ends
         self.links = Links(self, options, stats, rng, asyncio.get_running_loop())
 
-    async def send(
-        self, targets: Sequence[NetID], tag: int, payload: bytes, timeout: float | None = None
-    ) -> None:
+    async def send(self, targets: Sequence[NetID], frames: Sequence[Frame]) -> None:
         """Our own broadcast: queue every chunk at once where there is room, then wait for
-        the full queues together, up to ``timeout`` (default ``send_timeout``) in all; a
-        chunk whose head still has no room then goes to its next node without waiting."""
-        full: list[tuple[Chunk[NetID], Link]] = []
+        the full queues together, up to ``send_timeout`` in all; a chunk whose head still
+        has no room then goes to its next node without waiting.
+
+        ``frames`` (tag, payload) all go down one plan, in order on each link: links and
+        forwarders keep order and forwarders split their list as received, so every node
+        of the tree gets them in that order (a join, then the broadcast it must precede),
+        unless a head is skipped between them."""
+        full: list[tuple[Chunk[NetID], Link, Sequence[Frame]]] = []
         for chunk in self.planner.plan(targets, exclude=self.netid):
-            self._offer(chunk, tag, payload, full)
+            self._offer(chunk, frames, full)
         if not full:
             return
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._options.send_timeout if timeout is None else timeout):
+            async with asyncio.timeout(self._options.send_timeout):
                 while full:
                     self._room.clear()
                     waiting, full = full, []
-                    for chunk, link in waiting:
+                    for chunk, link, left in waiting:
                         if link.dead:  # given up while we waited: the chunk's next node
-                            self._offer(self._skip(chunk), tag, payload, full)
-                        elif not link.offer(Item(tag, payload, chunk.rest)):
-                            full.append((chunk, link))
+                            self._offer(self._skip(chunk, len(left)), left, full)
+                        elif left := _queue(link, chunk.rest, left):
+                            full.append((chunk, link, left))
                     if full:
                         await self._room.wait()
-        for chunk, _ in full:
-            self._stats.overflows += 1
-            self._offer(self._skip(chunk), tag, payload)
+        for chunk, _, left in full:
+            self._stats.overflows += len(left)
+            self._offer(self._skip(chunk, len(left)), left)
 
     def forward(self, targets: Sequence[NetID], tag: int, payload: bytes) -> None:
-        """A received distribution list: queue at once, never wait (we are in a read)."""
-        for chunk in self.planner.plan(targets, exclude=self.netid):
-            self._offer(chunk, tag, payload)
+        """A received distribution list: queue at once, never wait (we are in a read).
+
+        The list is split as received, not shuffled again: the origin shuffled it, and two
+        frames it sent down the same chunk then take the same paths (see :meth:`send`)."""
+        for chunk in self.planner.plan(targets, exclude=self.netid, shuffle=False):
+            self._offer(chunk, ((tag, payload),))
 
     def encode(
         self, tag: int, payload: bytes, rest: tuple[NetID, ...], head: NetID | None, others: bool
@@ -126,7 +135,7 @@ class Router:
         return self.encode(item.tag, item.payload, item.rest, head, with_others)
 
     def reroute(self, failed: NetID, item: Item) -> None:
-        self._offer(self._skip(Chunk(failed, item.rest)), item.tag, item.payload)
+        self._offer(self._skip(Chunk(failed, item.rest)), ((item.tag, item.payload),))
 
     def room(self) -> None:
         self._room.set()
@@ -146,12 +155,12 @@ class Router:
     def _offer(
         self,
         chunk: Chunk[NetID] | None,
-        tag: int,
-        payload: bytes,
-        full: list[tuple[Chunk[NetID], Link]] | None = None,
+        frames: Sequence[Frame],
+        full: list[tuple[Chunk[NetID], Link, Sequence[Frame]]] | None = None,
     ) -> None:
-        """Queue for the chunk's head, or the first of its nodes that can take it now; with
-        ``full``, a live head whose queue is full keeps the chunk (added there to wait)."""
+        """Queue ``frames`` in order for the chunk's head, or the first of its nodes that can
+        take them now; with ``full``, a live head whose queue is full keeps the chunk and
+        the frames it has not taken (added there to wait)."""
         if self._closing:
             return
         while chunk is not None:
@@ -159,21 +168,31 @@ class Router:
             if not self._members.is_down(head):
                 link = self.links.get(head, member=self._members.knows(head))
                 if link is not None:
-                    if link.offer(Item(tag, payload, chunk.rest)):
+                    frames = _queue(link, chunk.rest, frames)
+                    if not frames:
                         return
                     if full is not None and not link.dead:
-                        full.append((chunk, link))
+                        full.append((chunk, link, frames))
                         return
                 if full is None or link is None:
-                    self._stats.overflows += 1
-            chunk = self._skip(chunk)
+                    self._stats.overflows += len(frames)
+            chunk = self._skip(chunk, len(frames))
 
-    def _skip(self, chunk: Chunk[NetID]) -> Chunk[NetID] | None:
-        self._stats.skipped += 1
+    def _skip(self, chunk: Chunk[NetID], frames: int = 1) -> Chunk[NetID] | None:
+        """The chunk's next node takes over; stats count each of ``frames`` (broadcasts)."""
+        self._stats.skipped += frames
         following = skip_head(chunk)
         if following is None:
-            self._stats.dropped += 1
+            self._stats.dropped += frames
         else:
-            self._stats.rerouted += 1
+            self._stats.rerouted += frames
             log.debug("%s: %s skipped, chunk goes to %s", self.netid, chunk.head, following.head)
         return following
+
+
+def _queue(link: Link, rest: tuple[NetID, ...], frames: Sequence[Frame]) -> Sequence[Frame]:
+    """Offer ``frames`` to ``link`` in order; those it did not take, from the first refused."""
+    for i, (tag, payload) in enumerate(frames):
+        if not link.offer(Item(tag, payload, rest)):
+            return frames[i:]
+    return ()
