@@ -34,7 +34,7 @@ _waiting: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 def report(exc: BaseException, message: str, *args: object) -> None:
     """Log ``exc`` (an error with its traceback; rate-limited)."""
-    escapes.error(message, *args, exc=exc)
+    escapes.error(message, *args, exc=exc, stacklevel=2)  # the record names our caller
 
 
 def pass_on(loop: asyncio.AbstractEventLoop, exc: BaseException) -> None:

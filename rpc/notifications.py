@@ -80,8 +80,8 @@ async def _run(name: str, awaitable: Awaitable[Any]) -> None:
         await awaitable
     except Exception:
         failures.exception("notification handler %r failed", name)
-    except asyncio.CancelledError:
-        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        raise  # the task cancelled, or its coroutine closed unfinished
     except BaseException as exc:
         report(exc, "notification handler %r raised %s, not an Exception", name, type(exc).__name__)
         if isinstance(exc, PASSED_ON):

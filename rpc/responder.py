@@ -120,10 +120,15 @@ class Responder(ServedStreams[K]):
         once no call of ours is in flight: until then the peer's requests run, as those
         calls' handlers may call us back to answer them (the drain waits for our calls). A
         peer that takes no retry results gets the request run as it comes during the drain
-        (False), and cut if it has not ended when the connection closes."""
+        (False), and waited for by the drain. Calls of ours: those the drain waits for (not
+        streams)."""
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
             message = "request rate limit"
-        elif self.gave_up is not None and self.adapter.retry_results and not self._calls:
+        elif (
+            self.gave_up is not None
+            and self.adapter.retry_results
+            and not any(c.future is not None and c.queue is None for c in self._calls.values())
+        ):
             message = CLOSING
         else:
             return False
@@ -394,8 +399,9 @@ class Responder(ServedStreams[K]):
         self, key: K, exc: BaseException, *, job: bool = True, streamed: bool = False
     ) -> None:
         """Answer request ``key``, whose handler (or middleware) raised ``exc``, a
-        BaseException that is not an Exception (a ``class Stop(BaseException)``), with an
-        error result at once, and log it (an error, with its traceback: such an exception
+        BaseException that is not an Exception (a ``class Stop(BaseException)``; from a
+        plain function, a CancelledError or GeneratorExit too: nothing may leave the read),
+        with an error result at once, and log it (an error, with its traceback: such an exception
         is meant to stop more than a call, and here stops only its own). The stream
         request's parts are dropped; ``streamed``: its streamed result ends with the
         error. ``job``: from a handler's job (else from the handler's call, in the peer's

@@ -60,7 +60,7 @@ async def test_a_request_arriving_during_the_drain_is_not_run(protocol: str) -> 
             await asyncio.wait_for(started.wait(), 5)
             [served] = server.peers
             closing = asyncio.ensure_future(served.close(drain_timeout=30))
-            await asyncio.sleep(0)  # the close's first step: the connection drains now
+            await wait_until(lambda: served.gave_up is not None)  # draining now
             late = asyncio.ensure_future(client.request("count", 1, timeout=30))
             await _refusing(client)  # sent after late: late was refused before it
             release.set()  # the drain ends, the connection closes
@@ -83,7 +83,7 @@ async def test_the_reconnecting_client_sends_a_refused_request_again() -> None:
         held = asyncio.ensure_future(client.request("hold", None, timeout=30))
         await asyncio.wait_for(started.wait(), 5)
         closing = asyncio.ensure_future(first.close(drain_timeout=30))
-        await asyncio.sleep(0)  # the close's first step: the connection drains now
+        await wait_until(lambda: all(p.gave_up is not None for p in first.peers))  # draining
         late = asyncio.ensure_future(client.request("count", 7, timeout=30, idempotent=True))
         await _refusing(client)
         release.set()
@@ -165,10 +165,11 @@ async def test_a_refused_request_waits_for_the_close_not_its_retries() -> None:
         held = asyncio.ensure_future(client.request("hold", None, timeout=30))
         await asyncio.wait_for(started.wait(), 5)
         closing = asyncio.ensure_future(first.close(drain_timeout=30))
-        await asyncio.sleep(0)  # the close's first step: the connection drains now
+        await wait_until(lambda: all(p.gave_up is not None for p in first.peers))  # draining
         late = asyncio.ensure_future(client.request("count", 7, timeout=30, idempotent=True))
         await asyncio.wait_for(first_refusal.wait(), 5)
-        # the drain goes on for 0.5 s: 5 retries at 0.02-0.03 s would take 0.15 s at most
+        # the drain goes on for 0.5 s (the scenario, not a synchronisation): 5 retries at
+        # 0.02-0.03 s would take 0.15 s at most
         await asyncio.sleep(0.5)
         release.set()
         assert await asyncio.wait_for(held, 5) == "held"
@@ -238,3 +239,37 @@ async def test_a_request_run_while_our_call_is_in_flight_is_not_cut_by_the_drain
         await wait_until(lambda: bool(side_results))
     # ran and answered, or refused and not run; never run and then cut
     assert (runs, side_results) in ((["s"], ["side s"]), ([], ["RetryLater"])), side_results
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_our_open_stream_does_not_keep_the_drain_running_requests(flavour: str) -> None:
+    """A stream of ours still reading is not waited for by our close() (only single
+    calls are), so it does not need the peer's requests answered either: while the drain
+    waits (here for a handler of ours, ``hold``), those are refused as with no call in
+    flight. Before, any call of ours in flight, a stream included, made the drain run
+    them (helper-149's review)."""
+    runs: list[object] = []
+    started, release = asyncio.Event(), asyncio.Event()
+    server_reg = rpc.Registry()
+
+    @server_reg.handle("ticks")
+    async def ticks(_: Any = None) -> Any:  # a streamed result that stays open
+        yield 1
+        await asyncio.Event().wait()
+
+    client_reg = _registry(runs, started, release)
+    async with served(flavour, server_reg, client_registry=client_reg) as (server, peer):
+        stream = peer.stream("ticks", timeout=30)
+        assert await anext(stream) == 1
+        [served_peer] = server.peers
+        held = asyncio.ensure_future(served_peer.request("hold", None, timeout=30))
+        await asyncio.wait_for(started.wait(), 5)
+        closing = asyncio.ensure_future(peer.close(drain_timeout=10))
+        await wait_until(lambda: peer.gave_up is not None)  # draining now
+        with pytest.raises(rpc.RetryLater, match="closing"):
+            await asyncio.wait_for(served_peer.request("count", 1, timeout=0.3), 5)
+        release.set()
+        assert await asyncio.wait_for(held, 5) == "held"
+        await asyncio.wait_for(closing, 15)
+        await stream.aclose()
+    assert runs == []

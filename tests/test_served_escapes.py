@@ -356,3 +356,6 @@ async def test_a_peers_notifications_failing_with_a_base_exception_are_logged_ra
     assert seen == list(range(200))  # the premise: each ran and raised
     logged = [r for r in caplog.records if "not an Exception" in r.getMessage()]
     assert len(logged) <= 20, len(logged)
+    # each record names where it was raised from (the notification's dispatch), not the
+    # logging helper (rpc.escapes.report) every one goes through
+    assert {(r.module, r.funcName) for r in logged} == {("notifications", "run_notification")}

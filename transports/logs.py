@@ -40,12 +40,18 @@ class RateLimitedLog:
         """An ERROR record with the exception being handled (its traceback)."""
         self._log(logging.ERROR, message, args, True)
 
-    def error(self, message: str, *args: Any, exc: BaseException) -> None:
-        """An ERROR record with ``exc``'s traceback (one not being handled here)."""
-        self._log(logging.ERROR, message, args, exc)
+    def error(self, message: str, *args: Any, exc: BaseException, stacklevel: int = 1) -> None:
+        """An ERROR record with ``exc``'s traceback (one not being handled here), naming the
+        caller ``stacklevel`` frames up (1: the caller of this method), as logging does."""
+        self._log(logging.ERROR, message, args, exc, stacklevel)
 
     def _log(
-        self, level: int, message: str, args: tuple[Any, ...], exc_info: bool | BaseException
+        self,
+        level: int,
+        message: str,
+        args: tuple[Any, ...],
+        exc_info: bool | BaseException,
+        stacklevel: int = 1,
     ) -> None:
         logger = self._logger
         if not logger.isEnabledFor(level):
@@ -66,7 +72,7 @@ class RateLimitedLog:
         self._count += 1
         # stacklevel: the record names the caller of warning()/exception(), not this module
         if exc_info is not False:
-            logger.log(level, message, *args, exc_info=exc_info, stacklevel=3)
+            logger.log(level, message, *args, exc_info=exc_info, stacklevel=2 + stacklevel)
         else:  # no exc_info at all: a warning never carries a traceback
             logger.log(level, message, *args, stacklevel=3)
 
