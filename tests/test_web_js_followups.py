@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 import rpc
 from rpc.errors import CLOSING
+from tests.rpc_helpers import wait_until
 from tests.test_web_js_node import Scripted, run_node
 from transports.websocket import HttpOptions
 
@@ -61,8 +62,9 @@ async def test_a_request_refused_by_a_draining_server_fails_at_its_close(tmp_pat
 
     @registry.handle("drain")
     async def drain(_: Any = None) -> str:
-        closing.append(asyncio.ensure_future(rpc.current_peer.get().close(drain_timeout=30)))
-        await asyncio.sleep(0)  # the close's first step: the connection drains now
+        peer = rpc.current_peer.get()
+        closing.append(asyncio.ensure_future(peer.close(drain_timeout=30)))
+        await wait_until(lambda: peer.gave_up is not None)  # draining now
         return "draining"
 
     @registry.handle("count")
