@@ -27,6 +27,7 @@ from tests.packaging import (
     env_for,
     env_with,
     fresh_venv,
+    keep_compiled,
     overlay,
     probe,
     run,
@@ -80,7 +81,9 @@ def wheel(tree: Path) -> Path:
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"left by an earlier build")
     empty = fresh_venv(tree.parent / "empty-venv", deps=False)
-    return build_wheel(tree, tree.parent / "wheel", compiled=True, python=empty)
+    built = build_wheel(tree, tree.parent / "wheel", compiled=True, python=empty)
+    keep_compiled(built)  # for CI's benchmark smoke pass, which then need not build it
+    return built
 
 
 def test_the_sources_report_nothing_compiled() -> None:
