@@ -11,6 +11,8 @@ import asyncio
 import random
 import time
 
+import pytest
+
 from rpc.group import NetID
 from tests.group_helpers import (
     Member,
@@ -139,30 +141,20 @@ async def restart_and_notify(members: list[Member], seed: int) -> list[int]:
             m.got.clear()
 
 
+@pytest.mark.parametrize("size", [3, 7])
 @on_both_loops
-async def test_first_broadcast_after_a_set_back_restart_reaches_a_three_member_group() -> None:
-    # 0f79bb5 sent the join down a tree of its own: the planner shuffles each broadcast's
-    # targets anew, so with three members (chunks of two and one) a member the join reached
-    # through a forwarder could get the broadcast straight from the restarted node first,
-    # its window still its previous life's, and drop it as a duplicate (seeds 0, 1, 2 and 6
-    # of 0-7 did). Now the join and the broadcast go down the same chunks.
-    async with group(3) as members:
-        failed = {}
-        for seed in range(8):
-            duplicates = await restart_and_notify(members, seed)
-            if any(duplicates):
-                failed[seed] = duplicates
-        assert failed == {}
-
-
-@on_both_loops
-async def test_first_broadcast_after_a_set_back_restart_reaches_a_deeper_tree() -> None:
-    # With seven members a chunk holds four: its head forwards to three, one of them
-    # through another. Forwarders shuffled their list anew for each frame, so below the
-    # head the join and the broadcast could take different paths: with the join and the
-    # broadcast down the same chunks but forwarders still shuffling, 4 to 6 of seeds 0-7
-    # failed (the forwarders' own draws vary). Now a forwarder splits its list as received.
-    async with group(7) as members:
+async def test_first_broadcast_after_a_set_back_restart_reaches_every_member(size: int) -> None:
+    """Over seeds 0-7, no member takes the restarted node's first broadcast for a
+    duplicate. 0f79bb5 sent the join down a tree of its own: the planner shuffles each
+    broadcast's targets anew, so with three members (chunks of two and one) a member the
+    join reached through a forwarder could get the broadcast straight from the restarted
+    node first, its window still its previous life's, and drop it as a duplicate (seeds 0,
+    1, 2 and 6 did). With seven a chunk holds four, its head forwarding to three, one of
+    them through another: forwarders shuffled their list anew for each frame, so with the
+    join and the broadcast down the same chunks but forwarders still shuffling, 4 to 6 of
+    the seeds failed. Now the join and the broadcast go down the same chunks, and a
+    forwarder splits its list as received."""
+    async with group(size) as members:
         failed = {}
         for seed in range(8):
             duplicates = await restart_and_notify(members, seed)
