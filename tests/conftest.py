@@ -5,6 +5,8 @@ rate-limited logs per test."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -72,3 +74,18 @@ def fresh_rate_limited_logs() -> None:
     failures.reset()
     escapes.reset()
     websocket.violations.reset()
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """An OpenTelemetry SDK tracer provider whose finished spans are kept in memory:
+    (provider, exporter), shut down after the test."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()

@@ -5,15 +5,13 @@ wire to peers that did not take peerwire's request metadata."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from hat.drivers import chatter as hat_chatter
 from hat.drivers import net
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 import rpc
@@ -24,15 +22,6 @@ from tests.test_rpc_gotalk_transcripts import (
     read_request,
     scripted_go_server,
 )
-
-
-@pytest.fixture
-def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
 
 
 def traced_registry(provider: TracerProvider) -> rpc.Registry:
