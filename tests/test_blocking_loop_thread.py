@@ -208,10 +208,11 @@ def test_blocking_calls_after_a_handler_ends_the_loop_thread(loop: str, escape: 
 
 LOOP_ENDS = textwrap.dedent(
     """
-    import asyncio, json, os, sys, threading
+    import asyncio, contextlib, json, os, sys, threading
     import rpc, rpc.blocking
-    from rpc import loops
+    from tests.test_blocking_stream import serving
 
+    stack = contextlib.ExitStack()  # never closed: the process ends with os._exit
     served = rpc.Registry()
 
     @served.handle("boom")
@@ -235,28 +236,15 @@ LOOP_ENDS = textwrap.dedent(
     @registry.handle("call_back")
     async def call_back(op):  # the server calls the blocking client's handler
         peer = rpc.current_peer.get()
-        peers.append(peer)
+        peers.append((peer, asyncio.get_running_loop()))
         try:
             return await peer.request(op, timeout=2)
         except Exception as exc:
             return repr(exc)
 
-    ready = threading.Event()
-    state = {}
-
-    async def main():
-        state["loop"] = asyncio.get_running_loop()
-        state["stop"] = stop = asyncio.Event()
-        async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry) as server:
-            state["url"] = str(server.url)
-            ready.set()
-            await stop.wait()
-
-    server_thread = threading.Thread(target=loops.run, args=(main(),), daemon=True)
-    server_thread.start()
-    ready.wait(10)
+    url = stack.enter_context(serving(registry))  # on a loop thread of its own
     reconnect = sys.argv[1] == "reconnecting"
-    client = rpc.blocking.connect(state["url"], reconnect=reconnect, registry=served)
+    client = rpc.blocking.connect(url, reconnect=reconnect, registry=served)
     (loop_thread,) = [t for t in threading.enumerate() if t.name == "peerwire-loop"]
     report = {}
     if sys.argv[1] == "stubborn":  # a handler of the client's runs on, past its cancel
@@ -277,8 +265,9 @@ LOOP_ENDS = textwrap.dedent(
     report["loop thread ended"] = not loop_thread.is_alive()
     # the client object is still held, as an application holds it: does the server
     # see its connection close?
+    server_peer, server_loop = peers[0]
     fut = asyncio.run_coroutine_threadsafe(
-        asyncio.wait_for(asyncio.shield(peers[0].closed), 5), state["loop"]
+        asyncio.wait_for(asyncio.shield(server_peer.closed), 5), server_loop
     )
     try:
         fut.result(10)
