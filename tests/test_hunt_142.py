@@ -17,8 +17,7 @@ import rpc
 from tests.test_web_js_node import Scripted, run_node
 from transports.websocket import HttpOptions
 
-WITHIN = """
-const within = (p, ms) => Promise.race([p, sleep(ms).then(() => 'not settled')]);
+CIRCULAR = """
 const circular = {};
 circular.self = circular;
 """
@@ -52,7 +51,7 @@ async def _page_answers(tmp_path: Path, ops: tuple[str, ...], handlers: str) -> 
     ) as server:
         result = await run_node(
             tmp_path,
-            WITHIN
+            CIRCULAR
             + handlers
             + """
             const s = await connect(ADDR);
@@ -144,7 +143,7 @@ async def test_a_retry_wait_past_the_timer_range(tmp_path: Path) -> None:
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
+            CIRCULAR
             + """
             const s = await connect(ADDR);
             const out = await within(s.request('echo', 1).then(

@@ -19,12 +19,8 @@ from tests.rpc_helpers import wait_until
 from tests.test_web_js_node import Scripted, run_node
 from transports.websocket import HttpOptions
 
+
 # within(promise, ms): the promise's value, or 'not settled' once ms have passed
-WITHIN = """
-const within = (p, ms) => Promise.race([p, sleep(ms).then(() => 'not settled')]);
-"""
-
-
 async def frames_until_closed(recv: Any) -> list[Any]:
     """The client's frames (heartbeats skipped) until it closes: then its close code, or
     "open" when it sent nothing for 5 s (``recv``'s bound) and did not close."""
@@ -84,8 +80,7 @@ async def test_a_request_refused_by_a_draining_server_fails_at_its_close(tmp_pat
         try:
             result = await run_node(
                 tmp_path,
-                WITHIN
-                + """
+                """
                 const s = await connect(ADDR);
                 const events = [];
                 s.on('close', () => events.push('close'));
@@ -137,8 +132,7 @@ async def test_a_refused_request_is_not_sent_again_and_fails_at_its_timeout(
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
-            + """
+            """
             const s = await connect(ADDR);
             s.requestTimeout = 700;
             const t0 = Date.now();
@@ -193,8 +187,7 @@ async def test_refused_stream_requests_are_remembered_up_to_a_bound(tmp_path: Pa
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
-            + """
+            """
             gotalk.handle('ping', () => 'pong');
             const s = await connect(ADDR);
             const closed = new Promise((resolve) => s.on('close', (err) => resolve(err)));
@@ -250,8 +243,7 @@ async def test_a_payload_in_one_byte_frames_is_read_in_linear_time(tmp_path: Pat
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
-            + """
+            """
             const digest = (b) => {
               let h = 0;
               for (let i = 0; i < b.length; i++) h = (h * 31 + b[i]) >>> 0;

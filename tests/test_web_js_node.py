@@ -36,6 +36,7 @@ WRAPPER = """\
 const gotalk = require(%(library)s);
 const ADDR = process.argv[2];
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const within = (p, ms) => Promise.race([p, sleep(ms).then(() => 'not settled')]);
 const opened = (sock) => new Promise((resolve) => sock.once('open', resolve));
 function connect(addr) {
   return new Promise((resolve, reject) =>

@@ -23,8 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from tests.test_web_js_node import Scripted, run_node
 
 # within(promise, ms): the promise's value, or 'not settled' once ms have passed
-WITHIN = """
-const within = (p, ms) => Promise.race([p, sleep(ms).then(() => 'not settled')]);
+FAILURE = """
 const failure = (e) => [e.message, e.timeout === true, e.code === undefined ? null : e.code];
 """
 
@@ -57,7 +56,7 @@ async def test_a_server_that_never_answers_the_upgrade(tmp_path: Path) -> None:
     try:
         result = await run_node(
             tmp_path,
-            WITHIN
+            FAILURE
             + """
             let attempts = 0;
             let retried;
@@ -117,7 +116,7 @@ async def test_a_server_that_never_sends_its_version(tmp_path: Path) -> None:
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
+            FAILURE
             + """
             const s = gotalk.Sock();
             s.connectTimeout = 500;
@@ -150,7 +149,7 @@ async def test_a_server_silent_after_its_heartbeat_is_closed(tmp_path: Path) -> 
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
+            FAILURE
             + """
             const s = gotalk.Sock();
             s.heartbeatInterval = 100;
@@ -193,7 +192,7 @@ async def test_a_server_with_slow_heartbeats_is_not_cut(tmp_path: Path) -> None:
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
+            FAILURE
             + """
             const s = gotalk.Sock();
             s.heartbeatInterval = 100;
@@ -227,7 +226,7 @@ async def test_request_timeout_and_no_cut_without_heartbeats(tmp_path: Path) -> 
     async with scripted as address:
         result = await run_node(
             tmp_path,
-            WITHIN
+            FAILURE
             + """
             const s = gotalk.Sock();
             s.heartbeatInterval = 100;
