@@ -66,8 +66,11 @@ def facts() -> dict[str, Any]:
 
 def test_multicast_alone_reaches_nodes_with_no_tcp_peers(facts: dict[str, Any]) -> None:
     f = facts["multicast_only"]
-    assert f["got"] == [[], ["hello"], ["hello"], ["hello"]]
+    assert f["got"] == [[], ["hello", "again"], ["hello", "again"], ["hello", "again"]]
     assert f["sender"]["frames_sent"] == 0  # nothing over TCP: nobody was on its list
+    # the first broadcast took the node's join along by multicast; the second is one
+    # datagram (a node that knew no member sent a join with every broadcast, for good)
+    assert f["second_datagrams"] == 1
     assert f["sender"]["multicast_sent"] >= 1
     assert all(s["multicast_received"] >= 1 for s in f["receivers"])
 
@@ -126,10 +129,14 @@ async def _multicast_only() -> dict[str, Any]:
     try:
         await nodes[0].notify("chat", "hello")
         await wait_until(lambda: all(got[1:]))
+        sent = nodes[0].stats.multicast_sent
+        await nodes[0].notify("chat", "again")  # its join went with the first
+        await wait_until(lambda: all(len(g) == 2 for g in got[1:]))
         # loopback hands the sender its own datagram: once it is ignored, the test can tell
         await wait_until(lambda: nodes[0].stats.own_multicast_ignored >= 1)
         return {
             "got": got,
+            "second_datagrams": nodes[0].stats.multicast_sent - sent,
             "sender": nodes[0].stats.as_dict(),
             "receivers": [n.stats.as_dict() for n in nodes[1:]],
         }

@@ -294,7 +294,8 @@ class GroupNode:
 
     def _join_frame(self, members: Sequence[NetID]) -> Frame:
         """Our join, for ``members`` (every member: the first time in this life, or after
-        static members were added since; none: nothing is sent, so nothing is marked).
+        static members were added since; none: nothing is sent but by multicast, so
+        nothing is marked unless the node multicasts).
         Members then start a new duplicate window for us if our numbers are older than
         theirs (a clock set back), stop backing off from us, and learners add us. Not
         counted in ``stats.broadcasts``.
@@ -303,7 +304,7 @@ class GroupNode:
         every member of that tree gets the join first, and both share ``send_timeout``.
         A join sent alone (at start) takes a tree of its own: a broadcast right after it
         may overtake it on another path."""
-        if members:
+        if members or self._sightings is not None:  # a multicast group hears it too
             self._joined = True
             self._unjoined.clear()
         return _JOIN_TAG, encode_envelope(self.netid, self._next_seq(), None)
