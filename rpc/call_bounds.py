@@ -12,7 +12,7 @@ A bound already passed when a call comes to it (read against the clock: the time
 fire while a handler holds the loop) ends the call at once, its handler never started. A
 streamed result's parts are each bounded by the same bound, one after another in one task,
 each read against the clock as it starts: a generator that never waits, which leaves the
-loop a turn to fire the timer only every :data:`rpc.responder.PARTS_PER_TURN` (256) parts,
+loop a turn to fire the timer only every :data:`rpc.streaming.PARTS_PER_TURN` (256) parts,
 ends at its first part past its bound.
 Entries are keyed by the task the handler runs in (a handler runner's worker, held by that
 handler while it waits): at most one per waiting handler (``max_concurrent``), freed when

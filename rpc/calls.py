@@ -77,6 +77,14 @@ class Caller(Generic[K]):
 
         def _check_open(self) -> None: ...
 
+        @property
+        def is_open(self) -> bool: ...
+
+    def calls_waited_for(self) -> list[asyncio.Future[Any]]:
+        """The futures of our single calls in flight: what a graceful close waits for (not
+        our streams: they are cut)."""
+        return [c.future for c in self._calls.values() if c.future is not None and c.queue is None]
+
     def has_call(self, key: K) -> bool:
         """True while a call of ours with this key waits for its result."""
         return key in self._calls
@@ -149,9 +157,8 @@ class Caller(Generic[K]):
                 if attempt > self.options.retries or loop.time() + wait > deadline:
                     raise reply
                 await asyncio.sleep(wait)
-                transport = self._transport  # closed meanwhile (a peer's graceful close
-                if transport is None or transport.is_closing():  # refuses what comes during
-                    raise reply  # its drain so): not run, as it says
+                if not self.is_open:  # closed meanwhile (a peer's graceful close refuses
+                    raise reply  # what comes during its drain so): not run, as it says
                 continue
             return reply if raw else adapter.decode_result(reply)
 

@@ -58,6 +58,8 @@ class Closing:
 
         def connection_lost(self, exc: BaseException | None) -> None: ...
 
+        def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
+
     def abort(self, exc: BaseException | None = None) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
         reason given, where the reconnecting client and ``connect`` read it; without one,
@@ -121,9 +123,7 @@ class Closing:
         if current is not None:
             closers.add(current)
         try:
-            pending: list[Any] = [
-                c.future for c in self._calls.values() if c.future is not None and c.queue is None
-            ]
+            pending: list[Any] = self.calls_waited_for()
             deadline = self._loop.time() + drain_timeout
             left: set[Any] = set()
             while True:  # more than once only for requests run while our calls were in flight

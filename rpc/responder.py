@@ -35,6 +35,7 @@ from rpc.served_streams import ENDED_STREAMS as ENDED_STREAMS
 from rpc.served_streams import ServedStreams
 from rpc.served_streams import _parts as _parts
 from rpc.stream_hold import InputHeld
+from rpc.streaming import PARTS_PER_TURN
 from rpc.tasks import being_cancelled
 
 if TYPE_CHECKING:
@@ -52,9 +53,6 @@ current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_cu
 
 OWN_CANCEL = "the handler was cancelled (not by its caller)"
 """The error result of a handler that ended in a CancelledError of its own."""
-PARTS_PER_TURN = 256
-"""Parts of a streamed result sent in one go: then the loop gets a turn (the connection's
-other work, the caller's cancel), even from a generator that never waits."""
 _STREAM = HandlerKind.STREAM
 """A module global: reading an Enum member off its class costs about 100 ns in Python 3.11,
 a global about 10, and it is read per request."""
@@ -99,9 +97,10 @@ class Responder(ServedStreams[K]):
     _task_slots: int
     call_bounds: CallBounds
     gave_up: BaseException | None
-    _calls: dict[K, Any]
 
     if TYPE_CHECKING:
+
+        def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
 
         @property
         def is_open(self) -> bool: ...
@@ -125,9 +124,7 @@ class Responder(ServedStreams[K]):
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
             message = "request rate limit"
         elif (
-            self.gave_up is not None
-            and self.adapter.retry_results
-            and not any(c.future is not None and c.queue is None for c in self._calls.values())
+            self.gave_up is not None and self.adapter.retry_results and not self.calls_waited_for()
         ):
             message = CLOSING
         else:

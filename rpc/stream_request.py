@@ -29,16 +29,12 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rpc.payload import encode_value
-from rpc.streaming import END, PartSource, ResultWait, StreamQueue
+from rpc.streaming import END, PARTS_PER_TURN, PartSource, ResultWait, StreamQueue
 
 if TYPE_CHECKING:
     from rpc.calls import Caller, _Call
 
 K = TypeVar("K")
-
-PARTS_PER_TURN = 256
-"""Parts of a stream request sent in one go at most: then the loop gets a turn (as
-:data:`rpc.responder.PARTS_PER_TURN` for a streamed result's parts)."""
 
 
 async def send(

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+PARTS_PER_TURN = 256
+"""Parts of a stream sent in one go at most, a streamed result's (:mod:`rpc.responder`) or
+a stream request's (:mod:`rpc.stream_request`): then the loop gets a turn (the connection's
+other work, the caller's cancel), even from a source that never waits."""
+
 END = object()
 """Ends the queue of a stream's results (ours) or of a stream request's parts (served)."""
 

@@ -92,7 +92,7 @@ class _Signals:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         self._previous_wakeup = signal.set_wakeup_fd(self.wake_w)
         return self

@@ -90,7 +90,7 @@ async def _serve_worker(
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
 
     def parent_gone() -> None:  # EOF on the lifeline: nobody holds its write end any more

@@ -71,10 +71,8 @@ class RateLimitedLog:
             return
         self._count += 1
         # stacklevel: the record names the caller of warning()/exception(), not this module
-        if exc_info is not False:
-            logger.log(level, message, *args, exc_info=exc_info, stacklevel=2 + stacklevel)
-        else:  # no exc_info at all: a warning never carries a traceback
-            logger.log(level, message, *args, stacklevel=3)
+        # (None, not False: a record's exc_info False reads as "has one" to handlers' checks)
+        logger.log(level, message, *args, exc_info=exc_info or None, stacklevel=2 + stacklevel)
 
 
 websocket_violations = RateLimitedLog(logging.getLogger("peerwire.transports.websocket"))

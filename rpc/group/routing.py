@@ -95,8 +95,9 @@ class Router:
 
         The list is split as received, not shuffled again: the origin shuffled it, and two
         frames it sent down the same chunk then take the same paths (see :meth:`send`)."""
+        frames = ((tag, payload),)
         for chunk in self.planner.plan(targets, exclude=self.netid, shuffle=False):
-            self._offer(chunk, ((tag, payload),))
+            self._offer(chunk, frames)
 
     def encode(
         self, tag: int, payload: bytes, rest: tuple[NetID, ...], head: NetID | None, others: bool
