@@ -63,7 +63,7 @@ from rpc.options import Adapter, Options
 from rpc.outbox import Outbox
 from rpc.registry import Registry, default_registry
 from rpc.request_bytes import RequestBytes
-from rpc.responder import ENDED_STREAMS, Responder, current_peer
+from rpc.responder import Responder, current_peer
 from rpc.responder import _parts as _parts
 from rpc.stream_hold import RoomStall, StreamHold
 from rpc.streaming import ResultWait, StreamQueue
@@ -73,7 +73,7 @@ from transports.stream import ClosedHere
 from wire.errors import ProtocolError
 
 # (the "x as x" imports above: names read as rpc.peer.<name>, e.g. by rpc.intercept)
-__all__ = ["ENDED_STREAMS", "Adapter", "Options", "Peer", "ResultWait", "current_peer"]
+__all__ = ["Adapter", "Options", "Peer", "ResultWait", "current_peer"]
 
 log = logging.getLogger("peerwire.rpc")
 

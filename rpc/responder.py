@@ -31,7 +31,6 @@ from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
 from rpc.request_bytes import UNCOUNTED, RequestBytes, counted_size
-from rpc.served_streams import ENDED_STREAMS as ENDED_STREAMS
 from rpc.served_streams import ServedStreams
 from rpc.served_streams import _parts as _parts
 from rpc.stream_hold import InputHeld

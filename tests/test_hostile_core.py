@@ -23,6 +23,7 @@ import rpc
 import rpc.closing
 from rpc.backlog import MAX_MESSAGES, OVERHEAD
 from rpc.logs import RateLimitedLog, violations
+from rpc.served_streams import ENDED_STREAMS
 from tests.certs import Pki
 from tests.rpc_helpers import echo_registry
 from tests.rpc_helpers import wait_until as until
@@ -182,7 +183,7 @@ async def test_refused_stream_requests_leave_bounded_state() -> None:
                     ]
             [peer] = srv.peers
             assert peer._streams == {}
-            assert len(peer._ended) <= rpc.peer.ENDED_STREAMS
+            assert len(peer._ended) <= ENDED_STREAMS
             await canary_answers(srv)
 
 
