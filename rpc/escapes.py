@@ -32,8 +32,18 @@ _waiting: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 """Loops with a pass-on scheduled that has not fired yet."""
 
 
-def report(exc: BaseException, message: str, *args: object) -> None:
-    """Log ``exc`` (an error with its traceback; rate-limited)."""
+def report(
+    exc: BaseException,
+    message: str,
+    *args: object,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> None:
+    """Log ``exc`` (an error with its traceback; rate-limited). With ``loop`` (a handler
+    run in the peer's read), one of :data:`PASSED_ON` is then raised from a callback of
+    its own there (:func:`pass_on`); without (the default), a task or job raises it
+    itself."""
+    if loop is not None and isinstance(exc, PASSED_ON):
+        pass_on(loop, exc)
     escapes.error(message, *args, exc=exc, stacklevel=2)  # the record names our caller
 
 

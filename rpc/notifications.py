@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from rpc.escapes import PASSED_ON, pass_on, report
+from rpc.escapes import PASSED_ON, report
 from rpc.registry import Handler
 from rpc.stream_hold import InputHeld
 from rpc.tasks import TaskSet
@@ -58,9 +58,8 @@ def run_notification(
             "notification handler %r raised %s, not an Exception",
             handler.name,
             type(exc).__name__,
+            loop=asyncio.get_running_loop(),  # KeyboardInterrupt: then on to the loop's run
         )
-        if isinstance(exc, PASSED_ON):
-            pass_on(asyncio.get_running_loop(), exc)
         return True
     if not inspect.isawaitable(result):
         return True

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
 from rpc.errors import CLOSING, ConnectionClosed, PayloadError, RetryLater
-from rpc.escapes import PASSED_ON, pass_on, report
+from rpc.escapes import PASSED_ON, report
 from rpc.key import K
 from rpc.logs import violations
 from rpc.middleware import Call, current_call
@@ -406,13 +406,12 @@ class Responder(ServedStreams[K]):
         :mod:`rpc.escapes`). Logged rate-limited. Called by the job itself,
         or for what it leaves to the runner (:data:`LEFT_TO_RUNNER`, a middleware's) by
         :class:`~rpc.handler_runner.HandlerRunner`, which passes those on itself."""
-        if not job and isinstance(exc, PASSED_ON):
-            pass_on(self._loop, exc)  # on to the loop's run, as asyncio lets it
         report(
             exc,
             "request %r: its handler raised %s, not an Exception; answered with an error",
             key,
             type(exc).__name__,
+            loop=None if job else self._loop,  # KeyboardInterrupt: then on to the loop's run
         )
         self._running.discard(key)
         if key in self._streams:
