@@ -119,7 +119,10 @@ class Responder(ServedStreams[K]):
         calls' handlers may call us back to answer them (the drain waits for our calls). A
         peer that takes no retry results gets the request run as it comes during the drain
         (False), and waited for by the drain. Calls of ours: those the drain waits for (not
-        streams)."""
+        streams). :meth:`on_request` and :meth:`serve_bounded` call it only when their
+        inlined copy of the tests below (no call per request) finds a limit reached or a
+        close begun: these tests then say which (the message), and are the only ones for
+        :func:`rpc.intercept.serve_request`."""
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
             message = "request rate limit"
         elif (
