@@ -251,7 +251,8 @@
      * One from a server draining for a graceful close (message CLOSING) is not sent again:
      * the request rejects with it (`err.retry`, not run) once the connection closes or its
      * `requestTimeout` passes, as the Python client raises RetryLater; page code may send
-     * it again on the next connection. Nothing is kept across a reconnect.
+     * it again on the next connection. Nothing is kept across a reconnect. A stream
+     * request takes its retry results itself (StreamRequest._retry: CLOSING the same way).
      */
     _retry(id, call, wait, message) {
       if (call.refused) return;
@@ -332,9 +333,7 @@
         case 'e': {
           const call = this._pending.get(msg.id);
           if (!call) break;
-          const message = decoder.decode(payload);
-          if (call._retry) call._retry(msg.wait, message);
-          else call._fail(remoteError(message, { retry: true, wait: msg.wait }));
+          call._retry(msg.wait, decoder.decode(payload)); // a StreamRequest's: its own
           break;
         }
         case 'r':

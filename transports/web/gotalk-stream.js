@@ -6,6 +6,9 @@
    * A stream request: `write(value)` sends a part (strings and bytes raw, other values as
    * JSON; an empty value ends it), `end()` ends it. Events: `data` (each result part, a
    * Uint8Array), `end` (the result is complete), `error`, and `close` (error or null).
+   * Refused by a server draining for a graceful close (CLOSING) it fails as a request does
+   * (see Sock._retry): nothing more is sent, and `error` comes (`err.retry`, not run) once
+   * the connection closes, or at `requestTimeout` counted from its first part.
    */
   class StreamRequest extends EventEmitter {
     constructor(sock, op, id) {
@@ -16,6 +19,9 @@
       this._started = false;
       this._ended = false;
       this._finished = false;
+      this._startedAt = 0; // Date.now() when the first part went out
+      this._refused = null; // the CLOSING error it fails with, once refused
+      this._deadline = null;
     }
 
     write(value) {
@@ -44,6 +50,7 @@
       if (!this._started) {
         const header = makeHeader('s', this.id, this.op, null, size); // may throw: not pending
         this._started = true;
+        this._startedAt = Date.now();
         sock._pending.set(this.id, this);
         sock._sendMessage(header, payload);
       } else {
@@ -54,6 +61,7 @@
 
     // called by the socket
     _result(type, payload) {
+      if (this._refused) return; // refused by a draining server: a result is not its
       if (type === 'S' && payload.length === 0) {
         this._finish(null);
         return;
@@ -63,13 +71,36 @@
     }
 
     _fail(err) {
-      this._finish(err);
+      this._finish(this._refused || err); // refused: not run, whatever ends the wait
+    }
+
+    /**
+     * A retry result. CLOSING (the server drains for a graceful close): it stays pending,
+     * sending nothing, until the connection closes or `requestTimeout` passes, then fails
+     * with it, as a request does; any other fails at once (parts already sent cannot be
+     * sent again), with `err.retry` and `err.wait`.
+     */
+    _retry(wait, message) {
+      if (this._refused) return;
+      const err = remoteError(message, { retry: true, wait: wait });
+      if (message !== CLOSING) {
+        this._finish(err);
+        return;
+      }
+      this._refused = err;
+      this._ended = true; // the server dropped it: later parts would be dropped too
+      const timeout = this.sock.requestTimeout;
+      if (timeout > 0) {
+        const left = Math.max(0, this._startedAt + timeout - Date.now());
+        this._deadline = setTimeout(() => this._finish(err), timerDelay(left));
+      }
     }
 
     _finish(err) {
       if (this._finished) return;
       this._finished = true;
       this._ended = true;
+      clearTimeout(this._deadline);
       this.sock._settled(this.id, this);
       if (err) this.emit('error', err);
       else this.emit('end');
