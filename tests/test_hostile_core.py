@@ -386,3 +386,38 @@ async def test_calls_to_a_peer_that_never_reads_end_at_their_timeouts(
             assert loop.time() - started < 2  # hung for good before (no read timeout)
         finally:
             peer.abort()
+
+
+async def test_violation_log_tells_what_it_left_out_when_the_window_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The count of records left out is logged when the window ends, though no record comes
+    after the flood (it was told only by a later record: never, if the flood was the last)."""
+    import logging
+
+    told = asyncio.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "suppressed" in record.getMessage():
+                told.set()
+
+    logger = logging.getLogger("peerwire.test.limited_told")
+    watch = Watch()
+    logger.addHandler(watch)
+    try:
+        limited = RateLimitedLog(logger, burst=2, window=0.2)
+        with caplog.at_level(logging.WARNING, logger="peerwire.test.limited_told"):
+            for i in range(5):
+                limited.warning("violation %d", i)
+            await asyncio.wait_for(told.wait(), 5)
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages == [
+            "violation 0",
+            "violation 1",
+            "3 similar records suppressed (at most 2 per 0.2 s)",
+        ]
+        limited.warning("violation %d", 5)  # a new window: let through, nothing more to tell
+        assert caplog.records[-1].getMessage() == "violation 5"
+    finally:
+        logger.removeHandler(watch)
