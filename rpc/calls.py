@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import msgspec
 
 from rpc import intercept, stream_request
-from rpc.closing import closed_by
+from rpc.closing import closed_by, stream_error
 from rpc.errors import (
     CLOSING,
     ConnectionClosed,
@@ -315,7 +315,7 @@ class Caller(Generic[K]):
                 if item is END:
                     return
                 if isinstance(item, BaseException):
-                    raise item
+                    raise await stream_error(item, self.closed, wait)
                 yield item if raw else adapter.decode_result(item)
         finally:
             if key is not None:

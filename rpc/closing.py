@@ -9,12 +9,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from rpc.deadlines import Deadlines
-from rpc.errors import ConnectionClosed
+from rpc.errors import CLOSING, ConnectionClosed, RetryLater
 from rpc.logs import cuts
 from rpc.outbox import Outbox
 
 if TYPE_CHECKING:
     from rpc.handler_runner import HandlerRunner
+    from rpc.streaming import ResultWait
     from rpc.tasks import TaskSet
 
 LINGER = 5.0
@@ -34,6 +35,20 @@ async def closed_by(
     (the future is left as it is)."""
     if not closed.done():
         await asyncio.wait((closed,), timeout=max(0.0, deadline - loop.time()))
+
+
+async def stream_error(
+    exc: BaseException, closed: asyncio.Future[Any], wait: ResultWait
+) -> BaseException:
+    """``exc``, the error a stream's reader raises next. A refusal by a peer closing
+    gracefully (RetryLater of :data:`~rpc.errors.CLOSING`: not run) is returned once the
+    connection has closed, as a request's is: within the stream's deadline, else one item
+    timeout. Sent again on the draining connection, it would only be refused again."""
+    if exc.__class__ is RetryLater and exc.args[0] == CLOSING:
+        loop = wait.loop
+        deadline = wait.deadline if wait.deadline is not None else loop.time() + wait.item
+        await closed_by(closed, deadline, loop)
+    return exc
 
 
 class Closing:

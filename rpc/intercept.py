@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
 from rpc.call_bounds import BoundPassed
-from rpc.closing import closed_by
+from rpc.closing import closed_by, stream_error
 from rpc.errors import (
     CLOSING,
     ConnectionClosed,
@@ -490,5 +490,5 @@ async def _results(
         if item is END:
             return
         if isinstance(item, BaseException):
-            raise item
+            raise await stream_error(item, call.peer.closed, wait)
         yield item if raw else adapter.decode_result(item)

@@ -273,3 +273,50 @@ async def test_our_open_stream_does_not_keep_the_drain_running_requests(flavour:
         await asyncio.wait_for(closing, 15)
         await stream.aclose()
     assert runs == []
+
+
+@pytest.mark.parametrize("parts", [None, [1, 2]], ids=["single", "parts"])
+@pytest.mark.parametrize("protocol", sorted(URLS))
+async def test_a_stream_refused_during_the_drain_raises_once_closed(
+    protocol: str, parts: list[int] | None
+) -> None:
+    """A stream (a single result, or a stream request) refused by a peer closing raises
+    RetryLater once the connection has closed, as a request does. Before, it raised at
+    once, the draining connection still open: sent again there (the reconnecting client's
+    ``stream`` takes the open connection), it was only refused again."""
+    runs: list[object] = []
+    started, release = asyncio.Event(), asyncio.Event()
+    reg = _registry(runs, started, release)
+
+    @reg.handle_stream("total")
+    async def total(values: Any) -> int:
+        got = [value async for value in values]
+        runs.extend(got)
+        return sum(got)
+
+    async with rpc.serve(URLS[protocol], registry=reg) as server:
+        async with rpc.connect(str(server.url), reconnect=False) as client:
+            held = asyncio.ensure_future(client.request("hold", None, timeout=30))
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            closing = asyncio.ensure_future(served.close(drain_timeout=30))
+            await wait_until(lambda: served.gave_up is not None)  # draining now
+
+            async def read() -> tuple[BaseException, bool]:
+                op = "count" if parts is None else "total"
+                try:
+                    async for _ in client.stream(op, value=1, parts=parts, timeout=30):
+                        pass
+                except rpc.RetryLater as exc:
+                    return exc, client.is_open
+                raise AssertionError("the stream was not refused")
+
+            late = asyncio.ensure_future(read())
+            await _refusing(client)  # sent after the stream: it was refused before
+            assert not late.done()  # waiting for the close, not raised on the open one
+            release.set()  # the drain ends, the connection closes
+            assert await asyncio.wait_for(held, 5) == "held"
+            refused, still_open = await asyncio.wait_for(late, 10)
+            assert "closing" in str(refused) and not still_open
+            await asyncio.wait_for(closing, 10)
+    assert runs == []
