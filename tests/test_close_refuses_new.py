@@ -46,6 +46,19 @@ async def _refusing(client: rpc.Peer | rpc.ReconnectingPeer) -> None:
     assert "closing" in str(refused.value)
 
 
+async def _drain_holding(
+    client: rpc.Peer | rpc.ReconnectingPeer, server: Any, started: asyncio.Event
+) -> tuple[asyncio.Future[Any], asyncio.Future[None]]:
+    """A ``hold`` call in flight, then the server's connection draining for a graceful
+    close: the call and the close, both running."""
+    held = asyncio.ensure_future(client.request("hold", None, timeout=30))
+    await asyncio.wait_for(started.wait(), 5)
+    [served] = server.peers
+    closing = asyncio.ensure_future(served.close(drain_timeout=30))
+    await wait_until(lambda: served.gave_up is not None)  # draining now
+    return held, closing
+
+
 @pytest.mark.parametrize("protocol", sorted(URLS))
 async def test_a_request_arriving_during_the_drain_is_not_run(protocol: str) -> None:
     """Before, ``count`` ran during the drain, and its caller got ConnectionClosed once
@@ -56,11 +69,7 @@ async def test_a_request_arriving_during_the_drain_is_not_run(protocol: str) -> 
     started, release = asyncio.Event(), asyncio.Event()
     async with rpc.serve(URLS[protocol], registry=_registry(runs, started, release)) as server:
         async with rpc.connect(str(server.url), reconnect=False) as client:
-            held = asyncio.ensure_future(client.request("hold", None, timeout=30))
-            await asyncio.wait_for(started.wait(), 5)
-            [served] = server.peers
-            closing = asyncio.ensure_future(served.close(drain_timeout=30))
-            await wait_until(lambda: served.gave_up is not None)  # draining now
+            held, closing = await _drain_holding(client, server, started)
             late = asyncio.ensure_future(client.request("count", 1, timeout=30))
             await _refusing(client)  # sent after late: late was refused before it
             release.set()  # the drain ends, the connection closes
@@ -296,11 +305,7 @@ async def test_a_stream_refused_during_the_drain_raises_once_closed(
 
     async with rpc.serve(URLS[protocol], registry=reg) as server:
         async with rpc.connect(str(server.url), reconnect=False) as client:
-            held = asyncio.ensure_future(client.request("hold", None, timeout=30))
-            await asyncio.wait_for(started.wait(), 5)
-            [served] = server.peers
-            closing = asyncio.ensure_future(served.close(drain_timeout=30))
-            await wait_until(lambda: served.gave_up is not None)  # draining now
+            held, closing = await _drain_holding(client, server, started)
 
             async def read() -> tuple[BaseException, bool]:
                 op = "count" if parts is None else "total"
