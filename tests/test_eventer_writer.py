@@ -11,7 +11,9 @@ from pathlib import Path
 
 from rpc.eventer import common
 from rpc.eventer.sessions import Registrar, Session, SessionFuture, TypeCatalog
-from rpc.eventer.store import Store
+from rpc.eventer.store import Row, Store
+from rpc.eventer.values import timestamp_key
+from rpc.eventer.wal import Watch, log_bound
 from rpc.eventer.writer import Writer
 
 
@@ -144,4 +146,185 @@ async def test_a_failure_after_the_commit_answers_the_registrant_and_goes_on(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    store.close()
+
+
+class CountingStore(Store):
+    """The real store, counting how often the writer reads the ``-wal`` file's size."""
+
+    size_reads = 0
+
+    def wal_size(self) -> int:
+        self.size_reads += 1
+        return super().wal_size()
+
+
+async def test_a_commit_reads_the_wal_size_only_when_it_may_have_passed_a_threshold(
+    tmp_path: Path,
+) -> None:
+    """Before, every commit read the size (an ``os.stat``): 200 times here. A small commit
+    writes at most 99 KiB of log (about 30 KiB): 170 of them cannot take the file from
+    empty past the 16 MiB checkpoint threshold."""
+    store = CountingStore(tmp_path / "w.db", sync="normal")
+    state = store.open(1)
+    catalog = TypeCatalog(state.types)
+    registrar = Registrar(
+        1, catalog, last_session=0, last_ts=0, max_event_bytes=1 << 20, max_message_size=1 << 20
+    )
+    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
+        writer = Writer(
+            store,
+            catalog,
+            inline_commits=True,
+            writer_exec=writer_exec,
+            checkpoint_exec=checkpoint_exec,
+            on_commit=lambda session: None,
+            processed=0,
+        )
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(writer.run())
+        try:
+            for i in range(200):
+                future: SessionFuture = loop.create_future()
+                request = register_req(str(i % 20))
+                writer.push(registrar.session(common.split_register_req(request), future))
+                assert len(await asyncio.wait_for(future, 5) or []) == 1
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert 0 < store.wal_size() < store.max_wal_bytes // 4
+    # before the first commit, once the commits' bound (99 KiB each) passed 16 MiB, and here
+    assert store.size_reads <= 3, store.size_reads
+    store.close()
+
+
+def test_a_file_left_at_the_checkpoint_threshold_is_not_read_after_every_commit() -> None:
+    """A restart leaves the file at M/4 (``journal_size_limit``) while the log refills it
+    from the start: the size is read again once M/32 more may have been written, and it
+    is read before any commit can have taken the file to the truncation threshold."""
+    mib = 1 << 20
+    watch = Watch(64 * mib)
+    assert watch.due(can_checkpoint=True)  # never read yet
+    watch.measured(16 * mib)
+    watch.wrote(log_bound(1, 200))
+    assert not watch.due(can_checkpoint=True)
+    watch.wrote(2 * mib)
+    assert watch.due(can_checkpoint=True)
+    watch.measured(20 * mib)
+    watch.wrote(12 * mib - 1)
+    assert not watch.due(can_checkpoint=False)  # a checkpoint runs: only truncation matters
+    watch.wrote(1)
+    assert watch.due(can_checkpoint=False)
+
+
+async def test_a_group_commit_of_many_types_writes_about_an_eighth_of_max_wal_bytes(
+    tmp_path: Path,
+) -> None:
+    """Each event of a type new to the batch lands in a leaf of its own of each type index
+    (and, with its source timestamp, of two). Before, the batch cut counted about 640 bytes
+    of log for such an event, not 8 KiB: 200 of them went in one commit that wrote 1.5 MB
+    of log, past ``max_wal_bytes`` (1 MiB) at once."""
+    limit = 1 << 20
+    store = Store(tmp_path / "w.db", sync="normal", max_wal_bytes=limit)
+    state = store.open(1)
+    catalog = TypeCatalog(state.types)
+    type_ids = [catalog.id_of(("w", str(i))) for i in range(2000)]
+    for session in range(1, 41):  # 20 events of each type: the type indexes span 250 leaves
+        rows: list[Row] = [
+            (1, session, i + 1, type_ids[i % 2000], i, timestamp_key(i, 0), b"x" * 40)
+            for i in range(1000)
+        ]
+        store.write(catalog.unsaved(), rows, [])
+        catalog.saved(catalog.unsaved())
+    assert store.truncate_wal()
+    registrar = Registrar(
+        1, catalog, last_session=40, last_ts=0, max_event_bytes=1 << 20, max_message_size=1 << 20
+    )
+    wal_sizes: list[int] = []
+    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
+        writer = Writer(
+            store,
+            catalog,
+            inline_commits=True,
+            writer_exec=writer_exec,
+            checkpoint_exec=checkpoint_exec,
+            on_commit=lambda session: wal_sizes.append(store.wal_size()),
+            processed=40,
+        )
+        loop = asyncio.get_running_loop()
+        futures: list[SessionFuture] = []
+        for k in range(250):  # types 8 apart: a leaf each
+            event = common.RegisterEvent(
+                ("w", str(8 * k)), common.Timestamp(k, 0), common.EventPayloadJson(k)
+            )
+            request = common.encode(common.MSG_REGISTER_REQ, [common.register_event_to_sbs(event)])
+            future: SessionFuture = loop.create_future()
+            writer.push(registrar.session(common.split_register_req(request), future))
+            futures.append(future)
+        task = asyncio.ensure_future(writer.run())
+        try:
+            await asyncio.wait_for(writer.wait_processed(290), 10)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert all(f.result() for f in futures)
+    assert max(wal_sizes) < limit, f"the -wal file reached {max(wal_sizes)} bytes"
+    store.close()
+
+
+async def test_a_large_session_finds_the_log_emptied_when_it_could_take_it_past_the_limit(
+    tmp_path: Path,
+) -> None:
+    """The log is truncated past M/2 after a commit: before, a session whose commit writes
+    more than M/2 (300 events of 1 KiB, 1.5 MB of log) on a file just under M/2 took it
+    past M (2.4 MB for 2 MiB). Now the file is emptied before such a commit."""
+    limit = 2 << 20
+    store = Store(tmp_path / "w.db", sync="normal", max_wal_bytes=limit)
+    state = store.open(1)
+    catalog = TypeCatalog(state.types)
+    filler = catalog.id_of(("filler",))
+    for session in range(1, 100):  # about 0.9 MiB of log, under the truncation threshold
+        store.write(catalog.unsaved(), [(1, session, 1, filler, session, None, b"x" * 5000)], [])
+        catalog.saved(catalog.unsaved())
+        if store.wal_size() >= 900_000:
+            break
+    assert 900_000 <= store.wal_size() < limit // 2
+    registrar = Registrar(
+        1,
+        catalog,
+        last_session=session,
+        last_ts=0,
+        max_event_bytes=1 << 20,
+        max_message_size=1 << 20,
+    )
+    wal_sizes: list[int] = []
+    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
+        writer = Writer(
+            store,
+            catalog,
+            inline_commits=True,
+            writer_exec=writer_exec,
+            checkpoint_exec=checkpoint_exec,
+            on_commit=lambda session: wal_sizes.append(store.wal_size()),
+            processed=session,
+        )
+        events = [
+            common.RegisterEvent(("big",), None, common.EventPayloadBinary("b", b"y" * 960))
+            for _ in range(300)
+        ]
+        request = common.encode(
+            common.MSG_REGISTER_REQ, [common.register_event_to_sbs(e) for e in events]
+        )
+        future: SessionFuture = asyncio.get_running_loop().create_future()
+        writer.push(registrar.session(common.split_register_req(request), future))
+        task = asyncio.ensure_future(writer.run())
+        try:
+            assert len(await asyncio.wait_for(future, 10) or []) == 300
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert wal_sizes and wal_sizes[0] < limit, f"the -wal file reached {wal_sizes[0]} bytes"
     store.close()

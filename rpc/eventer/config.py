@@ -79,9 +79,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     accept messages this large (``rpc.eventer.connect(..., max_size=)``)."""
     max_wal_bytes: int = MAX_WAL_BYTES
     """Size the database's ``-wal`` file is kept under, in bytes (at least 1 MiB):
-    checkpoints start at a quarter of it, the file is truncated past half of it (see
-    :mod:`rpc.eventer.writer`). Sessions up to a quarter of it keep it below; a larger
-    ``max_message_size`` allows sessions that may pass it."""
+    checkpoints start at a quarter of it, the file is truncated past half of it and before
+    a registration that could take it to this (see :mod:`rpc.eventer.writer`). One
+    registration whose log alone is larger passes it: a large registration writes 1.1 to 6.6
+    times its bytes of log (more for small events of many types), so the default
+    ``max_message_size`` (16 MiB) allows ones that do."""
     system_events: bool = True
     """Register the reference's own events: ``event/<id>/engine`` STARTED/STOPPED and
     ``event/<id>/eventer/<client>`` CONNECTED/DISCONNECTED."""

@@ -13,17 +13,20 @@ registration). A failed commit fails its registrations; its traceback is logged 
 the count logged with the next, and the first commit that succeeds again says how many
 failed.
 
-The ``-wal`` file (:mod:`rpc.eventer.wal`), measured after each commit, is kept under the
-store's ``max_wal_bytes`` (M): past M/4 a PASSIVE checkpoint runs on another thread, off
-the commit path (again past M/4 once one completed, else once the file grew M/8 more);
-past M/2, when PASSIVE ones could not complete (readers overlapping, commits during the
-copy), the writer truncates it between two commits. The next commit waits for that: the
-end of a PASSIVE one running, the copy of what is left, and up to
-:data:`~rpc.eventer.wal.TRUNCATE_ATTEMPTS` times :data:`~rpc.eventer.wal.TRUNCATE_WAIT_MS`
-for older readers; given up past that (a reader holding a snapshot that long), it is tried
-again M/8 later, with a rate-limited warning. So the file stays under about M/2 plus one
-batch's log, below M when sessions are at most M/4 (``max_message_size`` 16 MiB and M
-64 MiB by default), unless readers hold snapshots for longer than those waits.
+The ``-wal`` file (:mod:`rpc.eventer.wal`) is kept under the store's ``max_wal_bytes``
+(M); its size is read only when what was committed since the last read may have taken it
+past a threshold (:class:`~rpc.eventer.wal.Watch`: most commits read nothing). Past M/4
+(up to M/32 later) a PASSIVE checkpoint runs on another thread, off the commit path (again
+past M/4 once one completed, else once the file grew M/8 more); past M/2, when PASSIVE
+ones could not complete (readers overlapping, commits during the copy), the writer
+truncates it between two commits, and before a commit that could take it to M (a large
+session). The next commit waits for that: the end of a PASSIVE one running, the copy of
+what is left, and up to :data:`~rpc.eventer.wal.TRUNCATE_ATTEMPTS` times
+:data:`~rpc.eventer.wal.TRUNCATE_WAIT_MS` for older readers; given up past that (a reader
+holding a snapshot that long), it is tried again M/8 later, with a rate-limited warning.
+So the file stays under about M/2 plus M/8 (a batch's log, :func:`wal_estimate`), about M
+after a larger session, unless one session alone writes more than M (a session is one
+transaction) or readers hold snapshots for longer than those waits.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rpc.eventer.sessions import Session, TypeCatalog
 from rpc.eventer.store import LatestRow, Store, StoreError
-from rpc.eventer.wal import TRUNCATE_ATTEMPTS, TRUNCATE_WAIT_MS
+from rpc.eventer.wal import FRAME_BYTES, TRUNCATE_ATTEMPTS, TRUNCATE_WAIT_MS, Watch, log_bound
 from transports.logs import RateLimitedLog
 
 log = logging.getLogger("peerwire.eventer.server")
@@ -51,12 +54,23 @@ FAILURE_LOG_WINDOW = 60.0
 """Seconds per logged traceback of a failed commit (and per WAL warning)."""
 
 
-def wal_estimate(session: Session) -> int:
-    """Log bytes a session's commit may write, roughly, for cutting batches: the pages of
-    its rows and four indexes. Measured: 2.4 to 2.8 times the event bytes for small
-    events, 4.8 for events of about 1 KiB (an overflow page each), 1.1 to 1.3 for large
-    ones."""
-    return 2 * session.size + 512 * len(session.rows)
+OVERFLOW_FROM = 960
+"""Events of this many bytes or more do not fit their leaf (a record of more than 1,002
+bytes on 4 KiB pages): each starts an overflow page of its own."""
+COMMIT_PAGES = 6
+"""Pages of log any commit writes (the leaves its rows land in, the database header)."""
+
+
+def wal_estimate(session: Session, new_types: int) -> int:
+    """Log bytes a session's commit may write, roughly, for cutting batches: twice its
+    bytes, 512 an event (its index entries), a page per event that overflows its leaf
+    and two per type new to the batch (a leaf of each type index, wherever the type's
+    events are). Before the last two, it was 10 to 16 times too low for events of
+    hundreds of types in a large database, and 2.6 times for events of about 1 KiB."""
+    overflowing = 0
+    if session.size >= OVERFLOW_FROM:  # else none of its events can overflow
+        overflowing = sum(len(row[6]) >= OVERFLOW_FROM for row in session.rows)
+    return 2 * session.size + 512 * len(session.rows) + FRAME_BYTES * (overflowing + 2 * new_types)
 
 
 class Writer:
@@ -93,12 +107,8 @@ class Writer:
         self._barriers: list[tuple[int, asyncio.Future[None]]] = []
         self._checkpoint: asyncio.Future[bool] | None = None
         """The WAL checkpoint running on its thread, if one is."""
-        quarter = store.max_wal_bytes // 4
-        self._checkpoint_at = quarter
-        """WAL size past which the next PASSIVE checkpoint starts."""
-        self._truncate_at = 2 * quarter
-        """WAL size from which the writer truncates it."""
-        self._batch_wal = store.max_wal_bytes // 8
+        self._wal = Watch(store.max_wal_bytes)
+        """The WAL's thresholds, and whether its size must be read after a commit."""
         self.failed_commits = 0
         """Commits that failed since the writer started."""
         self._failed_in_a_row = 0
@@ -154,11 +164,14 @@ class Writer:
                 await self._wake.wait()
                 continue
             batch: list[Session] = []
-            count = estimate = 0
+            count, estimate = 0, COMMIT_PAGES * FRAME_BYTES
+            batch_types: set[int] = set()
             while self._pending and count < MAX_BATCH_EVENTS:
-                estimate += wal_estimate(self._pending[0])
-                if batch and estimate > self._batch_wal:
+                session_types = {row[3] for row in self._pending[0].rows}
+                estimate += wal_estimate(self._pending[0], len(session_types - batch_types))
+                if batch and estimate > self._wal.step:
                     break
+                batch_types |= session_types
                 session = self._pending.popleft()
                 batch.append(session)
                 count += len(session.rows)
@@ -168,6 +181,8 @@ class Writer:
                 latest[type_id] = (type_id, server, session_id, instance, ts)
             types = self._catalog.unsaved()
             try:
+                if not self._wal.fits(estimate):  # a large batch: the file read first
+                    await self._make_room(estimate)
                 if count <= INLINE_COMMIT_ROWS and self._inline:
                     # no fsync: a tiny commit costs less than two thread hops
                     self._store.write(types, rows, list(latest.values()))
@@ -204,12 +219,14 @@ class Writer:
                         log.exception("session %d committed, but notifying it failed", session.id)
                     session.resolve(session.blobs)
             finally:
+                size = sum(session.size for session in batch)
                 self.pending_events -= count
-                self.pending_bytes -= sum(session.size for session in batch)
+                self.pending_bytes -= size
+                self._wal.wrote(log_bound(count, size))
             self.processed = batch[-1].id
             if self._barriers:
                 self._release_barriers()
-            if self._failed_in_a_row == 0:
+            if self._failed_in_a_row == 0 and self._wal.due(self._checkpoint is None):
                 await self._keep_wal_small()
 
     async def wait_checkpoint(self) -> None:
@@ -217,35 +234,44 @@ class Writer:
         if self._checkpoint is not None:
             await asyncio.wait([self._checkpoint])
 
+    async def _make_room(self, log_bytes: int) -> None:
+        """Before a commit that may write ``log_bytes`` of log (a large session): truncate
+        the file first if the commit could take it past M."""
+        size = self._store.wal_size()
+        self._wal.measured(size)
+        if size and size + log_bytes >= self._wal.max_bytes:
+            await self._truncate(size)
+
     async def _keep_wal_small(self) -> None:
-        """After a commit: start a PASSIVE checkpoint, or truncate the log once the one
-        running ended (see the module's text for when)."""
-        store = self._store
-        size = store.wal_size()
-        if size >= self._truncate_at:
-            if self._checkpoint is not None:  # one checkpoint at a time (SQLite's lock)
-                await asyncio.wait([self._checkpoint])
-            loop = asyncio.get_running_loop()
-            try:
-                done = await loop.run_in_executor(self._writer_exec, store.truncate_wal)
-            except (sqlite3.Error, StoreError) as exc:
-                done = False
-                self._wal_warnings.warning("WAL truncation failed: %s", exc)
-            if done:
-                self._checkpoint_at = store.max_wal_bytes // 4
-                self._truncate_at = store.max_wal_bytes // 2
-            else:
-                self._truncate_at = size + store.max_wal_bytes // 8
-                self._wal_warnings.warning(
-                    "WAL of %d bytes not truncated: readers on older snapshots did not end "
-                    "within %d tries of %d ms; trying again at %d bytes",
-                    size,
-                    TRUNCATE_ATTEMPTS,
-                    TRUNCATE_WAIT_MS,
-                    self._truncate_at,
-                )
-        elif size > self._checkpoint_at and self._checkpoint is None:
+        """After a commit that may have taken the log past a threshold: start a PASSIVE
+        checkpoint, or truncate the log (see the module's text for when)."""
+        size = self._store.wal_size()
+        self._wal.measured(size)
+        if size >= self._wal.truncate_at:
+            await self._truncate(size)
+        elif size > self._wal.checkpoint_at and self._checkpoint is None:
             self._start_checkpoint()
+
+    async def _truncate(self, size: int) -> None:
+        """Empty the log between two commits, once the checkpoint running ended."""
+        if self._checkpoint is not None:  # one checkpoint at a time (SQLite's lock)
+            await asyncio.wait([self._checkpoint])
+        loop = asyncio.get_running_loop()
+        try:
+            done = await loop.run_in_executor(self._writer_exec, self._store.truncate_wal)
+        except (sqlite3.Error, StoreError) as exc:
+            done = False
+            self._wal_warnings.warning("WAL truncation failed: %s", exc)
+        self._wal.truncated(done, size)
+        if not done:
+            self._wal_warnings.warning(
+                "WAL of %d bytes not truncated: readers on older snapshots did not end "
+                "within %d tries of %d ms; trying again at %d bytes",
+                size,
+                TRUNCATE_ATTEMPTS,
+                TRUNCATE_WAIT_MS,
+                self._wal.truncate_at,
+            )
 
     def _start_checkpoint(self) -> None:
         loop = asyncio.get_running_loop()
@@ -254,15 +280,11 @@ class Writer:
 
         def done(f: asyncio.Future[bool]) -> None:
             self._checkpoint = None
-            quarter = self._store.max_wal_bytes // 4
-            if f.cancelled() or f.exception() is not None:
-                self._checkpoint_at = self._store.wal_size() + quarter // 2
-                if not f.cancelled():
-                    self._wal_warnings.warning("WAL checkpoint failed: %s", f.exception())
-            elif f.result():  # all copied: the next commit restarts the log, cut to M/4
-                self._checkpoint_at = quarter
-            else:
-                self._checkpoint_at = self._store.wal_size() + quarter // 2
+            complete = not f.cancelled() and f.exception() is None and f.result()
+            # all copied: the next commit restarts the log; else the size that is left
+            self._wal.checkpointed(complete, 0 if complete else self._store.wal_size())
+            if not f.cancelled() and f.exception() is not None:
+                self._wal_warnings.warning("WAL checkpoint failed: %s", f.exception())
 
         future.add_done_callback(done)
 
