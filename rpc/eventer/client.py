@@ -190,6 +190,8 @@ class Client:
         self._inits = 0
         self._closing = False
         self._closed = asyncio.get_running_loop().create_future()
+        self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Set once the iterators are ended: nothing more is delivered."""
         self._deliveries = Deliveries(events_queue_size, events_queue_bytes)
         self._confirmations = Confirmations(client_name, timeout)
         self._iterators: set[EventsQueue] = set()
@@ -331,7 +333,7 @@ class Client:
         server), until it is read, closed (``aclose``) or dropped; one that is no longer
         referenced holds nothing, started or not."""
         queue = EventsQueue(self._queue_size, self._queue_bytes)
-        return EventsIterator(queue, self._iterators, self._closed)
+        return EventsIterator(queue, self._iterators, self._ended)
 
     async def close(self) -> None:
         if self._closing:
@@ -396,14 +398,26 @@ class Client:
         if state is rpc.ConnectionState.RECONNECTING or state is rpc.ConnectionState.CLOSED:
             self._confirmations.dropped()  # what the server did not confirm may be lost
         if state is rpc.ConnectionState.CLOSED:
-            self._finish()  # lost without reconnecting, or out of attempts
+            self._finish(deliver=True)  # lost without reconnecting
 
-    def _finish(self) -> None:
+    def _finish(self, deliver: bool = False) -> None:
+        """Closed for good. ``deliver`` (the connection was lost): what was received is
+        still handed to the callbacks and iterators, in order, then the iterators end, as
+        hat's client calls back before it reads on; otherwise (:meth:`close`) what is not
+        delivered yet is dropped and the iterators end after what they hold."""
         self._confirmations.close()
-        self._delivery.cancel()
         self._deliveries.release()
         if not self._closed.done():
             self._closed.set_result(None)
+        if deliver and not self._delivery.done():
+            self._deliveries.put(("end", None, None, 0))
+        else:
+            self._delivery.cancel()
+            self._end_iterators()
+
+    def _end_iterators(self) -> None:
+        if not self._ended.done():
+            self._ended.set_result(None)
             for queue in self._iterators:  # each ends once it has taken what it holds
                 queue.end()
 
@@ -455,6 +469,9 @@ class Client:
         deliveries = self._deliveries
         while True:
             kind, value, done, size = await deliveries.get()
+            if kind == "end":  # the connection was lost: all it brought is delivered
+                self._end_iterators()
+                return
             try:
                 with deliveries.callback_running():  # its own requests lift the bound
                     if kind == "status":
