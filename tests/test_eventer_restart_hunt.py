@@ -5,12 +5,19 @@ not ack while events flood."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
+import pytest
+
+import rpc
 from rpc import eventer
 from rpc.eventer import EventerServer, common
 from tests.peers.eventer_helpers import (
+    init_bytes,
     json_event,
+    raw_peer,
+    running_server,
     server_config,
     url_of,
     wait_until,
@@ -63,3 +70,42 @@ async def test_what_the_client_received_before_its_server_closed_is_still_delive
     S = eventer.Status
     assert statuses == [S.OPERATIONAL, S.STOPPING, S.STANDBY]
     await client.close()
+
+
+# --- a subscriber that does not ack while events flood -----------------------------------
+
+
+async def test_a_subscriber_closed_for_its_backlog_is_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``events_ack``, a client past ``max_client_backlog`` of notifications not acked
+    is closed, and that is one warning. Every session of the commit batch that closed it
+    (the connection is forgotten only once its close is seen, a loop turn later) logged
+    the warning again and aborted it again: 200 registrations read in one go made 199
+    lines for one client. The other clients go on."""
+    async with running_server(
+        tmp_path, events_ack=True, max_client_backlog=16 * 1024, system_events=False
+    ) as server:
+        never = asyncio.Event()
+        registry = rpc.Registry()
+
+        @registry.handle(common.MSG_EVENTS_NOTIFY)
+        async def no_ack(data: bytes) -> None:
+            await never.wait()
+
+        slow = await raw_peer(server, registry)
+        try:
+            await slow.request(common.MSG_INIT_REQ, init_bytes("slow", subs=[("*",)]), raw=True)
+            async with await eventer.connect(url_of(server), "writer") as writer:
+                with caplog.at_level(logging.WARNING, logger="peerwire.eventer.server"):
+                    for i in range(200):  # sent at once, read and committed together
+                        await writer.register([json_event(("a", str(i)), "x" * 1000)])
+                    last = await writer.register([json_event(("a", "last"))], with_response=True)
+                    await wait_until(lambda: [c.name for c in server.clients] == ["writer"])
+                assert last is not None
+            lines = [r.getMessage() for r in caplog.records if "keep up" in r.getMessage()]
+            assert len(lines) == 1, lines
+            assert "'slow'" in lines[0]
+        finally:
+            never.set()
+            await slow.close()

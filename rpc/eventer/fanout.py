@@ -147,7 +147,8 @@ class AckSender:
 
     Bounded as a client without acks is by its unread bytes: past ``max_bytes`` of
     notifications queued or waiting for their ack (a single larger one is let through
-    alone), or past :data:`MAX_QUEUED_NOTIFICATIONS`, the client is closed."""
+    alone), or past :data:`MAX_QUEUED_NOTIFICATIONS`, the client is closed, once: what comes
+    for it until its close is seen (:meth:`Fanout.remove`) is dropped."""
 
     def __init__(self, client: ClientInfo, timeout: float, max_bytes: int, tasks: TaskSet) -> None:
         self._client = client
@@ -160,9 +161,13 @@ class AckSender:
         self.idle = asyncio.Event()
         """Set while nothing is queued or waiting for an ack."""
         self.idle.set()
+        self._dropped = False
+        """Set once we closed the client: nothing more is queued or logged for it."""
         self._task = tasks.spawn(self._run())
 
     def push(self, msg_type: str, data: bytes) -> None:
+        if self._dropped:
+            return
         held = self.held
         if len(self._queue) >= MAX_QUEUED_NOTIFICATIONS or (
             held and held + len(data) > self._max_bytes
@@ -175,7 +180,7 @@ class AckSender:
                 len(self._queue),
                 held,
             )
-            self._client.peer.abort()
+            self._drop()
             return
         self.held = held + len(data)
         self._queue.append((msg_type, data))
@@ -184,6 +189,10 @@ class AckSender:
 
     def stop(self) -> None:
         self._task.cancel()
+
+    def _drop(self) -> None:
+        self._dropped = True
+        self._client.peer.abort()
 
     async def _run(self) -> None:
         peer = self._client.peer
@@ -203,13 +212,13 @@ class AckSender:
                 log.warning(
                     "eventer client %d sent no ack in %s s; closing", self._client.id, self._timeout
                 )
-                peer.abort()
+                self._drop()
                 return
             except rpc.ConnectionClosed:
                 return
             except rpc.RpcError as exc:  # answered something else than MsgEventsAck
                 log.warning("eventer client %d: bad ack (%s); closing", self._client.id, exc)
-                peer.abort()
+                self._drop()
                 return
             finally:
                 self.held -= len(data)  # counted until its ack: held for the client till then
