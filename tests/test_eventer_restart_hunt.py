@@ -109,3 +109,42 @@ async def test_a_subscriber_closed_for_its_backlog_is_reported_once(
         finally:
             never.set()
             await slow.close()
+
+
+# --- an iterator's reader that queries ----------------------------------------------------
+
+
+async def test_an_iterator_reader_that_queries_is_answered_past_the_bound(tmp_path: Path) -> None:
+    """``async for events in client.events(): await client.query(...)``: while the reader
+    waits for its answer, its iterator is full, delivery waits for it, and the connection
+    stops reading, the answer behind the notifications it holds. The query waited its
+    whole timeout (RequestTimeout at the first list); a callback's own queries were
+    answered past the bound, an iterator reader's were not. Now they are, as a callback's,
+    and every list still comes, in order."""
+    async with running_server(tmp_path, system_events=False) as server:
+        reader = await eventer.connect(
+            url_of(server), "reader", subscriptions=[("n", "*")], events_queue_size=8, timeout=2
+        )
+        stream = reader.events()
+        async with await eventer.connect(url_of(server), "writer") as writer:
+            for i in range(300):
+                await writer.register([json_event(("n",), i)])
+            await writer.query(eventer.QueryLatestParams([]))  # all notified by now
+        connection = reader._conn.connection if reader._conn else None
+        assert connection is not None
+        await wait_until(lambda: not connection.transport.is_reading())
+
+        async def read_and_query() -> list[object]:
+            seen: list[object] = []
+            async for events in stream:
+                seen.extend(e.payload.data for e in events)  # type: ignore[union-attr]
+                latest = await reader.query(eventer.QueryLatestParams([("n",)]))
+                assert [e.payload.data for e in latest.events] == [299]  # type: ignore[union-attr]
+                if len(seen) == 300:
+                    return seen
+            return seen
+
+        try:
+            assert await asyncio.wait_for(read_and_query(), 10) == list(range(300))
+        finally:
+            await reader.close()

@@ -66,7 +66,7 @@ from rpc.eventer.common import (
     Status,
 )
 from rpc.eventer.confirm import Confirmations
-from rpc.eventer.deliveries import Deliveries
+from rpc.eventer.deliveries import Deliveries, ReaderIterator
 from rpc.eventer.iterators import EventsIterator, EventsQueue
 
 log = logging.getLogger("peerwire.eventer.client")
@@ -330,10 +330,12 @@ class Client:
         when the client closes. Each iterator queues at most ``events_queue_size`` lists
         (1,024) and ``events_queue_bytes`` bytes as received (16 MiB; a larger list goes in
         alone): a full one holds up delivery, then the connection (and, with acks, the
-        server), until it is read, closed (``aclose``) or dropped; one that is no longer
-        referenced holds nothing, started or not."""
+        server), until it is read, closed (``aclose``) or dropped (the reader's own requests,
+        between a list it took and the next, are answered meanwhile: see
+        :class:`~rpc.eventer.deliveries.ReaderIterator`); one that is no longer referenced
+        holds nothing, started or not."""
         queue = EventsQueue(self._queue_size, self._queue_bytes)
-        return EventsIterator(queue, self._iterators, self._ended)
+        return ReaderIterator(queue, self._iterators, self._ended, self._deliveries)
 
     async def close(self) -> None:
         if self._closing:

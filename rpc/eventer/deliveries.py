@@ -10,7 +10,9 @@ connection runs as a task. While that task waits, further notifications of the s
 connection raise ``NotificationsHeld`` (the connection keeps them, reading paused) until it
 ends. Notifications that ask for an ack are counted but never held: they are requests, which
 the core bounds. A callback's own requests (while it runs) lift the bound while awaited,
-since their answers must be read; tasks it leaves running do not.
+since their answers must be read; tasks it leaves running do not. So do the requests of the
+task reading an ``events()`` iterator (:class:`ReaderIterator`) between a list it took and
+its next ``anext``: a full iterator holds delivery, and so the connection, until it is read.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import weakref
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeAlias
 
 import rpc
+from rpc.eventer.iterators import EventsIterator, EventsQueue
+from rpc.eventer.values import Event
 from rpc.responder import NotificationsHeld
 
 Delivery: TypeAlias = tuple[str, Any, asyncio.Future[None] | None, int]
@@ -122,6 +127,47 @@ class Deliveries:
             self.awaited_answers -= 1
 
 
+class ReaderIterator(EventsIterator):
+    """An ``events()`` iterator whose reading task, from the list it took until it asks for
+    the next one (or closes or drops the iterator), is handling it as a callback does: its
+    own requests, and those of tasks it starts meanwhile, lift the deliveries' bound while
+    awaited. Without that, a reader that queries before reading on waited its whole
+    timeout whenever its iterator was full: delivery waits for the reader, the connection
+    for delivery, the query's answer for the connection. One limit: ``anext`` run in a task
+    of its own (``asyncio.wait_for`` on 3.11) marks that task, not the reader."""
+
+    def __init__(
+        self,
+        queue: EventsQueue,
+        iterators: set[EventsQueue],
+        ended: asyncio.Future[None],
+        deliveries: Deliveries,
+    ) -> None:
+        super().__init__(queue, iterators, ended)
+        self._deliveries = deliveries
+        self._handling: list[_Delivering] = []
+        """The reader's mark while it handles a list (at most one)."""
+        weakref.finalize(self, _handled, self._handling).atexit = False
+
+    async def __anext__(self) -> list[Event]:
+        _handled(self._handling)
+        events = await super().__anext__()
+        handling = _Delivering(self._deliveries)
+        self._handling.append(handling)
+        _DELIVERING.set(handling)  # the reader's context: __anext__ runs in its task
+        return events
+
+    async def aclose(self) -> None:
+        _handled(self._handling)
+        await super().aclose()
+
+
+def _handled(handling: list[_Delivering]) -> None:
+    """The reader is done with its list: its requests no longer lift the bound."""
+    while handling:
+        handling.pop().active = False
+
+
 class _Delivering:
     """One callback's run: its requests lift the deliveries' bound while it lasts."""
 
@@ -139,4 +185,4 @@ _DELIVERING: contextvars.ContextVar[_Delivering | None] = contextvars.ContextVar
 see :meth:`Deliveries.answer_awaited`."""
 
 
-__all__ = ["Deliveries", "Delivery"]
+__all__ = ["Deliveries", "Delivery", "ReaderIterator"]
