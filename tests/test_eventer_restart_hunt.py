@@ -13,6 +13,7 @@ import pytest
 import rpc
 from rpc import eventer
 from rpc.eventer import EventerServer, common
+from rpc.eventer.server import STOP_FLUSH_TIMEOUT
 from tests.peers.eventer_helpers import (
     init_bytes,
     json_event,
@@ -73,6 +74,36 @@ async def test_what_the_client_received_before_its_server_closed_is_still_delive
 
 
 # --- a subscriber that does not ack while events flood -----------------------------------
+
+
+async def test_closing_waits_no_longer_for_a_client_that_is_gone(tmp_path: Path) -> None:
+    """With ``events_ack``, a graceful close gives ack-paced clients up to
+    ``STOP_FLUSH_TIMEOUT`` (1 s) to take STOPPING and STANDBY. A client that goes away
+    meanwhile (one that did not ack, or that closed just before: a SIGTERM while clients
+    leave) has nothing more to take, but its sender stopped without saying it was done, so
+    the close waited the whole second for it."""
+    server = await EventerServer(server_config(tmp_path, events_ack=True)).start()
+    never = asyncio.Event()
+    registry = rpc.Registry()
+
+    @registry.handle(common.MSG_EVENTS_NOTIFY)
+    async def no_ack(data: bytes) -> None:
+        await never.wait()
+
+    slow = await raw_peer(server, registry)
+    try:
+        await slow.request(common.MSG_INIT_REQ, init_bytes("slow", subs=[("*",)]), raw=True)
+        await server.register([json_event(("a",))])  # notified, never acked
+        closing = asyncio.ensure_future(server.close())
+        await wait_until(lambda: server.status is eventer.Status.STANDBY)  # flushing now
+        gone = asyncio.get_running_loop().time()
+        slow.abort()
+        await asyncio.wait_for(closing, 5)
+        waited = asyncio.get_running_loop().time() - gone
+        assert waited < STOP_FLUSH_TIMEOUT / 2, waited
+    finally:
+        never.set()
+        await server.close()
 
 
 async def test_a_subscriber_closed_for_its_backlog_is_reported_once(

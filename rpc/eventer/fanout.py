@@ -159,14 +159,16 @@ class AckSender:
         """Bytes of the notifications queued or waiting for their ack."""
         self._ready = asyncio.Event()
         self.idle = asyncio.Event()
-        """Set while nothing is queued or waiting for an ack."""
+        """Set while nothing is queued or waiting for an ack, and for good once nothing more
+        will be sent (the client gone, or closed by us): a close's flush waits for it."""
         self.idle.set()
-        self._dropped = False
-        """Set once we closed the client: nothing more is queued or logged for it."""
+        self._ended = False
+        """Set once nothing more will be sent (the client gone, or closed by us): what
+        comes for it is dropped, unlogged."""
         self._task = tasks.spawn(self._run())
 
     def push(self, msg_type: str, data: bytes) -> None:
-        if self._dropped:
+        if self._ended:
             return
         held = self.held
         if len(self._queue) >= MAX_QUEUED_NOTIFICATIONS or (
@@ -189,12 +191,23 @@ class AckSender:
 
     def stop(self) -> None:
         self._task.cancel()
+        self._end()
+
+    def _end(self) -> None:
+        self._ended = True
+        self.idle.set()
 
     def _drop(self) -> None:
-        self._dropped = True
+        self._end()
         self._client.peer.abort()
 
     async def _run(self) -> None:
+        try:
+            await self._send_queued()
+        finally:
+            self._end()
+
+    async def _send_queued(self) -> None:
         peer = self._client.peer
         while True:
             if not self._queue:
