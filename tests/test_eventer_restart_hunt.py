@@ -1,6 +1,7 @@
 """The Eventer server and client under deployment conditions (found by helper-156): a server
-that closes (a restart) under a client that does not reconnect, and a subscriber that does
-not ack while events flood."""
+that closes (a restart, SIGTERM) under a client that does not reconnect or that goes away
+meanwhile, a subscriber that does not ack while events flood, and an ``events()`` reader
+that queries."""
 
 from __future__ import annotations
 
