@@ -4,9 +4,9 @@
         print(peer.request("greet", {"name": "Ada"}))
 
 One event loop runs in a daemon thread shared by every blocking peer of the process; calls
-from any thread are handed to it with ``run_coroutine_threadsafe`` and wait for the result.
-The loop is :func:`rpc.loops.new_event_loop`'s: uvloop when installed, or as
-``PEERWIRE_LOOP`` says. A caller interrupted while it waits (KeyboardInterrupt) cancels
+from any thread are handed to it (made there, as tasks) and wait for the result. The loop is
+:func:`rpc.loops.new_event_loop`'s: uvloop when installed, or as ``PEERWIRE_LOOP`` says. A
+caller interrupted (KeyboardInterrupt) while it waits, or as it hands the call over, cancels
 its call on the loop: nothing it started goes on in the background. A child process made
 by ``os.fork()`` starts a loop of its own at its first call (the loop's thread does not
 come along); the clients and streams it inherited belong to the parent and raise
@@ -25,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import threading
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
     Callable,
-    Coroutine,
     Iterable,
     Iterator,
     Sequence,
@@ -40,7 +40,7 @@ from typing import Any, TypeVar, cast
 
 from rpc.api import connect as async_connect
 from rpc.blocking_buffer import END, Buffer, pump_results
-from rpc.blocking_loop import GONE, held, live_loop, lost, on_loop_thread, track
+from rpc.blocking_loop import GONE, background, live_loop, lock, lost, on_loop_thread, track
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
@@ -65,38 +65,72 @@ _ON_LOOP = (
 
 
 def _run(
-    coro: Coroutine[Any, Any, T],
+    call: Callable[[], Awaitable[T]],
     timeout: float | None = None,
     home: asyncio.AbstractEventLoop | None = None,
 ) -> T:
-    """Run ``coro`` on the background loop and wait for it; ``home``: the loop the object
-    making the call was made on, which a process forked since then does not run, nor one
-    whose loop's thread ended (ConnectionClosed, as when it ends during the wait); on the
-    loop's own thread, CalledOnLoopThread."""
-    with held() as background:
-        if home is not None and home is not background.loop:
-            coro.close()
-            raise lost(home)
-        if threading.current_thread() is background.thread:
-            coro.close()
-            raise CalledOnLoopThread(_ON_LOOP)
-        future = asyncio.run_coroutine_threadsafe(coro, background.loop)
-        background.calls.add(future)
-    future.add_done_callback(background.calls.discard)
+    """Make ``call`` on the background loop (its coroutine is made there: a client's state
+    is read on its loop) and wait for its result; ``home``: the loop the object making the
+    call was made on, which a process forked since then does not run, nor one whose loop's
+    thread ended (ConnectionClosed, as when it ends during the wait); on the loop's own
+    thread, CalledOnLoopThread. The future waited on exists before the call is handed to
+    the loop, so an interrupt (KeyboardInterrupt) at any point cancels it: the call is then
+    never made, or its task is cancelled."""
+    future: concurrent.futures.Future[T] | None = None
     try:
+        future = concurrent.futures.Future()
+        with lock():
+            current = background()
+            if home is not None and home is not current.loop:
+                raise lost(home)
+            if threading.current_thread() is current.thread:
+                raise CalledOnLoopThread(_ON_LOOP)
+            current.calls.add(future)
+            future.add_done_callback(current.calls.discard)
+            current.loop.call_soon_threadsafe(_start, call, future)
         return future.result(timeout)
     except concurrent.futures.CancelledError:
-        if background.ending:  # its thread's exit cancelled the loop's tasks
+        if current.ending:  # its thread's exit cancelled the loop's tasks
             raise ConnectionClosed(GONE) from None
         raise
     except BaseException:
-        future.cancel()  # interrupted (KeyboardInterrupt, timeout): the call stops too
+        if future is not None:
+            future.cancel()  # interrupted (KeyboardInterrupt, timeout): the call stops too
         raise
 
 
-async def _on_loop(call: Callable[[], Awaitable[T]]) -> T:
-    """Make ``call`` on the loop's thread, where the client's state may be read."""
-    return await call()
+def _start(call: Callable[[], Awaitable[T]], future: concurrent.futures.Future[T]) -> None:
+    """On the loop: make ``call`` as a task whose outcome ``future`` gets, cancelled when
+    ``future`` is (an interrupted caller); nothing if it is cancelled already."""
+    if future.cancelled():
+        return
+    try:
+        task = asyncio.ensure_future(call())
+    except Exception as error:  # raised as it was called: the caller's to raise
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            future.set_exception(error)
+        return
+    loop = task.get_loop()
+
+    def cancel_task(done: concurrent.futures.Future[T]) -> None:
+        if done.cancelled():  # from the caller's thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed (its thread ended)
+                loop.call_soon_threadsafe(task.cancel)
+
+    future.add_done_callback(cancel_task)
+    task.add_done_callback(lambda done: _settle_call(done, future))
+
+
+def _settle_call(task: asyncio.Future[T], future: concurrent.futures.Future[T]) -> None:
+    """Give ``future`` the outcome of ``task``, unless it has one (cancelled, or failed by
+    the exit of the loop's thread)."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if task.cancelled():
+            future.cancel()
+        elif (error := task.exception()) is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(task.result())
 
 
 MAX_BUFFERED = 65_536
@@ -168,8 +202,8 @@ class BlockingStream(Iterator[Any]):
         if max_buffered_bytes < 1:
             raise ValueError("max_buffered_bytes must be at least 1")
         self._buffer = Buffer(max_buffered, max_buffered_bytes)
-        with held(self._buffer) as background:  # failed should its thread end
-            self._home = background.loop  # not this process's after a fork
+        with lock():  # its buffer failed should the loop's thread end
+            self._home = background(self._buffer).loop  # not this process's after a fork
         self._pump: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # one _stop() takes the pump to cancel it
 
@@ -230,7 +264,7 @@ class BlockingStream(Iterator[Any]):
             return
         if not on_loop_thread():
             with contextlib.suppress(ConnectionClosed):  # its loop's thread ended meanwhile
-                _run(_stopped(pump), home=pump.get_loop())
+                _run(functools.partial(_stopped, pump), home=pump.get_loop())
 
     def __enter__(self) -> BlockingStream:
         return self
@@ -280,14 +314,11 @@ class BlockingPeer:
         if isinstance(peer, ReconnectingPeer):  # picks its connection when called: on the loop
             client = peer
             return _run(
-                _on_loop(
-                    lambda: client.request(
-                        op, value, timeout=timeout, raw=raw, idempotent=idempotent
-                    )
-                ),
+                lambda: client.request(op, value, timeout=timeout, raw=raw, idempotent=idempotent),
                 home=self._home,
             )
-        return _run(peer.request(op, value, timeout=timeout, raw=raw), home=self._home)
+        plain = peer
+        return _run(lambda: plain.request(op, value, timeout=timeout, raw=raw), home=self._home)
 
     def stream(
         self,
@@ -322,7 +353,7 @@ class BlockingPeer:
             await stream._begin(cast(AsyncGenerator[Any, None], results))
 
         try:
-            _run(start(), home=self._home)
+            _run(start, home=self._home)
         except BaseException:  # its error before any result, or an interrupt: stop the pump
             stream._stop()
             raise
@@ -332,14 +363,14 @@ class BlockingPeer:
         async def send() -> None:
             self.peer.notify(name, value)
 
-        _run(send(), home=self._home)
+        _run(send, home=self._home)
 
     def wait_open(self, timeout: float | None = None) -> None:
         """Wait for the connection (reconnecting peers); raises TimeoutError or
         ConnectionClosed."""
         peer = self.peer
         if isinstance(peer, ReconnectingPeer):
-            _run(peer.wait_open(timeout), home=self._home)
+            _run(functools.partial(peer.wait_open, timeout), home=self._home)
         elif not peer.is_open or self._home is not live_loop():
             raise ConnectionClosed("connection is closed")
 
@@ -348,7 +379,7 @@ class BlockingPeer:
         (the connection is the parent's), nor once its loop's thread ended (which cut it)."""
         if self._home is live_loop():
             with contextlib.suppress(ConnectionClosed):  # its loop's thread ended meanwhile
-                _run(self.peer.close(), home=self._home)
+                _run(self.peer.close, home=self._home)
 
     def __enter__(self) -> BlockingPeer:
         return self
@@ -369,10 +400,10 @@ def connect(url: str | Sequence[str], **kwargs: Any) -> BlockingPeer:
         track(peer)  # an interrupted connect's too
         return peer
 
-    with held() as background:
-        home = background.loop
+    with lock():
+        home = background().loop
     try:
-        blocking = BlockingPeer(_run(open_peer(), home=home))
+        blocking = BlockingPeer(_run(open_peer, home=home))
         if blocking._home is not home:  # the loop's thread ended since the client was made
             raise lost(home)
         return blocking

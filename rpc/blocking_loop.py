@@ -13,7 +13,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from rpc import loops
@@ -120,31 +119,40 @@ _current: Background | None = None
 """The loop of this process, while its thread runs it."""
 
 
-@contextlib.contextmanager
-def held(buffer: Buffer | None = None) -> Iterator[Background]:
-    """Under the lock, the background loop, started if none runs: nothing hands it calls
+def lock() -> threading.RLock:
+    """The lock held while a call is handed to the loop (:func:`background`); take it with
+    ``with lock():`` in the caller, whose C-level acquire and release an interrupt
+    (KeyboardInterrupt) cannot come between, as it could at a Python ``__enter__``'s return
+    with the lock taken (it was a generator context manager: a Ctrl-C there left it held, and
+    every later blocking call of the process, the loop's own ``connect()`` too, waited for
+    good)."""
+    return _lock
+
+
+def background(buffer: Buffer | None = None) -> Background:
+    """Under :func:`lock`: the background loop, started if none runs; nothing hands it calls
     or ends it meanwhile. ``buffer``: a stream's, failed should the loop's thread end."""
     global _current
-    with _lock:
-        if _current is None:
-            started = Background()
-            try:
-                started.thread.start()
-            except BaseException:  # no thread to run it (RuntimeError: can't start new thread)
-                started.loop.close()
-                raise
-            _current = started
-        if buffer is not None:
-            _current.buffers.add(buffer)
-        yield _current
+    if _current is None:
+        started = Background()
+        try:
+            started.thread.start()
+        except BaseException:  # no thread to run it (RuntimeError: can't start new thread)
+            started.loop.close()
+            raise
+        _current = started
+    if buffer is not None:
+        _current.buffers.add(buffer)
+    return _current
 
 
 def track(peer: ReconnectingPeer | Peer) -> asyncio.AbstractEventLoop:
     """Note ``peer``, made on the background loop, as one whose connection the exit of the
     loop's thread cuts; the loop."""
-    with held() as background:
-        background.peers.add(peer)
-        return background.loop
+    with lock():
+        current = background()
+        current.peers.add(peer)
+        return current.loop
 
 
 def live_loop() -> asyncio.AbstractEventLoop | None:

@@ -1,0 +1,105 @@
+"""Defects found in the blocking client (rpc.blocking) as it is used in production: each test
+fails on the code it was written against, and is bounded in time."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import sys
+import threading
+import warnings
+from types import CodeType, FrameType
+from typing import Any
+
+import pytest
+
+import rpc.blocking
+import rpc.blocking_loop
+from tests.test_blocking_stream import Feeds, serving
+
+WAIT = concurrent.futures.Future.result.__code__
+
+
+class Interrupter:
+    """A trace function for this thread that raises KeyboardInterrupt once, at the ``n``-th
+    start or return of a Python function called (at any depth) by a run of ``code``, where
+    a signal's handler may run too; ``waiting``: it came once the caller waited on the
+    result (``Future.result``), where the loop has the call already."""
+
+    def __init__(self, code: CodeType, n: int) -> None:
+        self.code, self.n = code, n
+        self.events = itertools.count(1)
+        self.under = False
+        self.waiting = False
+
+    def __call__(self, frame: FrameType, kind: str, arg: Any) -> Any:
+        frame.f_trace_lines = False
+        if frame.f_code is self.code:
+            self.under = True
+            return self.leave
+        return self.event(frame, kind, arg) if self.under else None
+
+    def leave(self, frame: FrameType, kind: str, arg: Any) -> Any:
+        self.under = kind != "return"
+        return self.leave
+
+    def event(self, frame: FrameType, kind: str, arg: Any) -> Any:
+        if kind == "call" and frame.f_code is WAIT:
+            self.waiting = True
+        if kind in ("call", "return") and next(self.events) == self.n:
+            raise KeyboardInterrupt
+        return self.event
+
+
+def lock_free() -> bool:
+    """rpc.blocking_loop's lock can be taken by another thread (the loop's, say) within 2 s."""
+    took: list[bool] = []
+
+    def take() -> None:
+        if rpc.blocking_loop._lock.acquire(timeout=2):
+            rpc.blocking_loop._lock.release()
+            took.append(True)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(5)
+    return took == [True]
+
+
+@pytest.mark.parametrize("call", ["request", "stream"])
+def test_an_interrupt_anywhere_in_a_call_cancels_it_or_sends_nothing(call: str) -> None:
+    """A KeyboardInterrupt (Ctrl-C) at each point of a blocking request, or of stream()
+    waiting for its first result, where a signal's handler may run, in turn, until one in
+    the wait for its result (which the test of interrupted calls in test_blocking_stream
+    covers): either the call never reached the server, or its handler is cancelled; the
+    lock of rpc.blocking_loop is free, and a coroutine made is awaited (no "never awaited"
+    warning). Before, one that came as the call was handed to the loop (in or just after
+    ``run_coroutine_threadsafe``) left the request running in the background, out of
+    anyone's reach, and one as ``held()`` (a generator context manager) returned the lock
+    left it held: every later blocking call of the process waited for good (a connect at
+    once: its loop-side ``track`` takes it)."""
+    feeds = Feeds()
+    method = getattr(rpc.blocking.BlockingPeer, call)
+    with serving(feeds.registry) as url, rpc.blocking.connect(url, reconnect=False) as peer:
+        for n in itertools.count(1):
+            name = str(n)
+            started, ended = feeds.expect(name)
+            interrupter = Interrupter(method.__code__, n)
+            previous = sys.gettrace()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                sys.settrace(interrupter)
+                try:
+                    getattr(peer, call)("hang", value=name, timeout=30)
+                except KeyboardInterrupt:
+                    pass
+                finally:
+                    sys.settrace(previous)
+                assert lock_free(), f"point {n}: the loop's lock is left held"
+                # sent after it (the loop runs calls in order): its handler started by now
+                assert peer.request("echo", name) == name
+                if started.is_set():
+                    assert ended.wait(5), f"point {n}: the interrupted call goes on"
+            assert not [str(w.message) for w in caught], f"point {n}"
+            if interrupter.waiting:
+                break
