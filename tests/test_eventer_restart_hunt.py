@@ -180,3 +180,37 @@ async def test_an_iterator_reader_that_queries_is_answered_past_the_bound(tmp_pa
             assert await asyncio.wait_for(read_and_query(), 10) == list(range(300))
         finally:
             await reader.close()
+
+
+# --- a callback that closes its client ------------------------------------------------------
+
+
+async def test_a_callback_that_closes_its_client_with_acks_does_not_wait_for_itself(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``events_ack``, a notification's ack is sent once the callback returned, and the
+    client's close drains its connection's handlers, the ack's among them. A callback that
+    closed the client (stop at the first event) so waited for itself: the close took the
+    whole 1-s drain, then cut the ack's handler with a warning. The close now acks the
+    notification being handled (the callback has it), and returns at once."""
+    async with running_server(tmp_path, events_ack=True) as server:
+        took: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+        async def stop_at_first(client: eventer.Client, _events: list[eventer.Event]) -> None:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            try:
+                await client.close()
+            finally:
+                took.set_result(loop.time() - start)
+
+        client = await eventer.connect(
+            url_of(server), "once", subscriptions=[("a",)], events_cb=stop_at_first
+        )
+        with caplog.at_level(logging.WARNING, logger="peerwire.rpc"):
+            await server.register([json_event(("a",))])
+            waited = await asyncio.wait_for(took, 5)
+        assert client.closed.done()
+        cut = [r.getMessage() for r in caplog.records if "are cut" in r.getMessage()]
+        assert cut == []
+        assert waited < 0.5, waited

@@ -193,6 +193,8 @@ class Client:
         self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Set once the iterators are ended: nothing more is delivered."""
         self._deliveries = Deliveries(events_queue_size, events_queue_bytes)
+        self._handled_ack: asyncio.Future[None] | None = None
+        """The ack of the notification the callbacks and iterators are handed, if it asks one."""
         self._confirmations = Confirmations(client_name, timeout)
         self._iterators: set[EventsQueue] = set()
         """The queues of the :meth:`events` iterators still in use."""
@@ -338,11 +340,18 @@ class Client:
         return ReaderIterator(queue, self._iterators, self._ended, self._deliveries)
 
     async def close(self) -> None:
+        """Close the connection (its calls in flight get up to 1 s); notifications not
+        delivered yet are dropped, and the one being handled is acked."""
         if self._closing:
             await asyncio.shield(self._closed)
             return
         self._closing = True
         self._confirmations.close()
+        handled = self._handled_ack
+        if handled is not None and not handled.done():
+            # acked now: its handler, which the drain waits for, waits for the callback,
+            # which may be the one closing (it has the events; the close cancels it)
+            handled.set_result(None)
         if self._conn is not None:
             await self._conn.close(drain_timeout=1.0)
         self._finish()
@@ -474,6 +483,7 @@ class Client:
             if kind == "end":  # the connection was lost: all it brought is delivered
                 self._end_iterators()
                 return
+            self._handled_ack = done
             try:
                 with deliveries.callback_running():  # its own requests lift the bound
                     if kind == "status":
@@ -487,6 +497,7 @@ class Client:
             except Exception:
                 log.exception("eventer %s callback failed", kind)
             finally:
+                self._handled_ack = None
                 if done is not None and not done.done():
                     done.set_result(None)
 
