@@ -1,7 +1,7 @@
 """The Eventer server and client under deployment conditions (found by helper-156): a server
 that closes (a restart, SIGTERM) under a client that does not reconnect or that goes away
-meanwhile, a subscriber that does not ack while events flood, and an ``events()`` reader
-that queries."""
+meanwhile, a subscriber that does not ack while events flood, an ``events()`` reader that
+queries, and a callback that closes its client."""
 
 from __future__ import annotations
 
