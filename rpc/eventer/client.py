@@ -193,12 +193,12 @@ class Client:
         self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Set once the iterators are ended: nothing more is delivered."""
         self._deliveries = Deliveries(events_queue_size, events_queue_bytes)
-        self._handled_ack: asyncio.Future[None] | None = None
-        """The ack of the notification the callbacks and iterators are handed, if it asks one."""
         self._confirmations = Confirmations(client_name, timeout)
         self._iterators: set[EventsQueue] = set()
         """The queues of the :meth:`events` iterators still in use."""
-        self._delivery = asyncio.get_running_loop().create_task(self._deliver())
+        self._delivery = asyncio.get_running_loop().create_task(
+            self._deliveries.run(self._hand, self._end_iterators)
+        )
         self.registry = self._make_registry()
 
     # --- public ----------------------------------------------------------------------------
@@ -298,7 +298,7 @@ class Client:
         with self._deliveries.answer_awaited():
             res = await peer.request(MSG_REGISTER_REQ, data, timeout=self.timeout, raw=True)
         self._confirmations.answered(mark)
-        kind, value = common.decode(MSG_REGISTER_RES, _bytes(res, MSG_REGISTER_RES))
+        kind, value = common.decode(MSG_REGISTER_RES, res)
         if kind == "events":
             return [common.event_from_sbs(e) for e in value]
         return None
@@ -322,9 +322,7 @@ class Client:
             self._confirmations.answered(mark)  # an error comes in order too
             raise QueryError(str(exc)) from None
         self._confirmations.answered(mark)
-        return common.query_result_from_sbs(
-            common.decode(MSG_QUERY_RES, _bytes(res, MSG_QUERY_RES))
-        )
+        return common.query_result_from_sbs(common.decode(MSG_QUERY_RES, res))
 
     def events(self) -> EventsIterator:
         """Every events notification from now on (one list per notification), those that
@@ -347,7 +345,7 @@ class Client:
             return
         self._closing = True
         self._confirmations.close()
-        handled = self._handled_ack
+        handled = self._deliveries.handled_ack
         if handled is not None and not handled.done():
             # acked now: its handler, which the drain waits for, waits for the callback,
             # which may be the one closing (it has the events; the close cancels it)
@@ -389,7 +387,7 @@ class Client:
                 f"eventer server {address_text(peer.remote_address)} accepted the connection but "
                 f"did not answer its handshake (init) within {self.timeout} s"
             ) from None
-        kind, value = common.decode(MSG_INIT_RES, _bytes(res, MSG_INIT_RES))
+        kind, value = common.decode(MSG_INIT_RES, res)
         if kind == "error":
             raise EventerInitError(value)
         self._inits += 1
@@ -476,42 +474,18 @@ class Client:
         self._status = status  # now; the callback runs in delivery order
         self._deliveries.put(("status", status, None, size))
 
-    async def _deliver(self) -> None:
-        deliveries = self._deliveries
-        while True:
-            kind, value, done, size = await deliveries.get()
-            if kind == "end":  # the connection was lost: all it brought is delivered
-                self._end_iterators()
-                return
-            self._handled_ack = done
-            try:
-                with deliveries.callback_running():  # its own requests lift the bound
-                    if kind == "status":
-                        if self._status_cb is not None:
-                            await _call(self._status_cb, self, value)
-                    else:
-                        if self._events_cb is not None:
-                            await _call(self._events_cb, self, value)
-                        for queue in list(self._iterators):
-                            await queue.put(value, size)
-            except Exception:
-                log.exception("eventer %s callback failed", kind)
-            finally:
-                self._handled_ack = None
-                if done is not None and not done.done():
-                    done.set_result(None)
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> None:
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        await result
-
-
-def _bytes(value: Any, what: str) -> bytes:
-    if not isinstance(value, bytes):
-        raise common.InvalidMessage(f"expected {what}, got {type(value).__name__}")
-    return value
+    async def _hand(self, kind: str, value: Any, size: int) -> None:
+        """Hand one notification to the callbacks and iterators (:meth:`Deliveries.run`)."""
+        callback: StatusCb | EventsCb | None = (
+            self._status_cb if kind == "status" else self._events_cb
+        )
+        if callback is not None:
+            result = callback(self, value)
+            if inspect.isawaitable(result):
+                await result
+        if kind == "events":
+            for queue in list(self._iterators):
+                await queue.put(value, size)
 
 
 __all__ = [

@@ -79,10 +79,13 @@ def encode(type_name: str, value: Any) -> bytes:
     return data
 
 
-def decode(type_name: str, data: bytes) -> Any:
+def decode(type_name: str, data: object) -> Any:
     """Decode, turning every hat-sbs failure (including its SystemError on truncated
-    input) into :class:`InvalidMessage`. The bytes are checked first
-    (:func:`wire.schemas.check`): hat-sbs would allocate an Array from a peer's count."""
+    input) into :class:`InvalidMessage`, and so ``data`` that is not bytes (a reply that
+    came as another type). The bytes are checked first (:func:`wire.schemas.check`):
+    hat-sbs would allocate an Array from a peer's count."""
+    if not isinstance(data, bytes):
+        raise InvalidMessage(f"expected {type_name}, got {type(data).__name__}")
     repo = eventer_repository()
     try:
         schemas.check(repo, type_name, data)

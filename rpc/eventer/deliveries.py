@@ -20,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import weakref
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeAlias
 
 import rpc
 from rpc.eventer.iterators import EventsIterator, EventsQueue
 from rpc.eventer.values import Event
 from rpc.responder import NotificationsHeld
+
+log = logging.getLogger("peerwire.eventer.client")
 
 Delivery: TypeAlias = tuple[str, Any, asyncio.Future[None] | None, int]
 """(kind, value, ack future or None, bytes as received): the size that this queue and each
@@ -51,6 +54,8 @@ class Deliveries:
         (NotificationsHeld) until then, and the task's end resumes it."""
         self.awaited_answers = 0
         """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
+        self.handled_ack: asyncio.Future[None] | None = None
+        """The ack of the notification being handed over, if it asks one (:meth:`run`)."""
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -69,6 +74,29 @@ class Deliveries:
         if not self.room.is_set() and not self._full():
             self.room.set()
         return delivery
+
+    async def run(
+        self, hand: Callable[[str, Any, int], Awaitable[None]], ended: Callable[[], None]
+    ) -> None:
+        """The delivery task: hand each notification over in order (``hand(kind, value,
+        size)``, its callbacks' requests answered meanwhile: :meth:`callback_running`) and
+        ack it once handed over or failed (logged), until the end marker (``kind`` "end":
+        the connection was lost and all it brought is delivered), then ``ended()``."""
+        while True:
+            kind, value, done, size = await self.get()
+            if kind == "end":
+                ended()
+                return
+            self.handled_ack = done
+            try:
+                with self.callback_running():
+                    await hand(kind, value, size)
+            except Exception:
+                log.exception("eventer %s callback failed", kind)
+            finally:
+                self.handled_ack = None
+                if done is not None and not done.done():
+                    done.set_result(None)
 
     def _full(self) -> bool:
         return self._queue.qsize() > self._max_count or self.queued_bytes >= self._max_bytes
