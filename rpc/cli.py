@@ -271,11 +271,13 @@ class _Lines:
     def __init__(self) -> None:
         self._timer: asyncio.TimerHandle | None = None
         self._failed: OSError | None = None  # of a timed flush: stdout closed (`| head -1`)
+        self.written = False  # a result came
 
     def write(self, value: Any) -> None:
         if self._failed is not None:
             raise self._failed
         print(_json_line(value))
+        self.written = True
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._flush)
 
@@ -328,6 +330,10 @@ async def client(args: argparse.Namespace) -> int:
                 results = peer.stream(args.op, parts=parts, value=value, item_timeout=args.timeout)
                 async for item in results:
                     lines.write(item)
+            except rpc.ConnectionClosed as exc:
+                if lines.written:  # the peer spoke our dialect: no hint of the other one
+                    raise CliError(f"connection failed: {exc}", EXIT_CONNECTION) from None
+                raise
             finally:
                 lines.close()
     finally:
@@ -380,7 +386,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _dialect_hint(args: argparse.Namespace) -> str:
     """A Chatter connection in the legacy dialect that fails after connecting most likely
-    reached a peer of the current dialect (hat-drivers, hat-event): say how to ask for it."""
+    reached a peer of the current dialect (hat-drivers, hat-event): say how to ask for it.
+    Not for a stream cut after a result came (:func:`client` says so without this)."""
     try:
         url = rpc.parse_url(getattr(args, "url", ""))
     except rpc.UrlError:
