@@ -339,17 +339,15 @@ class Client:
 
     async def close(self) -> None:
         """Close the connection (its calls in flight get up to 1 s); notifications not
-        delivered yet are dropped, and the one being handled is acked."""
+        delivered yet are dropped; with acks, they and the one being handled are acked now."""
         if self._closing:
             await asyncio.shield(self._closed)
             return
         self._closing = True
         self._confirmations.close()
-        handled = self._deliveries.handled_ack
-        if handled is not None and not handled.done():
-            # acked now: its handler, which the drain waits for, waits for the callback,
-            # which may be the one closing (it has the events; the close cancels it)
-            handled.set_result(None)
+        # acked now: their handlers, which the drain waits for, wait for the callback,
+        # which may be the one closing (it has the events; the close cancels it)
+        self._deliveries.ack_all()
         if self._conn is not None:
             await self._conn.close(drain_timeout=1.0)
         self._finish()

@@ -54,8 +54,10 @@ class Deliveries:
         (NotificationsHeld) until then, and the task's end resumes it."""
         self.awaited_answers = 0
         """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
-        self.handled_ack: asyncio.Future[None] | None = None
-        """The ack of the notification being handed over, if it asks one (:meth:`run`)."""
+        self._acks: set[asyncio.Future[None]] = set()
+        """Acks of the notifications queued or being handed over that ask one (at most
+        those the core lets wait: ``max_concurrent``); see :meth:`ack_all`."""
+        self._acking = False
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -66,6 +68,22 @@ class Deliveries:
     def put(self, delivery: Delivery) -> None:
         self._queue.put_nowait(delivery)
         self.queued_bytes += delivery[3]
+        done = delivery[2]
+        if done is not None:
+            if self._acking:
+                done.set_result(None)
+            else:
+                self._acks.add(done)
+
+    def ack_all(self) -> None:
+        """Ack now every notification queued or being handed over, and any that comes
+        later (the client is closing): their handlers, which a close's drain waits for,
+        would wait for the delivery task, which may be running the callback that closes."""
+        self._acking = True
+        for done in self._acks:
+            if not done.done():
+                done.set_result(None)
+        self._acks.clear()
 
     async def get(self) -> Delivery:
         """The next delivery, in the order received; makes room once back under both."""
@@ -87,16 +105,16 @@ class Deliveries:
             if kind == "end":
                 ended()
                 return
-            self.handled_ack = done
             try:
                 with self.callback_running():
                     await hand(kind, value, size)
             except Exception:
                 log.exception("eventer %s callback failed", kind)
             finally:
-                self.handled_ack = None
-                if done is not None and not done.done():
-                    done.set_result(None)
+                if done is not None:
+                    self._acks.discard(done)
+                    if not done.done():
+                        done.set_result(None)
 
     def _full(self) -> bool:
         return self._queue.qsize() > self._max_count or self.queued_bytes >= self._max_bytes
