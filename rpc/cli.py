@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -39,6 +40,7 @@ from rpc.cli_serve import (
     EXIT_USAGE,
     CliError,
     serve,
+    std_fds_open,
     url_arg,
 )
 from rpc.eventer import cli as eventer_cli
@@ -262,6 +264,28 @@ def _json_line(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
+def _output_failed(exc: OSError) -> CliError:
+    """stdout cannot take our output (a full disk: ENOSPC): exit 1 saying so, not as a
+    failed connection (exit 3). stdout becomes /dev/null, so that the interpreter's exit
+    does not fail on what is left in its buffer (exit 120). A BrokenPipeError (`| head -1`)
+    is not one: :func:`_run` ends it quietly."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    return CliError(f"cannot write the output: {exc}", EXIT_FAILED)
+
+
+def _print(line: str) -> None:
+    """``line`` on stdout; an OSError of stdout other than a broken pipe: CliError."""
+    try:
+        print(line)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _output_failed(exc) from None
+
+
 class _Lines:
     """Streamed results on stdout, one JSON line each. On a terminal stdout is line
     buffered; into a file or pipe a write per line kept a fast stream from keeping up
@@ -274,15 +298,19 @@ class _Lines:
         self.written = False  # a result came
 
     def write(self, value: Any) -> None:
-        if self._failed is not None:
+        if isinstance(self._failed, BrokenPipeError):
             raise self._failed
-        print(_json_line(value))
+        if self._failed is not None:
+            raise _output_failed(self._failed)
+        _print(_json_line(value))
         self.written = True
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._flush)
 
     def _flush(self) -> None:
         self._timer = None
+        if sys.stdout is None:  # closed at the start (``>&-``): print wrote nothing
+            return
         try:
             sys.stdout.flush()
         except OSError as exc:
@@ -291,7 +319,14 @@ class _Lines:
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        sys.stdout.flush()
+        if sys.stdout is None:
+            return
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _output_failed(exc) from None
 
 
 async def client(args: argparse.Namespace) -> int:
@@ -321,7 +356,7 @@ async def client(args: argparse.Namespace) -> int:
         raise CliError(f"cannot connect to {args.url}: {exc}", EXIT_CONNECTION) from None
     try:
         if args.command == "call":
-            print(_json_line(await peer.request(args.op, value, timeout=args.timeout)))
+            _print(_json_line(await peer.request(args.op, value, timeout=args.timeout)))
         elif args.command == "notify":
             peer.notify(args.op, value)
         else:
@@ -404,6 +439,7 @@ def _dialect_hint(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (console scripts pass it to sys.exit)."""
     args = build_parser().parse_args(argv)
+    std_fds_open()  # else a socket may take fd 1 (``>&-``), and uvloop aborts closing it
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -134,10 +134,10 @@ def serve(args: argparse.Namespace) -> int:
     SIGTERM while it starts (a slow import of the served module) ends it as SIGINT would,
     what it set up undone (the metrics directory), until serving takes the signal over;
     once serving ended, no signal cuts that clean-up short. Fds 0-2 closed at the start
-    are opened on /dev/null (:func:`_std_fds_open`). Once it is done, what is left is the
+    are opened on /dev/null (:func:`std_fds_open`). Once it is done, what is left is the
     interpreter's exit (``atexit`` handlers, threads joined): a signal then ends the process
     at once, exit 0, not by the signal's default (killed)."""
-    _std_fds_open()
+    std_fds_open()
     with _stop_while_starting() as serving_over:
         code = _serve_and_clean_up(args, serving_over)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -197,7 +197,7 @@ def _stop_while_starting() -> Iterator[Callable[[], None]]:
             signal.signal(sig, handler)
 
 
-def _std_fds_open() -> None:
+def std_fds_open() -> None:
     """Open /dev/null on each of fds 0, 1, 2 that is closed (``peerwire serve ... >&-``):
     else the first fds opened (the loop's epoll, a listening socket) take their numbers, a
     write to stdout (a handler's child process) goes into a socket, and uvloop aborts when

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import rpc
 from rpc import cli, loops
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("option", ["--timeout", "--connect-timeout"])
@@ -90,3 +96,55 @@ def test_a_stream_cut_after_its_results_came_gives_no_dialect_hint(
     out, err = capsys.readouterr()
     assert out == "1\n"
     assert "connection failed" in err and "dialect" not in err, err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("command", ["call", "stream"])
+def test_output_that_cannot_be_written_exits_1_not_as_a_connection_failure(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stdout on a full disk (/dev/full: every write fails with ENOSPC) exits 1 saying the
+    output cannot be written. Before, the OSError was taken for the connection's: exit 3,
+    "connection failed: [Errno 28] No space left on device", with a Chatter dialect hint."""
+    registry = rpc.Registry()
+
+    @registry.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    with open("/dev/full", "w", buffering=1) as full, chatter_server(registry) as (url, _, _):
+        monkeypatch.setattr(sys, "stdout", full)
+        code = cli.main([command, url, "echo", '"x"', "--timeout", "10"])
+        monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "cannot write the output" in err and "connection" not in err, err
+
+
+@pytest.mark.skipif(not loops.uvloop_installed(), reason="uvloop asserts on fds 0-2")
+@pytest.mark.parametrize("command", ["call", "stream"])
+def test_a_client_command_with_its_stdout_closed_does_not_abort(command: str) -> None:
+    """``peerwire call ... >&-`` (fd 1 closed): the connection's socket took fd 1 and uvloop
+    (the default loop, when installed) aborted as it closed it (SIGABRT, "Assertion
+    fd > STDERR_FILENO"); ``serve`` opened
+    /dev/null on closed fds 0-2 already, the client commands did not. Now they do: exit 0
+    (the result goes nowhere, as Python's print does without a stdout); ``stream`` flushed
+    the None that ``sys.stdout`` is then (AttributeError, exit 1)."""
+    registry = rpc.Registry()
+
+    @registry.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    with chatter_server(registry) as (url, _, _):
+        done = subprocess.run(
+            [sys.executable, "-m", "rpc.cli", command, url, "echo", '"x"'],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: os.close(1),
+            env={**os.environ, loops.ENV_VAR: "uvloop"},
+            timeout=60,
+            text=True,
+        )
+    assert done.returncode == 0, (done.returncode, done.stderr)
