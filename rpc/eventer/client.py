@@ -339,15 +339,16 @@ class Client:
 
     async def close(self) -> None:
         """Close the connection (its calls in flight get up to 1 s); notifications not
-        delivered yet are dropped; with acks, they and the one being handled are acked now."""
+        delivered yet, or coming meanwhile, are dropped; with acks, they and the one being handled
+        are acked now."""
         if self._closing:
             await asyncio.shield(self._closed)
             return
         self._closing = True
         self._confirmations.close()
-        # acked now: their handlers, which the drain waits for, wait for the callback,
-        # which may be the one closing (it has the events; the close cancels it)
-        self._deliveries.ack_all()
+        # the drain waits for the tasks the connection runs for what is queued, which
+        # wait for the callback, which may be the one closing (the close cancels it)
+        self._deliveries.closing()
         if self._conn is not None:
             await self._conn.close(drain_timeout=1.0)
         self._finish()

@@ -57,7 +57,7 @@ class Deliveries:
         self._acks: set[asyncio.Future[None]] = set()
         """Acks of the notifications queued or being handed over that ask one (at most
         those the core lets wait: ``max_concurrent``); see :meth:`ack_all`."""
-        self._acking = False
+        self._closing = False
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -66,24 +66,28 @@ class Deliveries:
         return self._queue.empty()
 
     def put(self, delivery: Delivery) -> None:
+        done = delivery[2]
+        if self._closing:  # dropped, as what is queued will be (acked: see closing())
+            if done is not None:
+                done.set_result(None)
+            return
         self._queue.put_nowait(delivery)
         self.queued_bytes += delivery[3]
-        done = delivery[2]
         if done is not None:
-            if self._acking:
-                done.set_result(None)
-            else:
-                self._acks.add(done)
+            self._acks.add(done)
 
-    def ack_all(self) -> None:
-        """Ack now every notification queued or being handed over, and any that comes
-        later (the client is closing): their handlers, which a close's drain waits for,
-        would wait for the delivery task, which may be running the callback that closes."""
-        self._acking = True
+    def closing(self) -> None:
+        """The client closes: ack now every notification queued or being handed over, drop
+        (acked) those that come during the close, and stop holding the connection. Its
+        drain waits for the tasks it runs for them (an ack's handler, a wait for room),
+        which would wait for the delivery task, which may be running the callback that
+        closes."""
+        self._closing = True
         for done in self._acks:
             if not done.done():
                 done.set_result(None)
         self._acks.clear()
+        self.room.set()
 
     async def get(self) -> Delivery:
         """The next delivery, in the order received; makes room once back under both."""
@@ -132,7 +136,7 @@ class Deliveries:
         """None while the queue is within both bounds; past either, an awaitable that waits
         for room. A notification handler returns it: the connection runs it as a task, and
         holds further notifications until it ends (:meth:`hold_if_full`)."""
-        if self.awaited_answers or not self._full():
+        if self.awaited_answers or self._closing or not self._full():
             return None
         self.room.clear()
         self._holding = rpc.current_peer.get(None)
