@@ -36,6 +36,11 @@ class NotMetrics(ValueError):
     """The endpoint answered, but not with Prometheus text (or not with sane histograms)."""
 
 
+class OutputFailed(Exception):
+    """Our output cannot take a frame (stdout on a full disk): not a failed scrape, which an
+    OSError is. A BrokenPipeError (``| head -1``) is raised as it is."""
+
+
 @dataclass
 class OpCounts:
     requests: float = 0.0
@@ -404,12 +409,15 @@ def run(
     count: int | None = None,
     side: str = "server",
     plain: bool = False,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> None:
     """Refresh every ``interval`` s (> 0), ``count`` times (forever when None). Raises
     OSError (urllib's URLError is one) when the endpoint cannot be scraped, NotMetrics when
-    what it answers is not Prometheus text. The live table (on the main thread) turns
-    SIGTERM into SystemExit(143) while it runs, so the terminal gets its cursor back."""
+    what it answers is not Prometheus text, :class:`OutputFailed` when ``out`` (default: the
+    ``sys.stdout`` of the call) cannot take a frame. The live table (on the main thread)
+    turns SIGTERM into SystemExit(143) while it runs, so the terminal gets its cursor back."""
+    if out is None:
+        out = sys.stdout
     if not interval > 0:
         raise ValueError(f"interval must be above 0 s, not {interval}")
     url = metrics_url(target)
@@ -429,10 +437,15 @@ def run(
         next_at = time.monotonic()
         while count is None or shown < count:
             now = parse(fetch(url, timeout=max(interval, 1.0)), side, time.monotonic())
-            if live is not None:
-                live.update(_rich_frame(url, before, now), refresh=True)
-            else:
-                print(plain_frame(url, before, now), end="\n\n", file=out, flush=True)
+            try:
+                if live is not None:
+                    live.update(_rich_frame(url, before, now), refresh=True)
+                else:
+                    print(plain_frame(url, before, now), end="\n\n", file=out, flush=True)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                raise OutputFailed(str(exc)) from exc
             before = now
             shown += 1
             if count is not None and shown >= count:

@@ -17,6 +17,7 @@ import pytest
 
 import rpc
 from rpc import cli, loops
+from tests.test_top import answering, http_ok, metrics_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,3 +149,38 @@ def test_a_client_command_with_its_stdout_closed_does_not_abort(command: str) ->
             text=True,
         )
     assert done.returncode == 0, (done.returncode, done.stderr)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+async def test_top_into_a_full_disk_is_not_a_scrape_failure() -> None:
+    """``peerwire top URL --plain > file`` on a full disk exits 1, "cannot write the
+    output", as call and stream do. Before: "cannot read URL: [Errno 28] No space left on
+    device", exit 3, an operator sent to look at a server that answered."""
+    reply = http_ok(metrics_text(10, 1, 5, 100).encode())
+    server = await answering({b"/metrics": reply})
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    try:
+        with open("/dev/full", "wb") as full:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "rpc.cli",
+                "top",
+                url,
+                "--plain",
+                "--count",
+                "1",
+                cwd=ROOT,
+                stdout=full,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        async with asyncio.timeout(30):
+            _, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        server.close()
+        await server.wait_closed()
+    assert process.returncode == 1, err.decode()
+    assert "cannot write the output" in err.decode(), err.decode()
