@@ -421,3 +421,39 @@ async def test_violation_log_tells_what_it_left_out_when_the_window_ends(
         assert caplog.records[-1].getMessage() == "violation 5"
     finally:
         logger.removeHandler(watch)
+
+
+async def test_violation_log_told_from_another_thread_is_told_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Limiters are shared by every thread: a record logged from a thread without a loop
+    after the window tells the count there, and the timer the flood armed on this loop
+    (never cancelled from the other thread: it is not that thread's loop) tells nothing
+    more when it fires."""
+    import logging
+    import threading
+    import time
+
+    logger = logging.getLogger("peerwire.test.limited_threads")
+    limited = RateLimitedLog(logger, burst=1, window=0.1)
+    loop = asyncio.get_running_loop()
+    with caplog.at_level(logging.WARNING, logger="peerwire.test.limited_threads"):
+        for i in range(3):
+            limited.warning("violation %d", i)  # one through; the timer armed here
+        # the loop held (a busy handler) past the window: its timer cannot fire before the
+        # other thread's record rolls the window and tells the count
+        over = time.monotonic() + 0.12
+        while time.monotonic() < over:
+            pass
+        other = threading.Thread(target=limited.warning, args=("from a thread",))
+        other.start()
+        other.join(5)
+        after_timer = asyncio.Event()
+        loop.call_later(0.2, after_timer.set)  # past the limiter's timer (timers in order)
+        await asyncio.wait_for(after_timer.wait(), 5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "violation 0",
+        "2 similar records suppressed (at most 1 per 0.1 s)",
+        "from a thread",
+    ]

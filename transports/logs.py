@@ -17,11 +17,14 @@ from typing import Any
 
 class RateLimitedLog:
     """At most ``burst`` records per ``window`` seconds (default 20 per 10 s). How many were
-    left out is said in one WARNING when the window ends: by a timer armed on the running
-    loop at the first record left out (one per window, only while records are left out),
-    or, logged where no loop runs (or the loop stopped first), by the next record."""
+    left out is said in one WARNING when the window ends: by a timer armed on the loop
+    running in the logging thread at the first record left out (one per window, only while
+    records are left out), or, logged where no loop runs (or the loop stopped first), by
+    the next record. Loggers are shared by every thread and loop: a timer is never
+    cancelled (that would touch another thread's loop); one that finds its window told
+    already does nothing."""
 
-    __slots__ = ("_burst", "_count", "_logger", "_started", "_suppressed", "_told_at", "_window")
+    __slots__ = ("_burst", "_count", "_logger", "_started", "_suppressed", "_window")
 
     def __init__(self, logger: logging.Logger, *, burst: int = 20, window: float = 10.0) -> None:
         self._logger = logger
@@ -30,15 +33,10 @@ class RateLimitedLog:
         self._started = 0.0
         self._count = 0
         self._suppressed = 0
-        self._told_at: asyncio.TimerHandle | None = None
-        """The timer that tells this window's count, while one is armed."""
 
     def reset(self) -> None:
         """Start a new window (tests; a process that wants a fresh count)."""
         self._started, self._count, self._suppressed = 0.0, 0, 0
-        if self._told_at is not None:
-            self._told_at.cancel()
-            self._told_at = None
 
     def warning(self, message: str, *args: Any) -> None:
         self._log(logging.WARNING, message, args, False)
@@ -78,9 +76,6 @@ class RateLimitedLog:
 
     def _tell(self, now: float) -> None:
         """The window ended: say how many records it left out, and start a new one."""
-        if self._told_at is not None:
-            self._told_at.cancel()
-            self._told_at = None
         if self._suppressed:
             self._logger.warning(
                 "%d similar records suppressed (at most %d per %g s)",
@@ -96,14 +91,13 @@ class RateLimitedLog:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # a thread without a loop: the next record tells it
-        self._told_at = loop.call_later(delay, self._due)
+        loop.call_later(delay, self._due)
 
     def _due(self) -> None:
-        self._told_at = None
         now = time.monotonic()
         if now - self._started >= self._window:
             self._tell(now)
-        elif self._suppressed:  # the loop's clock ran ahead of ours: a little later
+        elif self._suppressed:  # the loop's clock ran ahead (or a later window's): again then
             self._arm(max(self._started + self._window - now, 0.001))
 
 
