@@ -382,6 +382,17 @@ async def client(args: argparse.Namespace) -> int:
 # --- entry point ---------------------------------------------------------------------------
 
 
+def _say(line: str) -> None:
+    """A failure's one line on stderr. Characters that are not printable (a newline, a
+    carriage return, an ESC starting a terminal escape) are written as escapes (``\\n``,
+    ``\\x1b``): a peer's error text, a URL or an exception's message must neither break the
+    line in two nor drive the operator's terminal."""
+    escaped = "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in line
+    )
+    print(escaped, file=sys.stderr)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "eventer":  # runs its own loop, signals and exit codes
         status: int = args.func(args)
@@ -391,34 +402,34 @@ def _run(args: argparse.Namespace) -> int:
             return top(args)
         return serve(args) if args.command == "serve" else loops.run(client(args))
     except CliError as exc:
-        print(f"peerwire: {exc}", file=sys.stderr)
+        _say(f"peerwire: {exc}")
         return exc.code
     except loops.LoopUnavailable as exc:  # a bad $PEERWIRE_LOOP
-        print(f"peerwire: {exc}", file=sys.stderr)
+        _say(f"peerwire: {exc}")
         return EXIT_USAGE
     except rpc.RemoteError as exc:
-        print(f"peerwire: error result from peer: {exc}", file=sys.stderr)
+        _say(f"peerwire: error result from peer: {exc}")
         return EXIT_REMOTE_ERROR
     except rpc.RetryLater as exc:
-        print(f"peerwire: peer asked to retry, gave up: {exc}", file=sys.stderr)
+        _say(f"peerwire: peer asked to retry, gave up: {exc}")
         return EXIT_RETRY
     except rpc.RequestTimeout as exc:
-        print(f"peerwire: timeout: {exc}", file=sys.stderr)
+        _say(f"peerwire: timeout: {exc}")
         return EXIT_TIMEOUT
     except BrokenPipeError:  # stdout closed early (`| head -1`): not the connection's fault
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return EXIT_FAILED
     except (rpc.ConnectionClosed, OSError) as exc:
-        print(f"peerwire: connection failed: {exc}{_dialect_hint(args)}", file=sys.stderr)
+        _say(f"peerwire: connection failed: {exc}{_dialect_hint(args)}")
         return EXIT_CONNECTION
     except rpc.RpcError as exc:  # PayloadError, StreamOverflow and any the core may add
-        print(f"peerwire: {exc}", file=sys.stderr)
+        _say(f"peerwire: {exc}")
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # one line for scripts, as for every other failure; -v: where
         log.debug("unexpected failure", exc_info=True)
-        print(f"peerwire: {type(exc).__name__}: {exc} (-v shows where)", file=sys.stderr)
+        _say(f"peerwire: {type(exc).__name__}: {exc} (-v shows where)")
         return EXIT_FAILED
 
 

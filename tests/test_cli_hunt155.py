@@ -184,3 +184,26 @@ async def test_top_into_a_full_disk_is_not_a_scrape_failure() -> None:
         await server.wait_closed()
     assert process.returncode == 1, err.decode()
     assert "cannot write the output" in err.decode(), err.decode()
+
+
+def test_a_peers_error_text_is_one_line_without_terminal_escapes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An error result whose text holds a newline, a carriage return and terminal escapes
+    (set the title, clear the screen) is said in one line on stderr, those characters
+    escaped (``\\x1b``, ``\\n``), as docs/cli.md promises ("every failure is one line").
+    Before, the peer's text went to the operator's terminal as it came: a second line, and
+    escape sequences run by the terminal."""
+    registry = rpc.Registry()
+
+    @registry.handle("evil")
+    def evil(_: Any) -> None:
+        raise RuntimeError("\x1b]0;pwned\x07\x1b[2J\rall good\nsecond line")
+
+    with chatter_server(registry) as (url, _, _):
+        code = cli.main(["call", url, "evil", "--timeout", "10"])
+    err = capsys.readouterr().err
+    assert code == 5, err
+    assert err.count("\n") == 1 and err.endswith("\n"), repr(err)
+    assert not any(c in err[:-1] for c in "\x1b\x07\r\n"), repr(err)
+    assert "\\x1b[2J\\rall good\\nsecond line" in err, repr(err)
