@@ -374,12 +374,17 @@ class BlockingPeer:
         elif not peer.is_open or self._home is not live_loop():
             raise ConnectionClosed("connection is closed")
 
-    def close(self) -> None:
-        """Close the connection; in a child process forked since it was made, nothing to do
-        (the connection is the parent's), nor once its loop's thread ended (which cut it)."""
+    def close(self, *, drain_timeout: float = 5.0) -> None:
+        """Close the connection gracefully: calls in flight (another thread's) may finish for up
+        to ``drain_timeout`` s (default 5, as :meth:`rpc.peer.Peer.close`; 0: none waited for,
+        they raise ConnectionClosed). In a child process forked since it was made, nothing to
+        do (the connection is the parent's), nor once its loop's thread ended (which cut it)."""
         if self._home is live_loop():
             with contextlib.suppress(ConnectionClosed):  # its loop's thread ended meanwhile
-                _run(self.peer.close, home=self._home)
+                _run(
+                    functools.partial(self.peer.close, drain_timeout=drain_timeout),
+                    home=self._home,
+                )
 
     def __enter__(self) -> BlockingPeer:
         return self

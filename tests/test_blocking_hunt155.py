@@ -7,12 +7,14 @@ import concurrent.futures
 import itertools
 import sys
 import threading
+import time
 import warnings
 from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 
+import rpc
 import rpc.blocking
 import rpc.blocking_loop
 from tests.test_blocking_stream import Feeds, serving
@@ -103,3 +105,32 @@ def test_an_interrupt_anywhere_in_a_call_cancels_it_or_sends_nothing(call: str) 
             assert not [str(w.message) for w in caught], f"point {n}"
             if interrupter.waiting:
                 break
+
+
+@pytest.mark.parametrize("reconnect", [False, True])
+def test_close_takes_a_drain_timeout_for_calls_in_flight(reconnect: bool) -> None:
+    """``close(drain_timeout=0.2)`` while another thread waits on a request the server never
+    answers returns within about that (the caller gets ConnectionClosed), as the async
+    peers' close does. Before, BlockingPeer.close took no drain_timeout (TypeError): a
+    script shutting down with a call in flight waited the whole default 5 s."""
+    feeds = Feeds()
+    started, ended = feeds.expect("held")
+    failed: list[BaseException] = []
+    with serving(feeds.registry) as url:
+        peer = rpc.blocking.connect(url, reconnect=reconnect)
+
+        def call() -> None:
+            try:
+                peer.request("hang", "held", timeout=30)
+            except BaseException as exc:
+                failed.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        assert started.wait(5)
+        begun = time.monotonic()
+        peer.close(drain_timeout=0.2)
+        assert time.monotonic() - begun < 2.5, "close waited for the call"
+        caller.join(5)
+        assert [type(exc) for exc in failed] == [rpc.ConnectionClosed]
+        assert ended.wait(5)
