@@ -214,3 +214,69 @@ async def test_a_callback_that_closes_its_client_with_acks_does_not_wait_for_its
         cut = [r.getMessage() for r in caplog.records if "are cut" in r.getMessage()]
         assert cut == []
         assert waited < 0.5, waited
+
+
+async def test_closing_a_client_lost_for_good_delivers_what_it_received_first(
+    tmp_path: Path,
+) -> None:
+    """``async with`` around ``await client.closed``: the exit's ``close()`` waits for the
+    notifications the lost connection brought to reach the callback (a slow one here).
+    Before, ``closed`` resolved at once and ``close()`` dropped them: the callback got
+    the first and was cancelled in it."""
+    server = await EventerServer(server_config(tmp_path)).start()
+    release = asyncio.Event()
+    delivered: list[common.EventType] = []
+
+    async def slow_cb(_client: eventer.Client, events: list[eventer.Event]) -> None:
+        await release.wait()
+        delivered.extend(e.type for e in events)
+
+    try:
+        client = await eventer.connect(
+            url_of(server), "reader", subscriptions=[("n", "*")], events_cb=slow_cb
+        )
+        for i in range(3):
+            await server.register([json_event(("n", str(i)))])
+        await wait_until(lambda: client._deliveries.qsize() == 2)  # ("n", "0") in slow_cb
+    finally:
+        await server.close()
+    async with client:
+        await asyncio.wait_for(client.closed, 5)
+        # a callback slower than the close's own steps: released while the exit's close
+        # waits (before, the close was over by then and had cancelled the callback)
+        asyncio.get_running_loop().call_later(0.2, release.set)
+    assert delivered == [("n", "0"), ("n", "1"), ("n", "2")]
+
+
+async def test_a_callback_closing_its_lost_client_does_not_wait_for_itself(
+    tmp_path: Path,
+) -> None:
+    """A callback that closes its client once the connection is lost for good closes it at
+    once: the deliveries it would wait for include its own."""
+    server = await EventerServer(server_config(tmp_path)).start()
+    lost = asyncio.Event()
+    closed_in: list[float] = []
+
+    async def closing_cb(client: eventer.Client, _events: list[eventer.Event]) -> None:
+        await lost.wait()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await client.close()
+        closed_in.append(loop.time() - started)
+
+    try:
+        client = await eventer.connect(
+            url_of(server),
+            "closer",
+            subscriptions=[("n", "*")],
+            events_cb=closing_cb,
+            timeout=5,
+        )
+        await server.register([json_event(("n", "0"))])
+        await wait_until(lambda: client._deliveries.qsize() == 0)  # in closing_cb
+    finally:
+        await server.close()
+    await asyncio.wait_for(client.closed, 5)
+    lost.set()
+    await wait_until(lambda: closed_in != [])
+    assert closed_in[0] < 1.0, closed_in

@@ -14,17 +14,14 @@ Status notifications go to ``status_cb`` in the same order, and so does the stat
 init response (hat's client does not call ``status_cb`` for it): a callback sees every
 status, including the one a reconnect finds.
 
-With ``reconnect=True`` the client is :func:`rpc.connect`'s reconnecting client: a lost
-connection is re-established with back-off and full jitter (a random wait up to
-``reconnect_delay`` seconds, doubling up to ``reconnect_max_delay``), failing over between
-several URLs when given a list, and every new connection is initialised again (same name,
-token and subscriptions) before any call goes out on it: the client resubscribes by itself
-and logs it. Calls made meanwhile wait for it up to their timeout; a query in flight when
-the connection dropped is sent again, a registration is not (it fails with
-``rpc.ConnectionClosed``: it may have been registered). Without ``reconnect`` the client
-closes when its connection drops. Registrations sent without response that a dropped
-connection lost are not silent: those the server had not confirmed are counted and logged
-(:mod:`rpc.eventer.confirm`).
+With ``reconnect=True`` the client is :func:`rpc.connect`'s reconnecting client (back-off
+with full jitter from ``reconnect_delay`` up to ``reconnect_max_delay``, failing over
+between URLs), and every new connection is initialised again (same name, token and
+subscriptions) before any call goes out on it. Calls made meanwhile wait for it up to their
+timeout; a query in flight when the connection dropped is sent again, a registration is not
+(``rpc.ConnectionClosed``: it may have been registered). Without ``reconnect`` the client
+closes when its connection drops, once what it received is delivered. Registrations lost
+unconfirmed with a dropped connection are counted and logged (:mod:`rpc.eventer.confirm`).
 
 The Eventer exists only in the current Chatter dialect: a ``tcp+sbs``/``ssl+sbs`` URL
 without ``?dialect=`` uses ``HatChatter``; ``?dialect=Hat`` is refused. ``max_size`` (16 MiB
@@ -338,12 +335,16 @@ class Client:
         return ReaderIterator(queue, self._iterators, self._ended, self._deliveries)
 
     async def close(self) -> None:
-        """Close the connection (its calls in flight get up to 1 s); notifications not
-        delivered yet, or coming meanwhile, are dropped; with acks, they and the one being handled
-        are acked now."""
+        """Close the connection (its calls in flight get up to 1 s), dropping notifications
+        not delivered yet or coming meanwhile (acked, with acks). One lost for good first
+        delivers what it brought, up to ``timeout`` (unless closed by a callback or reader)."""
         if self._closing:
             await asyncio.shield(self._closed)
             return
+        if self._closed.done() and not self._deliveries.handling():  # lost for good
+            await asyncio.wait((self._delivery,), timeout=self.timeout)
+            if self._closing:  # closed meanwhile, by a callback
+                return
         self._closing = True
         self._confirmations.close()
         # the drain waits for the tasks the connection runs for what is queued, which

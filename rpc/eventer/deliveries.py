@@ -158,6 +158,13 @@ class Deliveries:
             delivering.active = False
             _DELIVERING.reset(token)
 
+    def handling(self) -> bool:
+        """Whether this context handles one of this queue's notifications: a callback while
+        it runs (or a task it started), or an ``events()`` reader between a list it took and
+        its next (:class:`ReaderIterator`)."""
+        delivering = _DELIVERING.get()
+        return delivering is not None and delivering.deliveries is self and delivering.active
+
     @contextlib.contextmanager
     def answer_awaited(self) -> Iterator[None]:
         """A request made by a callback while it runs (in the delivery task, or a task
@@ -165,8 +172,7 @@ class Deliveries:
         while it is awaited deliveries are not bounded (the connection would stop reading,
         and the callback wait its whole timeout). A task the callback left running does
         not lift the bound once the callback has returned."""
-        delivering = _DELIVERING.get()
-        if delivering is None or delivering.deliveries is not self or not delivering.active:
+        if not self.handling():
             yield
             return
         self.awaited_answers += 1
