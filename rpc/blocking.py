@@ -40,7 +40,17 @@ from typing import Any, TypeVar, cast
 
 from rpc.api import connect as async_connect
 from rpc.blocking_buffer import END, Buffer, pump_results
-from rpc.blocking_loop import GONE, background, live_loop, lock, lost, on_loop_thread, track
+from rpc.blocking_loop import (
+    GONE,
+    Background,
+    Call,
+    background,
+    live_loop,
+    lock,
+    lost,
+    on_loop_thread,
+    track,
+)
 from rpc.errors import ConnectionClosed
 from rpc.peer import Peer
 from rpc.reconnect import ConnectionState, ReconnectingPeer
@@ -64,73 +74,59 @@ _ON_LOOP = (
 )
 
 
-def _run(
-    call: Callable[[], Awaitable[T]],
-    timeout: float | None = None,
-    home: asyncio.AbstractEventLoop | None = None,
-) -> T:
+def _run(call: Callable[[], Awaitable[T]], home: asyncio.AbstractEventLoop | None = None) -> T:
     """Make ``call`` on the background loop (its coroutine is made there: a client's state
     is read on its loop) and wait for its result; ``home``: the loop the object making the
     call was made on, which a process forked since then does not run, nor one whose loop's
     thread ended (ConnectionClosed, as when it ends during the wait); on the loop's own
-    thread, CalledOnLoopThread. The future waited on exists before the call is handed to
-    the loop, so an interrupt (KeyboardInterrupt) at any point cancels it: the call is then
-    never made, or its task is cancelled."""
-    future: concurrent.futures.Future[T] | None = None
+    thread, CalledOnLoopThread. The :class:`~rpc.blocking_loop.Call` waited on exists before
+    the call is handed to the loop, so an interrupt (KeyboardInterrupt) at any point cancels
+    it: the call is then never made, or its task is cancelled."""
+    outcome = Call()
+    loop: asyncio.AbstractEventLoop | None = None
     try:
-        future = concurrent.futures.Future()
         with lock():
             current = background()
             if home is not None and home is not current.loop:
                 raise lost(home)
             if threading.current_thread() is current.thread:
                 raise CalledOnLoopThread(_ON_LOOP)
-            current.calls.add(future)
-            future.add_done_callback(current.calls.discard)
-            current.loop.call_soon_threadsafe(_start, call, future)
-        return future.result(timeout)
-    except concurrent.futures.CancelledError:
-        if current.ending:  # its thread's exit cancelled the loop's tasks
-            raise ConnectionClosed(GONE) from None
-        raise
+            current.calls.add(outcome)
+            loop = current.loop
+            loop.call_soon_threadsafe(_start, call, outcome, current)
+        return cast(T, outcome.wait())
     except BaseException:
-        if future is not None:
-            future.cancel()  # interrupted (KeyboardInterrupt, timeout): the call stops too
+        outcome.cancelled = True  # interrupted (KeyboardInterrupt): the call stops too
+        if loop is not None and not outcome.settled:
+            with contextlib.suppress(RuntimeError):  # the loop is closed (its thread ended)
+                loop.call_soon_threadsafe(outcome.cancel)
         raise
 
 
-def _start(call: Callable[[], Awaitable[T]], future: concurrent.futures.Future[T]) -> None:
-    """On the loop: make ``call`` as a task whose outcome ``future`` gets, cancelled when
-    ``future`` is (an interrupted caller); nothing if it is cancelled already."""
-    if future.cancelled():
+def _start(call: Callable[[], Awaitable[Any]], outcome: Call, current: Background) -> None:
+    """On the loop: make ``call`` as a task whose end settles ``outcome`` (nothing if its
+    caller was interrupted already)."""
+    if outcome.cancelled:
+        current.calls.discard(outcome)
         return
     try:
         task = asyncio.ensure_future(call())
     except Exception as error:  # raised as it was called: the caller's to raise
-        with contextlib.suppress(concurrent.futures.InvalidStateError):
-            future.set_exception(error)
+        current.calls.discard(outcome)
+        outcome.settle(error=error)
         return
-    loop = task.get_loop()
+    outcome.task = task
 
-    def cancel_task(done: concurrent.futures.Future[T]) -> None:
-        if done.cancelled():  # from the caller's thread
-            with contextlib.suppress(RuntimeError):  # the loop is closed (its thread ended)
-                loop.call_soon_threadsafe(task.cancel)
-
-    future.add_done_callback(cancel_task)
-    task.add_done_callback(lambda done: _settle_call(done, future))
-
-
-def _settle_call(task: asyncio.Future[T], future: concurrent.futures.Future[T]) -> None:
-    """Give ``future`` the outcome of ``task``, unless it has one (cancelled, or failed by
-    the exit of the loop's thread)."""
-    with contextlib.suppress(concurrent.futures.InvalidStateError):
-        if task.cancelled():
-            future.cancel()
-        elif (error := task.exception()) is not None:
-            future.set_exception(error)
+    def ended(task: asyncio.Future[Any]) -> None:
+        current.calls.discard(outcome)
+        if not task.cancelled():
+            outcome.settle(task.result() if task.exception() is None else None, task.exception())
+        elif current.ending:  # its thread's exit cancelled the loop's tasks
+            outcome.settle(error=ConnectionClosed(GONE))
         else:
-            future.set_result(task.result())
+            outcome.settle(error=concurrent.futures.CancelledError())
+
+    task.add_done_callback(ended)
 
 
 MAX_BUFFERED = 65_536
@@ -248,12 +244,16 @@ class BlockingStream(Iterator[Any]):
             raise
 
     def _stop(self) -> asyncio.Task[None] | None:
-        """Finish the buffer, dropping what it holds, and cancel the pump; the pump if any."""
+        """Finish the buffer, dropping what it holds, and cancel the pump; the pump if any.
+        The pump is dropped only once its cancel was handed to the loop: an interrupt before
+        that leaves it for the next close() or the drop (a cancel twice does no harm)."""
         self._buffer.finish(drop=True)
-        with self._lock:
-            pump, self._pump = self._pump, None
+        pump = self._pump
         if pump is not None:
             _cancel_soon(pump)
+            with self._lock:
+                if self._pump is pump:
+                    self._pump = None
         return pump
 
     def close(self) -> None:

@@ -7,7 +7,6 @@ connections made on its loop, then the loop, and fails what waits on it."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import threading
@@ -46,6 +45,46 @@ def lost(home: asyncio.AbstractEventLoop) -> ConnectionClosed:
     return ConnectionClosed(GONE if gone else FORKED)
 
 
+class Call:
+    """The outcome of one blocking call, handed from the loop's thread to the caller's. Set
+    once, on the loop's thread only (by its task's end, or by the end of that thread); then
+    ``done``, a raw lock taken from the start, is released. The caller waits with
+    ``done.acquire()``, one C call: an interrupt (KeyboardInterrupt) cannot leave a lock
+    taken there, as one at the return of a Python ``__enter__`` can
+    (``concurrent.futures.Future.result``'s ``with self._condition``, which left the
+    future's lock held, and the loop's thread waiting for it for good as it set the result).
+    ``cancelled``: set by an interrupted caller (the task is then not made, or cancelled)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.settled = False
+        self.cancelled = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.task: asyncio.Future[Any] | None = None
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        """On the loop's thread: the outcome, unless there is one already."""
+        if self.settled:
+            return
+        self.settled = True
+        self.result, self.error = result, error
+        self.done.release()
+
+    def cancel(self) -> None:
+        """On the loop's thread: an interrupted caller's cancel of the task, if made."""
+        if self.task is not None:
+            self.task.cancel()
+
+    def wait(self) -> Any:
+        """In the caller's thread: the result once settled, or raise its error."""
+        self.done.acquire()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 class Background:
     """The shared loop, the thread that runs it, and what waits on it from other threads:
     the futures of calls handed to it (each dropped once done), the buffers of the streams
@@ -59,7 +98,7 @@ class Background:
     def __init__(self) -> None:
         self.loop = loops.new_event_loop()
         self.thread = threading.Thread(target=self._serve, name="peerwire-loop", daemon=True)
-        self.calls: set[concurrent.futures.Future[Any]] = set()
+        self.calls: set[Call] = set()
         self.buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self.peers: weakref.WeakSet[ReconnectingPeer | Peer] = weakref.WeakSet()
         self.ending = False
@@ -85,9 +124,8 @@ class Background:
                     if _current is self:
                         _current = None
                     calls = list(self.calls)
-        for call in calls:  # those not ended by the cancel (done ones raise)
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                call.set_exception(ConnectionClosed(GONE))
+        for call in calls:  # those not ended by the cancel (settled ones stay as they are)
+            call.settle(error=ConnectionClosed(GONE))
 
     def _settle(self) -> None:
         """Cancel the loop's tasks and cut the connections of the clients made on it (no
