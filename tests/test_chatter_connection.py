@@ -257,6 +257,17 @@ def test_size_limit_from_header_before_body() -> None:
     assert huge.buffered == 0
 
 
+def test_a_huge_frame_size_is_told_by_its_length_not_its_digits() -> None:
+    """A header may give 255 length bytes: the error (logged per hostile peer) said the
+    size in its 600-odd digits; it now says how many bytes the size took."""
+    conn = ChatterConnection(CUR, max_size=100)
+    with pytest.raises(MessageTooLarge) as told:
+        conn.receive_data(b"\xff" + b"\xff" * 255)
+    assert str(told.value) == "Chatter frame of a 255-byte size exceeds max_size 100"
+    with pytest.raises(MessageTooLarge, match=r"^Chatter frame of 101 bytes exceeds"):
+        ChatterConnection(CUR, max_size=100).receive_data(b"\x01\x65")
+
+
 def test_partial_frame_is_buffered_up_to_limit() -> None:
     conn = ChatterConnection(CUR, max_size=1000)
     frame = encode_frame(Msg(1, 1, True, True, True, "X", b"y" * 900), CUR)

@@ -63,7 +63,9 @@ class FrameReader:
             size = buf[pos + 1] if m == 1 else int.from_bytes(buf[pos + 1 : body], "big")
             if size > max_size:
                 self._buf = bytearray()  # nothing more will be read from this stream
-                raise MessageTooLarge(f"Chatter frame of {size} bytes exceeds max_size {max_size}")
+                # a header may give 255 length bytes: not a number of 600 digits in a log line
+                told = f"{size} bytes" if m <= 8 else f"a {m}-byte size"
+                raise MessageTooLarge(f"Chatter frame of {told} exceeds max_size {max_size}")
             end = body + size
             if end > total:
                 break
