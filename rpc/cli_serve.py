@@ -202,7 +202,9 @@ def std_fds_open() -> None:
     else the first fds opened (the loop's epoll, a listening socket) take their numbers, a
     write to stdout (a handler's child process) goes into a socket, and uvloop aborts when
     it closes them (it asserts fd > 2). ``sys.stdout`` stays None then (Python saw it
-    closed): :class:`StatusLines` tells so on stderr."""
+    closed): :class:`StatusLines` tells so on stderr. ``sys.stderr``, None when fd 2 was
+    closed, writes to fd 2 (/dev/null): ``print(..., file=None)`` writes to stdout, and a
+    failure's line would go where a script reads results."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -211,6 +213,8 @@ def std_fds_open() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (the process's, for good)
 
 
 class StatusLines:

@@ -1,0 +1,33 @@
+"""Defects found by helper-159's review of b11d5c7..eb9ca2a; each test fails on the code it
+was written against, and is bounded in time."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_failure_with_stderr_closed_does_not_go_to_stdout() -> None:
+    """``peerwire call ... 2>&-`` (fd 2 closed) that fails writes its failure line nowhere,
+    never into stdout, which a script reads results from. Python sets ``sys.stderr`` to None
+    then, and ``print(..., file=None)`` writes to ``sys.stdout``: the line "peerwire: cannot
+    connect to ..." came out as if it were the call's result (exit 3 all the same)."""
+    with socket.socket() as bound:  # bound, not listening: the connection is refused
+        bound.bind(("127.0.0.1", 0))
+        url = f"tcp+gotalk://127.0.0.1:{bound.getsockname()[1]}"
+        done = subprocess.run(
+            [sys.executable, "-m", "rpc.cli", "call", url, "echo", '"x"', "--timeout", "5"],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            preexec_fn=lambda: os.close(2),
+            timeout=60,
+            text=True,
+        )
+    assert done.returncode == 3
+    assert done.stdout == "", done.stdout
