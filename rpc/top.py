@@ -414,14 +414,15 @@ def run(
     """Refresh every ``interval`` s (> 0), ``count`` times (forever when None). Raises
     OSError (urllib's URLError is one) when the endpoint cannot be scraped, NotMetrics when
     what it answers is not Prometheus text, :class:`OutputFailed` when ``out`` (default: the
-    ``sys.stdout`` of the call) cannot take a frame. The live table (on the main thread)
-    turns SIGTERM into SystemExit(143) while it runs, so the terminal gets its cursor back."""
+    ``sys.stdout`` of the call; None with fd 1 closed at the start: frames go nowhere) cannot
+    take a frame. The live table (on the main thread) turns SIGTERM into SystemExit(143)
+    while it runs, so the terminal gets its cursor back."""
     if out is None:
         out = sys.stdout
     if not interval > 0:
         raise ValueError(f"interval must be above 0 s, not {interval}")
     url = metrics_url(target)
-    use_rich = not plain and out.isatty() and _have_rich()
+    use_rich = not plain and out is not None and out.isatty() and _have_rich()
     before: Snapshot | None = None
     live: Any = None
     sigterm: Any = None

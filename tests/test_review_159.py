@@ -3,11 +3,14 @@ was written against, and is bounded in time."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.test_top import answering, http_ok, metrics_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,3 +34,27 @@ def test_a_failure_with_stderr_closed_does_not_go_to_stdout() -> None:
         )
     assert done.returncode == 3
     assert done.stdout == "", done.stdout
+
+
+async def test_top_with_its_stdout_closed_is_no_unexpected_failure() -> None:
+    """``peerwire top URL >&-`` (no ``--plain``) scrapes and exits 0, its frame going
+    nowhere, as call and stream do with a closed stdout. Before, ``run`` asked the None that
+    ``sys.stdout`` is then whether it is a terminal: "AttributeError: 'NoneType' object has
+    no attribute 'isatty'", exit 1 (``--plain`` did not ask, and passed)."""
+    reply = http_ok(metrics_text(10, 1, 5, 100).encode())
+    server = await answering({b"/metrics": reply})
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    try:  # subprocess's preexec_fn: uvloop's child sets its stdio up after it
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "rpc.cli", "top", url, "--count", "1"],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: os.close(1),
+            timeout=30,
+        )
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert (done.returncode, done.stderr) == (0, b"")
