@@ -279,10 +279,12 @@ def _output_failed(exc: OSError) -> CliError:
     return CliError(f"cannot write the output: {exc}", EXIT_FAILED)
 
 
-def _print(line: str) -> None:
-    """``line`` on stdout; an OSError of stdout other than a broken pipe: CliError."""
+def _print(line: str, *, flush: bool = False) -> None:
+    """``line`` on stdout; an OSError of stdout other than a broken pipe: CliError.
+    ``flush``: now (the last line: into a file stdout is buffered, and a write failing in
+    the interpreter's exit flush is an ignored exception, exit 120)."""
     try:
-        print(line)
+        print(line, flush=flush)
     except BrokenPipeError:
         raise
     except OSError as exc:
@@ -359,7 +361,8 @@ async def client(args: argparse.Namespace) -> int:
         raise CliError(f"cannot connect to {args.url}: {exc}", EXIT_CONNECTION) from None
     try:
         if args.command == "call":
-            _print(_json_line(await peer.request(args.op, value, timeout=args.timeout)))
+            result = await peer.request(args.op, value, timeout=args.timeout)
+            _print(_json_line(result), flush=True)
         elif args.command == "notify":
             peer.notify(args.op, value)
         else:

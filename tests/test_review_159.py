@@ -9,7 +9,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import rpc
+from tests.test_cli_hunt155 import chatter_server
 from tests.test_top import answering, http_ok, metrics_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,3 +63,34 @@ async def test_top_with_its_stdout_closed_is_no_unexpected_failure() -> None:
         server.close()
         await server.wait_closed()
     assert (done.returncode, done.stderr) == (0, b"")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_call_into_a_full_disk_through_a_buffered_stdout_exits_1() -> None:
+    """``peerwire call URL OP > file`` on a full disk, stdout buffered as Python makes it
+    for a file (no PYTHONUNBUFFERED): exit 1, "cannot write the output", as docs/cli.md
+    says. Before, the result only went into stdout's buffer, the call returned 0, and the
+    interpreter's exit failed to flush it: exit 120, "Exception ignored in: <_io.TextIOWrapper
+    name='<stdout>'...>" (the in-process test wrote through a line-buffered file)."""
+    registry = rpc.Registry()
+
+    @registry.handle("echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full, chatter_server(registry) as (url, _, _):
+        done = subprocess.run(
+            [sys.executable, "-m", "rpc.cli", "call", url, "echo", '"x"', "--timeout", "10"],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=60,
+            text=True,
+        )
+    assert (done.returncode, done.stderr) == (
+        1,
+        "peerwire: cannot write the output: [Errno 28] No space left on device\n",
+    )
