@@ -20,8 +20,8 @@ between URLs), and every new connection is initialised again (same name, token a
 subscriptions) before any call goes out on it. Calls made meanwhile wait for it up to their
 timeout; a query in flight when the connection dropped is sent again, a registration is not
 (``rpc.ConnectionClosed``: it may have been registered). Without ``reconnect`` the client
-closes when its connection drops, once what it received is delivered. Registrations lost
-unconfirmed with a dropped connection are counted and logged (:mod:`rpc.eventer.confirm`).
+closes when its connection drops (``closed`` at once; what it received is still delivered).
+Registrations lost unconfirmed are counted and logged (:mod:`rpc.eventer.confirm`).
 
 The Eventer exists only in the current Chatter dialect: a ``tcp+sbs``/``ssl+sbs`` URL
 without ``?dialect=`` uses ``HatChatter``; ``?dialect=Hat`` is refused. ``max_size`` (16 MiB

@@ -56,7 +56,7 @@ class Deliveries:
         """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
         self._acks: set[asyncio.Future[None]] = set()
         """Acks of the notifications queued or being handed over that ask one (at most
-        those the core lets wait: ``max_concurrent``); see :meth:`ack_all`."""
+        those the core lets wait: ``max_concurrent``); see :meth:`closing`."""
         self._closing = False
 
     def qsize(self) -> int:
