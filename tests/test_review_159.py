@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 import rpc
+from rpc import eventer
+from tests.peers.eventer_helpers import running_server, url_of
 from tests.test_cli_hunt155 import chatter_server
 from tests.test_top import answering, http_ok, metrics_text
 
@@ -94,3 +96,24 @@ def test_a_call_into_a_full_disk_through_a_buffered_stdout_exits_1() -> None:
         1,
         "peerwire: cannot write the output: [Errno 28] No space left on device\n",
     )
+
+
+async def test_an_eventer_close_cancelled_midway_still_closes_the_client(tmp_path: Path) -> None:
+    """An Eventer client's close() cancelled while it closes the connection (a timeout
+    around it; the task of an ``async with`` cancelled in its exit) still leaves the client
+    closed: ``closed`` resolves, its iterators end, and close() again returns. Before, the
+    cancel skipped _finish(), and the connection's CLOSED state, ignored while closing, did
+    not make up for it: ``closed`` never resolved, an ``events()`` reader waited for good,
+    and a second close() too (it waits on ``closed``)."""
+    async with running_server(tmp_path) as server:
+        client = await eventer.connect(url_of(server), "reader", subscriptions=[("n", "*")])
+        events = client.events()
+        closing = asyncio.ensure_future(client.close())
+        await asyncio.sleep(0)  # into the connection's close, which waits
+        assert not closing.done()
+        closing.cancel()
+        await asyncio.wait([closing])
+        await asyncio.wait_for(asyncio.shield(client.closed), 2)
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(events.__anext__(), 2)
+        await asyncio.wait_for(client.close(), 2)

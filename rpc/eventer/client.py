@@ -350,9 +350,11 @@ class Client:
         # the drain waits for the tasks the connection runs for what is queued, which
         # wait for the callback, which may be the one closing (the close cancels it)
         self._deliveries.closing()
-        if self._conn is not None:
-            await self._conn.close(drain_timeout=1.0)
-        self._finish()
+        try:
+            if self._conn is not None:
+                await self._conn.close(drain_timeout=1.0)
+        finally:  # cancelled too (its connection then closed at once): closed, ended
+            self._finish()
 
     async def __aenter__(self) -> Client:
         return self
