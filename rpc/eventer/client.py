@@ -347,9 +347,7 @@ class Client:
                 return
         self._closing = True
         self._confirmations.close()
-        # the drain waits for the tasks the connection runs for what is queued, which
-        # wait for the callback, which may be the one closing (the close cancels it)
-        self._deliveries.closing()
+        self._deliveries.closing()  # frees what the drain would wait for: the callback's
         try:
             if self._conn is not None:
                 await self._conn.close(drain_timeout=1.0)
