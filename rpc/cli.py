@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import importlib.util
 import json
 import logging
-import os
 import ssl
 import sys
 from typing import Any
@@ -41,6 +39,7 @@ from rpc.cli_serve import (
     CliError,
     serve,
     std_fds_open,
+    stdout_to_devnull,
     url_arg,
 )
 from rpc.eventer import cli as eventer_cli
@@ -272,10 +271,7 @@ def _output_failed(exc: OSError) -> CliError:
     failed connection (exit 3). stdout becomes /dev/null, so that the interpreter's exit
     does not fail on what is left in its buffer (exit 120). A BrokenPipeError (`| head -1`)
     is not one: :func:`_run` ends it quietly."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
+    stdout_to_devnull()
     return CliError(f"cannot write the output: {exc}", EXIT_FAILED)
 
 
@@ -420,7 +416,7 @@ def _run(args: argparse.Namespace) -> int:
         _say(f"peerwire: timeout: {exc}")
         return EXIT_TIMEOUT
     except BrokenPipeError:  # stdout closed early (`| head -1`): not the connection's fault
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        stdout_to_devnull()  # no error at exit
         return EXIT_FAILED
     except (rpc.ConnectionClosed, OSError) as exc:
         _say(f"peerwire: connection failed: {exc}{_dialect_hint(args)}")

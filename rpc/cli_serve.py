@@ -197,6 +197,20 @@ def _stop_while_starting() -> Iterator[Callable[[], None]]:
             signal.signal(sig, handler)
 
 
+def stdout_to_devnull() -> None:
+    """stdout can take no more (a full disk, a reader gone): its fd becomes /dev/null, so
+    that what is left in its buffer, and the interpreter's flush at exit, go nowhere
+    instead of failing again (exit 120)."""
+    if sys.stdout is None:
+        return
+    with contextlib.suppress(Exception):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()  # what the failed write left: to /dev/null now
+
+
 def std_fds_open() -> None:
     """Open /dev/null on each of fds 0, 1, 2 that is closed (``peerwire serve ... >&-``):
     else the first fds opened (the loop's epoll, a listening socket) take their numbers, a
@@ -240,21 +254,10 @@ class StatusLines:
                 return
             except (OSError, ValueError) as exc:  # ValueError: sys.stdout closed
                 self.to_stderr = True
-                self._drop_stdout()
+                stdout_to_devnull()
                 log.warning("cannot write to stdout (%s): its lines go to stderr", exc)
         with contextlib.suppress(Exception):
             print(line, file=sys.stderr, flush=True)
-
-    @staticmethod
-    def _drop_stdout() -> None:
-        if sys.stdout is None:
-            return
-        with contextlib.suppress(Exception):
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, sys.stdout.fileno())
-            os.close(null)
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()  # what the failed write left: to /dev/null now
 
 
 def _exit_now(why: str) -> None:
