@@ -203,7 +203,7 @@ async def test_peer_that_drops_connections_is_given_up_and_its_chunk_handed_on()
 async def test_slow_peer_queue_is_bounded_and_overflow_goes_to_the_chunk() -> None:
     async with (
         RawPeer("stall") as staller,
-        group(3, rng=InOrder(1), max_queue=2, send_timeout=0.05) as (a, b, c),
+        group(3, rng=InOrder(1), max_queue=2, send_timeout=0.3) as (a, b, c),
     ):
         for netid in (b.node.netid, c.node.netid):
             a.node.remove_peer(netid)
@@ -214,7 +214,7 @@ async def test_slow_peer_queue_is_bounded_and_overflow_goes_to_the_chunk() -> No
         for i in range(80):
             await a.node.notify("blob", blob[:-1] + bytes((i,)))
             peak = max(peak, a.node.queued.get(staller.netid, 0))
-            if a.node.stats.overflows >= 3:
+            if a.node.stats.rerouted >= 3:  # the staller's (b's or c's too, on a busy machine)
                 break
         assert a.node.stats.overflows >= 3
         assert peak <= 2
