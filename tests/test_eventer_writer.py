@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +23,40 @@ def register_req(*names: str) -> bytes:
     return common.encode(common.MSG_REGISTER_REQ, [common.register_event_to_sbs(e) for e in events])
 
 
+@contextlib.contextmanager
+def writer_on_threads(
+    store: Store,
+    catalog: TypeCatalog,
+    *,
+    inline: bool,
+    on_commit: Callable[[Session], None] = lambda session: None,
+    processed: int = 0,
+) -> Iterator[Writer]:
+    """A writer on executors of its own (a thread each), shut down on exit."""
+    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
+        yield Writer(
+            store,
+            catalog,
+            inline_commits=inline,
+            writer_exec=writer_exec,
+            checkpoint_exec=checkpoint_exec,
+            on_commit=on_commit,
+            processed=processed,
+        )
+
+
+@contextlib.asynccontextmanager
+async def running(writer: Writer) -> AsyncIterator[None]:
+    """``writer.run()`` as a task for the block, cancelled (and awaited) at its end."""
+    task = asyncio.ensure_future(writer.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def test_commits_release_registrants_and_queries_in_order(tmp_path: Path) -> None:
     store = Store(tmp_path / "w.db")
     state = store.open(1)
@@ -30,16 +65,9 @@ async def test_commits_release_registrants_and_queries_in_order(tmp_path: Path) 
         1, catalog, last_session=0, last_ts=0, max_event_bytes=1 << 20, max_message_size=1 << 20
     )
     committed: list[int] = []
-    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
-        writer = Writer(
-            store,
-            catalog,
-            inline_commits=False,
-            writer_exec=writer_exec,
-            checkpoint_exec=checkpoint_exec,
-            on_commit=lambda session: committed.append(session.id),
-            processed=0,
-        )
+    with writer_on_threads(
+        store, catalog, inline=False, on_commit=lambda session: committed.append(session.id)
+    ) as writer:
         loop = asyncio.get_running_loop()
         futures: list[SessionFuture] = []
         for name in ("a", "b", "c"):
@@ -47,17 +75,12 @@ async def test_commits_release_registrants_and_queries_in_order(tmp_path: Path) 
             writer.push(registrar.session(common.split_register_req(register_req(name)), future))
             futures.append(future)
         barrier = asyncio.ensure_future(writer.wait_processed(3))
-        task = asyncio.ensure_future(writer.run())
-        try:
+        async with running(writer):
             await asyncio.wait_for(barrier, 10)
             assert committed == [1, 2, 3] and writer.processed == 3
             assert [len(f.result() or []) for f in futures] == [1, 1, 1]
             assert writer.pending_events == 0
             assert len(store.query_server(1, None, 10, 1 << 20)[0]) == 3
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         store.close()
 
 
@@ -122,19 +145,9 @@ async def test_a_failure_after_the_commit_answers_the_registrant_and_goes_on(
             raise RecursionError("maximum recursion depth exceeded")
         notified.append(session.id)
 
-    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
-        writer = Writer(
-            store,
-            catalog,
-            inline_commits=False,
-            writer_exec=writer_exec,
-            checkpoint_exec=checkpoint_exec,
-            on_commit=on_commit,
-            processed=0,
-        )
+    with writer_on_threads(store, catalog, inline=False, on_commit=on_commit) as writer:
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(writer.run())
-        try:
+        async with running(writer):
             for name in ("a", "b"):
                 future: SessionFuture = loop.create_future()
                 writer.push(
@@ -142,10 +155,6 @@ async def test_a_failure_after_the_commit_answers_the_registrant_and_goes_on(
                 )
                 assert len(await asyncio.wait_for(future, 5) or []) == 1
             assert notified == [2] and not writer.stopped
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     store.close()
 
 
@@ -171,28 +180,14 @@ async def test_a_commit_reads_the_wal_size_only_when_it_may_have_passed_a_thresh
     registrar = Registrar(
         1, catalog, last_session=0, last_ts=0, max_event_bytes=1 << 20, max_message_size=1 << 20
     )
-    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
-        writer = Writer(
-            store,
-            catalog,
-            inline_commits=True,
-            writer_exec=writer_exec,
-            checkpoint_exec=checkpoint_exec,
-            on_commit=lambda session: None,
-            processed=0,
-        )
+    with writer_on_threads(store, catalog, inline=True) as writer:
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(writer.run())
-        try:
+        async with running(writer):
             for i in range(200):
                 future: SessionFuture = loop.create_future()
                 request = register_req(str(i % 20))
                 writer.push(registrar.session(common.split_register_req(request), future))
                 assert len(await asyncio.wait_for(future, 5) or []) == 1
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     assert 0 < store.wal_size() < store.max_wal_bytes // 4
     # before the first commit, once the commits' bound (99 KiB each) passed 16 MiB, and here
     assert store.size_reads <= 3, store.size_reads
@@ -242,16 +237,13 @@ async def test_a_group_commit_of_many_types_writes_about_an_eighth_of_max_wal_by
         1, catalog, last_session=40, last_ts=0, max_event_bytes=1 << 20, max_message_size=1 << 20
     )
     wal_sizes: list[int] = []
-    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
-        writer = Writer(
-            store,
-            catalog,
-            inline_commits=True,
-            writer_exec=writer_exec,
-            checkpoint_exec=checkpoint_exec,
-            on_commit=lambda session: wal_sizes.append(store.wal_size()),
-            processed=40,
-        )
+    with writer_on_threads(
+        store,
+        catalog,
+        inline=True,
+        on_commit=lambda session: wal_sizes.append(store.wal_size()),
+        processed=40,
+    ) as writer:
         loop = asyncio.get_running_loop()
         futures: list[SessionFuture] = []
         for k in range(250):  # types 8 apart: a leaf each
@@ -262,13 +254,8 @@ async def test_a_group_commit_of_many_types_writes_about_an_eighth_of_max_wal_by
             future: SessionFuture = loop.create_future()
             writer.push(registrar.session(common.split_register_req(request), future))
             futures.append(future)
-        task = asyncio.ensure_future(writer.run())
-        try:
+        async with running(writer):
             await asyncio.wait_for(writer.wait_processed(290), 10)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     assert all(f.result() for f in futures)
     assert max(wal_sizes) < limit, f"the -wal file reached {max(wal_sizes)} bytes"
     store.close()
@@ -300,16 +287,13 @@ async def test_a_large_session_finds_the_log_emptied_when_it_could_take_it_past_
         max_message_size=1 << 20,
     )
     wal_sizes: list[int] = []
-    with ThreadPoolExecutor(1) as writer_exec, ThreadPoolExecutor(1) as checkpoint_exec:
-        writer = Writer(
-            store,
-            catalog,
-            inline_commits=True,
-            writer_exec=writer_exec,
-            checkpoint_exec=checkpoint_exec,
-            on_commit=lambda session: wal_sizes.append(store.wal_size()),
-            processed=session,
-        )
+    with writer_on_threads(
+        store,
+        catalog,
+        inline=True,
+        on_commit=lambda session: wal_sizes.append(store.wal_size()),
+        processed=session,
+    ) as writer:
         events = [
             common.RegisterEvent(("big",), None, common.EventPayloadBinary("b", b"y" * 960))
             for _ in range(300)
@@ -319,12 +303,7 @@ async def test_a_large_session_finds_the_log_emptied_when_it_could_take_it_past_
         )
         future: SessionFuture = asyncio.get_running_loop().create_future()
         writer.push(registrar.session(common.split_register_req(request), future))
-        task = asyncio.ensure_future(writer.run())
-        try:
+        async with running(writer):
             assert len(await asyncio.wait_for(future, 10) or []) == 300
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     assert wal_sizes and wal_sizes[0] < limit, f"the -wal file reached {wal_sizes[0]} bytes"
     store.close()
