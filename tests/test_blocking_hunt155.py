@@ -18,6 +18,11 @@ import rpc.blocking
 import rpc.blocking_loop
 from tests.test_blocking_stream import Feeds, serving
 
+# An interrupt the tests raise inside a garbage collector's weakref callback is ignored by
+# Python (reported as unraisable), as a real Ctrl-C there would be: the test goes on to the
+# next point. Not a failure of the code under test.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
 
 class Interrupter:
     """A trace function for this thread that raises KeyboardInterrupt once, at the ``n``-th
@@ -133,9 +138,6 @@ def test_close_takes_a_drain_timeout_for_calls_in_flight(reconnect: bool) -> Non
         assert ended.wait(5)
 
 
-# an interrupt that lands in a garbage collector's weakref callback is ignored by Python
-# (reported as unraisable), as a real Ctrl-C there would be: the test goes on to the next point
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_close_interrupted_anywhere_can_be_done_again() -> None:
     """A KeyboardInterrupt at each point of a stream's close() where a signal's handler may
     run, in turn: a close() made again (or the stream's drop) then stops the server's
