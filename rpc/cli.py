@@ -98,18 +98,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _timeout(text: str) -> float:
-    """A client's ``--timeout`` or ``--connect-timeout``: above 0 and finite (nan waited for
-    good; 0 or less failed at once, as a timeout that was not one)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0: {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     # -v is accepted before and after the subcommand; SUPPRESS keeps a subparser from
     # overwriting the top-level value with its own default.
@@ -187,13 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--timeout",
         metavar="S",
-        type=_timeout,
+        type=live_view.seconds_above_0,
         help="seconds to wait for the (next) result (default: Chatter 5, Gotalk 30)",
     )
     client.add_argument(
         "--connect-timeout",
         metavar="S",
-        type=_timeout,
+        type=live_view.seconds_above_0,
         default=10.0,
         help="seconds to wait for the connection and its handshakes (default: 10)",
     )

@@ -61,12 +61,15 @@ class Snapshot:
     sent: float
 
 
-def _interval(text: str) -> float:
+def seconds_above_0(text: str) -> float:
+    """An argparse type: a number of seconds above 0 and finite (top's ``--interval``: 0
+    would scrape in a tight loop; the client commands' timeouts: nan waited for good, 0 or
+    less failed at once)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not 0 < value < math.inf:  # 0 would scrape in a tight loop
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0: {text!r}")
     return value
 
@@ -81,7 +84,9 @@ def _count(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``peerwire top`` (rpc.cli runs it), checked as they are parsed."""
     parser.add_argument("url", metavar="URL", help="e.g. 127.0.0.1:9100 or http://h:9100/metrics")
-    parser.add_argument("--interval", metavar="S", type=_interval, default=1.0, help="default 1")
+    parser.add_argument(
+        "--interval", metavar="S", type=seconds_above_0, default=1.0, help="default 1"
+    )
     parser.add_argument("--count", metavar="N", type=_count, help="stop after N refreshes")
     parser.add_argument(
         "--side", choices=("server", "client"), default="server", help="whose calls to show"
