@@ -307,3 +307,49 @@ async def test_a_large_session_finds_the_log_emptied_when_it_could_take_it_past_
             assert len(await asyncio.wait_for(future, 10) or []) == 300
     assert wal_sizes and wal_sizes[0] < limit, f"the -wal file reached {wal_sizes[0]} bytes"
     store.close()
+
+
+class TruncationCountingStore(Store):
+    """The real store, counting the writer's truncations of the ``-wal`` file."""
+
+    truncations = 0
+
+    def truncate_wal(self) -> bool:
+        self.truncations += 1
+        return super().truncate_wal()
+
+
+async def test_a_small_batch_ahead_of_a_large_session_does_not_truncate_for_it(
+    tmp_path: Path,
+) -> None:
+    """A batch is cut before a session that would take it past M/8: that session's estimate
+    was left in the batch's, so a small batch ahead of a large session (about 2 MiB of log
+    estimated for 1 MiB) read the file and truncated it for a commit that did not need it,
+    then the large one truncated it again. Now only the large one does."""
+    store = TruncationCountingStore(tmp_path / "w.db", sync="normal", max_wal_bytes=1 << 20)
+    state = store.open(1)
+    catalog = TypeCatalog(state.types)
+    registrar = Registrar(
+        1, catalog, last_session=0, last_ts=0, max_event_bytes=1 << 20, max_message_size=1 << 20
+    )
+    big = [
+        common.RegisterEvent(("big",), None, common.EventPayloadBinary("b", b"y" * 960))
+        for _ in range(300)
+    ]
+    requests = [register_req("warm"), register_req("small")]
+    requests.append(
+        common.encode(common.MSG_REGISTER_REQ, [common.register_event_to_sbs(e) for e in big])
+    )
+    with writer_on_threads(store, catalog, inline=True) as writer:
+        loop = asyncio.get_running_loop()
+        futures: list[SessionFuture] = [loop.create_future() for _ in requests]
+        async with running(writer):
+            # the first commit reads the size (never read yet); the next two come together
+            writer.push(registrar.session(common.split_register_req(requests[0]), futures[0]))
+            await asyncio.wait_for(futures[0], 5)
+            for request, future in zip(requests[1:], futures[1:], strict=True):
+                writer.push(registrar.session(common.split_register_req(request), future))
+            done = await asyncio.wait_for(asyncio.gather(*futures[1:]), 10)
+    assert [len(d or []) for d in done] == [1, 300]
+    assert store.truncations == 1, store.truncations
+    store.close()

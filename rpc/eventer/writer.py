@@ -168,9 +168,10 @@ class Writer:
             batch_types: set[int] = set()
             while self._pending and count < MAX_BATCH_EVENTS:
                 session_types = {row[3] for row in self._pending[0].rows}
-                estimate += wal_estimate(self._pending[0], len(session_types - batch_types))
-                if batch and estimate > self._wal.step:
-                    break
+                cost = wal_estimate(self._pending[0], len(session_types - batch_types))
+                if batch and estimate + cost > self._wal.step:
+                    break  # the batch's estimate, for fits(), is of what it holds
+                estimate += cost
                 batch_types |= session_types
                 session = self._pending.popleft()
                 batch.append(session)
