@@ -224,8 +224,7 @@ def top(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # our stdout closed (`| head -1`): _run's to handle, not a scrape's
         raise
     except live_view.OutputFailed as exc:  # a full disk, say: not a scrape's either
-        cause = exc.__cause__
-        raise _output_failed(cause if isinstance(cause, OSError) else OSError(str(exc))) from None
+        raise _output_failed(exc.error) from None
     except OSError as exc:  # urllib's URLError and an answer that is not HTTP included
         raise CliError(f"cannot read {args.url}: {exc}", EXIT_CONNECTION) from None
     except live_view.NotMetrics as exc:  # HTTP, but not a Prometheus exposition

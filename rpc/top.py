@@ -38,7 +38,12 @@ class NotMetrics(ValueError):
 
 class OutputFailed(Exception):
     """Our output cannot take a frame (stdout on a full disk): not a failed scrape, which an
-    OSError is. A BrokenPipeError (``| head -1``) is raised as it is."""
+    OSError is; ``error``: the output's OSError. A BrokenPipeError (``| head -1``) is raised
+    as it is."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass
@@ -451,7 +456,7 @@ def run(
             except BrokenPipeError:
                 raise
             except OSError as exc:
-                raise OutputFailed(str(exc)) from exc
+                raise OutputFailed(exc) from exc
             before = now
             shown += 1
             if count is not None and shown >= count:
