@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import msgspec
 
 from rpc import intercept, stream_request
-from rpc.closing import closed_by, stream_error
+from rpc.closing import refused_closing, stream_error
 from rpc.errors import (
-    CLOSING,
     ConnectionClosed,
     PayloadError,
     RemoteError,
@@ -149,9 +148,8 @@ class Caller(Generic[K]):
                 if key in self._calls:  # given up on (_forget written out)
                     self._forget(key)
             if reply.__class__ is RetryLater:
-                if reply.args[0] == CLOSING:  # refused by a peer closing: not run; again
-                    await closed_by(self.closed, deadline, loop)  # here it would be too
-                    raise reply
+                if await refused_closing(reply, self.closed, deadline, loop):
+                    raise reply  # not run; waited for the close: sent again here, refused
                 attempt += 1
                 wait = reply.wait * (1 + 0.5 * random.random())
                 if attempt > self.options.retries or loop.time() + wait > deadline:

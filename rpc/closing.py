@@ -28,26 +28,32 @@ for the transport's own bound (WebSocket's ``close_timeout``, 10 s)."""
 log = logging.getLogger("peerwire.rpc")
 
 
-async def closed_by(
-    closed: asyncio.Future[Any], deadline: float, loop: asyncio.AbstractEventLoop
-) -> None:
-    """Wait for a connection's ``closed`` future, at most until loop time ``deadline``
-    (the future is left as it is)."""
+async def refused_closing(
+    exc: BaseException,
+    closed: asyncio.Future[Any],
+    deadline: float,
+    loop: asyncio.AbstractEventLoop,
+) -> bool:
+    """Whether ``exc`` is the refusal of a peer closing gracefully (RetryLater of
+    :data:`~rpc.errors.CLOSING`: not run); if it is, this returns once the connection's
+    ``closed`` future is done, or at loop time ``deadline``: sent again on the draining
+    connection, the call would only be refused again."""
+    if exc.__class__ is not RetryLater or exc.args[0] != CLOSING:
+        return False
     if not closed.done():
         await asyncio.wait((closed,), timeout=max(0.0, deadline - loop.time()))
+    return True
 
 
 async def stream_error(
     exc: BaseException, closed: asyncio.Future[Any], wait: ResultWait
 ) -> BaseException:
-    """``exc``, the error a stream's reader raises next. A refusal by a peer closing
-    gracefully (RetryLater of :data:`~rpc.errors.CLOSING`: not run) is returned once the
-    connection has closed, as a request's is: within the stream's deadline, else one item
-    timeout. Sent again on the draining connection, it would only be refused again."""
-    if exc.__class__ is RetryLater and exc.args[0] == CLOSING:
-        loop = wait.loop
-        deadline = wait.deadline if wait.deadline is not None else loop.time() + wait.item
-        await closed_by(closed, deadline, loop)
+    """``exc``, the error a stream's reader raises next: a refusal of a peer closing once
+    the connection has closed (:func:`refused_closing`), within the stream's deadline, else
+    one item timeout."""
+    loop = wait.loop
+    deadline = wait.deadline if wait.deadline is not None else loop.time() + wait.item
+    await refused_closing(exc, closed, deadline, loop)
     return exc
 
 

@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 from rpc import middleware as mw
 from rpc import peer as core  # importing this module; its names are used at call time only
 from rpc.call_bounds import BoundPassed
-from rpc.closing import closed_by, stream_error
+from rpc.closing import refused_closing, stream_error
 from rpc.errors import (
-    CLOSING,
     ConnectionClosed,
     PayloadError,
     Rejected,
@@ -392,8 +391,7 @@ async def request(peer: Peer, op: str, value: Any, timeout: float | None, raw: b
                 lambda c: _attempt(c, deadline, timeout, raw, timed),
             )
         except RetryLater as reply:
-            if reply.args[0] == CLOSING:  # as Peer.request: not run; wait for the close
-                await closed_by(peer.closed, deadline, loop)
+            if await refused_closing(reply, peer.closed, deadline, loop):  # as Peer.request
                 raise
             attempt += 1
             wait = reply.wait * (1 + 0.5 * random.random())
