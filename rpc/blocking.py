@@ -120,7 +120,8 @@ def _start(call: Callable[[], Awaitable[Any]], outcome: Call, current: Backgroun
     def ended(task: asyncio.Future[Any]) -> None:
         current.calls.discard(outcome)
         if not task.cancelled():
-            outcome.settle(task.result() if task.exception() is None else None, task.exception())
+            error = task.exception()
+            outcome.settle(task.result() if error is None else None, error)
         elif current.ending:  # its thread's exit cancelled the loop's tasks
             outcome.settle(error=ConnectionClosed(GONE))
         else:

@@ -87,7 +87,7 @@ class Call:
 
 class Background:
     """The shared loop, the thread that runs it, and what waits on it from other threads:
-    the futures of calls handed to it (each dropped once done), the buffers of the streams
+    the :class:`Call` of each call handed to it (dropped once done), the buffers of the streams
     made on it and the clients made on it (both weakly: each goes with its owner). Should
     the thread end, its exit fails the buffers, cancels the loop's tasks and cuts the
     clients' connections, runs the loop up to :data:`SETTLE` s so that they end, closes it,
