@@ -161,3 +161,25 @@ async def test_first_broadcast_after_a_set_back_restart_reaches_every_member(siz
             if any(duplicates):
                 failed[seed] = duplicates
         assert failed == {}
+
+
+@on_both_loops
+async def test_a_node_alone_sends_no_join_until_it_has_members() -> None:
+    """Without members (nor multicast) a broadcast goes nowhere: it takes no join along.
+    Before, each one made a join of its own (a sequence number, an envelope) for nobody.
+    Its join still goes with its first broadcast once it has members."""
+    async with group(1) as (b,):
+        port = free_port()
+        await previous_life(NetID("127.0.0.1", port), b)
+        alone = Member()
+        await alone.start(port=port)
+        try:
+            first = await alone.node.notify("chat", "nobody")
+            assert await alone.node.notify("chat", "nobody again") == first + 1
+            alone.node.add_peer(b.node.netid)
+            await alone.node.notify("chat", "new life")
+            await wait_for(lambda: len(b.got) == 2 or b.node.stats.duplicates > 0)
+            assert b.got[1:] == [("chat", "new life")]
+            assert b.node.stats.duplicates == 0
+        finally:
+            await alone.node.close()

@@ -280,8 +280,8 @@ class GroupNode:
             )
         frames: tuple[Frame, ...] = ((ptype.tag, payload),)
         if ptype.tag != _JOIN_TAG:
-            if not self._joined or self._unjoined:  # one test per broadcast once joined
-                frames = (self._join_frame(members), *frames)
+            if (not self._joined or self._unjoined) and (members or self._sightings is not None):
+                frames = (self._join_frame(), *frames)  # one test per broadcast once joined
             self.stats.broadcasts += 1
         await self._send(members, frames)
         return seq
@@ -290,12 +290,11 @@ class GroupNode:
         """Broadcast our join alone (at start, with peers); see :meth:`_join_frame`."""
         members = self._members.all
         if members:
-            await self._send(members, (self._join_frame(members),))
+            await self._send(members, (self._join_frame(),))
 
-    def _join_frame(self, members: Sequence[NetID]) -> Frame:
-        """Our join, for ``members`` (every member: the first time in this life, or after
-        static members were added since; none: nothing is sent but by multicast, so
-        nothing is marked unless the node multicasts).
+    def _join_frame(self) -> Frame:
+        """Our join, for every member (the first time in this life, or after static
+        members were added since), made only when it goes to some (by TCP or multicast).
         Members then start a new duplicate window for us if our numbers are older than
         theirs (a clock set back), stop backing off from us, and learners add us. Not
         counted in ``stats.broadcasts``.
@@ -304,9 +303,8 @@ class GroupNode:
         every member of that tree gets the join first, and both share ``send_timeout``.
         A join sent alone (at start) takes a tree of its own: a broadcast right after it
         may overtake it on another path."""
-        if members or self._sightings is not None:  # a multicast group hears it too
-            self._joined = True
-            self._unjoined.clear()
+        self._joined = True
+        self._unjoined.clear()
         return _JOIN_TAG, encode_envelope(self.netid, self._next_seq(), None)
 
     def _next_seq(self) -> int:
