@@ -21,7 +21,7 @@ import uvloop
 import rpc
 from rpc.group import GroupNode, GroupOptions, NetID
 from rpc.group.payloads import encode_envelope
-from tests.rpc_helpers import wait_until
+from tests.rpc_helpers import in_background, wait_until
 from wire.gossip import BroadcastID, Gossip, GossipCodec, encode_frame, payload_tag
 
 KEY = b"test group key"
@@ -225,10 +225,5 @@ async def sampling(sample: Callable[[], None]) -> AsyncIterator[None]:
             sample()
             await asyncio.sleep(0)
 
-    task = asyncio.get_running_loop().create_task(run())
-    try:
+    async with in_background(run()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

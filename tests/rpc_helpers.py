@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,18 @@ FLAVOURS = {
     "chatter-current": ("tcp+sbs", "?dialect=HatChatter"),
     "chatter-legacy": ("tcp+sbs", "?dialect=Hat"),
 }
+
+
+@contextlib.asynccontextmanager
+async def in_background(coro: Coroutine[Any, Any, Any]) -> AsyncIterator[None]:
+    """Run ``coro`` as a task while the block runs; cancelled, and awaited, at its end."""
+    task = asyncio.ensure_future(coro)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from rpc.eventer.store import Row, Store
 from rpc.eventer.values import timestamp_key
 from rpc.eventer.wal import Watch, log_bound
 from rpc.eventer.writer import Writer
+from tests.rpc_helpers import in_background
 
 
 def register_req(*names: str) -> bytes:
@@ -45,18 +46,6 @@ def writer_on_threads(
         )
 
 
-@contextlib.asynccontextmanager
-async def running(writer: Writer) -> AsyncIterator[None]:
-    """``writer.run()`` as a task for the block, cancelled (and awaited) at its end."""
-    task = asyncio.ensure_future(writer.run())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def test_commits_release_registrants_and_queries_in_order(tmp_path: Path) -> None:
     store = Store(tmp_path / "w.db")
     state = store.open(1)
@@ -75,7 +64,7 @@ async def test_commits_release_registrants_and_queries_in_order(tmp_path: Path) 
             writer.push(registrar.session(common.split_register_req(register_req(name)), future))
             futures.append(future)
         barrier = asyncio.ensure_future(writer.wait_processed(3))
-        async with running(writer):
+        async with in_background(writer.run()):
             await asyncio.wait_for(barrier, 10)
             assert committed == [1, 2, 3] and writer.processed == 3
             assert [len(f.result() or []) for f in futures] == [1, 1, 1]
@@ -147,7 +136,7 @@ async def test_a_failure_after_the_commit_answers_the_registrant_and_goes_on(
 
     with writer_on_threads(store, catalog, inline=False, on_commit=on_commit) as writer:
         loop = asyncio.get_running_loop()
-        async with running(writer):
+        async with in_background(writer.run()):
             for name in ("a", "b"):
                 future: SessionFuture = loop.create_future()
                 writer.push(
@@ -182,7 +171,7 @@ async def test_a_commit_reads_the_wal_size_only_when_it_may_have_passed_a_thresh
     )
     with writer_on_threads(store, catalog, inline=True) as writer:
         loop = asyncio.get_running_loop()
-        async with running(writer):
+        async with in_background(writer.run()):
             for i in range(200):
                 future: SessionFuture = loop.create_future()
                 request = register_req(str(i % 20))
@@ -254,7 +243,7 @@ async def test_a_group_commit_of_many_types_writes_about_an_eighth_of_max_wal_by
             future: SessionFuture = loop.create_future()
             writer.push(registrar.session(common.split_register_req(request), future))
             futures.append(future)
-        async with running(writer):
+        async with in_background(writer.run()):
             await asyncio.wait_for(writer.wait_processed(290), 10)
     assert all(f.result() for f in futures)
     assert max(wal_sizes) < limit, f"the -wal file reached {max(wal_sizes)} bytes"
@@ -303,7 +292,7 @@ async def test_a_large_session_finds_the_log_emptied_when_it_could_take_it_past_
         )
         future: SessionFuture = asyncio.get_running_loop().create_future()
         writer.push(registrar.session(common.split_register_req(request), future))
-        async with running(writer):
+        async with in_background(writer.run()):
             assert len(await asyncio.wait_for(future, 10) or []) == 300
     assert wal_sizes and wal_sizes[0] < limit, f"the -wal file reached {wal_sizes[0]} bytes"
     store.close()
@@ -343,7 +332,7 @@ async def test_a_small_batch_ahead_of_a_large_session_does_not_truncate_for_it(
     with writer_on_threads(store, catalog, inline=True) as writer:
         loop = asyncio.get_running_loop()
         futures: list[SessionFuture] = [loop.create_future() for _ in requests]
-        async with running(writer):
+        async with in_background(writer.run()):
             # the first commit reads the size (never read yet); the next two come together
             writer.push(registrar.session(common.split_register_req(requests[0]), futures[0]))
             await asyncio.wait_for(futures[0], 5)
