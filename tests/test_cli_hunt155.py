@@ -122,9 +122,9 @@ def test_output_that_cannot_be_written_exits_1_not_as_a_connection_failure(
     assert "cannot write the output" in err and "connection" not in err, err
 
 
-@pytest.mark.skipif(not loops.uvloop_installed(), reason="uvloop asserts on fds 0-2")
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])  # uvloop: in the test extra
 @pytest.mark.parametrize("command", ["call", "stream"])
-def test_a_client_command_with_its_stdout_closed_does_not_abort(command: str) -> None:
+def test_a_client_command_with_its_stdout_closed_does_not_abort(command: str, loop: str) -> None:
     """``peerwire call ... >&-`` (fd 1 closed): the connection's socket took fd 1 and uvloop
     (the default loop, when installed) aborted as it closed it (SIGABRT, "Assertion
     fd > STDERR_FILENO"); ``serve`` opened
@@ -144,7 +144,7 @@ def test_a_client_command_with_its_stdout_closed_does_not_abort(command: str) ->
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             preexec_fn=lambda: os.close(1),
-            env={**os.environ, loops.ENV_VAR: "uvloop"},
+            env={**os.environ, loops.ENV_VAR: loop},
             timeout=60,
             text=True,
         )
