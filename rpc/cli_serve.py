@@ -28,7 +28,7 @@ from typing import Any
 
 import rpc
 from rpc import loops, metrics_dir, workers_metrics
-from rpc.workers import freeze_startup_objects, serve_workers
+from rpc.workers import WorkerBootFailed, freeze_startup_objects, serve_workers
 from transports.stream import server_ssl_context
 
 log = logging.getLogger("peerwire.cli")  # the entry point's: -v output reads as before
@@ -326,6 +326,8 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         where = " ".join(args.listen) + (f" (metrics: {args.metrics})" if metrics else "")
         raise CliError(f"cannot serve {where}: {exc}", EXIT_CONNECTION) from None
+    except WorkerBootFailed as exc:  # the worker's own error is on stderr above
+        raise CliError(f"cannot serve {' '.join(args.listen)}: {exc}", EXIT_FAILED) from None
     return EXIT_OK
 
 

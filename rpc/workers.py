@@ -19,6 +19,13 @@ port), forks the workers and supervises them; it serves nothing itself.
 - A worker that exits while the parent is not stopping (a crash, a kill) is started again:
   at once if it had been up for 10 s, else after a back-off that doubles per quick exit
   (0.1 s, 0.2 s, ... up to 30 s), so a worker that fails at start does not spin.
+- A worker that exits before it ever served (its loop, its listeners or a start-up hook
+  failed) :data:`BOOT_ATTEMPTS` (5) times in a row would fail the same way forever: the
+  parent then stops every other worker as on SIGTERM and :func:`serve_workers` raises
+  :class:`WorkerBootFailed` (which worker, how many times, its last exit status), so a
+  service manager sees the service fail instead of a live parent retrying every 30 s
+  (gunicorn's arbiter halts on a worker's boot failure too). A worker that served once
+  resets its count; a fork that fails is not counted (it is tried again after the back-off).
 - With ``PROMETHEUS_MULTIPROC_DIR`` set (``metrics=``, or the user's own), every worker that
   exits, a crash or at the stop, is marked dead there (prometheus-client's
   ``mark_process_dead``): its live gauges leave the scrape.
@@ -72,6 +79,24 @@ STABLE_AFTER = 10.0
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 30.0
 KILL_GRACE = 5.0
+BOOT_ATTEMPTS = 5
+"""Exits in a row before serving (before its ready line) after which a worker is given up
+and :func:`serve_workers` raises :class:`WorkerBootFailed`; read at each exit."""
+
+
+class WorkerBootFailed(RuntimeError):
+    """Worker ``worker`` exited before it served ``attempts`` times in a row, the last with
+    ``exitcode`` (negative: killed by that signal): every other worker was stopped. The
+    worker's own error (a traceback) is on stderr, above this."""
+
+    def __init__(self, worker: int, attempts: int, exitcode: int | None) -> None:
+        super().__init__(
+            f"worker {worker} exited before it served, {attempts} times in a row "
+            f"(the last with {_describe_exit(exitcode)}): given up"
+        )
+        self.worker = worker
+        self.attempts = attempts
+        self.exitcode = exitcode
 
 
 # --- in the parent --------------------------------------------------------------------------
@@ -120,6 +145,8 @@ class _Slot:
     process: BaseProcess | None = None
     started: float = 0.0
     quick_exits: int = 0
+    boot_failures: int = 0
+    """Exits in a row before the ready line (:data:`BOOT_ATTEMPTS`)."""
     restart_at: float | None = None
     ready: bool = False
 
@@ -169,6 +196,7 @@ class _Supervisor:
         self.signals = signals
         self.stopping = False
         self.announced = False
+        self.failure: WorkerBootFailed | None = None  # run() raises it, the others stopped
 
     def _start(self, slot: _Slot, pipes: WorkerPipes) -> None:
         if slot.exporter:
@@ -206,16 +234,18 @@ class _Supervisor:
             workers_metrics.worker_exited(process.pid)
         uptime = time.monotonic() - slot.started
         slot.quick_exits = 0 if uptime >= STABLE_AFTER else slot.quick_exits + 1
-        delay = _backoff(slot.quick_exits)
-        slot.restart_at = time.monotonic() + delay
-        log.warning(
-            "%s (pid %d) exited with %s after %.1f s; restarting in %.1f s",
-            slot.name,
-            process.pid,
-            _describe_exit(process.exitcode),
-            uptime,
-            delay,
-        )
+        slot.boot_failures = 0 if slot.ready else slot.boot_failures + 1
+        what = f"{slot.name} (pid {process.pid}) exited with {_describe_exit(process.exitcode)}"
+        if slot.boot_failures >= BOOT_ATTEMPTS and self.failure is None:
+            self.failure = WorkerBootFailed(slot.index, slot.boot_failures, process.exitcode)
+            self.stopping = True  # _supervise ends; run() stops the others, then raises
+            log.error("%s before it served, %d times in a row: stopping", what, slot.boot_failures)
+        elif self.stopping:  # another's boot failure, seen at the same wake-up: no restart
+            log.warning("%s", what)
+        else:
+            delay = _backoff(slot.quick_exits)
+            slot.restart_at = time.monotonic() + delay
+            log.warning("%s after %.1f s; restarting in %.1f s", what, uptime, delay)
         process.close()
 
     def _on_ready_line(self, pid: int) -> None:
@@ -228,8 +258,9 @@ class _Supervisor:
                 self.on_ready([str(listener.url) for listener in self.listeners])
 
     def run(self) -> None:
-        """Start every process and supervise them until a signal (``self.signals``), then
-        stop them; a signal that came before this starts none."""
+        """Start every process and supervise them until a signal (``self.signals``) or a
+        worker that never serves (:class:`WorkerBootFailed`, raised once the others have
+        stopped), then stop them; a signal that came before this starts none."""
         if self.signals is None:
             raise RuntimeError("run() needs the parent's signals")
         ready_r, ready_w = os.pipe()
@@ -245,6 +276,8 @@ class _Supervisor:
             self._stop_all(wake_r)
             for fd in (ready_r, ready_w, lifeline_r, lifeline_w):
                 os.close(fd)
+        if self.failure is not None:
+            raise self.failure
 
     def _signalled(self) -> bool:
         if self.signals is not None and self.signals.count:
@@ -369,7 +402,9 @@ def serve_workers(
     ``on_metrics(url)`` learns that URL (port 0 resolved) before the workers start.
     Raises ``OSError`` if a URL or the metrics address cannot be bound, ``ValueError``
     for bad arguments, ``RuntimeError`` if prometheus-client was imported before without
-    ``PROMETHEUS_MULTIPROC_DIR`` set (import it after, or set it).
+    ``PROMETHEUS_MULTIPROC_DIR`` set (import it after, or set it), and
+    :class:`WorkerBootFailed` (a ``RuntimeError``), once every other worker has stopped,
+    when a worker exits before it served :data:`BOOT_ATTEMPTS` times in a row.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
@@ -397,8 +432,10 @@ def serve_workers(
 
 
 __all__ = [
+    "BOOT_ATTEMPTS",
     "REUSE_PORT",
     "Listener",
+    "WorkerBootFailed",
     "WorkerConfig",
     "bind_listeners",
     "close_listeners",
