@@ -180,15 +180,23 @@ class ChatterConnection:
         token: bool = True,
         last: bool = True,
         module: str | None = None,
+        bounded: bool = True,
     ) -> Msg:
         """Queue one message; ``conversation=None`` starts a new conversation.
 
         The defaults (``token=True, last=True``) are a one-message conversation, as in the
         references. Raises LocalProtocolError for a send the rules forbid: no token,
-        conversation closed, dialect unknown, body above ``max_size``.
+        conversation closed, dialect unknown, body above ``max_size``, a conversation past
+        ``max_conversations`` of ours open (unless not ``bounded``: see :meth:`send_ping`).
         """
         msg_id, frame = self.encode(
-            type, data, conversation=conversation, token=token, last=last, module=module
+            type,
+            data,
+            conversation=conversation,
+            token=token,
+            last=last,
+            module=module,
+            bounded=bounded,
         )
         self._out += frame
         first, owner = _origin(conversation, msg_id)
@@ -203,6 +211,7 @@ class ChatterConnection:
         token: bool = True,
         last: bool = True,
         module: str | None = None,
+        bounded: bool = True,
     ) -> tuple[int, list[bytes]]:
         """Like :meth:`send`, but return the message's id and its frame's pieces for the
         caller to write instead of queuing them (for callers with an output buffer of their
@@ -228,7 +237,7 @@ class ChatterConnection:
         if size > self.max_size:
             raise MessageTooLarge(f"Chatter message of {size} bytes exceeds max_size")
         if self.strict:
-            tracker.outgoing(conversation, token, last)
+            tracker.outgoing(conversation, token, last, bounded)
         else:
             tracker.next_id = msg_id + 1  # outgoing_unchecked written out
         if size < 256:  # one piece, frame_header written out
@@ -265,10 +274,11 @@ class ChatterConnection:
         """The conversation and the frame of the message that opens one (not ``last``, no
         module), as :meth:`encode` makes them, for the common request: current dialect,
         ``strict``, a frame of at most :data:`JOINED_FRAME` bytes within ``max_size``,
-        fewer than ``max_conversations`` open. ``token``: passed to the peer (a request),
-        or kept (a stream request). None, nothing changed, when any of that does not hold:
-        the caller takes :meth:`encode`, which sends it or says why not. The conversation
-        is made once, as the key the tracker records it under, and no pieces list."""
+        fewer than ``max_conversations`` of ours open. ``token``: passed to the peer (a
+        request), or kept (a stream request). None, nothing changed, when any of that does
+        not hold: the caller takes :meth:`encode`, which sends it or says why not. The
+        conversation is made once, as the key the tracker records it under, and no pieces
+        list."""
         if self.dialect is not CURRENT or not self.strict:
             return None
         tracker = self._tracker
@@ -289,13 +299,16 @@ class ChatterConnection:
         """Queue a Ping in a new conversation that the peer's Pong will close.
 
         ``data`` (at most ``MAX_PING_DATA`` bytes) is allowed in the current dialect only:
-        the legacy Ping type has no room for it.
+        the legacy Ping type has no room for it. A Ping is not refused when
+        ``max_conversations`` of ours are open (requests waiting for a slow peer): the
+        liveness check must not wait for them. Pings go on a plan (the caller's timers),
+        and each Pong ends its conversation, so they add few.
         """
         dialect = self._require_dialect()
         if data and (dialect is Dialect.LEGACY or len(data) > MAX_PING_DATA):
             raise LocalProtocolError("Ping data: current dialect only, at most 64 bytes")
         module, ping, _ = PING_TYPES[dialect]
-        return self.send(ping, data, token=True, last=False, module=module)
+        return self.send(ping, data, token=True, last=False, module=module, bounded=False)
 
     def data_to_send(self) -> bytes:
         """Everything queued since the last call, as one bytes object."""

@@ -41,9 +41,11 @@ class Conversation(NamedTuple):
 class ConversationTracker:
     """Per-connection conversation state: which are open and who holds each token.
 
-    Memory is bounded: at most ``max_open`` open conversations (a peer opening more is a
-    violation; we refuse to open more ourselves) and ``max_abandoned`` remembered
-    conversations of the peer's that we abandoned.
+    Memory is bounded: at most ``max_open`` open conversations started by each side (the
+    peer opening more of its own is a violation; we refuse to open more of ours, but for a
+    Ping: see :meth:`outgoing`) and ``max_abandoned`` remembered conversations of the peer's
+    that we abandoned. The two sides are counted apart: our own requests filling the table
+    do not make the peer's next conversation (a Hat peer's Ping) a violation of its own.
 
     Late messages are dropped, not reported as errors. In a conversation we started, the
     peer's message (``owner`` False) whose ``first`` is an id we have sent (below
@@ -60,6 +62,7 @@ class ConversationTracker:
         "_abandoned",
         "_last_received_id",
         "_open",
+        "_theirs",
         "max_abandoned",
         "max_open",
         "next_id",
@@ -74,6 +77,8 @@ class ConversationTracker:
         # key -> True while WE hold the token
         self._open: dict[tuple[bool, int], bool] = {}
         self._abandoned: OrderedDict[tuple[bool, int], None] = OrderedDict()
+        self._theirs = 0
+        """Open conversations the peer started (keys with ``owner`` False)."""
 
     @property
     def open_count(self) -> int:
@@ -87,17 +92,19 @@ class ConversationTracker:
         return self._open.get(conversation, False)
 
     def outgoing(
-        self, conversation: Conversation | None, token: bool, last: bool
+        self, conversation: Conversation | None, token: bool, last: bool, bounded: bool = True
     ) -> tuple[int, int, bool]:
         """Check and record a message we are about to send; return (id, first, owner).
 
         ``conversation=None`` starts a new one. Raises LocalProtocolError when we do not
-        hold the token or the conversation is closed.
+        hold the token or the conversation is closed, or when one would be past ``max_open``
+        of ours open, unless not ``bounded`` (a Ping: liveness does not wait for requests;
+        its Pong ends it).
         """
         msg_id = self.next_id
         if conversation is None:
             if not last:
-                if len(self._open) >= self.max_open:
+                if bounded and len(self._open) - self._theirs >= self.max_open:
                     raise LocalProtocolError(f"more than {self.max_open} open conversations")
                 self._open[(True, msg_id)] = not token
             self.next_id = msg_id + 1
@@ -109,6 +116,8 @@ class ConversationTracker:
             raise LocalProtocolError(f"the peer holds the token of conversation {conversation}")
         if last:
             del self._open[conversation]
+            if not conversation[0]:
+                self._theirs -= 1
         elif token:
             self._open[conversation] = False
         self.next_id = msg_id + 1
@@ -118,9 +127,10 @@ class ConversationTracker:
         """Record a conversation we start with a message that is not ``last`` (``token``:
         passed to the peer, as a request does, or kept) and advance ``next_id``, as
         :meth:`outgoing` does; the conversation, made once as the key it is recorded under,
-        or None, nothing changed, with ``max_open`` open (:meth:`outgoing` raises then)."""
+        or None, nothing changed, with ``max_open`` of ours open (:meth:`outgoing` raises
+        then)."""
         conversations = self._open
-        if len(conversations) >= self.max_open:
+        if len(conversations) - self._theirs >= self.max_open:
             return None
         msg_id = self.next_id
         conversation = _new(Conversation, (True, msg_id))
@@ -138,6 +148,8 @@ class ConversationTracker:
             if holder is not None:  # the peer's turn: left as it was
                 conversations[conversation] = holder
             return False
+        if not conversation[0]:
+            self._theirs -= 1
         self.next_id += 1
         return True
 
@@ -172,11 +184,12 @@ class ConversationTracker:
         if msg.owner:
             if first == msg_id:
                 if not msg.last:
-                    if len(self._open) >= self.max_open:
+                    if self._theirs >= self.max_open:
                         raise ConversationError(
                             f"peer opened more than {self.max_open} conversations"
                         )
                     self._open[(False, first)] = msg.token
+                    self._theirs += 1
                 return True
             key = (False, first)
         else:
@@ -195,6 +208,8 @@ class ConversationTracker:
             raise ConversationError(f"message {msg_id} sent without the token of {key}")
         if msg.last:
             del self._open[key]
+            if not key[0]:
+                self._theirs -= 1
         elif msg.token:
             self._open[key] = True
         return True
@@ -207,6 +222,7 @@ class ConversationTracker:
         key = (conversation[0], conversation[1])
         if self._open.pop(key, None) is None or key[0]:
             return
+        self._theirs -= 1
         self._abandoned[key] = None
         if len(self._abandoned) > self.max_abandoned:
             self._abandoned.popitem(last=False)

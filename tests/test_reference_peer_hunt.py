@@ -1,0 +1,78 @@
+"""Our side against the real reference peers in less common conditions.
+
+- A Chatter side with ``max_conversations`` of its own open (requests waiting for a slow
+  Hat service) still takes the peer's Pings and still pings: each side's conversations
+  count against its own bound. Before, ours filled the peer's bound too, so hat-drivers'
+  first Ping after its ``ping_delay`` of silence closed the connection as "peer opened more
+  than N conversations", and our own Ping raised (in the RPC core: inside the connection's
+  timer, which then stopped, so no request timed out any more).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hat.drivers import chatter as hat_chatter
+from hat.drivers import net
+
+from tests.chatter_socket import ChatterSocket
+from wire.chatter import ChatterConnection, Dialect
+
+pytestmark = pytest.mark.interop
+
+
+async def slow_hat_service(
+    ping_delay: float,
+) -> tuple[net.Server, list[hat_chatter.Msg], list[hat_chatter.Connection]]:
+    """A hat-drivers server that takes requests and answers none (Pings: its own plan)."""
+    received: list[hat_chatter.Msg] = []
+    conns: list[hat_chatter.Connection] = []
+
+    async def on_conn(conn: hat_chatter.Connection) -> None:
+        conns.append(conn)
+        while True:
+            received.append(await conn.receive())
+
+    srv = await hat_chatter.listen(
+        on_conn, net.TcpAddress("127.0.0.1", 0), ping_delay=ping_delay, ping_timeout=2
+    )
+    return srv, received, conns
+
+
+async def four_requests_open(srv: net.Server) -> ChatterSocket:
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.info.addresses[0].port)
+    sock = ChatterSocket(reader, writer, ChatterConnection(Dialect.CURRENT, max_conversations=4))
+    for i in range(4):
+        sock.conn.send("Req", b"%d" % i, last=False)
+    sock.flush()
+    assert sock.conn.open_conversations == 4
+    return sock
+
+
+async def test_a_full_table_of_our_requests_takes_hat_drivers_pings() -> None:
+    srv, received, conns = await slow_hat_service(ping_delay=0.1)
+    sock = await four_requests_open(srv)
+    try:
+        # 0.1 s of silence from us: hat-drivers pings (a new conversation of its own); it
+        # pings again only once it heard from us, so a second Ping means ours was answered
+        await sock.pump_until(lambda: sock.conn.pings_received >= 2)
+        assert sock.conn.open_conversations == 4  # our Pongs ended its Pings
+        assert len(received) == 4 and conns and not conns[0].is_closing
+    finally:
+        await sock.close()
+        await srv.async_close()
+
+
+async def test_a_full_table_of_our_requests_still_pings_hat_drivers() -> None:
+    srv, received, conns = await slow_hat_service(ping_delay=0)  # it never pings
+    sock = await four_requests_open(srv)
+    try:
+        sock.conn.send_ping()
+        sock.flush()
+        await sock.pump_until(lambda: sock.conn.pongs_received >= 1)
+        assert sock.conn.open_conversations == 4  # the requests: its Pong ended our Ping
+        assert len(received) == 4 and conns and not conns[0].is_closing
+    finally:
+        await sock.close()
+        await srv.async_close()
