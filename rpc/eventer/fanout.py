@@ -117,17 +117,28 @@ class Fanout:
                 data = subset
             self._send(client, MSG_EVENTS_NOTIFY, data)
 
-    async def flush(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for ack-paced clients to take what is queued for them."""
-        flushed = [
-            asyncio.ensure_future(c.sender.idle.wait())
+    async def finish(self, timeout: float) -> None:
+        """A close's last word to ack-paced clients: wait, up to ``timeout`` s in all, until
+        each has been handed what is queued for it (STANDBY last), then stop every sender.
+
+        A client is waited for only while something is queued behind an events notification
+        it has not acked (its ack would let it take that); one with nothing unacknowledged,
+        or with only the notification in flight, is not. Stopping gives up the acks still
+        awaited (their requests are cancelled), so closing the connections does not wait for
+        them a second time: a client that never acked made a close wait ``timeout`` here,
+        then the connections' whole drain bound for that ack."""
+        waiting = [
+            asyncio.ensure_future(c.sender.caught_up.wait())
             for c in self.clients.values()
-            if c.sender is not None
+            if c.sender is not None and not c.sender.caught_up.is_set()
         ]
-        if flushed:
-            await asyncio.wait(flushed, timeout=timeout)
-            for waiter in flushed:
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+            for waiter in waiting:
                 waiter.cancel()
+        for client in list(self.clients.values()):
+            if client.sender is not None:
+                client.sender.stop()
 
     def _send(self, client: ClientInfo, msg_type: str, data: bytes) -> None:
         if client.sender is not None:
@@ -158,10 +169,12 @@ class AckSender:
         self.held = 0
         """Bytes of the notifications queued or waiting for their ack."""
         self._ready = asyncio.Event()
-        self.idle = asyncio.Event()
-        """Set while nothing is queued or waiting for an ack, and for good once nothing more
-        will be sent (the client gone, or closed by us): a close's flush waits for it."""
-        self.idle.set()
+        self.caught_up = asyncio.Event()
+        """Set while nothing is queued (all handed to the connection; the last events
+        notification may still wait for its ack), and for good once nothing more will be
+        sent (the client gone, or closed by us): what a close waits for
+        (:meth:`Fanout.finish`)."""
+        self.caught_up.set()
         self._ended = False
         """Set once nothing more will be sent (the client gone, or closed by us): what
         comes for it is dropped, unlogged."""
@@ -186,16 +199,17 @@ class AckSender:
             return
         self.held = held + len(data)
         self._queue.append((msg_type, data))
-        self.idle.clear()
+        self.caught_up.clear()
         self._ready.set()
 
     def stop(self) -> None:
+        """Send nothing more: what is queued is dropped, an ack awaited given up."""
         self._task.cancel()
         self._end()
 
     def _end(self) -> None:
         self._ended = True
-        self.idle.set()
+        self.caught_up.set()
 
     def _drop(self) -> None:
         self._end()
@@ -211,11 +225,12 @@ class AckSender:
         peer = self._client.peer
         while True:
             if not self._queue:
-                self.idle.set()
                 self._ready.clear()
                 await self._ready.wait()
                 continue
             msg_type, data = self._queue.popleft()
+            if not self._queue:
+                self.caught_up.set()  # handed over below: the ack itself is not waited for
             try:
                 if msg_type == MSG_EVENTS_NOTIFY:
                     await peer.request(msg_type, data, timeout=self._timeout, raw=True)

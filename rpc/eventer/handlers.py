@@ -10,7 +10,8 @@ MsgRegisterReq             request (last=False) -> MsgRegisterRes after the comm
 MsgQueryReq                request -> MsgQueryRes; a latest result over
                            ``max_message_size`` -> an error reply (``PeerwireRpc.Error``);
                            one query per connection at a time, run once its output
-                           is below ``high_water``
+                           is below ``high_water``; once a close drains the connections,
+                           not run nor answered (the connection closes)
 anything else              closes the connection, as the reference does
 =========================  ================================================================
 
@@ -65,6 +66,9 @@ dropped = RateLimitedLog(log)
 
 INIT_REFUSED_CLOSE_TIMEOUT = 0.5
 """After a refused init, seconds the client gets to close before we do (the reference's)."""
+CLOSE_DRAIN_TIMEOUT = 1.0
+"""Seconds a closing server gives the requests in flight on a connection to be answered
+before it is cut (queries, one at a time: each waits for the client to read the last)."""
 
 LONGEST_CLIENT_STATUS = "DISCONNECTED"
 """The longer of a client's system events' payloads (the other is CONNECTED)."""
@@ -218,7 +222,17 @@ class Handlers:
                 service.writer.pending_bytes,
             )
 
-    async def _on_query(self, data: bytes) -> rpc.Reply:
+    def _on_query(self, data: bytes) -> Coroutine[Any, Any, rpc.Reply]:
+        """One query of a connection runs at a time (:meth:`_query`). Once a close drains
+        the connections (:attr:`~rpc.eventer.service.Service.draining`), a query is not run
+        (:func:`_unanswered`): decided as it is read, so those read before still run."""
+        client = _client()
+        peer = rpc.current_peer.get()
+        if self._service.draining:
+            return _unanswered(peer)
+        return self._query(client, peer, data)
+
+    async def _query(self, client: ClientInfo, peer: rpc.Peer, data: bytes) -> rpc.Reply:
         """One query of a connection runs at a time, and only once the client has taken
         our output (below the core's ``high_water``, 256 KiB): its result is made when it
         can be sent. A client that sends many queries and reads nothing thus makes the
@@ -226,8 +240,6 @@ class Handlers:
         before the client stopped reading), not one per query (1,024 at once, the core's
         ``max_concurrent``: all the queries of one read used to run at once, each result
         waiting in memory for the client to read)."""
-        client = _client()
-        peer = rpc.current_peer.get()
         async with client.query_turn:
             await peer.drain()  # ConnectionClosed once it is gone: nothing to answer
             try:
@@ -242,6 +254,21 @@ class Handlers:
                 _drop(peer, f"query failed: {exc}")
                 raise
             return rpc.Reply(MSG_QUERY_RES, encode_query_result(blobs, more))
+
+
+async def _unanswered(peer: rpc.Peer) -> rpc.Reply:
+    """A query read once the server closes its connections: not run, not answered. The
+    core runs every request of a peer that takes no retry results (Hat's) during a
+    graceful close and waits for each, so a client that kept queries in flight kept the
+    close going to its drain bound, then had them cut. This closes the connection
+    gracefully itself: called from a handler of the connection, that close does not wait
+    for the handler, only for the requests in flight before (up to
+    :data:`CLOSE_DRAIN_TIMEOUT`). The client sees the connection close, as when hat's
+    server closes (hat's client: ConnectionError; ours: ConnectionClosed, or the query
+    sent again once reconnected). A registration read meanwhile is answered ``failure``
+    at once (the status is STANDBY)."""
+    await peer.close(drain_timeout=CLOSE_DRAIN_TIMEOUT)  # awaited directly: see Closing.close
+    raise rpc.ConnectionClosed("closed by this side")  # the connection is gone: unanswered
 
 
 async def _register_reply(future: SessionFuture) -> rpc.Reply:

@@ -39,6 +39,7 @@ from rpc.eventer.codec import (
 )
 from rpc.eventer.config import ConfigError, ServerConfig, TlsConfig
 from rpc.eventer.fanout import ClientInfo
+from rpc.eventer.handlers import CLOSE_DRAIN_TIMEOUT
 from rpc.eventer.service import Service
 from rpc.eventer.store import ResultTooLarge, Store
 from rpc.eventer.values import (
@@ -58,7 +59,8 @@ __all__ = ["ClientInfo", "EventerServer", "ListenError", "serve_forever"]
 log = logging.getLogger("peerwire.eventer.server")
 
 STOP_FLUSH_TIMEOUT = 1.0
-"""Seconds ``close`` waits for ack-paced clients to take their last notifications."""
+"""Seconds ``close`` waits, in all, for ack-paced clients to ack their way to STANDBY (see
+:meth:`~rpc.eventer.fanout.Fanout.finish`); an ack still awaited then is given up."""
 
 
 class ListenError(OSError):
@@ -144,7 +146,16 @@ class EventerServer:
 
     async def close(self) -> None:
         """Announce STOPPING, commit what is queued (plus the STOPPED event), announce
-        STANDBY, close every connection, then the database."""
+        STANDBY, close every connection, then the database.
+
+        From the start, registrations fail (``failure``, as the reference answers while
+        not operational) and queries are answered. Ack-paced clients get up to
+        :data:`STOP_FLUSH_TIMEOUT` to take STANDBY (none when nothing waits behind an
+        unacked notification). Then the connections close gracefully: the requests in
+        flight are answered (up to :data:`~rpc.eventer.handlers.CLOSE_DRAIN_TIMEOUT`),
+        queries that come meanwhile are not run nor answered (the client sees the
+        connection close, as when hat's server closes), and each connection closes as soon
+        as its requests in flight are answered."""
         service = self._service
         if service is None or service.closing:
             return
@@ -154,9 +165,9 @@ class EventerServer:
             await service.register_system(("engine",), "STOPPED", force=True)
         await service.wait_committed()
         service.set_status(Status.STANDBY)
-        await service.fanout.flush(STOP_FLUSH_TIMEOUT)
-        for server in self.servers:
-            await server.close(drain_timeout=STOP_FLUSH_TIMEOUT)
+        await service.fanout.finish(STOP_FLUSH_TIMEOUT)
+        service.draining = True
+        await asyncio.gather(*(s.close(drain_timeout=CLOSE_DRAIN_TIMEOUT) for s in self.servers))
         await service.close()
 
     async def __aenter__(self) -> EventerServer:
