@@ -81,14 +81,20 @@ class Closing:
 
         def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
 
-    def abort(self, exc: BaseException | None = None) -> None:
+    def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
         reason given, where the reconnecting client and ``connect`` read it; without one,
         "aborted by this side"). Queued bytes (a protocol's last word, such as Gotalk's
         ``f`` message) still go out, then the connection is cut without waiting for the
         peer's side of a closing handshake (a TLS close_notify, a WebSocket close frame): a
         peer given up on is not waited for. Bytes the transport could not hand to the socket
-        at once have :data:`LINGER` s; a peer that has stopped reading is cut at once."""
+        at once have :data:`LINGER` s; a peer that has stopped reading is cut at once.
+
+        ``refused``: for input the peer may still be sending (a protocol violation, such as
+        a message refused from its header). A WebSocket's closing handshake then runs,
+        within the linger, and the rest of that input is dropped as it comes: cut with
+        input unread, the socket resets, and browsers and Node drop what they had not read,
+        the last word included, and report 1006."""
         transport = self._transport
         if transport is None:
             return
@@ -98,6 +104,8 @@ class Closing:
             transport.abort()
             return
         self._close_transport()
+        if refused and transport.get_extra_info("message_framed"):
+            return  # the WebSocket closing handshake, bounded by the linger
         if not transport.get_write_buffer_size():
             transport.abort()  # the last word is the socket's: cut, as TCP's close() does
 

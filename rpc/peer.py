@@ -315,12 +315,14 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._continue()
 
     def _violation(self, exc: ProtocolError) -> None:
+        if exc is self.violation:  # the dead codec again: input after our last word
+            return
         self.violation = exc
         violations.warning(
             "%s peer %s broke the protocol: %s", self.protocol_name, self.remote_address, exc
         )
         self.adapter.last_word(exc)
-        self.abort(exc)
+        self.abort(exc, refused=True)
 
     def _handshake_due(self) -> None:
         if self.adapter.handshake_pending():

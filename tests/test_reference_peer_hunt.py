@@ -6,17 +6,28 @@
   first Ping after its ``ping_delay`` of silence closed the connection as "peer opened more
   than N conversations", and our own Ping raised (in the RPC core: inside the connection's
   timer, which then stopped, so no request timed out any more).
+- gotalk.js (Node's WebSocket) sending a payload over our ``max_size``, refused from its
+  header while the payload's bytes still arrive, reads our ``f00000002``. Before, the
+  server cut the socket once its last word was written, with the payload unread: the reset
+  that sends reached the client before it read the ``f`` (and our close frame), and it saw
+  a connection lost with 1006, not why. The WebSocket's closing handshake now runs (the
+  linger bounds it), and the rest of the payload is dropped as it comes.
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from hat.drivers import chatter as hat_chatter
 from hat.drivers import net
 
+import rpc
 from tests.chatter_socket import ChatterSocket
+from tests.rpc_helpers import wait_until
+from tests.test_web_js_node import run_node
+from transports.websocket import HttpOptions
 from wire.chatter import ChatterConnection, Dialect
 
 pytestmark = pytest.mark.interop
@@ -76,3 +87,41 @@ async def test_a_full_table_of_our_requests_still_pings_hat_drivers() -> None:
     finally:
         await sock.close()
         await srv.async_close()
+
+
+async def test_gotalk_js_refused_from_its_header_reads_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    limit = 4 * 1024 * 1024  # the payload is still arriving when its header is refused
+    registry = rpc.Registry()
+
+    @registry.handle("len")
+    def length(data: bytes) -> int:
+        return len(data)
+
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=registry,
+        web=HttpOptions(allow_missing_origin=True),  # Node sends no Origin
+        options=rpc.Options(max_size=limit),
+    ) as server:
+        heard = await run_node(
+            tmp_path,
+            f"""
+            const heard = [];
+            for (let i = 0; i < 3; i++) {{
+              const s = await connect(ADDR);
+              heard.push(await within(s.bufferRequest('len', new Uint8Array({limit + 1}))
+                .then(() => 'answered', (e) => e.message), 5000));
+              s.close();
+            }}
+            return heard;
+            """,
+            server.url.websocket_uri,
+        )
+        await wait_until(lambda: not server.peers)  # each closing handshake ended
+    assert heard == ["gotalk protocol error: the server sent f00000002"] * 3
+    # one violation each: the payload read during the closing handshake is dropped unread,
+    # not refused again (which cut the connection as well)
+    refused = [r for r in caplog.records if r.name == "peerwire.rpc.violations"]
+    assert len(refused) == 3, [r.getMessage() for r in refused]
