@@ -113,6 +113,7 @@ class ChatterAdapter:
         self.decode_result = payloads.decode_result
         """How values and payloads convert (:mod:`rpc.chatter_payloads`), bound here."""
         self.pings = ChatterPings(peer, self.codec, ping_interval, ping_timeout, self._ping)
+        self._last_ping: Conversation | None = None
         self.stall = MessageStall(peer)  # the least rate of an unfinished message
         replies = self.replies = ChatterReplies(
             peer, self.codec, self.payloads, self.sbs_repo, self._send
@@ -174,7 +175,14 @@ class ChatterAdapter:
         self.pings.input_held()
 
     def _ping(self) -> None:
-        self.codec.send_ping()
+        """A Ping of our plan. The previous one, if still unanswered (we hold the peer's
+        input: its Pong waits unread), is abandoned, its Pong dropped when it comes (any
+        byte counts as heard): a hold keeps one Ping open, not one more every half
+        ``ping_timeout`` for as long as it lasts."""
+        codec = self.codec
+        if self._last_ping is not None:
+            codec.abandon(self._last_ping)
+        self._last_ping = Conversation.ours(codec.send_ping().id)
         self._take_codec_output()
         self.peer.outbox.flush()
 

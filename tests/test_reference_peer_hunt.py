@@ -6,6 +6,11 @@
   first Ping after its ``ping_delay`` of silence closed the connection as "peer opened more
   than N conversations", and our own Ping raised (in the RPC core: inside the connection's
   timer, which then stopped, so no request timed out any more).
+- While our server holds a hat-drivers client's input (its handler slot taken, the backlog
+  full), it pings the client every half ``ping_timeout``, and each Ping opened one more
+  conversation whose Pong waited unread: the table grew for as long as the hold lasted
+  (up to ``max_conversations``, after which the Ping raised in the timer). The previous
+  unanswered Ping is now abandoned: one stays open.
 - gotalk.js (Node's WebSocket) sending a payload over our ``max_size``, refused from its
   header while the payload's bytes still arrive, reads our ``f00000002``. Before, the
   server cut the socket once its last word was written, with the payload unread: the reset
@@ -87,6 +92,42 @@ async def test_a_full_table_of_our_requests_still_pings_hat_drivers() -> None:
     finally:
         await sock.close()
         await srv.async_close()
+
+
+async def test_a_held_hat_drivers_client_gets_pings_that_open_one_conversation() -> None:
+    release = asyncio.Event()
+    registry = rpc.Registry()
+
+    @registry.handle("stuck")
+    async def stuck(data: bytes) -> bytes:
+        await release.wait()
+        return b"done"
+
+    async with rpc.serve(
+        "tcp+sbs://127.0.0.1:0",
+        registry=registry,
+        retry_results=False,  # requests past the slot wait, then reading pauses
+        options=rpc.Options(max_concurrent=1, max_request_bytes=64 * 1024),
+        ping_interval=0.3,
+        ping_timeout=0.2,  # a Ping every 0.1 s while the input is held
+    ) as server:
+        conn = await hat_chatter.connect(net.TcpAddress("127.0.0.1", server.url.port), ping_delay=0)
+        try:
+            for _ in range(300):
+                await conn.send(hat_chatter.Data("stuck", b"x" * 1024), last=False)
+            await wait_until(lambda: len(server.peers) == 1)
+            (peer,) = server.peers
+            await wait_until(lambda: peer.holding_input)
+            codec = peer.adapter.codec
+            # nothing else goes out during the hold: each id we send is a Ping
+            first_id, held_open = codec.next_id, codec.open_conversations
+            await wait_until(lambda: codec.next_id >= first_id + 4)
+            assert codec.open_conversations <= held_open + 1
+            release.set()
+            replies = [await asyncio.wait_for(conn.receive(), 5) for _ in range(300)]
+            assert {r.data.data for r in replies} == {b"done"} and peer.is_open
+        finally:
+            await conn.async_close()
 
 
 async def test_gotalk_js_refused_from_its_header_reads_why(
