@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import rpc
+import rpc.loops
 from tests.rpc_helpers import free_ports
 from tests.spark_session import (  # noqa: F401
     ONE_SPARK_AT_A_TIME,
@@ -70,11 +71,14 @@ def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(name="packed_env")
 def packed_env_fixture(tmp_path: Path) -> Path:
-    """env.tar.gz: a venv (of this interpreter) with peerwire from this tree and pyarrow."""
+    """env.tar.gz: a venv (of this interpreter) with peerwire from this tree and pyarrow;
+    on a uvloop run (``$PEERWIRE_LOOP``, which the executors inherit) with its ``speed``
+    extra, as a deployment that asks for uvloop must ship it."""
     env = tmp_path / "env"
     run([sys.executable, "-m", "venv", "--without-pip", str(env)])
     pip = [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python")]
-    run([*pip, "install", "-q", str(ROOT), "pyarrow"], timeout=400)
+    speed = "[speed]" if os.environ.get(rpc.loops.ENV_VAR) == "uvloop" else ""
+    run([*pip, "install", "-q", f"{ROOT}{speed}", "pyarrow"], timeout=400)
     archive = tmp_path / "env.tar.gz"
     venv_pack = Path(sys.executable).parent / "venv-pack"
     run([str(venv_pack), "-p", str(env), "-o", str(archive), "--compress-level", "1", "-q"])
