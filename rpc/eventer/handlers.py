@@ -10,8 +10,8 @@ MsgRegisterReq             request (last=False) -> MsgRegisterRes after the comm
 MsgQueryReq                request -> MsgQueryRes; a latest result over
                            ``max_message_size`` -> an error reply (``PeerwireRpc.Error``);
                            one query per connection at a time, run once its output
-                           is below ``high_water``; once a close drains the connections,
-                           not run nor answered (the connection closes)
+                           is below ``high_water``; read once a close drains the
+                           connections, not run nor answered (the connection closes)
 anything else              closes the connection, as the reference does
 =========================  ================================================================
 
@@ -223,12 +223,15 @@ class Handlers:
             )
 
     def _on_query(self, data: bytes) -> Coroutine[Any, Any, rpc.Reply]:
-        """One query of a connection runs at a time (:meth:`_query`). Once a close drains
-        the connections (:attr:`~rpc.eventer.service.Service.draining`), a query is not run
-        (:func:`_unanswered`): decided as it is read, so those read before still run."""
+        """One query of a connection runs at a time (:meth:`_query`). A query read once a
+        close drains the connections (:attr:`~rpc.eventer.service.Service.draining_at`) is
+        not run (:func:`_unanswered`). Decided by when it was read (``peer.read_at``), not
+        when it runs: one read before and kept a while (our output backed up) still runs;
+        one read in the same tick of the loop's clock too."""
         client = _client()
         peer = rpc.current_peer.get()
-        if self._service.draining:
+        draining_at = self._service.draining_at
+        if draining_at is not None and peer.read_at > draining_at:
             return _unanswered(peer)
         return self._query(client, peer, data)
 

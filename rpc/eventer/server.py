@@ -166,7 +166,7 @@ class EventerServer:
         await service.wait_committed()
         service.set_status(Status.STANDBY)
         await service.fanout.finish(STOP_FLUSH_TIMEOUT)
-        service.draining = True
+        service.draining_at = asyncio.get_running_loop().time()
         await asyncio.gather(*(s.close(drain_timeout=CLOSE_DRAIN_TIMEOUT) for s in self.servers))
         await service.close()
 
