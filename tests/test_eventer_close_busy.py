@@ -114,7 +114,8 @@ async def test_requests_in_flight_are_answered_later_queries_close_the_connectio
         assert all(size > 4 << 20 for size in answers.values())
         assert late.id not in answers  # ... the late one not run
         assert statuses == ["stopping", "standby"]
-        assert closed_at - answered_at < CLOSE_DRAIN_TIMEOUT / 2
+        # the drain's bound would be 1 s after the close began; a loaded machine's spread kept
+        assert closed_at - answered_at < CLOSE_DRAIN_TIMEOUT * 0.8
         await asyncio.wait_for(closing, 3)
     finally:
         if closing is not None:
@@ -184,7 +185,7 @@ async def test_a_busy_client_does_not_stretch_the_close(
             took = await _timed_close(server)
         async with asyncio.timeout(3):
             await asyncio.gather(*loops)
-        assert took < CLOSE_DRAIN_TIMEOUT / 2, took
+        assert took < CLOSE_DRAIN_TIMEOUT * 0.8, took  # before: the whole drain, 1 s
         assert not _cuts(caplog)
         for each in outcomes:
             assert each[-1] in ended, each[-1]  # the close, not an error reply
@@ -240,7 +241,7 @@ async def test_a_client_that_never_acks_holds_the_close_one_bound(
             await held.wait()
         with caplog.at_level(logging.WARNING, logger="peerwire.rpc"):
             took = await _timed_close(server)
-        assert STOP_FLUSH_TIMEOUT * 0.9 <= took < STOP_FLUSH_TIMEOUT + 0.4, took
+        assert STOP_FLUSH_TIMEOUT * 0.9 <= took < STOP_FLUSH_TIMEOUT * 1.7, took  # before: 2 s
         assert not _cuts(caplog)
     finally:
         never.set()
@@ -278,7 +279,7 @@ async def test_a_client_with_nothing_unacked_is_not_waited_for(tmp_path: Path) -
             await server.register([json_event(("n", "1"))])
             await wait_until(lambda: ("n", "1") in seen)
             took = await _timed_close(server)
-            assert took < STOP_FLUSH_TIMEOUT / 4, took
+            assert took < STOP_FLUSH_TIMEOUT * 0.8, took  # a wait would take the whole 1 s
             await wait_until(lambda: statuses[-1:] == [eventer.Status.STANDBY])
             S = eventer.Status
             assert statuses == [S.OPERATIONAL, S.STOPPING, S.STANDBY]
