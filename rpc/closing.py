@@ -25,6 +25,12 @@ protocol's last word, the answers of a graceful close) and to finish its closing
 not read or answer would otherwise keep it open, and its ``close()`` waiting, for good or
 for the transport's own bound (WebSocket's ``close_timeout``, 10 s)."""
 
+QUIET = 0.5
+"""Seconds a TCP peer's input may pause after the FIN of a graceful close that stopped
+reading it (:meth:`Closing._end`) before the connection closes without its FIN: one that
+does not close on our EOF is not waited for until the :data:`LINGER`, and what one still
+sends is read (and dropped) rather than left unread to reset the connection."""
+
 log = logging.getLogger("peerwire.rpc")
 
 
@@ -66,6 +72,8 @@ class Closing:
     _tasks: TaskSet
     _runner: HandlerRunner[Any]
     _closers: set[asyncio.Task[Any]]
+    _streams: dict[Any, Any]
+    adapter: Any
     outbox: Outbox
     deadlines: Deadlines
     closed: asyncio.Future[BaseException | None]
@@ -80,6 +88,10 @@ class Closing:
         def connection_lost(self, exc: BaseException | None) -> None: ...
 
         def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
+
+        def stop_input(self) -> None: ...
+
+        def drop_input(self) -> None: ...
 
     def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
@@ -118,6 +130,9 @@ class Closing:
         if not transport.is_closing():
             self.outbox.flush()
             transport.close()
+        self._linger()
+
+    def _linger(self) -> None:
         if self.deadlines.when("linger") is None:
             self.deadlines.set("linger", self._loop.time() + LINGER, self._linger_due)
 
@@ -134,9 +149,13 @@ class Closing:
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close.
-        The peer's requests that come meanwhile are refused (:meth:`Responder.refuses`)
-        unless they run: while calls of ours are in flight, or for a peer that takes no retry
-        results; those that run are waited for too, within the same ``drain_timeout``.
+        The peer's requests that come meanwhile run while calls of ours are in flight (the
+        peer's handlers of those may call us back to answer them), and are waited for too,
+        within the same ``drain_timeout``. Once none is: a peer that takes retry results
+        gets them (:meth:`Responder.refuses`); one that does not is no longer read
+        (:meth:`~rpc.input_flow.InputFlow.stop_input`, once no stream request of its takes
+        parts either): its requests still unread never run, and the close ends once those
+        read before have, not at ``drain_timeout`` however busy the peer.
         Called from a handler (or notification) of this connection, it does not wait for
         that one, which is cancelled with the connection's other work once it is closed.
         (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
@@ -151,11 +170,16 @@ class Closing:
         closers = self._closers
         if current is not None:
             closers.add(current)
+        stops = not self.adapter.retry_results
         try:
-            pending: list[Any] = self.calls_waited_for()
+            waited = self.calls_waited_for()  # those in flight now: later ones are cut
             deadline = self._loop.time() + drain_timeout
             left: set[Any] = set()
-            while True:  # more than once only for requests run while our calls were in flight
+            while True:  # again as our calls end, and for requests run while they ran
+                pending: list[Any] = [call for call in waited if not call.done()]
+                if stops and not self._streams and not self.calls_waited_for():
+                    self.stop_input()  # the requests run meanwhile, if any, are waited for
+                calls = bool(pending)  # their ends may stop the input: wait for the first
                 pending += [task for task in self._tasks if task not in closers]
                 drained = self._runner.drain(closers)  # those served now, not later ones
                 if drained is not None:
@@ -164,15 +188,18 @@ class Closing:
                     break
                 try:
                     _, left = await asyncio.wait(
-                        pending, timeout=max(0.0, deadline - self._loop.time())
+                        pending,
+                        timeout=max(0.0, deadline - self._loop.time()),
+                        return_when=asyncio.FIRST_COMPLETED if calls else asyncio.ALL_COMPLETED,
                     )
                 except asyncio.CancelledError:  # the caller stopped waiting, not closing
                     if self._transport is not None:
-                        self._close_transport()
+                        self._end(stops)
                     raise
-                if left or self._transport is None or self._loop.time() >= deadline:
+                if self._transport is None or self._loop.time() >= deadline:
                     break
-                pending = []  # the peer's requests run meanwhile (Responder.refuses), if any
+                if left and not calls:  # (woken by the timeout a tick early)
+                    break
             if left and self._transport is not None:
                 cuts.warning(
                     "%s peer %s: %d handler(s) and %d call(s) of ours still running "
@@ -184,7 +211,39 @@ class Closing:
                     drain_timeout,
                 )
             if self._transport is not None:
-                self._close_transport()
+                self._end(stops)
             await asyncio.shield(self.closed)
         finally:
             closers.discard(current)
+
+    def _end(self, stops: bool) -> None:
+        """Close the transport at a graceful close's end. For a peer whose input it stops,
+        what it still sends is read and dropped meanwhile: the TLS close_notify or WebSocket
+        close frame behind it ends the closing handshake. Over TCP our FIN goes behind the
+        answers, and the peer's own FIN, or a pause of its input (:data:`QUIET`), ends the
+        connection within the :data:`LINGER`: closed with its input unread, the socket would
+        reset, and a peer may then drop answers it had not read yet. (A server with metrics
+        closes at once: its transport does not half-close.)"""
+        transport = self._transport
+        if stops:
+            self.drop_input()
+            if not transport.is_closing() and transport.can_write_eof():
+                self.outbox.flush()
+                transport.write_eof()
+                self._linger()
+                self._quiet()
+                return
+        self._close_transport()
+
+    def input_dropped(self) -> None:
+        """Input read and dropped once a graceful close ended it: a TCP peer we half-closed
+        (:meth:`_end`) is read on until its FIN, or until its input pauses :data:`QUIET` s."""
+        if self.deadlines.when("quiet") is not None:
+            self._quiet()
+
+    def _quiet(self) -> None:
+        self.deadlines.set("quiet", self._loop.time() + QUIET, self._quiet_due)
+
+    def _quiet_due(self) -> None:
+        if self._transport is not None:
+            self._close_transport()

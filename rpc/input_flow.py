@@ -19,7 +19,9 @@ states the bound), and when reading pauses and resumes:
 - a part of a running stream that finds ``max_request_bytes`` taken (NoRoom) is set aside,
   with what of its stream follows, until room comes back (:meth:`InputFlow._bytes_freed`),
   and reading goes on: the handlers holding the bytes may wait for replies;
-- a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn.
+- a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn;
+- a graceful close ends the peer's input for good (:meth:`InputFlow.stop_input`, then
+  :meth:`InputFlow.drop_input`): none of the above resumes reading after that.
 
 It shares the peer's state (slots set up by :class:`~rpc.peer.Peer`).
 """
@@ -45,6 +47,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("peerwire.rpc")
 
+READ, STOPPED, DROPPED = 0, 1, 2
+"""The phases of a connection's input (:attr:`InputFlow._input_end`): read as the flow
+decides; stopped by a graceful close (:meth:`InputFlow.stop_input`); read and dropped
+while the transport closes (:meth:`InputFlow.drop_input`)."""
+
 
 class InputFlow(Generic[K]):
     """The input flow of a connection (mixed into :class:`~rpc.peer.Peer`, which sets up
@@ -59,6 +66,7 @@ class InputFlow(Generic[K]):
     _kept: Backlog
     _backlog: Any
     _reading: bool
+    _input_end: int
     _hold_told: bool
     _output_hold: bool
     _stream_hold: StreamHold
@@ -248,8 +256,13 @@ class InputFlow(Generic[K]):
     def _may_read(self, kept: Backlog) -> bool:
         """True when reading may resume: nothing waits, or only our output holds what does
         and the backlog has room, and no Ping answered while the output waits nor a message
-        that refused to run (``kept.refused``) stops it."""
-        if kept.refused is not None or (self._output_hold and self.outbox.blocked):
+        that refused to run (``kept.refused``) stops it. Never once a graceful close has
+        ended the input (:meth:`stop_input`)."""
+        if (
+            self._input_end
+            or kept.refused is not None
+            or (self._output_hold and self.outbox.blocked)
+        ):
             return False
         if not kept.messages:  # (parts may wait for room all the same: they count)
             return not kept.full
@@ -280,6 +293,35 @@ class InputFlow(Generic[K]):
                 kept.next_turn()
         else:
             self._task_done()
+
+    def stop_input(self) -> None:
+        """Stop reading the peer for good: :meth:`~rpc.closing.Closing.close` calls it for a
+        peer that takes no retry results, once nothing it waits for needs the peer's input
+        (no call of ours in flight, no stream request of the peer's still taking parts).
+        The requests read before run and are waited for (kept ones too, as their turn
+        comes); those still unread never run, and their callers see the connection close,
+        as HTTP servers stop reading keep-alive connections at shutdown. From then on
+        nothing resumes reading (not backpressure, holds or the backlog: :meth:`_may_read`)
+        but :meth:`drop_input` at the close's end; this phase ends with the connection."""
+        if self._input_end == READ:
+            self._input_end = STOPPED
+            self._pause_reading()
+
+    def drop_input(self) -> None:
+        """The end of a graceful close, for the same peers as :meth:`stop_input` (stopped
+        or not: our calls may have kept it reading to the drain's end), as its transport
+        closes: what the backlog still keeps is dropped, and reading resumes, everything
+        read then dropped unrun (:meth:`~rpc.peer.Peer.data_received`): a TLS
+        close_notify or a WebSocket close frame behind the requests left unread ends the
+        closing handshake, within the linger (:data:`~rpc.closing.LINGER`). Lasts until the
+        connection is gone."""
+        if self._input_end == DROPPED or self._transport is None:
+            return
+        self._input_end = DROPPED
+        self._kept.clear()
+        if not self._reading:
+            self._reading = True
+            self._transport.resume_reading()
 
     def _pause_reading(self) -> None:
         if self._reading and self._transport is not None:

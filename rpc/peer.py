@@ -56,7 +56,7 @@ from rpc.closing import Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
-from rpc.input_flow import InputFlow
+from rpc.input_flow import READ, InputFlow
 from rpc.key import K
 from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
@@ -93,6 +93,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_closers",
         "_ended",
         "_hold_told",
+        "_input_end",
         "_intercepted",
         "_kept",
         "_loop",
@@ -155,6 +156,8 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
         they run and only for a peer that takes the cancellation extension."""
         self._reading = True
+        self._input_end = READ
+        """The input's phase: read, or ended by a graceful close (:mod:`rpc.input_flow`)."""
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
         self._output_hold = False
@@ -256,7 +259,11 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the peer: what a stream transport read into the thread's shared
-        buffer (:mod:`transports.read_buffer`), or a WebSocket message."""
+        buffer (:mod:`transports.read_buffer`), or a WebSocket message; dropped once a
+        graceful close ended the input (:meth:`~rpc.input_flow.InputFlow.stop_input`)."""
+        if self._input_end:
+            self.input_dropped()
+            return
         outbox = self.outbox
         held = outbox.hold()  # one flush at the end: what handlers answer now goes together
         read_at = self._kept.read_at = self._loop.time()  # the one clock read per read

@@ -117,12 +117,12 @@ class Responder(ServedStreams[K]):
         (:data:`~rpc.errors.CLOSING`: its caller may send it again, on another connection)
         once no call of ours is in flight: until then the peer's requests run, as those
         calls' handlers may call us back to answer them (the drain waits for our calls). A
-        peer that takes no retry results gets the request run as it comes during the drain
-        (False), and waited for by the drain. Calls of ours: those the drain waits for (not
-        streams). :meth:`on_request` and :meth:`serve_bounded` call it only when their
-        inlined copy of the tests below (no call per request) finds a limit reached or a
-        close begun: these tests then say which (the message), and are the only ones for
-        :func:`rpc.intercept.serve_request`."""
+        peer that takes no retry results gets the request run (False) and waited for, as
+        long as the drain reads it (:meth:`~rpc.input_flow.InputFlow.stop_input`). Calls
+        of ours: those the drain waits for (not streams). :meth:`on_request` and
+        :meth:`serve_bounded` call it only when their inlined copy of the tests below (no
+        call per request) finds a limit reached or a close begun: these tests then say
+        which (the message), and are the only ones for :func:`rpc.intercept.serve_request`."""
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
             message = "request rate limit"
         elif (
