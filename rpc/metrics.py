@@ -204,7 +204,10 @@ class _MeteredTransport(asyncio.Transport):
         return int(self._transport.get_write_buffer_size())
 
     def can_write_eof(self) -> bool:
-        return False
+        return bool(self._transport.can_write_eof())
+
+    def write_eof(self) -> None:
+        self._transport.write_eof()  # a graceful close's FIN behind its answers
 
 
 class _MeteredProtocol(asyncio.BufferedProtocol):

@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 from hat.drivers import chatter as hat_chatter
 from hat.drivers import net
+from prometheus_client import CollectorRegistry
 
 import rpc
 import rpc.closing
+from rpc.metrics import Metrics
 from tests.certs import Pki
 from tests.rpc_helpers import wait_until
 from transports.stream import client_ssl_context, server_ssl_context
@@ -154,10 +156,12 @@ def _check(work: Work, answered: set[Any], took: float) -> None:
     assert len(work.ran) - len(answered) <= IN_FLIGHT
 
 
-async def _gotalk_busy_close(url: str, work: Work, **tls: Any) -> tuple[float, str, Any]:
+async def _gotalk_busy_close(
+    url: str, work: Work, metrics: Metrics | None = None, **tls: Any
+) -> tuple[float, str, Any]:
     ssl_server = tls.pop("server", None)
     async with rpc.serve(
-        url, registry=work.registry(), retry_results=False, ssl=ssl_server
+        url, registry=work.registry(), retry_results=False, ssl=ssl_server, metrics=metrics
     ) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port, **tls)
         client = GotalkBusy(reader, writer)
@@ -175,6 +179,18 @@ async def test_a_busy_gotalk_client_does_not_hold_the_close() -> None:
     work = Work()
     _, ended, _ = await _gotalk_busy_close("tcp+gotalk://127.0.0.1:0", work)
     assert ended == "EOF"
+
+
+async def test_a_server_with_metrics_half_closes_too() -> None:
+    """Metrics wrap the server's transport: it half-closes as the plain one does (it said
+    it could not, so such a server closed with the client's input unread, and the client
+    could get a reset instead of its last answers and EOF)."""
+    work = Work()
+    registry = CollectorRegistry()
+    _, ended, _ = await _gotalk_busy_close("tcp+gotalk://127.0.0.1:0", work, Metrics(registry))
+    assert ended == "EOF"
+    sent = registry.get_sample_value("peerwire_sent_bytes_total", {"protocol": "gotalk"})
+    assert sent, sent  # the answers went through the metered transport
 
 
 async def test_a_client_that_does_not_close_on_eof_is_not_waited_for() -> None:
