@@ -222,8 +222,7 @@ class Closing:
         close frame behind it ends the closing handshake. Over TCP our FIN goes behind the
         answers, and the peer's own FIN, or a pause of its input (:data:`QUIET`), ends the
         connection within the :data:`LINGER`: closed with its input unread, the socket would
-        reset, and a peer may then drop answers it had not read yet. (A server with metrics
-        closes at once: its transport does not half-close.)"""
+        reset, and a peer may then drop answers it had not read yet."""
         transport = self._transport
         if stops:
             self.drop_input()
