@@ -314,7 +314,8 @@ class InputFlow(Generic[K]):
         read then dropped unrun (:meth:`~rpc.peer.Peer.data_received`): a TLS
         close_notify or a WebSocket close frame behind the requests left unread ends the
         closing handshake, within the linger (:data:`~rpc.closing.LINGER`). Lasts until the
-        connection is gone."""
+        connection is gone. Also after a protocol violation (:meth:`~rpc.peer.Peer._violation`),
+        whose WebSocket closing handshake reads on too: nothing the peer sends then runs."""
         if self._input_end == DROPPED or self._transport is None:
             return
         self._input_end = DROPPED

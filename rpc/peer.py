@@ -330,6 +330,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         )
         self.adapter.last_word(exc)
         self.abort(exc, refused=True)
+        self.drop_input()  # a WebSocket's closing handshake reads on: nothing more runs
 
     def _handshake_due(self) -> None:
         if self.adapter.handshake_pending():
