@@ -43,12 +43,16 @@ BOUND = 1.5
 
 
 class Work:
-    """The server's ``work`` handler: it records the requests dispatched before their
-    connection's close began and those dispatched after (``late``: read after it began)."""
+    """The server's ``work`` handler: it records the requests it runs, read before their
+    connection's close began (``ran``) or after (``late``). By the time of their read, not
+    of their run: a request read before may wait in the connection's backlog (our output
+    to a loaded client backed up) and run after the close began, as it should."""
 
     def __init__(self) -> None:
         self.ran: list[Any] = []
         self.late: list[Any] = []
+        self.closed_at: float | None = None
+        """Loop time at which the close began (:meth:`close`)."""
         self.hold: asyncio.Event | None = None
         """Set: the request of value -1 waits for it."""
 
@@ -65,17 +69,24 @@ class Work:
 
         @reg.handle("work")
         def work(value: Any) -> Any:  # called as the request is dispatched, once read
-            closing = rpc.current_peer.get().gave_up is not None  # its close() has begun
-            (self.late if closing else self.ran).append(value)
+            began = self.closed_at
+            late = began is not None and rpc.current_peer.get().read_at > began
+            (self.late if late else self.ran).append(value)
             return finish(value)
 
         return reg
 
     async def close(self, server: rpc.Server) -> float:
-        """Close ``server`` gracefully (default ``drain_timeout``, 5 s): the seconds it took."""
+        """Close ``server``'s one connection gracefully (default ``drain_timeout``, 5 s),
+        then the server: the seconds it took. The connection's ``close()`` is awaited in
+        this task, so that it begins at ``closed_at`` (``Server.close`` starts it in a task
+        of its own, a loop turn later, after that turn's reads)."""
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        await asyncio.wait_for(server.close(), BOUND)
+        [peer] = server.peers
+        self.closed_at = started = loop.time()
+        async with asyncio.timeout(BOUND):
+            await peer.close()
+            await server.close()
         return loop.time() - started
 
 
