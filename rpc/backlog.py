@@ -113,6 +113,7 @@ class Backlog:
 
     __slots__ = (
         "_context",
+        "_emptied",
         "_kinds",
         "_loop",
         "_on_turn",
@@ -178,6 +179,8 @@ class Backlog:
         self._size = kinds.message_size
         self._context = contextvars.copy_context()
         """The context turns run in: the one the backlog was made in (the peer's)."""
+        self._emptied: asyncio.Future[None] | None = None
+        """What :meth:`emptied` gave, until no message is kept."""
 
     @property
     def bytes(self) -> int:
@@ -194,6 +197,21 @@ class Backlog:
     def _take_turn(self) -> None:
         self.turn = None
         self._on_turn()
+        self.settle()
+
+    def emptied(self) -> asyncio.Future[None]:
+        """A future that resolves once no message is kept (at the end of a turn at them,
+        :meth:`settle`, or :meth:`clear`): a graceful close waits for the requests read
+        before it and kept (our output backed up, slots taken) to run, as it waits for
+        those running, within its ``drain_timeout``."""
+        if self._emptied is None or self._emptied.done():
+            self._emptied = self._loop.create_future()
+        return self._emptied
+
+    def settle(self) -> None:
+        """After a turn at the messages: resolve :meth:`emptied`'s future if none is left."""
+        if self._emptied is not None and not self.messages and not self._emptied.done():
+            self._emptied.set_result(None)
 
     @property
     def full(self) -> bool:
@@ -454,3 +472,4 @@ class Backlog:
         if self.turn is not None:
             self.turn.cancel()
             self.turn = None
+        self.settle()

@@ -14,6 +14,7 @@ from rpc.logs import cuts
 from rpc.outbox import Outbox
 
 if TYPE_CHECKING:
+    from rpc.backlog import Backlog
     from rpc.handler_runner import HandlerRunner
     from rpc.streaming import ResultWait
     from rpc.tasks import TaskSet
@@ -72,6 +73,7 @@ class Closing:
     _tasks: TaskSet
     _runner: HandlerRunner[Any]
     _closers: set[asyncio.Task[Any]]
+    _kept: Backlog
     _streams: dict[Any, Any]
     adapter: Any
     outbox: Outbox
@@ -148,14 +150,18 @@ class Closing:
             self._transport.abort()
 
     async def close(self, *, drain_timeout: float = 5.0) -> None:
-        """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close.
-        The peer's requests that come meanwhile run while calls of ours are in flight (the
-        peer's handlers of those may call us back to answer them), and are waited for too,
+        """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close;
+        requests read before and kept unrun (:mod:`rpc.backlog`: our output backed up,
+        slots taken) are waited for too, and run or get a retry result. The peer's
+        requests that come meanwhile run while calls of ours are in flight (the peer's
+        handlers of those may call us back to answer them), and are waited for too,
         within the same ``drain_timeout``. Once none is: a peer that takes retry results
         gets them (:meth:`Responder.refuses`); one that does not is no longer read
         (:meth:`~rpc.input_flow.InputFlow.stop_input`, once no stream request of its takes
         parts either): its requests still unread never run, and the close ends once those
-        read before have, not at ``drain_timeout`` however busy the peer.
+        read before have, not at ``drain_timeout`` however busy the peer. It is read again
+        (:meth:`~rpc.input_flow.InputFlow.read_on`) while a call of ours begun meanwhile
+        waits for its reply, or a stream request of its kept till then takes its parts.
         Called from a handler (or notification) of this connection, it does not wait for
         that one, which is cancelled with the connection's other work once it is closed.
         (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
@@ -184,6 +190,8 @@ class Closing:
                 drained = self._runner.drain(closers)  # those served now, not later ones
                 if drained is not None:
                     pending.append(drained)
+                if self._kept.messages:  # read before, kept (our output backed up, slots
+                    pending.append(self._kept.emptied())  # taken): they run, or are refused
                 if not pending:
                     break
                 try:

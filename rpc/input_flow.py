@@ -67,6 +67,7 @@ class InputFlow(Generic[K]):
     _backlog: Any
     _reading: bool
     _input_end: int
+    _calls_at: float
     _hold_told: bool
     _output_hold: bool
     _stream_hold: StreamHold
@@ -302,10 +303,26 @@ class InputFlow(Generic[K]):
         comes); those still unread never run, and their callers see the connection close,
         as HTTP servers stop reading keep-alive connections at shutdown. From then on
         nothing resumes reading (not backpressure, holds or the backlog: :meth:`_may_read`)
-        but :meth:`drop_input` at the close's end; this phase ends with the connection."""
+        but :meth:`drop_input` at the close's end, or a call of ours that begins meanwhile
+        (a handler's, :meth:`read_on`); this phase ends with the connection."""
         if self._input_end == READ:
             self._input_end = STOPPED
+            self._calls_at = float("inf")  # our next call watches its deadline: see below
             self._pause_reading()
+
+    def read_on(self) -> None:
+        """Read the peer again after :meth:`stop_input`, for what began meanwhile and needs
+        its input: a call of ours (a handler read before the close calls the peer back;
+        :meth:`~rpc.peer.Peer._watch_calls` tells, as the first call after
+        :meth:`stop_input` always watches its deadline), whose reply must be read; a
+        stream request of the peer's read before the close but kept, which starts now
+        (:meth:`~rpc.responder.Responder.refuses`), whose parts must be. The peer's
+        requests run meanwhile, as while our calls were in flight; the close stops the
+        input again once it finds neither (at its next look: as what it waits for ends).
+        (Our streams are not watched: they are cut by the close, as ever.)"""
+        if self._input_end == STOPPED and self._transport is not None:
+            self._input_end = READ
+            self._kept.next_turn()  # _continue resumes reading unless something else holds
 
     def drop_input(self) -> None:
         """The end of a graceful close, for the same peers as :meth:`stop_input` (stopped

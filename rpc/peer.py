@@ -56,7 +56,7 @@ from rpc.closing import Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
-from rpc.input_flow import READ, InputFlow
+from rpc.input_flow import READ, STOPPED, InputFlow
 from rpc.key import K
 from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
@@ -320,6 +320,14 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self.outbox.resume()
         self._kept.recheck()  # parts of running streams kept meanwhile may run now
         self._continue()
+        self._kept.settle()
+
+    def _watch_calls(self, when: float) -> None:
+        """A call of ours nearer than those watched (always the first one after a graceful
+        close stopped the input): while stopped, reading resumes for its reply."""
+        Caller._watch_calls(self, when)
+        if self._input_end == STOPPED:
+            self.read_on()
 
     def _violation(self, exc: ProtocolError) -> None:
         if exc is self.violation:  # the dead codec again: input after our last word

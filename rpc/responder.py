@@ -94,12 +94,15 @@ class Responder(ServedStreams[K]):
     _running: set[K]
     _intercepted: bool
     _task_slots: int
+    _input_end: int
     call_bounds: CallBounds
     gave_up: BaseException | None
 
     if TYPE_CHECKING:
 
         def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
+
+        def read_on(self) -> None: ...
 
         @property
         def is_open(self) -> bool: ...
@@ -130,6 +133,8 @@ class Responder(ServedStreams[K]):
         ):
             message = CLOSING
         else:
+            if stream and self._input_end:  # a kept one, begun once the close stopped
+                self.read_on()  # the input: its parts are read (InputFlow.read_on)
             return False
         self.adapter.send_retry(key, self.options.retry_wait, message)
         if stream:

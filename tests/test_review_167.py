@@ -1,0 +1,168 @@
+"""helper-167's review of the graceful close that stops reading a busy peer without retry
+results (12d3f81): what a close must still read, and answer, once it stopped the input."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import rpc
+from tests.rpc_helpers import wait_until
+
+pytestmark = pytest.mark.both_loops
+
+DRAIN = 2.0
+"""The close's drain bound: the defects below hold the close to it."""
+
+
+async def test_a_handler_that_calls_the_peer_back_during_the_close_gets_its_reply() -> None:
+    """A request read before the close whose handler calls the peer (a peerwire client the
+    server gives no retry results, as gotalk.js) once the close stopped reading it: the
+    call's reply must still be read, so the handler ends and its answer goes out, and the
+    close ends then, not at ``drain_timeout`` with the handler cut."""
+    go = asyncio.Event()
+    started = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("ask")
+    async def ask(value: Any) -> Any:
+        started.set()
+        await go.wait()
+        return await rpc.current_peer.get().request("answer", value, timeout=DRAIN + 1)
+
+    client_reg = rpc.Registry()
+
+    @client_reg.handle("answer")
+    def answer(value: Any) -> Any:
+        return value * 2
+
+    loop = asyncio.get_running_loop()
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False) as server:
+        async with rpc.connect(str(server.url), registry=client_reg, reconnect=False) as client:
+            asked = asyncio.ensure_future(client.request("ask", 21, timeout=DRAIN + 2))
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            began = loop.time()
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            await wait_until(lambda: not served.reading, 2)  # the input stopped
+            go.set()
+            assert await asyncio.wait_for(asked, DRAIN + 3) == 42
+            await asyncio.wait_for(closing, DRAIN + 3)
+            took = loop.time() - began
+    assert took < DRAIN / 2, f"the close took {took:.3f} s"
+
+
+def _gotalk_request(rid: int, op: bytes, value: bytes) -> bytes:
+    return b"r" + rid.to_bytes(4, "little") + b"%03d" % len(op) + op + b"%08x" % len(value) + value
+
+
+async def _gotalk_answers(reader: asyncio.StreamReader) -> dict[int, str]:
+    """What a raw Gotalk v1 client reads up to EOF: each answer's kind, by request id (R:
+    a result; e: a retry result)."""
+    buf = b""
+    while data := await reader.read(1 << 20):
+        buf += data
+    answers: dict[int, str] = {}
+    while buf:
+        if buf[:1] == b"h":  # a heartbeat
+            buf = buf[13:]
+            continue
+        kind, rid = buf[:1], int.from_bytes(buf[1:5], "little")
+        assert kind in (b"R", b"e"), buf[:40]  # a result, or a retry result (its wait first)
+        head = 13 if kind == b"R" else 21
+        size = int(buf[head - 8 : head], 16)
+        answers[rid] = kind.decode()
+        buf = buf[head + size :]
+    return answers
+
+
+@pytest.mark.parametrize("retry_results", [False, True])
+async def test_requests_kept_in_the_backlog_when_the_close_begins_are_answered(
+    retry_results: bool,
+) -> None:
+    """Requests read before the close and kept in the backlog (our output to the client
+    backed up: it reads slowly) when the close begins, with no handler running: they are
+    read before the close, so they run (or, for a peer that takes retry results, get one)
+    once the client reads, within ``drain_timeout``; they were dropped unanswered, the
+    close finding nothing in flight to wait for."""
+    reg = rpc.Registry()
+
+    @reg.handle("big")
+    def big(value: Any) -> Any:
+        return "x" * (8 << 20)  # far above high_water and what the sockets buffer
+
+    @reg.handle("work")
+    def work(value: Any) -> Any:
+        return value
+
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=retry_results
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            writer.write(b"01")
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            writer.write(_gotalk_request(0, b"big", b"0"))
+            await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
+            [served] = server.peers
+            writer.write(b"".join(_gotalk_request(i, b"work", b"%d" % i) for i in (1, 2, 3)))
+            await wait_until(lambda: len(served._backlog) == 3, 5)  # kept: output backed up
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            answers = await asyncio.wait_for(_gotalk_answers(reader), DRAIN + 3)
+            await asyncio.wait_for(closing, DRAIN + 3)
+        finally:
+            writer.close()
+    kept = "e" if retry_results else "R"  # "closing": not run, safe to send again
+    assert answers == {0: "R", 1: kept, 2: kept, 3: kept}, answers
+
+
+async def test_a_stream_request_kept_when_the_close_begins_gets_its_parts() -> None:
+    """A stream request read before the close but kept (its handler slot taken,
+    ``max_concurrent=1``, a peer without retry results) starts once the close stopped the
+    input: its parts that come then must be read, as for a stream that took parts when the
+    close began, so it ends and is answered, and the close ends then, not at
+    ``drain_timeout`` with the stream's handler cut."""
+    started, release, gate = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        started.set()
+        await release.wait()
+        return value
+
+    @reg.handle_stream("total")
+    async def total(values: Any) -> int:
+        return sum([value async for value in values])
+
+    async def parts() -> Any:
+        yield 1
+        await gate.wait()
+        yield 2
+
+    async def collect(client: Any) -> list[Any]:
+        return [x async for x in client.stream("total", parts=parts(), timeout=DRAIN + 2)]
+
+    loop = asyncio.get_running_loop()
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False, options=options
+    ) as server:
+        async with rpc.connect(str(server.url), reconnect=False) as client:
+            held = asyncio.ensure_future(client.request("slow", 7, timeout=DRAIN + 2))
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            streamed = asyncio.ensure_future(collect(client))
+            await wait_until(lambda: served._backlog, 5)  # kept: the one slot is taken
+            began = loop.time()
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            await wait_until(lambda: not served.reading, 2)  # the input stopped
+            gate.set()  # part 2 and the stream's end come now
+            release.set()  # the slot frees: the stream's handler starts
+            assert await asyncio.wait_for(held, DRAIN + 3) == 7
+            assert await asyncio.wait_for(streamed, DRAIN + 3) == [3]
+            await asyncio.wait_for(closing, DRAIN + 3)
+            took = loop.time() - began
+    assert took < DRAIN / 2, f"the close took {took:.3f} s"
