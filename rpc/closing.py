@@ -230,13 +230,17 @@ class Closing:
         close frame behind it ends the closing handshake. Over TCP our FIN goes behind the
         answers, and the peer's own FIN, or a pause of its input (:data:`QUIET`), ends the
         connection within the :data:`LINGER`: closed with its input unread, the socket would
-        reset, and a peer may then drop answers it had not read yet."""
+        reset, and a peer may then drop answers it had not read yet. Meanwhile the
+        connection is not open (:attr:`~rpc.peer.Peer.is_open`), and what is still written
+        to it (a cut handler's answer, a heartbeat) is dropped, as once it closes."""
         transport = self._transport
         if stops:
             self.drop_input()
             if not transport.is_closing() and transport.can_write_eof():
                 self.outbox.flush()
-                transport.write_eof()
+                transport.write_eof()  # nothing more goes out: what handlers cut at the
+                self.outbox.lost(ConnectionClosed("closed by this side"))  # drain's end
+                # answer meanwhile is dropped, as once closed (the transport would raise)
                 self._linger()
                 self._quiet()
                 return

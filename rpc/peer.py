@@ -56,7 +56,7 @@ from rpc.closing import Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
-from rpc.input_flow import READ, STOPPED, InputFlow
+from rpc.input_flow import DROPPED, READ, STOPPED, InputFlow
 from rpc.key import K
 from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
@@ -354,7 +354,10 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
 
     @property
     def is_open(self) -> bool:
-        return self._transport is not None and not self._transport.is_closing()
+        """True until the connection closes, or a graceful close has ended the peer's
+        input (:meth:`~rpc.input_flow.InputFlow.drop_input`: a TCP one half-closed)."""
+        transport = self._transport
+        return transport is not None and not transport.is_closing() and self._input_end != DROPPED
 
     def _check_open(self) -> None:
         """ConnectionClosed unless open (written out in ``Caller._send``, per request)."""

@@ -4,6 +4,7 @@ results (12d3f81): what a close must still read, and answer, once it stopped the
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -166,3 +167,44 @@ async def test_a_stream_request_kept_when_the_close_begins_gets_its_parts() -> N
             await asyncio.wait_for(closing, DRAIN + 3)
             took = loop.time() - began
     assert took < DRAIN / 2, f"the close took {took:.3f} s"
+
+
+async def test_nothing_is_written_after_the_half_close(caplog: pytest.LogCaptureFixture) -> None:
+    """Over TCP a graceful close that stopped a peer's input ends with our FIN (write_eof)
+    and waits for the peer's (or ``rpc.closing.QUIET``): meanwhile the connection is no
+    longer open for output. A handler still running at the drain's end (cut) that answers
+    then, or a notification sent then, is dropped or refused (ConnectionClosed), as once
+    the transport closes; they reached the transport, which raised RuntimeError ("Cannot
+    call write() after write_eof()", logged at ERROR as a result that could not be sent)."""
+    go = asyncio.Event()
+    started = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        started.set()
+        await go.wait()
+        return value
+
+    errors: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            writer.write(b"01")
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            writer.write(_gotalk_request(1, b"slow", b"1"))
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            closing = asyncio.ensure_future(served.close(drain_timeout=0.1))
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # our FIN: half-closed
+            assert not served.is_open
+            with pytest.raises(rpc.ConnectionClosed):
+                served.notify("late", 1)
+            go.set()  # the cut handler answers now
+            await asyncio.wait_for(closing, 5)  # at QUIET: the client keeps its side open
+        finally:
+            writer.close()
+    assert errors == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
