@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from rpc.deadlines import Deadlines
 from rpc.errors import CLOSING, ConnectionClosed, RetryLater
+from rpc.input_flow import STOPPED
 from rpc.logs import cuts
 from rpc.outbox import Outbox
 
 if TYPE_CHECKING:
     from rpc.backlog import Backlog
     from rpc.handler_runner import HandlerRunner
+    from rpc.stream_hold import StreamHold
     from rpc.streaming import ResultWait
     from rpc.tasks import TaskSet
 
@@ -74,6 +76,8 @@ class Closing:
     _runner: HandlerRunner[Any]
     _closers: set[asyncio.Task[Any]]
     _kept: Backlog
+    _input_end: int
+    _stream_hold: StreamHold
     _streams: dict[Any, Any]
     adapter: Any
     outbox: Outbox
@@ -94,6 +98,8 @@ class Closing:
         def stop_input(self) -> None: ...
 
         def drop_input(self) -> None: ...
+
+        def read_again(self) -> asyncio.Future[None]: ...
 
     def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
@@ -152,7 +158,8 @@ class Closing:
     async def close(self, *, drain_timeout: float = 5.0) -> None:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close;
         requests read before and kept unrun (:mod:`rpc.backlog`: our output backed up,
-        slots taken) are waited for too, and run or get a retry result. The peer's
+        slots taken) are waited for too, and run or get a retry result (not behind the full
+        queue of a stream of ours: our streams are cut). The peer's
         requests that come meanwhile run while calls of ours are in flight (the peer's
         handlers of those may call us back to answer them), and are waited for too,
         within the same ``drain_timeout``. Once none is: a peer that takes retry results
@@ -160,8 +167,9 @@ class Closing:
         (:meth:`~rpc.input_flow.InputFlow.stop_input`, once no stream request of its takes
         parts either): its requests still unread never run, and the close ends once those
         read before have, not at ``drain_timeout`` however busy the peer. It is read again
-        (:meth:`~rpc.input_flow.InputFlow.read_on`) while a call of ours begun meanwhile
-        waits for its reply, or a stream request of its kept till then takes its parts.
+        (:meth:`~rpc.input_flow.InputFlow.read_on`, which wakes the close) while a call of
+        ours begun meanwhile waits for its reply, stopped again as the call ends, or while a
+        stream request of its kept till then takes its parts.
         Called from a handler (or notification) of this connection, it does not wait for
         that one, which is cancelled with the connection's other work once it is closed.
         (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
@@ -183,17 +191,27 @@ class Closing:
             left: set[Any] = set()
             while True:  # again as our calls end, and for requests run while they ran
                 pending: list[Any] = [call for call in waited if not call.done()]
-                if stops and not self._streams and not self.calls_waited_for():
-                    self.stop_input()  # the requests run meanwhile, if any, are waited for
+                if stops:  # our calls in flight, those begun since too (read_on's):
+                    ours = [call for call in self.calls_waited_for() if not call.done()]
+                    if not ours and not self._streams:  # the input stops as the last ends
+                        self.stop_input()  # the requests run meanwhile, if any, are waited for
+                    pending += [call for call in ours if call not in waited]
                 calls = bool(pending)  # their ends may stop the input: wait for the first
                 pending += [task for task in self._tasks if task not in closers]
                 drained = self._runner.drain(closers)  # those served now, not later ones
                 if drained is not None:
                     pending.append(drained)
-                if self._kept.messages:  # read before, kept (our output backed up, slots
-                    pending.append(self._kept.emptied())  # taken): they run, or are refused
+                if self._kept.messages and not self._stream_hold.active:  # read before,
+                    # kept (our output backed up, slots taken): they run, or are refused; not
+                    # behind a stream's full queue (ours: cut by the close; the peer's: its
+                    # handler, waited for, ends the hold)
+                    pending.append(self._kept.emptied())
                 if not pending:
+                    left = set()  # (not the last wait's: nothing is cut)
                     break
+                if stops and self._input_end == STOPPED:  # read again (read_on) for a call
+                    pending.append(self.read_again())  # begun meanwhile: look at it then
+                    calls = True
                 try:
                     _, left = await asyncio.wait(
                         pending,

@@ -67,6 +67,7 @@ class InputFlow(Generic[K]):
     _backlog: Any
     _reading: bool
     _input_end: int
+    _read_again: asyncio.Future[None] | None
     _calls_at: float
     _hold_told: bool
     _output_hold: bool
@@ -317,12 +318,24 @@ class InputFlow(Generic[K]):
         :meth:`stop_input` always watches its deadline), whose reply must be read; a
         stream request of the peer's read before the close but kept, which starts now
         (:meth:`~rpc.responder.Responder.refuses`), whose parts must be. The peer's
-        requests run meanwhile, as while our calls were in flight; the close stops the
-        input again once it finds neither (at its next look: as what it waits for ends).
+        requests run meanwhile, as while our calls were in flight; the close, woken
+        (:meth:`read_again`), stops the input again once it finds neither: as the last of
+        our calls ends, or (a stream) at its next look, as what it waits for ends.
         (Our streams are not watched: they are cut by the close, as ever.)"""
         if self._input_end == STOPPED and self._transport is not None:
             self._input_end = READ
             self._kept.next_turn()  # _continue resumes reading unless something else holds
+            again = self._read_again
+            if again is not None and not again.done():
+                again.set_result(None)  # the close looks again: the call's end stops it
+
+    def read_again(self) -> asyncio.Future[None]:
+        """A future :meth:`read_on` resolves: a graceful close that stopped the input waits
+        on it too, to wait for the call (or stream) that needs the input, not beyond."""
+        again = self._read_again
+        if again is None or again.done():
+            again = self._read_again = self._loop.create_future()
+        return again
 
     def drop_input(self) -> None:
         """The end of a graceful close, for the same peers as :meth:`stop_input` (stopped

@@ -98,6 +98,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_kept",
         "_loop",
         "_output_hold",
+        "_read_again",
         "_reading",
         "_request_bytes",
         "_room_stall",
@@ -158,6 +159,8 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._reading = True
         self._input_end = READ
         """The input's phase: read, or ended by a graceful close (:mod:`rpc.input_flow`)."""
+        self._read_again: asyncio.Future[None] | None = None
+        """Resolved by :meth:`read_on`: wakes a graceful close that stopped the input."""
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
         self._output_hold = False
