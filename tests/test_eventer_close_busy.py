@@ -74,6 +74,17 @@ async def _raw_client(server: eventer.EventerServer) -> ChatterSocket:
     return sock
 
 
+async def _end(
+    server: eventer.EventerServer, sock: ChatterSocket, closing: asyncio.Future[Any] | None
+) -> None:
+    """A raw-client test's end, however it went: the close it began (if it did) awaited,
+    then the server and the client closed."""
+    if closing is not None:
+        await asyncio.gather(asyncio.wait_for(closing, 5), return_exceptions=True)
+    await server.close()
+    await sock.close()
+
+
 def _query_bytes() -> bytes:
     params = common.QueryLatestParams([("big", "*")])
     return common.encode(common.MSG_QUERY_REQ, common.query_params_to_sbs(params))
@@ -124,10 +135,7 @@ async def test_requests_in_flight_are_answered_later_queries_close_the_connectio
         assert closed_at - answered_at < CLOSE_DRAIN_TIMEOUT * 0.8
         await asyncio.wait_for(closing, 3)
     finally:
-        if closing is not None:
-            await asyncio.gather(asyncio.wait_for(closing, 5), return_exceptions=True)
-        await server.close()
-        await sock.close()
+        await _end(server, sock, closing)
 
 
 async def _busy(
@@ -330,7 +338,4 @@ async def test_a_query_read_before_the_close_but_kept_is_answered(tmp_path: Path
         assert answered == [m.id for m in sent]
         await asyncio.wait_for(closing, 3)
     finally:
-        if closing is not None:
-            await asyncio.gather(asyncio.wait_for(closing, 5), return_exceptions=True)
-        await server.close()
-        await sock.close()
+        await _end(server, sock, closing)
