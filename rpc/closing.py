@@ -169,7 +169,7 @@ class Closing:
         read before have, not at ``drain_timeout`` however busy the peer. It is read again
         (:meth:`~rpc.input_flow.InputFlow.read_on`, which wakes the close) while a call of
         ours begun meanwhile waits for its reply, stopped again as the call ends, or while a
-        stream request of its kept till then takes its parts.
+        stream request of its kept till then takes its parts, stopped again as they end.
         Called from a handler (or notification) of this connection, it does not wait for
         that one, which is cancelled with the connection's other work once it is closed.
         (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
@@ -209,8 +209,10 @@ class Closing:
                 if not pending:
                     left = set()  # (not the last wait's: nothing is cut)
                     break
-                if stops and self._input_end == STOPPED:  # read again (read_on) for a call
-                    pending.append(self.read_again())  # begun meanwhile: look at it then
+                if stops and (self._input_end == STOPPED or self._streams):  # read again
+                    # (read_on) for a call begun meanwhile, or read for the peer's stream
+                    # requests until their parts end: look then
+                    pending.append(self.read_again())
                     calls = True
                 try:
                     _, left = await asyncio.wait(

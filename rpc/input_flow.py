@@ -320,22 +320,27 @@ class InputFlow(Generic[K]):
         (:meth:`~rpc.responder.Responder.refuses`), whose parts must be. The peer's
         requests run meanwhile, as while our calls were in flight; the close, woken
         (:meth:`read_again`), stops the input again once it finds neither: as the last of
-        our calls ends, or (a stream) at its next look, as what it waits for ends.
+        our calls ends, or the last such stream's parts do (:meth:`look_again`).
         (Our streams are not watched: they are cut by the close, as ever.)"""
         if self._input_end == STOPPED and self._transport is not None:
             self._input_end = READ
             self._kept.next_turn()  # _continue resumes reading unless something else holds
-            again = self._read_again
-            if again is not None and not again.done():
-                again.set_result(None)  # the close looks again: the call's end stops it
+            self.look_again()  # the close looks again: the call's end stops it
 
     def read_again(self) -> asyncio.Future[None]:
-        """A future :meth:`read_on` resolves: a graceful close that stopped the input waits
-        on it too, to wait for the call (or stream) that needs the input, not beyond."""
+        """A future :meth:`read_on` resolves, or :meth:`look_again` as the peer's last stream
+        request taking parts ends them: a graceful close that stopped the input, or reads
+        it for those parts alone, waits on it too, to read for them, not beyond."""
         again = self._read_again
         if again is None or again.done():
             again = self._read_again = self._loop.create_future()
         return again
+
+    def look_again(self) -> None:
+        """Wake a graceful close waiting on :meth:`read_again` (none waits: a no-op)."""
+        again = self._read_again
+        if again is not None and not again.done():
+            again.set_result(None)
 
     def drop_input(self) -> None:
         """The end of a graceful close, for the same peers as :meth:`stop_input` (stopped

@@ -332,6 +332,21 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         if self._input_end == STOPPED:
             self.read_on()
 
+    def on_request_end(self, key: K) -> bool:
+        """The end of stream request ``key``'s parts; a graceful close reading the peer for
+        its stream requests alone looks again once none takes parts (:meth:`look_again`)."""
+        ended = Responder.on_request_end(self, key)
+        if not self._streams:
+            self.look_again()
+        return ended
+
+    def _end_stream(self, key: K) -> None:
+        """Stream request ``key`` takes no more parts (refused, failed or answered first):
+        as :meth:`on_request_end` for a graceful close."""
+        Responder._end_stream(self, key)
+        if not self._streams:
+            self.look_again()
+
     def _violation(self, exc: ProtocolError) -> None:
         if exc is self.violation:  # the dead codec again: input after our last word
             return
