@@ -166,7 +166,9 @@ def _backoff(quick_exits: int) -> float:
     """Seconds before a process that failed ``quick_exits`` times in a row (each within
     :data:`STABLE_AFTER` of its start) is started again: none after a stable run, then
     :data:`BACKOFF_FIRST` doubling to :data:`BACKOFF_MAX` (the doubling stops there: a
-    float's ``2 ** 1024`` overflows, after about 8.5 hours of a worker failing at start)."""
+    float's ``2 ** 1024`` overflows, after about 8.5 hours of a worker that serves, then
+    dies within :data:`STABLE_AFTER`, each time; one that never serves is given up after
+    :data:`BOOT_ATTEMPTS`)."""
     if not quick_exits:
         return 0.0
     return min(BACKOFF_FIRST * 2.0 ** min(quick_exits - 1, 64), BACKOFF_MAX)
