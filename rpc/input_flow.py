@@ -20,8 +20,10 @@ states the bound), and when reading pauses and resumes:
   with what of its stream follows, until room comes back (:meth:`InputFlow._bytes_freed`),
   and reading goes on: the handlers holding the bytes may wait for replies;
 - a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn;
-- a graceful close ends the peer's input for good (:meth:`InputFlow.stop_input`, then
-  :meth:`InputFlow.drop_input`): none of the above resumes reading after that.
+- a graceful close stops the peer's input (:meth:`InputFlow.stop_input`; only
+  :meth:`InputFlow.read_on` reads it again meanwhile), and its end (or a protocol
+  violation) reads it only to drop it (:meth:`InputFlow.drop_input`): none of the above
+  resumes reading while the input is stopped.
 
 It shares the peer's state (slots set up by :class:`~rpc.peer.Peer`).
 """
@@ -49,8 +51,10 @@ log = logging.getLogger("peerwire.rpc")
 
 READ, STOPPED, DROPPED = 0, 1, 2
 """The phases of a connection's input (:attr:`InputFlow._input_end`): read as the flow
-decides; stopped by a graceful close (:meth:`InputFlow.stop_input`); read and dropped
-while the transport closes (:meth:`InputFlow.drop_input`)."""
+decides; stopped by a graceful close (:meth:`InputFlow.stop_input`), and read again
+(:meth:`InputFlow.read_on`) while it needs the peer's input; read and dropped while the
+transport closes (:meth:`InputFlow.drop_input`: a graceful close's end, a protocol
+violation), until the connection is gone."""
 
 
 class InputFlow(Generic[K]):
@@ -258,8 +262,8 @@ class InputFlow(Generic[K]):
     def _may_read(self, kept: Backlog) -> bool:
         """True when reading may resume: nothing waits, or only our output holds what does
         and the backlog has room, and no Ping answered while the output waits nor a message
-        that refused to run (``kept.refused``) stops it. Never once a graceful close has
-        ended the input (:meth:`stop_input`)."""
+        that refused to run (``kept.refused``) stops it. Never while the input is stopped
+        or dropped (:meth:`stop_input`, :meth:`drop_input`)."""
         if (
             self._input_end
             or kept.refused is not None
@@ -297,18 +301,19 @@ class InputFlow(Generic[K]):
             self._task_done()
 
     def stop_input(self) -> None:
-        """Stop reading the peer for good: :meth:`~rpc.closing.Closing.close` calls it for a
+        """Stop reading the peer: :meth:`~rpc.closing.Closing.close` calls it for a
         peer that takes no retry results, once nothing it waits for needs the peer's input
         (no call of ours in flight, no stream request of the peer's still taking parts).
         The requests read before run and are waited for (kept ones too, as their turn
         comes); those still unread never run, and their callers see the connection close,
         as HTTP servers stop reading keep-alive connections at shutdown. From then on
         nothing resumes reading (not backpressure, holds or the backlog: :meth:`_may_read`)
-        but :meth:`drop_input` at the close's end, or a call of ours that begins meanwhile
-        (a handler's, :meth:`read_on`); this phase ends with the connection."""
+        but :meth:`read_on` (a call of ours that begins meanwhile, a kept stream request
+        of the peer's that starts), until the close stops it again, or :meth:`drop_input`
+        at the close's end."""
         if self._input_end == READ:
             self._input_end = STOPPED
-            self._calls_at = float("inf")  # our next call watches its deadline: see below
+            self._calls_at = float("inf")  # our next call watches its deadline (read_on)
             self._pause_reading()
 
     def read_on(self) -> None:
@@ -325,12 +330,13 @@ class InputFlow(Generic[K]):
         if self._input_end == STOPPED and self._transport is not None:
             self._input_end = READ
             self._kept.next_turn()  # _continue resumes reading unless something else holds
-            self.look_again()  # the close looks again: the call's end stops it
+            self.look_again()  # the close looks again: that call's or stream's end stops it
 
     def read_again(self) -> asyncio.Future[None]:
-        """A future :meth:`read_on` resolves, or :meth:`look_again` as the peer's last stream
-        request taking parts ends them: a graceful close that stopped the input, or reads
-        it for those parts alone, waits on it too, to read for them, not beyond."""
+        """A future :meth:`look_again` resolves (from :meth:`read_on`, or as the peer's last
+        stream request taking parts ends them): a graceful close that stopped the input, or
+        reads it for those parts alone, waits on it too, and looks again whether the input
+        must be read, so that it is read for them, not beyond."""
         again = self._read_again
         if again is None or again.done():
             again = self._read_again = self._loop.create_future()
