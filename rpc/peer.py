@@ -158,9 +158,12 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         they run and only for a peer that takes the cancellation extension."""
         self._reading = True
         self._input_end = READ
-        """The input's phase: read, or ended by a graceful close (:mod:`rpc.input_flow`)."""
+        """The input's phase (:data:`~rpc.input_flow.READ`, ``STOPPED`` by a graceful close,
+        ``DROPPED`` at its end or after a protocol violation: :mod:`rpc.input_flow`)."""
         self._read_again: asyncio.Future[None] | None = None
-        """Resolved by :meth:`read_on`: wakes a graceful close that stopped the input."""
+        """Resolved by :meth:`look_again` (a call of ours or a kept stream request of the
+        peer's that needs its input, the end of its last stream request's parts): wakes a
+        graceful close that stopped the input, or reads it for those parts."""
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
         self._output_hold = False
@@ -262,8 +265,9 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the peer: what a stream transport read into the thread's shared
-        buffer (:mod:`transports.read_buffer`), or a WebSocket message; dropped once a
-        graceful close ended the input (:meth:`~rpc.input_flow.InputFlow.stop_input`)."""
+        buffer (:mod:`transports.read_buffer`), or a WebSocket message; dropped while the
+        input is stopped or dropped (:meth:`~rpc.input_flow.InputFlow.stop_input`,
+        :meth:`~rpc.input_flow.InputFlow.drop_input`)."""
         if self._input_end:
             self.input_dropped()
             return
