@@ -186,7 +186,7 @@ class Closing:
             closers.add(current)
         stops = not self.adapter.retry_results
         try:
-            waited = self.calls_waited_for()  # those in flight now: later ones are cut
+            waited = self.calls_waited_for()  # in flight now: later ones are cut (not if stops)
             deadline = self._loop.time() + drain_timeout
             left: set[Any] = set()
             while True:  # again as our calls end, and for requests run while they ran
@@ -196,7 +196,7 @@ class Closing:
                     if not ours and not self._streams:  # the input stops as the last ends
                         self.stop_input()  # the requests run meanwhile, if any, are waited for
                     pending += [call for call in ours if call not in waited]
-                calls = bool(pending)  # their ends may stop the input: wait for the first
+                calls = bool(pending)  # wait for the first to end (if stops, it may stop the input)
                 pending += [task for task in self._tasks if task not in closers]
                 drained = self._runner.drain(closers)  # those served now, not later ones
                 if drained is not None:
