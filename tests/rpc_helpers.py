@@ -9,7 +9,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,34 @@ FLAVOURS = {
     "chatter-current": ("tcp+sbs", "?dialect=HatChatter"),
     "chatter-legacy": ("tcp+sbs", "?dialect=Hat"),
 }
+
+
+@contextlib.contextmanager
+def served_on_thread(
+    registry: rpc.Registry, url: str = "tcp+gotalk://127.0.0.1:0"
+) -> Iterator[tuple[str, asyncio.AbstractEventLoop, rpc.Server]]:
+    """A server on a loop thread of its own (the blocking client and the CLI run theirs):
+    its URL, loop and server; stopped, and its thread joined, at the block's end."""
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def main() -> None:
+        state["loop"] = asyncio.get_running_loop()
+        state["stop"] = stop = asyncio.Event()
+        async with rpc.serve(url, registry=registry) as server:
+            state["url"], state["server"] = str(server.url), server
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loops.run, args=(main(),))
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield state["url"], state["loop"], state["server"]
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(10)
+    assert not thread.is_alive()
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import rpc
-from rpc import loops
+from tests.rpc_helpers import served_on_thread
 
 LIVE = 10
 """Results the endless handler yields before it waits (for ever) for more to make."""
@@ -130,26 +130,8 @@ class Feeds:
 @contextlib.contextmanager
 def serving(registry: rpc.Registry) -> Iterator[str]:
     """A server on its own loop thread (the blocking client has the shared one); its URL."""
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    async def main() -> None:
-        state["loop"] = asyncio.get_running_loop()
-        state["stop"] = stop = asyncio.Event()
-        async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=registry) as server:
-            state["url"] = str(server.url)
-            ready.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loops.run, args=(main(),))
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield state["url"]
-    finally:
-        state["loop"].call_soon_threadsafe(state["stop"].set)
-        thread.join(10)
-    assert not thread.is_alive()
+    with served_on_thread(registry) as (url, _, _):
+        yield url
 
 
 def test_breaking_out_of_an_endless_stream_returns_and_stops_the_handler() -> None:

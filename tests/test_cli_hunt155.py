@@ -4,12 +4,10 @@ against, and is bounded in time."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 
 import rpc
 from rpc import cli, loops
+from tests.rpc_helpers import served_on_thread
 from tests.test_top import answering, http_ok, metrics_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,28 +37,9 @@ def test_a_timeout_that_is_no_number_of_seconds_above_0_is_a_usage_error(
     assert option in capsys.readouterr().err
 
 
-@contextlib.contextmanager
-def chatter_server(registry: rpc.Registry) -> Iterator[tuple[str, asyncio.AbstractEventLoop, Any]]:
+def chatter_server(registry: rpc.Registry) -> Any:
     """A legacy-dialect Chatter server on its own loop thread: its URL, loop and server."""
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    async def main() -> None:
-        state["loop"] = asyncio.get_running_loop()
-        state["stop"] = stop = asyncio.Event()
-        async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry) as server:
-            state["url"], state["server"] = str(server.url), server
-            ready.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loops.run, args=(main(),))
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield state["url"], state["loop"], state["server"]
-    finally:
-        state["loop"].call_soon_threadsafe(state["stop"].set)
-        thread.join(10)
+    return served_on_thread(registry, "tcp+sbs://127.0.0.1:0")
 
 
 def test_a_stream_cut_after_its_results_came_gives_no_dialect_hint(
