@@ -16,7 +16,7 @@ import pytest
 import rpc
 from rpc import cli, loops
 from tests.rpc_helpers import served_on_thread
-from tests.test_top import answering, http_ok, metrics_text
+from tests.test_top import top_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,32 +136,10 @@ async def test_top_into_a_full_disk_is_not_a_scrape_failure() -> None:
     """``peerwire top URL --plain > file`` on a full disk exits 1, "cannot write the
     output", as call and stream do. Before: "cannot read URL: [Errno 28] No space left on
     device", exit 3, an operator sent to look at a server that answered."""
-    reply = http_ok(metrics_text(10, 1, 5, 100).encode())
-    server = await answering({b"/metrics": reply})
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
-    try:
-        with open("/dev/full", "wb") as full:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "rpc.cli",
-                "top",
-                url,
-                "--plain",
-                "--count",
-                "1",
-                cwd=ROOT,
-                stdout=full,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        async with asyncio.timeout(30):
-            _, err = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        server.close()
-        await server.wait_closed()
+    with open("/dev/full", "wb") as full:
+        async with top_process(full, "--count", "1") as process:
+            async with asyncio.timeout(30):
+                _, err = await process.communicate()
     assert process.returncode == 1, err.decode()
     assert "cannot write the output" in err.decode(), err.decode()
 

@@ -4,9 +4,12 @@ a client calling it, and the live view (plain text) reading them back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import re
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -197,36 +200,45 @@ def test_rich_view_shows_op_names_as_they_are(op: str) -> None:
     assert line.split("│")[1].strip() == op
 
 
+@contextlib.asynccontextmanager
+async def top_process(stdout: Any, *options: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``peerwire top URL --plain *options`` in a process of its own, writing to ``stdout``,
+    against a metrics endpoint here that serves one small scrape; the process killed if it
+    still runs, and the endpoint closed, at the block's end."""
+    reply = http_ok(metrics_text(10, 1, 5, 100).encode())
+    server = await answering({b"/metrics": reply})
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    process = None
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *PEERWIRE,
+            "top",
+            url,
+            "--plain",
+            *options,
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        yield process
+    finally:
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_top_into_a_pipe_closed_early_is_not_a_scrape_failure() -> None:
     """``peerwire top URL --plain | head -1``: our stdout closing is the pipe's end, as for
     ``call`` and ``stream`` (exit 1, nothing said), not "cannot read URL: Broken pipe"
     (exit 3), which it was (helper-130's hunt)."""
-    reply = http_ok(metrics_text(10, 1, 5, 100).encode())
-    server = await answering({b"/metrics": reply})
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
     read_end, write_end = os.pipe()
-    process = await asyncio.create_subprocess_exec(
-        *PEERWIRE,
-        "top",
-        url,
-        "--plain",
-        "--interval",
-        "0.05",
-        cwd=ROOT,
-        stdout=write_end,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    os.close(write_end)
-    try:
+    async with top_process(write_end, "--interval", "0.05") as process:
+        os.close(write_end)
         with os.fdopen(read_end, "rb") as out:
             first = await asyncio.to_thread(out.readline)  # then the reader goes away
         assert first, "top printed nothing"
         async with asyncio.timeout(30):
             _, err = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        server.close()
-        await server.wait_closed()
     assert (process.returncode, err.decode()) == (1, "")
