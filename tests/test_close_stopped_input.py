@@ -1,5 +1,7 @@
-"""helper-167's review of the graceful close that stops reading a busy peer without retry
-results (12d3f81): what a close must still read, and answer, once it stopped the input."""
+"""A graceful close that stopped reading a peer without retry results (12d3f81): what it
+must still read and answer, and for how long it reads again (reviews of 12d3f81, f29d4e7,
+153c7d8, 9dc3ddd and 1922a74 by helpers 167 to 169). Real sockets on 127.0.0.1, both
+loops; the waits are bounded, none is a fixed sleep."""
 
 from __future__ import annotations
 
@@ -10,12 +12,25 @@ from typing import Any
 import pytest
 
 import rpc
+from rpc.errors import ConnectionClosed
 from tests.rpc_helpers import wait_until
 
 pytestmark = pytest.mark.both_loops
 
 DRAIN = 2.0
 """The close's drain bound: the defects below hold the close to it."""
+
+
+async def total_of_gated_parts(client: Any, gate: asyncio.Event) -> list[Any]:
+    """The ``total`` stream request with parts 1 and 2, the second sent once ``gate`` is
+    set: its results."""
+
+    async def parts() -> Any:
+        yield 1
+        await gate.wait()
+        yield 2
+
+    return [x async for x in client.stream("total", parts=parts(), timeout=DRAIN + 2)]
 
 
 async def test_a_handler_that_calls_the_peer_back_during_the_close_gets_its_reply() -> None:
@@ -138,14 +153,6 @@ async def test_a_stream_request_kept_when_the_close_begins_gets_its_parts() -> N
     async def total(values: Any) -> int:
         return sum([value async for value in values])
 
-    async def parts() -> Any:
-        yield 1
-        await gate.wait()
-        yield 2
-
-    async def collect(client: Any) -> list[Any]:
-        return [x async for x in client.stream("total", parts=parts(), timeout=DRAIN + 2)]
-
     loop = asyncio.get_running_loop()
     options = rpc.Options(max_concurrent=1)
     async with rpc.serve(
@@ -155,7 +162,7 @@ async def test_a_stream_request_kept_when_the_close_begins_gets_its_parts() -> N
             held = asyncio.ensure_future(client.request("slow", 7, timeout=DRAIN + 2))
             await asyncio.wait_for(started.wait(), 5)
             [served] = server.peers
-            streamed = asyncio.ensure_future(collect(client))
+            streamed = asyncio.ensure_future(total_of_gated_parts(client, gate))
             await wait_until(lambda: served._backlog, 5)  # kept: the one slot is taken
             began = loop.time()
             closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
@@ -208,3 +215,151 @@ async def test_nothing_is_written_after_the_half_close(caplog: pytest.LogCapture
             writer.close()
     assert errors == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_the_input_stops_again_once_a_call_begun_during_the_close_is_answered() -> None:
+    """A handler read before the close calls the peer back once the close stopped the input
+    (a peer without retry results): reading resumes for the reply (read_on), and must stop
+    again once that call is answered, while another handler read before the close still
+    runs. It stayed on until every handler the close waited for had ended, so a busy peer's
+    requests sent meanwhile were read, run and waited for, as before 12d3f81."""
+    go, release = asyncio.Event(), asyncio.Event()
+    started: list[str] = []
+    ran: list[Any] = []
+    reg = rpc.Registry()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        started.append("slow")
+        await release.wait()
+        return value
+
+    @reg.handle("ask")
+    async def ask(value: Any) -> Any:
+        started.append("ask")
+        await go.wait()
+        return await rpc.current_peer.get().request("answer", value, timeout=DRAIN + 1)
+
+    @reg.handle("work")
+    def work(value: Any) -> Any:
+        ran.append(value)
+        return value
+
+    client_reg = rpc.Registry()
+
+    @client_reg.handle("answer")
+    def answer(value: Any) -> Any:
+        return value * 2
+
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False) as server:
+        async with rpc.connect(str(server.url), registry=client_reg, reconnect=False) as client:
+            held = asyncio.ensure_future(client.request("slow", 7, timeout=DRAIN + 2))
+            asked = asyncio.ensure_future(client.request("ask", 21, timeout=DRAIN + 2))
+            await wait_until(lambda: len(started) == 2, 5)
+            [served] = server.peers
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            await wait_until(lambda: not served.reading, 2)  # the input stopped
+            go.set()  # the callback: reading resumes for its reply
+            assert await asyncio.wait_for(asked, DRAIN) == 42
+            try:  # "slow" still runs: nothing else keeps the input read
+                await wait_until(lambda: not served.reading, DRAIN / 4)
+            except TimeoutError:
+                pytest.fail("the input was still read once the close's callback was answered")
+            late = asyncio.ensure_future(client.request("work", 1, timeout=DRAIN + 2))
+            release.set()
+            assert await asyncio.wait_for(held, DRAIN) == 7
+            await asyncio.wait_for(closing, DRAIN + 3)
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(late, DRAIN)
+    assert ran == []
+
+
+async def test_a_close_does_not_wait_for_results_kept_for_a_stream_of_ours() -> None:
+    """A stream of ours whose reader stopped reading (its queue full: the results that
+    follow wait in the backlog, the input paused) is cut by a graceful close, as the close
+    says; the close waited for the backlog to empty (f29d4e7's Backlog.emptied), which
+    those results never do while the close waits, so it took ``drain_timeout``."""
+    reg = rpc.Registry()
+
+    @reg.handle("many")
+    async def many(value: Any) -> Any:
+        for i in range(value):
+            yield i
+
+    loop = asyncio.get_running_loop()
+    options = rpc.Options(max_stream_queue=2)
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg) as server:
+        async with rpc.connect(str(server.url), reconnect=False, options=options) as client:
+            results = client.stream("many", value=50, timeout=DRAIN + 3)
+            assert await asyncio.wait_for(anext(results), 5) == 0
+            await wait_until(lambda: client._backlog and not client.reading, 5)
+            began = loop.time()
+            await asyncio.wait_for(client.close(drain_timeout=DRAIN), DRAIN + 3)
+            took = loop.time() - began
+            await results.aclose()
+    assert took < DRAIN / 2, f"the close took {took:.3f} s"
+
+
+async def test_the_input_stops_again_once_a_kept_stream_request_took_its_parts() -> None:
+    """A stream request read before the close but kept (both slots taken, a peer without
+    retry results) starts once the close stopped the input: reading resumes for its parts
+    (read_on), and must stop again once they have ended, as docs/api.md says ("or a stream
+    request of its still takes parts; after that it is no longer read"), while another
+    handler read before the close still runs. The close, asleep in an ALL_COMPLETED wait on
+    the handlers, looked again only once every one had ended, so a busy peer's requests
+    sent meanwhile were read, run and waited for."""
+    first, second, gate = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    started: list[int] = []
+    took: list[int] = []
+    ran: list[Any] = []
+    reg = rpc.Registry()
+
+    @reg.handle("slow")
+    async def slow(value: int) -> int:
+        started.append(value)
+        await (first if value == 1 else second).wait()
+        return value
+
+    @reg.handle_stream("total")
+    async def total(values: Any) -> int:
+        sum_ = 0
+        async for value in values:
+            took.append(value)
+            sum_ += value
+        return sum_
+
+    @reg.handle("work")
+    def work(value: Any) -> Any:
+        ran.append(value)
+        return value
+
+    options = rpc.Options(max_concurrent=2)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False, options=options
+    ) as server:
+        async with rpc.connect(str(server.url), reconnect=False) as client:
+            held = [
+                asyncio.ensure_future(client.request("slow", value, timeout=DRAIN + 2))
+                for value in (1, 2)
+            ]
+            await wait_until(lambda: len(started) == 2, 5)
+            [served] = server.peers
+            streamed = asyncio.ensure_future(total_of_gated_parts(client, gate))
+            await wait_until(lambda: served._backlog, 5)  # kept: both slots are taken
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            await wait_until(lambda: not served.reading, 2)  # the input stopped
+            first.set()  # a slot frees: the stream's handler starts, the input is read
+            await wait_until(lambda: took == [1], 2)
+            gate.set()  # part 2 and the stream's end come now
+            assert await asyncio.wait_for(streamed, DRAIN) == [3]
+            try:  # "slow" 2 still runs: nothing else keeps the input read
+                await wait_until(lambda: not served.reading, DRAIN / 4)
+            except TimeoutError:
+                pytest.fail("the input was still read once the stream's parts had ended")
+            late = asyncio.ensure_future(client.request("work", 1, timeout=DRAIN + 2))
+            second.set()
+            assert [await asyncio.wait_for(call, DRAIN) for call in held] == [1, 2]
+            await asyncio.wait_for(closing, DRAIN + 3)
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(late, DRAIN)
+    assert ran == []
