@@ -50,7 +50,7 @@ class ClientInfo:
     """The client's ordered sender with ``events_ack``; None without."""
     query_turn: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     """Held by the connection's running query: its queries run one at a time (see
-    :meth:`rpc.eventer.handlers.Handlers._query`)."""
+    :meth:`rpc.eventer.handlers.Handlers._on_query`)."""
 
 
 class Fanout:

@@ -10,8 +10,9 @@ MsgRegisterReq             request (last=False) -> MsgRegisterRes after the comm
 MsgQueryReq                request -> MsgQueryRes; a latest result over
                            ``max_message_size`` -> an error reply (``PeerwireRpc.Error``);
                            one query per connection at a time, run once its output
-                           is below ``high_water``; read once a close drains the
-                           connections, not run nor answered (the connection closes)
+                           is below ``high_water``; one the client sends once a close
+                           drains the connections is not read (the core stops reading a
+                           peer without retry results), nor answered
 anything else              closes the connection, as the reference does
 =========================  ================================================================
 
@@ -222,20 +223,7 @@ class Handlers:
                 service.writer.pending_bytes,
             )
 
-    def _on_query(self, data: bytes) -> Coroutine[Any, Any, rpc.Reply]:
-        """One query of a connection runs at a time (:meth:`_query`). A query read once a
-        close drains the connections (:attr:`~rpc.eventer.service.Service.draining_at`) is
-        not run (:func:`_unanswered`). Decided by when it was read (``peer.read_at``), not
-        when it runs: one read before and kept a while (our output backed up) still runs;
-        one read in the same tick of the loop's clock too."""
-        client = _client()
-        peer = rpc.current_peer.get()
-        draining_at = self._service.draining_at
-        if draining_at is not None and peer.read_at > draining_at:
-            return _unanswered(peer)
-        return self._query(client, peer, data)
-
-    async def _query(self, client: ClientInfo, peer: rpc.Peer, data: bytes) -> rpc.Reply:
+    async def _on_query(self, data: bytes) -> rpc.Reply:
         """One query of a connection runs at a time, and only once the client has taken
         our output (below the core's ``high_water``, 256 KiB): its result is made when it
         can be sent. A client that sends many queries and reads nothing thus makes the
@@ -243,6 +231,8 @@ class Handlers:
         before the client stopped reading), not one per query (1,024 at once, the core's
         ``max_concurrent``: all the queries of one read used to run at once, each result
         waiting in memory for the client to read)."""
+        client = _client()
+        peer = rpc.current_peer.get()
         async with client.query_turn:
             await peer.drain()  # ConnectionClosed once it is gone: nothing to answer
             try:
@@ -257,21 +247,6 @@ class Handlers:
                 _drop(peer, f"query failed: {exc}")
                 raise
             return rpc.Reply(MSG_QUERY_RES, encode_query_result(blobs, more))
-
-
-async def _unanswered(peer: rpc.Peer) -> rpc.Reply:
-    """A query read once the server closes its connections: not run, not answered. The
-    core runs every request of a peer that takes no retry results (Hat's) during a
-    graceful close and waits for each, so a client that kept queries in flight kept the
-    close going to its drain bound, then had them cut. This closes the connection
-    gracefully itself: called from a handler of the connection, that close does not wait
-    for the handler, only for the requests in flight before (up to
-    :data:`CLOSE_DRAIN_TIMEOUT`). The client sees the connection close, as when hat's
-    server closes (hat's client: ConnectionError; ours: ConnectionClosed, or the query
-    sent again once reconnected). A registration read meanwhile is answered ``failure``
-    at once (the status is STANDBY)."""
-    await peer.close(drain_timeout=CLOSE_DRAIN_TIMEOUT)  # awaited directly: see Closing.close
-    raise rpc.ConnectionClosed("closed by this side")  # the connection is gone: unanswered
 
 
 async def _register_reply(future: SessionFuture) -> rpc.Reply:

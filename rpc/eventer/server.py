@@ -153,9 +153,10 @@ class EventerServer:
         :data:`STOP_FLUSH_TIMEOUT` to take STANDBY (none when nothing waits behind an
         unacked notification). Then the connections close gracefully: the requests in
         flight are answered (up to :data:`~rpc.eventer.handlers.CLOSE_DRAIN_TIMEOUT`),
-        queries that come meanwhile are not run nor answered (the client sees the
-        connection close, as when hat's server closes), and each connection closes as soon
-        as its requests in flight are answered."""
+        requests that come meanwhile are not read (the core stops reading a peer that takes
+        no retry results: the client sees the connection close, as when hat's server
+        closes), and each connection closes as soon as its requests in flight are
+        answered."""
         service = self._service
         if service is None or service.closing:
             return
@@ -166,7 +167,6 @@ class EventerServer:
         await service.wait_committed()
         service.set_status(Status.STANDBY)
         await service.fanout.finish(STOP_FLUSH_TIMEOUT)
-        service.draining_at = asyncio.get_running_loop().time()
         await asyncio.gather(*(s.close(drain_timeout=CLOSE_DRAIN_TIMEOUT) for s in self.servers))
         await service.close()
 

@@ -79,9 +79,6 @@ class Service:
         self.status = Status.OPERATIONAL
         self.closing = False
         """Set once :meth:`EventerServer.close` begins: no new clients, no DISCONNECTED."""
-        self.draining_at: float | None = None
-        """Loop time that close began closing the connections (after STANDBY): queries
-        read from then on are not run (see :meth:`~rpc.eventer.handlers.Handlers._on_query`)."""
         self.tasks = TaskSet(asyncio.get_running_loop())
         self._store = store
         self._threads = threads
