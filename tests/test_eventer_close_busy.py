@@ -32,8 +32,7 @@ from hat.event import eventer as hat_eventer
 import rpc
 from rpc import eventer
 from rpc.eventer import common
-from rpc.eventer.handlers import CLOSE_DRAIN_TIMEOUT
-from rpc.eventer.server import STOP_FLUSH_TIMEOUT
+from rpc.eventer.server import CLOSE_DRAIN_TIMEOUT, STOP_FLUSH_TIMEOUT
 from tests.chatter_socket import ChatterSocket
 from tests.peers.eventer_helpers import (
     json_event,

@@ -67,9 +67,6 @@ dropped = RateLimitedLog(log)
 
 INIT_REFUSED_CLOSE_TIMEOUT = 0.5
 """After a refused init, seconds the client gets to close before we do (the reference's)."""
-CLOSE_DRAIN_TIMEOUT = 1.0
-"""Seconds a closing server gives the requests in flight on a connection to be answered
-before it is cut (queries, one at a time: each waits for the client to read the last)."""
 
 LONGEST_CLIENT_STATUS = "DISCONNECTED"
 """The longer of a client's system events' payloads (the other is CONNECTED)."""

@@ -39,7 +39,6 @@ from rpc.eventer.codec import (
 )
 from rpc.eventer.config import ConfigError, ServerConfig, TlsConfig
 from rpc.eventer.fanout import ClientInfo
-from rpc.eventer.handlers import CLOSE_DRAIN_TIMEOUT
 from rpc.eventer.service import Service
 from rpc.eventer.store import ResultTooLarge, Store
 from rpc.eventer.values import (
@@ -61,6 +60,9 @@ log = logging.getLogger("peerwire.eventer.server")
 STOP_FLUSH_TIMEOUT = 1.0
 """Seconds ``close`` waits, in all, for ack-paced clients to ack their way to STANDBY (see
 :meth:`~rpc.eventer.fanout.Fanout.finish`); an ack still awaited then is given up."""
+CLOSE_DRAIN_TIMEOUT = 1.0
+"""Seconds a closing server gives the requests in flight on a connection to be answered
+before it is cut (queries, one at a time: each waits for the client to read the last)."""
 
 
 class ListenError(OSError):
@@ -152,7 +154,7 @@ class EventerServer:
         not operational) and queries are answered. Ack-paced clients get up to
         :data:`STOP_FLUSH_TIMEOUT` to take STANDBY (none when nothing waits behind an
         unacked notification). Then the connections close gracefully: the requests in
-        flight are answered (up to :data:`~rpc.eventer.handlers.CLOSE_DRAIN_TIMEOUT`),
+        flight are answered (up to :data:`CLOSE_DRAIN_TIMEOUT`),
         requests that come meanwhile are not read (the core stops reading a peer that takes
         no retry results: the client sees the connection close, as when hat's server
         closes), and each connection closes as soon as its requests in flight are
