@@ -371,6 +371,19 @@ def test_gotalk_metadata_round_trip_and_malformed() -> None:
     assert metadata.timeout_ms(-1.0) == 0 and metadata.timeout_ms(0.0019) == 1
 
 
+def test_time_left_in_whole_ms_survives_a_millisecond_clock() -> None:
+    """uvloop's ``loop.time()`` counts whole ms: a call's time left is its deadline less
+    such a reading, and a call that crossed one tick since its deadline was set has 1 ms
+    less, not 2 (``1.999`` in floating point is ``1.99899...``), so the next call with the
+    same timeout and no tick crossed (2000 ms) is still covered by the first's default."""
+    for tick in range(123_456_000, 123_456_200):
+        now = tick / 1000
+        deadline = now + 2.0
+        crossed = metadata.timeout_ms(deadline - (tick + 1) / 1000)
+        assert crossed == 1999
+        assert metadata.covers(metadata.default_for(crossed), metadata.timeout_ms(deadline - now))
+
+
 def test_chatter_metadata_round_trip_and_malformed() -> None:
     """Our SBS codec of ``PeerwireRpc.Meta`` against hat-sbs' on the same records (the
     property tests in test_metadata_fuzz.py cover arbitrary ones)."""
