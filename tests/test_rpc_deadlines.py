@@ -369,6 +369,17 @@ def test_gotalk_metadata_round_trip_and_malformed() -> None:
         entries = {str(i): "" for i in range(metadata.MAX_ENTRIES + 1)}
         metadata.encode_gotalk(b"abcd", metadata.RequestMeta(None, entries))
     assert metadata.timeout_ms(-1.0) == 0 and metadata.timeout_ms(0.0019) == 1
+    assert metadata.timeout_ms(float("inf")) == metadata.MAX_TIMEOUT_MS  # it raised
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_call_with_no_deadline_reaches_a_peer_that_takes_timeouts(flavour: str) -> None:
+    """``timeout=float("inf")`` to a peer that takes the caller's timeout (a peerwire
+    server): it goes as the longest timeout there is. Its conversion to ms raised
+    OverflowError, so the call failed before it was sent."""
+    async with served(flavour, timing_registry()) as (_, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        assert await peer.request("left", timeout=float("inf")) > 3600
 
 
 def test_time_left_in_whole_ms_survives_a_millisecond_clock() -> None:

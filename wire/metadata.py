@@ -68,12 +68,16 @@ TIMEOUT_SLACK_MS = 5
 
 
 def timeout_ms(seconds: float) -> int:
-    """Seconds left -> whole milliseconds for the wire (rounded down, at least 0), after
-    a microsecond's allowance: a deadline less a clock reading in whole ms (uvloop's
-    ``loop.time()``) is not exact in floating point (2.0 s less 1 ms comes out 1.99899...),
-    and rounding that down to 1998 ms would make consecutive calls with one fixed timeout
-    differ by 2 ms, past what one default covers (:func:`default_for`)."""
-    return min(max(int(seconds * 1000 + 0.001), 0), MAX_TIMEOUT_MS)
+    """Seconds left -> whole milliseconds for the wire (rounded down, at least 0, at most
+    :data:`MAX_TIMEOUT_MS`), after a microsecond's allowance: a deadline less a clock
+    reading in whole ms (uvloop's ``loop.time()``) is not exact in floating point (2.0 s
+    less 1 ms comes out 1.99899...), and rounding that down to 1998 ms would make
+    consecutive calls with one fixed timeout differ by 2 ms, past what one default covers
+    (:func:`default_for`)."""
+    ms = seconds * 1000 + 0.001
+    if not ms < MAX_TIMEOUT_MS:  # (no deadline, ``inf``, goes as the longest there is)
+        return MAX_TIMEOUT_MS
+    return max(int(ms), 0)
 
 
 def covers(default_ms: int | None, left_ms: int | None) -> bool:
