@@ -86,8 +86,11 @@ class ChatterAdapter:
     ) -> None:
         self.peer = peer
         self.extensions = extensions
-        self.retry_results = retry_results
-        """Requests past ``max_concurrent`` get ``PeerwireRpc.Retry``; else they wait."""
+        self.retry_results = retry_results and dialect is not _LEGACY
+        """Requests past ``max_concurrent`` get ``PeerwireRpc.Retry``; else they wait. Never
+        in the legacy dialect (from the first frame on, for a server that detects it): a
+        plain Hat peer cannot decode them, and would hear nothing
+        (:mod:`rpc.chatter_replies`)."""
         self.handshake = ChatterHandshake()
         """The extension level and how it was agreed (:mod:`rpc.chatter_extension`)."""
         self.cancels = False
@@ -196,6 +199,8 @@ class ChatterAdapter:
         codec = self.codec
         pings, pongs = codec.pings_received, codec.pongs_received
         messages = codec.receive_data(data)
+        if codec.dialect is _LEGACY and self.retry_results:  # detected from the first frame
+            self.retry_results = False
         if codec.pings_received != pings or codec.pongs_received != pongs:
             self._heard_pings(codec.pings_received != pings, codec.pongs_received != pongs)
         self.stall.read(read_at, len(data), codec.buffered)

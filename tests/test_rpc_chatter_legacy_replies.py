@@ -1,7 +1,8 @@
 """A hat-chatter 0.5.11 (legacy) peer decodes every payload against its own schemas and
 closes the whole connection on a type it does not know. Whatever goes wrong with one of
-its calls (unknown op, a handler that raises, over ``max_concurrent``, a handler returning
-plain bytes), the legacy peer must stay connected and its later calls must still work.
+its calls (unknown op, a handler that raises, a handler returning plain bytes), the legacy
+peer must stay connected and its later calls must still work; one over ``max_concurrent``
+waits for a slot.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import hat.sbs
 import pytest
 
 import rpc
+from tests.rpc_helpers import wait_until
 from tests.test_chatter_interop import legacy_python
 from wire import schemas
 
@@ -52,8 +55,11 @@ def registry(release: asyncio.Event) -> rpc.Registry:
     return reg
 
 
-async def run_script(steps: list) -> list[dict]:
-    """Serve on loopback (max_concurrent = 1), run the legacy script against it."""
+async def run_script(
+    steps: list, release_when: Callable[[rpc.Server], object] | None = None
+) -> list[dict]:
+    """Serve on loopback (max_concurrent = 1), run the legacy script against it;
+    ``release_when``: the ``Slow`` handler also ends once it holds for the server."""
     release = asyncio.Event()
     repo = hat.sbs.Repository(schemas.repository(), PW_TEST)
     async with rpc.serve(
@@ -69,6 +75,9 @@ async def run_script(steps: list) -> list[dict]:
             json.dumps(steps),
             stdout=subprocess.PIPE,
         )
+        if release_when is not None:
+            await wait_until(lambda: release_when(server), 30)
+            release.set()
         out, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0
     return [json.loads(line) for line in out.decode().splitlines()]
@@ -99,19 +108,27 @@ async def test_legacy_peer_survives_a_failed_call(bad_type: str) -> None:
     ]
 
 
-async def test_legacy_peer_survives_a_call_over_max_concurrent() -> None:
-    """Slow holds the only slot, the next call is over max_concurrent (today: a
-    PeerwireRpc.Retry); Release frees Slow; later calls work."""
+async def test_legacy_peers_call_over_max_concurrent_waits_for_the_slot() -> None:
+    """Slow holds the only slot; the next call, over max_concurrent, waits for it (a legacy
+    connection gets no retry results, as with ``retry_results=False``), kept unrun in the
+    server's backlog until Slow ends, then answered; later calls work. It was refused with
+    a PeerwireRpc.Retry, which a plain Hat peer cannot decode, so it was not sent, and the
+    peer heard nothing of that call."""
     steps = [
         ["req", "Slow", "s"],
-        ["req", "MsgReq", "refused"],
-        ["note", "Release", ""],
+        ["req", "MsgReq", "waits"],
+        ["recv"],
         ["recv"],
         ["req", "MsgReq", "later"],
         ["recv"],
     ]
-    assert replies(await run_script(steps)) == [
+
+    def waits(server: rpc.Server) -> bool:
+        return any(peer._backlog for peer in server.peers)  # "waits", kept unrun
+
+    assert replies(await run_script(steps, release_when=waits)) == [
         {"type": "PwTest.MsgRes", "data": "slow done", "conv": 0, "last": True},
-        {"type": "PwTest.MsgRes", "data": "later!", "conv": 3, "last": True},
+        {"type": "PwTest.MsgRes", "data": "waits!", "conv": 1, "last": True},
+        {"type": "PwTest.MsgRes", "data": "later!", "conv": 2, "last": True},
         {"open": True},
     ]
