@@ -68,6 +68,7 @@ class Caller(Generic[K]):
     _transport: Any
     _calls: dict[K, _Call]
     _calls_at: float
+    _input_end: int
     _intercepted: bool
     _stream_hold: StreamHold
     closed: asyncio.Future[BaseException | None]
@@ -213,8 +214,8 @@ class Caller(Generic[K]):
         ``timeout``) resolves; ``metadata`` as in :meth:`send_and_wait`. Raises
         ConnectionClosed."""
         transport = self._transport  # _check_open written out: a call per request
-        if transport is None or transport.is_closing():
-            raise ConnectionClosed("connection is closed")
+        if transport is None or transport.is_closing() or self._input_end:  # (DROPPED:
+            raise ConnectionClosed("connection is closed")  # a graceful close's end)
         adapter = self.adapter
         future: asyncio.Future[Any] = self._loop.create_future()
         calls = self._calls

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from rpc.deadlines import Deadlines
 from rpc.errors import CLOSING, ConnectionClosed, RetryLater
-from rpc.input_flow import STOPPED
 from rpc.logs import cuts
 from rpc.outbox import Outbox
 
@@ -29,8 +28,8 @@ not read or answer would otherwise keep it open, and its ``close()`` waiting, fo
 for the transport's own bound (WebSocket's ``close_timeout``, 10 s)."""
 
 QUIET = 0.5
-"""Seconds a TCP peer's input may pause after the FIN of a graceful close that stopped
-reading it (:meth:`Closing._end`) before the connection closes without its FIN: one that
+"""Seconds a TCP peer's input may pause after the FIN of a graceful close that turned its
+input away (:meth:`Closing._end`) before the connection closes without its FIN: one that
 does not close on our EOF is not waited for until the :data:`LINGER`, and what one still
 sends is read (and dropped) rather than left unread to reset the connection."""
 
@@ -76,9 +75,8 @@ class Closing:
     _runner: HandlerRunner[Any]
     _closers: set[asyncio.Task[Any]]
     _kept: Backlog
-    _input_end: int
+    _close_began: float
     _stream_hold: StreamHold
-    _streams: dict[Any, Any]
     adapter: Any
     outbox: Outbox
     deadlines: Deadlines
@@ -95,11 +93,7 @@ class Closing:
 
         def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
 
-        def stop_input(self) -> None: ...
-
         def drop_input(self) -> None: ...
-
-        def read_again(self) -> asyncio.Future[None]: ...
 
     def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
@@ -159,17 +153,15 @@ class Closing:
         """Graceful close: wait (up to ``drain_timeout``) for in-flight work, then close;
         requests read before and kept unrun (:mod:`rpc.backlog`: our output backed up,
         slots taken) are waited for too, and run or get a retry result (not behind the full
-        queue of a stream of ours: our streams are cut). The peer's
-        requests that come meanwhile run while calls of ours are in flight (the peer's
-        handlers of those may call us back to answer them), and are waited for too,
-        within the same ``drain_timeout``. Once none is: a peer that takes retry results
-        gets them (:meth:`Responder.refuses`); one that does not is no longer read
-        (:meth:`~rpc.input_flow.InputFlow.stop_input`, once no stream request of its takes
-        parts either): its requests still unread never run, and the close ends once those
-        read before have, not at ``drain_timeout`` however busy the peer. It is read again
-        (:meth:`~rpc.input_flow.InputFlow.read_on`, which wakes the close) while a call of
-        ours begun meanwhile waits for its reply, stopped again as the call ends, or while a
-        stream request of its kept till then takes its parts, stopped again as they end.
+        queue of a stream of ours: our streams are cut). The peer's requests that come
+        meanwhile run while calls of ours are in flight (the peer's handlers of those may
+        call us back to answer them), and are waited for too, within the same
+        ``drain_timeout``. Once none is, they are refused (:meth:`Responder.refuses`): a
+        peer that takes retry results gets them; one that does not gets nothing (its
+        requests and notifications are dropped unrun, :meth:`Responder.turned_away`), and
+        the close ends once what it sent before has run, not at ``drain_timeout`` however
+        busy the peer. The peer is read throughout: the replies to our calls, its
+        cancellations and the parts of its stream requests that run are handled.
         Called from a handler (or notification) of this connection, it does not wait for
         that one, which is cancelled with the connection's other work once it is closed.
         (Awaited directly: ``asyncio.wait_for`` or ``shield`` run it in a task of its own on
@@ -180,23 +172,20 @@ class Closing:
             return
         if self.gave_up is None:
             self.gave_up = ConnectionClosed("closed by this side")
+        if self._close_began == float("inf"):
+            self._close_began = self._loop.time()
         current = asyncio.current_task(self._loop)
         closers = self._closers
         if current is not None:
             closers.add(current)
-        stops = not self.adapter.retry_results
+        turns_away = not self.adapter.retry_results
         try:
-            waited = self.calls_waited_for()  # in flight now: later ones are cut (not if stops)
+            waited = self.calls_waited_for()  # in flight now: later ones are cut
             deadline = self._loop.time() + drain_timeout
             left: set[Any] = set()
             while True:  # again as our calls end, and for requests run while they ran
                 pending: list[Any] = [call for call in waited if not call.done()]
-                if stops:  # our calls in flight, those begun since too (read_on's):
-                    ours = [call for call in self.calls_waited_for() if not call.done()]
-                    if not ours and not self._streams:  # the input stops as the last ends
-                        self.stop_input()  # the requests run meanwhile, if any, are waited for
-                    pending += [call for call in ours if call not in waited]
-                calls = bool(pending)  # wait for the first to end (if stops, it may stop the input)
+                calls = bool(pending)  # wait for the first to end
                 pending += [task for task in self._tasks if task not in closers]
                 drained = self._runner.drain(closers)  # those served now, not later ones
                 if drained is not None:
@@ -209,11 +198,6 @@ class Closing:
                 if not pending:
                     left = set()  # (not the last wait's: nothing is cut)
                     break
-                if stops and (self._input_end == STOPPED or self._streams):  # read again
-                    # (read_on) for a call begun meanwhile, or read for the peer's stream
-                    # requests until their parts end: look then
-                    pending.append(self.read_again())
-                    calls = True
                 try:
                     _, left = await asyncio.wait(
                         pending,
@@ -222,7 +206,7 @@ class Closing:
                     )
                 except asyncio.CancelledError:  # the caller stopped waiting, not closing
                     if self._transport is not None:
-                        self._end(stops)
+                        self._end(turns_away)
                     raise
                 if self._transport is None or self._loop.time() >= deadline:
                     break
@@ -239,22 +223,23 @@ class Closing:
                     drain_timeout,
                 )
             if self._transport is not None:
-                self._end(stops)
+                self._end(turns_away)
             await asyncio.shield(self.closed)
         finally:
             closers.discard(current)
 
-    def _end(self, stops: bool) -> None:
-        """Close the transport at a graceful close's end. For a peer whose input it stops,
-        what it still sends is read and dropped meanwhile: the TLS close_notify or WebSocket
-        close frame behind it ends the closing handshake. Over TCP our FIN goes behind the
-        answers, and the peer's own FIN, or a pause of its input (:data:`QUIET`), ends the
-        connection within the :data:`LINGER`: closed with its input unread, the socket would
-        reset, and a peer may then drop answers it had not read yet. Meanwhile the
-        connection is not open (:attr:`~rpc.peer.Peer.is_open`), and what is still written
-        to it (a cut handler's answer, a heartbeat) is dropped, as once it closes."""
+    def _end(self, turns_away: bool) -> None:
+        """Close the transport at a graceful close's end. For a peer that takes no retry
+        results (whose input it turned away), what it still sends is read and dropped
+        meanwhile: the TLS close_notify or WebSocket close frame behind it ends the closing
+        handshake. Over TCP our FIN goes behind the answers, and the peer's own FIN, or a
+        pause of its input (:data:`QUIET`), ends the connection within the :data:`LINGER`:
+        closed with its input unread, the socket would reset, and a peer may then drop
+        answers it had not read yet. Meanwhile the connection is not open
+        (:attr:`~rpc.peer.Peer.is_open`), and what is still written to it (a cut handler's
+        answer, a heartbeat) is dropped, as once it closes."""
         transport = self._transport
-        if stops:
+        if turns_away:
             self.drop_input()
             if not transport.is_closing() and transport.can_write_eof():
                 self.outbox.flush()

@@ -20,10 +20,10 @@ states the bound), and when reading pauses and resumes:
   with what of its stream follows, until room comes back (:meth:`InputFlow._bytes_freed`),
   and reading goes on: the handlers holding the bytes may wait for replies;
 - a read is handled ``MESSAGES_PER_TURN`` messages at a time; the rest waits a turn;
-- a graceful close stops the peer's input (:meth:`InputFlow.stop_input`; only
-  :meth:`InputFlow.read_on` reads it again meanwhile), and its end (or a protocol
-  violation) reads it only to drop it (:meth:`InputFlow.drop_input`): none of the above
-  resumes reading while the input is stopped.
+- a graceful close's end (or a protocol violation) reads the peer's input only to drop it
+  (:meth:`InputFlow.drop_input`): none of the above resumes reading then. (During the
+  close the input is read as ever; what it no longer runs is the responder's choice,
+  :meth:`~rpc.responder.Responder.turned_away`.)
 
 It shares the peer's state (slots set up by :class:`~rpc.peer.Peer`).
 """
@@ -49,12 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("peerwire.rpc")
 
-READ, STOPPED, DROPPED = 0, 1, 2
+READ, DROPPED = 0, 1
 """The phases of a connection's input (:attr:`InputFlow._input_end`): read as the flow
-decides; stopped by a graceful close (:meth:`InputFlow.stop_input`), and read again
-(:meth:`InputFlow.read_on`) while it needs the peer's input; read and dropped while the
-transport closes (:meth:`InputFlow.drop_input`: a graceful close's end, a protocol
-violation), until the connection is gone."""
+decides; read and dropped while the transport closes (:meth:`InputFlow.drop_input`: a
+graceful close's end, a protocol violation), until the connection is gone."""
 
 
 class InputFlow(Generic[K]):
@@ -71,8 +69,6 @@ class InputFlow(Generic[K]):
     _backlog: Any
     _reading: bool
     _input_end: int
-    _read_again: asyncio.Future[None] | None
-    _calls_at: float
     _hold_told: bool
     _output_hold: bool
     _stream_hold: StreamHold
@@ -262,8 +258,8 @@ class InputFlow(Generic[K]):
     def _may_read(self, kept: Backlog) -> bool:
         """True when reading may resume: nothing waits, or only our output holds what does
         and the backlog has room, and no Ping answered while the output waits nor a message
-        that refused to run (``kept.refused``) stops it. Never while the input is stopped
-        or dropped (:meth:`stop_input`, :meth:`drop_input`)."""
+        that refused to run (``kept.refused``) stops it. Never once the input is dropped
+        (:meth:`drop_input`)."""
         if (
             self._input_end
             or kept.refused is not None
@@ -300,59 +296,11 @@ class InputFlow(Generic[K]):
         else:
             self._task_done()
 
-    def stop_input(self) -> None:
-        """Stop reading the peer: :meth:`~rpc.closing.Closing.close` calls it for a
-        peer that takes no retry results, once nothing it waits for needs the peer's input
-        (no call of ours in flight, no stream request of the peer's still taking parts).
-        The requests read before run and are waited for (kept ones too, as their turn
-        comes); those still unread never run, and their callers see the connection close,
-        as HTTP servers stop reading keep-alive connections at shutdown. From then on
-        nothing resumes reading (not backpressure, holds or the backlog: :meth:`_may_read`)
-        but :meth:`read_on` (a call of ours that begins meanwhile, a kept stream request
-        of the peer's that starts), until the close stops it again, or :meth:`drop_input`
-        at the close's end."""
-        if self._input_end == READ:
-            self._input_end = STOPPED
-            self._calls_at = float("inf")  # our next call watches its deadline (read_on)
-            self._pause_reading()
-
-    def read_on(self) -> None:
-        """Read the peer again after :meth:`stop_input`, for what began meanwhile and needs
-        its input: a call of ours (a handler read before the close calls the peer back;
-        :meth:`~rpc.peer.Peer._watch_calls` tells, as the first call after
-        :meth:`stop_input` always watches its deadline), whose reply must be read; a
-        stream request of the peer's read before the close but kept, which starts now
-        (:meth:`~rpc.responder.Responder.refuses`), whose parts must be. The peer's
-        requests run meanwhile, as while our calls were in flight; the close, woken
-        (:meth:`read_again`), stops the input again once it finds neither: as the last of
-        our calls ends, or the last such stream's parts do (:meth:`look_again`).
-        (Our streams are not watched: they are cut by the close, as ever.)"""
-        if self._input_end == STOPPED and self._transport is not None:
-            self._input_end = READ
-            self._kept.next_turn()  # _continue resumes reading unless something else holds
-            self.look_again()  # the close looks again: that call's or stream's end stops it
-
-    def read_again(self) -> asyncio.Future[None]:
-        """A future :meth:`look_again` resolves (from :meth:`read_on`, or as the peer's last
-        stream request taking parts ends them): a graceful close that stopped the input, or
-        reads it for those parts alone, waits on it too, and looks again whether the input
-        must be read, so that it is read for them, not beyond."""
-        again = self._read_again
-        if again is None or again.done():
-            again = self._read_again = self._loop.create_future()
-        return again
-
-    def look_again(self) -> None:
-        """Wake a graceful close waiting on :meth:`read_again` (none waits: a no-op)."""
-        again = self._read_again
-        if again is not None and not again.done():
-            again.set_result(None)
-
     def drop_input(self) -> None:
-        """The end of a graceful close, for the same peers as :meth:`stop_input` (stopped
-        or not: our calls may have kept it reading to the drain's end), as its transport
-        closes: what the backlog still keeps is dropped, and reading resumes, everything
-        read then dropped unrun (:meth:`~rpc.peer.Peer.data_received`): a TLS
+        """The end of a graceful close, for a peer that takes no retry results (see
+        :meth:`~rpc.closing.Closing.close`), as its transport closes: what the backlog still
+        keeps is dropped, and reading resumes, everything read then dropped unrun
+        (:meth:`~rpc.peer.Peer.data_received`): a TLS
         close_notify or a WebSocket close frame behind the requests left unread ends the
         closing handshake, within the linger (:data:`~rpc.closing.LINGER`). Lasts until the
         connection is gone. Also after a protocol violation (:meth:`~rpc.peer.Peer._violation`),

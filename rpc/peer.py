@@ -56,7 +56,7 @@ from rpc.closing import Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
-from rpc.input_flow import DROPPED, READ, STOPPED, InputFlow
+from rpc.input_flow import DROPPED, READ, InputFlow
 from rpc.key import K
 from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
@@ -90,6 +90,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_backlog",
         "_calls",
         "_calls_at",
+        "_close_began",
         "_closers",
         "_ended",
         "_hold_told",
@@ -98,7 +99,6 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_kept",
         "_loop",
         "_output_hold",
-        "_read_again",
         "_reading",
         "_request_bytes",
         "_room_stall",
@@ -158,12 +158,11 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         they run and only for a peer that takes the cancellation extension."""
         self._reading = True
         self._input_end = READ
-        """The input's phase (:data:`~rpc.input_flow.READ`, ``STOPPED`` by a graceful close,
-        ``DROPPED`` at its end or after a protocol violation: :mod:`rpc.input_flow`)."""
-        self._read_again: asyncio.Future[None] | None = None
-        """Resolved by :meth:`look_again` (a call of ours or a kept stream request of the
-        peer's that needs its input, the end of its last stream request's parts): wakes a
-        graceful close that stopped the input, or reads it for those parts."""
+        """The input's phase (:data:`~rpc.input_flow.READ`, ``DROPPED`` at a graceful
+        close's end or after a protocol violation: :mod:`rpc.input_flow`)."""
+        self._close_began = float("inf")
+        """The loop time a graceful close began (:meth:`~rpc.closing.Closing.close`): what
+        is read after it may be turned away (:meth:`~rpc.responder.Responder.turned_away`)."""
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
         self._output_hold = False
@@ -265,9 +264,8 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the peer: what a stream transport read into the thread's shared
-        buffer (:mod:`transports.read_buffer`), or a WebSocket message; dropped while the
-        input is stopped or dropped (:meth:`~rpc.input_flow.InputFlow.stop_input`,
-        :meth:`~rpc.input_flow.InputFlow.drop_input`)."""
+        buffer (:mod:`transports.read_buffer`), or a WebSocket message; dropped once the
+        input is (:meth:`~rpc.input_flow.InputFlow.drop_input`)."""
         if self._input_end:
             self.input_dropped()
             return
@@ -328,28 +326,6 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._kept.recheck()  # parts of running streams kept meanwhile may run now
         self._continue()
         self._kept.settle()
-
-    def _watch_calls(self, when: float) -> None:
-        """A call of ours nearer than those watched (always the first one after a graceful
-        close stopped the input): while stopped, reading resumes for its reply."""
-        Caller._watch_calls(self, when)
-        if self._input_end == STOPPED:
-            self.read_on()
-
-    def on_request_end(self, key: K) -> bool:
-        """The end of stream request ``key``'s parts; a graceful close reading the peer for
-        its stream requests alone looks again once none takes parts (:meth:`look_again`)."""
-        ended = Responder.on_request_end(self, key)
-        if not self._streams:
-            self.look_again()
-        return ended
-
-    def _end_stream(self, key: K) -> None:
-        """Stream request ``key`` takes no more parts (refused, failed or answered first):
-        as :meth:`on_request_end` for a graceful close."""
-        Responder._end_stream(self, key)
-        if not self._streams:
-            self.look_again()
 
     def _violation(self, exc: ProtocolError) -> None:
         if exc is self.violation:  # the dead codec again: input after our last word

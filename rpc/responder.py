@@ -38,6 +38,7 @@ from rpc.streaming import PARTS_PER_TURN
 from rpc.tasks import being_cancelled
 
 if TYPE_CHECKING:
+    from rpc.backlog import Backlog
     from rpc.call_bounds import CallBounds
     from rpc.handler_runner import HandlerRunner
     from rpc.options import Adapter, Options
@@ -94,15 +95,14 @@ class Responder(ServedStreams[K]):
     _running: set[K]
     _intercepted: bool
     _task_slots: int
-    _input_end: int
+    _kept: Backlog
+    _close_began: float
     call_bounds: CallBounds
     gave_up: BaseException | None
 
     if TYPE_CHECKING:
 
         def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
-
-        def read_on(self) -> None: ...
 
         @property
         def is_open(self) -> bool: ...
@@ -114,32 +114,51 @@ class Responder(ServedStreams[K]):
         return len(self._tasks) + self._runner.jobs
 
     def refuses(self, key: K, stream: bool) -> bool:
-        """Answer request ``key`` with a retry result, unrun (True), when it comes past
-        ``max_concurrent`` or ``max_request_bytes`` ("request rate limit"), or while a
-        graceful :meth:`~rpc.closing.Closing.close` drains the connection
-        (:data:`~rpc.errors.CLOSING`: its caller may send it again, on another connection)
-        once no call of ours is in flight: until then the peer's requests run, as those
-        calls' handlers may call us back to answer them (the drain waits for our calls). A
-        peer that takes no retry results gets the request run (False) and waited for, as
-        long as the drain reads it (:meth:`~rpc.input_flow.InputFlow.stop_input`). Calls
-        of ours: those the drain waits for (not streams). :meth:`on_request` and
+        """Turn request ``key`` away unrun (True) when it comes past ``max_concurrent`` or
+        ``max_request_bytes`` ("request rate limit"), or while a graceful
+        :meth:`~rpc.closing.Closing.close` drains the connection once no call of ours is in
+        flight (until then the peer's requests run: its handlers of those calls may call us
+        back to answer them). A peer that takes retry results gets one (for the close,
+        :data:`~rpc.errors.CLOSING`: its caller may send it again, on another connection);
+        one that does not has its requests wait for the limits before they come here (see
+        :mod:`rpc.input_flow`), and during the close gets nothing for what it sent after
+        the close began (:meth:`turned_away`), while what it sent before runs. Calls of
+        ours: those the drain waits for (not streams). :meth:`on_request` and
         :meth:`serve_bounded` call it only when their inlined copy of the tests below (no
         call per request) finds a limit reached or a close begun: these tests then say
         which (the message), and are the only ones for :func:`rpc.intercept.serve_request`."""
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
             message = "request rate limit"
-        elif (
-            self.gave_up is not None and self.adapter.retry_results and not self.calls_waited_for()
-        ):
+        elif self.gave_up is None or self.calls_waited_for():
+            return False
+        elif self.adapter.retry_results:
             message = CLOSING
+        elif self.turned_away():
+            if stream:  # its parts are dropped as they come
+                self._end_stream(key)
+            return True
         else:
-            if stream and self._input_end:  # a kept one, begun once the close stopped
-                self.read_on()  # the input: its parts are read (InputFlow.read_on)
             return False
         self.adapter.send_retry(key, self.options.retry_wait, message)
         if stream:
             self._end_stream(key)
         return True
+
+    def turned_away(self) -> bool:
+        """True for a request or notification a graceful close does not run, from a peer
+        that takes no retry results: read after the close began, while no call of ours is
+        in flight. It is dropped unanswered, as if never read: its caller sees the
+        connection close, the request not run (safe to send again), and the close does not
+        wait for it, however busy the peer. What such a peer sent before the close runs and
+        is answered (kept unrun till then: when its turn comes); the replies to our calls,
+        its cancellations and the parts of its stream requests that run are read and
+        handled throughout the drain. (Read in the clock tick the close began in counts as
+        after it: uvloop's clock counts whole ms.)"""
+        return (
+            not self.adapter.retry_results
+            and self._kept.read_at >= self._close_began
+            and not self.calls_waited_for()
+        )
 
     # --- requests and notifications from the peer (from the adapter) -----------------------
 
@@ -147,6 +166,8 @@ class Responder(ServedStreams[K]):
         """Run ``name``'s handler; raises :class:`NoTaskSlot` while ``max_concurrent`` tasks
         run, at least one (the peer keeps this message and what follows it until one
         ends)."""
+        if self.gave_up is not None and self.turned_away():
+            return  # (before its slot is waited for)
         if len(self._tasks) >= self._task_slots:
             raise NoTaskSlot
         if self._intercepted:

@@ -1,14 +1,14 @@
 """A graceful close against a busy peer that takes no retry results (plain Gotalk clients,
-hat-drivers' Chatter client, gotalk.js): it stops reading that peer once no call of ours is
-in flight, so the close ends once the requests read before it have been answered, not at
-``drain_timeout`` (5 s). Before, each request the peer sent during the drain was run and
-waited for, round after round: a client that replaces each answered request with a new one
-held every close to the full drain, then had its requests in flight cut. The requests left
-unread never run (the handler counts its calls), and fail on the client as the connection
-closes; the closing handshakes of TLS and WebSocket still complete, and over TCP the client
-gets our FIN behind its answers, not a reset (the server reads on until the client's FIN, or
-a pause of its input). A peer that takes retry results still gets them ("closing"), as
-before."""
+hat-drivers' Chatter client, gotalk.js): what that peer sends once the close began, with
+no call of ours in flight, is dropped unrun, so the close ends once the requests read
+before it have been answered, not at ``drain_timeout`` (5 s). Before 12d3f81, each request
+the peer sent during the drain was run and waited for, round after round: a client that
+replaces each answered request with a new one held every close to the full drain, then had
+its requests in flight cut. The requests dropped never run (the handler counts its calls),
+and fail on the client as the connection closes; the closing handshakes of TLS and
+WebSocket still complete, and over TCP the client gets our FIN behind its answers, not a
+reset (the server reads on until the client's FIN, or a pause of its input). A peer that
+takes retry results still gets them ("closing"), as before."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ async def test_a_client_that_does_not_close_on_eof_is_not_waited_for() -> None:
 async def test_a_busy_gotalk_client_over_tls_gets_a_clean_close(pki: Pki) -> None:
     """Over TLS: the server's close_notify reaches the client behind its answers, and the
     client's close_notify ends the server's side (not the TLS shutdown's timeout, nor the
-    linger's cut): the requests it sent unread meanwhile are read and dropped."""
+    linger's cut): the requests it sent meanwhile are read and dropped."""
     work = Work()
     _, ended, lost = await _gotalk_busy_close(
         "ssl+gotalk://127.0.0.1:0",

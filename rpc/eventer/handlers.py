@@ -11,8 +11,9 @@ MsgQueryReq                request -> MsgQueryRes; a latest result over
                            ``max_message_size`` -> an error reply (``PeerwireRpc.Error``);
                            one query per connection at a time, run once its output
                            is below ``high_water``; one the client sends once a close
-                           drains the connections is not read (the core stops reading a
-                           peer without retry results), nor answered
+                           drains the connections is not run (the core drops what a
+                           peer without retry results sends during its close), nor
+                           answered
 anything else              closes the connection, as the reference does
 =========================  ================================================================
 

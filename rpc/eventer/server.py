@@ -155,7 +155,7 @@ class EventerServer:
         :data:`STOP_FLUSH_TIMEOUT` to take STANDBY (none when nothing waits behind an
         unacked notification). Then the connections close gracefully: the requests in
         flight are answered (up to :data:`CLOSE_DRAIN_TIMEOUT`),
-        requests that come meanwhile are not read (the core stops reading a peer that takes
+        requests that come meanwhile are not run (the core drops them for a peer that takes
         no retry results: the client sees the connection close, as when hat's server
         closes), and each connection closes as soon as its requests in flight are
         answered."""
