@@ -452,6 +452,10 @@ class ChatterPeer(Peer[Conversation]):
     the current dialect (see :mod:`rpc.chatter_extension`); the legacy dialect has no room for it.
     ``retry_results=False``: requests past ``max_concurrent`` wait (:mod:`rpc.backlog`) instead
     of getting a ``PeerwireRpc.Retry`` (which Hat peers cannot decode; None: True).
+    ``ping_interval`` (s of inbound silence before a Ping; None: no Pings) and
+    ``ping_timeout`` (s within which something must come back) default to 20 s each, as in
+    both reference implementations (hat-drivers, hat-chatter): a Hat peer kept busy that
+    long by a handler still holds its connection to them, and so to us.
     """
 
     def __init__(
@@ -460,8 +464,8 @@ class ChatterPeer(Peer[Conversation]):
         options: Options | None = None,
         *,
         dialect: Dialect | None = None,
-        ping_interval: float | None = 30.0,
-        ping_timeout: float = 5.0,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float = 20.0,
         strict: bool = True,
         sbs_repo: hat.sbs.Repository | None = None,
         extensions: bool = False,

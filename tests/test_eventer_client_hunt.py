@@ -29,7 +29,7 @@ async def test_registering_without_response_waits_for_a_server_that_stopped_read
     """``await client.register(events)`` (no response) wrote at once, however much was
     unsent: against a server that stopped reading (stopped, swapped out, a stalled
     network) 300 registrations of 64 KiB left about 19 MiB buffered in the client within a
-    fraction of a second, unbounded until the connection's liveness limit (35 s). It
+    fraction of a second, unbounded until the connection's liveness limit (40 s). It
     must wait while the connection's output is above the core's ``high_water``, as
     ``Peer.drain()`` does."""
     (tmp_path / "c.json").write_text(

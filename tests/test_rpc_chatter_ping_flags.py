@@ -40,3 +40,16 @@ async def test_unanswerable_ping_then_a_request_is_served(
             assert peer.adapter.codec.pings_received == 1  # type: ignore[attr-defined]
         finally:
             await sock.close()
+
+
+async def test_ping_defaults_are_the_reference_implementations() -> None:
+    """Both ends default to a Ping after 20 s of inbound silence, answered within 20 s, as
+    hat-drivers and hat-chatter run (not the Hat Chatter documents' 30 s / 5 s, in no code):
+    a Hat peer that a long handler keeps from answering for 5-20 s keeps its connection
+    to a reference peer, so it must keep ours. Our ping_timeout was 5 s."""
+    async with rpc.serve("tcp+sbs://127.0.0.1:0") as server:
+        async with rpc.connect(f"tcp+sbs://127.0.0.1:{server.url.port}", reconnect=False) as peer:
+            await wait_until(lambda: server.peers)
+            [served] = server.peers
+            for pings in (peer.adapter.pings, served.adapter.pings):
+                assert (pings.interval, pings.timeout) == (20.0, 20.0)
