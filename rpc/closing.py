@@ -213,20 +213,32 @@ class Closing:
                 if left and not calls:  # (woken by the timeout a tick early)
                     break
             if left and self._transport is not None:
-                cuts.warning(
-                    "%s peer %s: %d handler(s) and %d call(s) of ours still running "
-                    "after the %s-s drain are cut",
-                    self.protocol_name,
-                    self.remote_address,
-                    self._runner.jobs + sum(1 for task in self._tasks if task not in closers),
-                    sum(1 for c in self._calls.values() if c.future in left),
-                    drain_timeout,
-                )
+                self._tell_cut(left, closers, drain_timeout)
             if self._transport is not None:
                 self._end(turns_away)
             await asyncio.shield(self.closed)
         finally:
             closers.discard(current)
+
+    def _tell_cut(self, left: set[Any], closers: set[Any], drain_timeout: float) -> None:
+        """Warn of the work a graceful close's drain left running (in ``left``, what its
+        last wait still waited for), counted as it is now: nothing when all of it ended in
+        the deadline's own turn."""
+        handlers = self._runner.jobs + sum(1 for task in self._tasks if task not in closers)
+        calls = sum(1 for c in self._calls.values() if c.future in left)
+        kept = len(self._kept)
+        if not handlers and not calls and not kept:
+            return
+        cuts.warning(
+            "%s peer %s: %d handler(s) and %d call(s) of ours still running after the %s-s "
+            "drain are cut%s",
+            self.protocol_name,
+            self.remote_address,
+            handlers,
+            calls,
+            drain_timeout,
+            f", {kept} message(s) read and kept unrun dropped" if kept else "",
+        )
 
     def _end(self, turns_away: bool) -> None:
         """Close the transport at a graceful close's end. For a peer that takes no retry

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 import rpc
+from tests.rpc_helpers import wait_until
 
 pytestmark = pytest.mark.both_loops
 
@@ -63,3 +64,37 @@ async def test_a_close_that_drains_everything_cuts_nothing(
                 await server.close(drain_timeout=5)
             assert await asyncio.wait_for(call, 5) == 2
     assert not [r for r in caplog.records if "drain are cut" in r.getMessage()]
+
+
+async def test_a_close_that_cuts_says_what_it_kept_unrun(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Requests read before the close and kept for a handler slot (a peer without retry
+    results, ``max_concurrent=1``) that never frees: the drain's end drops them unrun, and
+    the warning counts them. It named only the handler, so an operator could not tell
+    that requests had been read and dropped too."""
+    started = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("hold")
+    async def hold(value: object) -> None:
+        started.set()
+        await asyncio.Event().wait()  # never ends by itself
+
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False, options=options
+    ) as server:
+        async with rpc.connect(str(server.url), reconnect=False) as client:
+            calls = [asyncio.ensure_future(client.request("hold", i, timeout=30)) for i in range(3)]
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            await wait_until(lambda: len(served._backlog) == 2)  # kept: the slot is taken
+            with caplog.at_level(logging.WARNING, logger="peerwire.rpc"):
+                await server.close(drain_timeout=0.2)
+            for call in calls:
+                with pytest.raises(rpc.ConnectionClosed):
+                    await asyncio.wait_for(call, 5)
+    [cut] = [r.getMessage() for r in caplog.records if "drain are cut" in r.getMessage()]
+    assert "1 handler(s) and 0 call(s) of ours still running after the 0.2-s drain" in cut
+    assert cut.endswith(", 2 message(s) read and kept unrun dropped"), cut
