@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol
@@ -291,6 +292,22 @@ class Backlog:
             self._times.extendleft(read_at for _, read_at in reversed(waited))
             if self.front is None:  # (else a later one, still waiting, covers these too)
                 self.front = waited[-1][0]
+
+    def read_before(self, when: float) -> None:
+        """Count every message kept now as read before loop time ``when`` (a graceful
+        close's start: what was read before it runs, :meth:`Responder.turned_away
+        <rpc.responder.Responder.turned_away>`): uvloop's clock counts whole ms, so one
+        read in the close's own tick reads as ``when``; it reads as the float below."""
+        before = math.nextafter(when, -math.inf)
+        times = self._times
+        if any(read_at >= when for read_at in times):
+            kept = [min(read_at, before) for read_at in times]
+            times.clear()
+            times.extend(kept)
+        parked = self._parked
+        for key, followers in parked.items():
+            if followers:
+                parked[key] = [(message, min(read_at, before)) for message, read_at in followers]
 
     def extend(self, messages: list[Any]) -> None:
         """Keep messages in order, replies to our calls among them maybe."""

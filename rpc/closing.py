@@ -174,6 +174,7 @@ class Closing:
             self.gave_up = ConnectionClosed("closed by this side")
         if self._close_began == float("inf"):
             self._close_began = self._loop.time()
+            self._kept.read_before(self._close_began)  # (uvloop: read in the same ms)
         current = asyncio.current_task(self._loop)
         closers = self._closers
         if current is not None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -162,7 +163,9 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         close's end or after a protocol violation: :mod:`rpc.input_flow`)."""
         self._close_began = float("inf")
         """The loop time a graceful close began (:meth:`~rpc.closing.Closing.close`): what
-        is read after it may be turned away (:meth:`~rpc.responder.Responder.turned_away`)."""
+        is read after it may be turned away (:meth:`~rpc.responder.Responder.turned_away`).
+        A read meanwhile while a call of ours is in flight moves it past that read (what
+        the peer sent then runs, however long it is kept: :meth:`_read_in_close`)."""
         self._hold_told = False
         """The adapter was told of the current hold (``input_held``)."""
         self._output_hold = False
@@ -271,7 +274,10 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
             return
         outbox = self.outbox
         held = outbox.hold()  # one flush at the end: what handlers answer now goes together
-        read_at = self._kept.read_at = self._loop.time()  # the one clock read per read
+        read_at = self._loop.time()  # the one clock read per read
+        if self._close_began != math.inf:  # a graceful close began
+            read_at = self._read_in_close(read_at)
+        self._kept.read_at = read_at
         try:
             messages = self.adapter.decode(data, read_at)
             if self._backlog:
@@ -291,6 +297,18 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
             return
         if held:
             outbox.release()
+
+    def _read_in_close(self, read_at: float) -> float:
+        """The time a read during a graceful close counts as read at: never before
+        ``_close_began``, which a read while a call of ours is in flight moves past it, so
+        that what it brings runs, kept or not, and what a later read brings with no call in
+        flight does not (:meth:`~rpc.responder.Responder.turned_away`), in the same clock
+        tick too (uvloop's counts whole ms: the times differ by a float's last digit).
+        What is read between two calls of ours and kept past the second runs too."""
+        read_at = max(read_at, self._close_began)
+        if self.calls_waited_for():
+            self._close_began = math.nextafter(read_at, math.inf)
+        return read_at
 
     def eof_received(self) -> bool:
         return False  # half-closed peers are closed: nothing more can be answered to them

@@ -152,8 +152,8 @@ class Responder(ServedStreams[K]):
         wait for it, however busy the peer. What such a peer sent before the close runs and
         is answered (kept unrun till then: when its turn comes); the replies to our calls,
         its cancellations and the parts of its stream requests that run are read and
-        handled throughout the drain. (Read in the clock tick the close began in counts as
-        after it: uvloop's clock counts whole ms.)"""
+        handled throughout the drain. Kept ones count as read before or during a call of
+        ours by their read (:meth:`rpc.peer.Peer._read_in_close`), in one clock tick too."""
         return (
             not self.adapter.retry_results
             and self._kept.read_at >= self._close_began

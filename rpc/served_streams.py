@@ -28,7 +28,12 @@ if TYPE_CHECKING:
 ENDED_STREAMS = 256
 """Incoming streams remembered after we stopped taking their parts (refused, failed or
 answered early), so their late parts are dropped instead of counting as parts of an
-unknown stream (a protocol violation for Gotalk). Older ones are forgotten."""
+unknown stream (a protocol violation for Gotalk). Older ones are forgotten; once a graceful
+close began, the parts of any stream we do not know are dropped: it may turn away more
+stream requests than this from a peer without retry results, which, told nothing, sends
+their parts on."""
+_NEVER = float("inf")
+"""``_close_began`` before a graceful close."""
 
 
 class ServedStreams(Generic[K]):
@@ -41,6 +46,7 @@ class ServedStreams(Generic[K]):
     _stream_hold: StreamHold
     _request_bytes: RequestBytes
     _ended: OrderedDict[K, None]
+    _close_began: float
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
@@ -61,8 +67,8 @@ class ServedStreams(Generic[K]):
         InputHeld): the part waits until handlers take or finish enough
         (:mod:`rpc.request_bytes`), and the peer reads on meanwhile."""
         queue = self._streams.get(key)
-        if queue is None:
-            return key in self._ended  # refused, failed or answered: dropped
+        if queue is None:  # refused, failed or answered: dropped
+            return key in self._ended or self._close_began != _NEVER
         options = self.options
         if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
             self._stream_hold.hold(queue, lambda: self._stalled_parts(key))
@@ -101,7 +107,7 @@ class ServedStreams(Generic[K]):
         queue = self._streams.pop(key, None)
         if queue is None:
             if key not in self._ended:
-                return False
+                return self._close_began != _NEVER
             del self._ended[key]
             return True
         queue.put(END)
