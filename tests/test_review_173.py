@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 import rpc
+from tests.rpc_helpers import served, timing_registry, wait_until
 from tests.test_close_turns_away import _gotalk_answers, _gotalk_request
+from wire.metadata import timeout_ms
 
 pytestmark = pytest.mark.both_loops
 
@@ -203,7 +205,7 @@ async def test_a_chatter_flood_turned_away_does_not_abort_the_close() -> None:
 
     codec = ChatterConnection(Dialect.CURRENT, max_conversations=1 << 20)
     async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=reg, retry_results=False) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
         try:
             codec.send("slow", b"1", last=False)
             writer.write(codec.data_to_send())
@@ -225,3 +227,18 @@ async def test_a_chatter_flood_turned_away_does_not_abort_the_close() -> None:
             await asyncio.wait_for(closing, DRAIN + 3)
         finally:
             writer.close()
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_call_with_minus_infinite_timeout_times_out_as_a_negative_one(
+    flavour: str,
+) -> None:
+    """``timeout=-inf`` to a peer that takes the caller's timeout: none left, as for
+    ``-1.0`` (RequestTimeout). 6fcc4b3 bounded ``inf`` in ``timeout_ms``; ``-inf`` still
+    raised OverflowError converting to int, out of ``request``."""
+    assert timeout_ms(float("-inf")) == 0
+    async with served(flavour, timing_registry()) as (_, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        for timeout in (-1.0, float("-inf")):
+            with pytest.raises(rpc.RequestTimeout):
+                await peer.request("left", timeout=timeout)

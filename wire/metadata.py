@@ -77,7 +77,7 @@ def timeout_ms(seconds: float) -> int:
     ms = seconds * 1000 + 0.001
     if not ms < MAX_TIMEOUT_MS:  # (no deadline, ``inf``, goes as the longest there is)
         return MAX_TIMEOUT_MS
-    return max(int(ms), 0)
+    return int(ms) if ms > 0 else 0  # (-inf: none left, as any negative time)
 
 
 def covers(default_ms: int | None, left_ms: int | None) -> bool:
