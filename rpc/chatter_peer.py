@@ -86,10 +86,10 @@ class ChatterAdapter:
     ) -> None:
         self.peer = peer
         self.extensions = extensions
-        self.retry_results = retry_results and dialect is not _LEGACY
-        """Requests past ``max_concurrent`` get ``PeerwireRpc.Retry``; else they wait. Never
-        in the legacy dialect (from the first frame on, for a server that detects it): a
-        plain Hat peer cannot decode them, and would hear nothing
+        self.retry_results = retry_results
+        """Requests past ``max_concurrent`` get ``PeerwireRpc.Retry``; else they wait. Off
+        from a plain Hat peer's first request on (legacy dialect, a module other than
+        ``PeerwireRpc``): it cannot decode them, and would hear nothing
         (:mod:`rpc.chatter_replies`)."""
         self.handshake = ChatterHandshake()
         """The extension level and how it was agreed (:mod:`rpc.chatter_extension`)."""
@@ -199,8 +199,6 @@ class ChatterAdapter:
         codec = self.codec
         pings, pongs = codec.pings_received, codec.pongs_received
         messages = codec.receive_data(data)
-        if codec.dialect is _LEGACY and self.retry_results:  # detected from the first frame
-            self.retry_results = False
         if codec.pings_received != pings or codec.pongs_received != pongs:
             self._heard_pings(codec.pings_received != pings, codec.pongs_received != pongs)
         self.stall.read(read_at, len(data), codec.buffered)
@@ -304,8 +302,10 @@ class ChatterAdapter:
             peer.on_notification(op, self.payloads.incoming(op, msg.data))
             return
         conv = _new(Conversation, (False, first))
-        if module is not None and module != RPC_MODULE:
+        if module is not None and module != RPC_MODULE:  # a plain Hat peer
             self._foreign.add(conv)
+            self.retry_results = False  # (this read's requests past the limits wait too:
+            # Responder.refuses holds what comes past them while it thought otherwise)
         token = msg.token
         if not token and not self.codec.strict:  # a stream request: parts to come
             self._waits.stream_opened(conv)

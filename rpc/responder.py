@@ -128,6 +128,8 @@ class Responder(ServedStreams[K]):
         call per request) finds a limit reached or a close begun: these tests then say
         which (the message), and are the only ones for :func:`rpc.intercept.serve_request`."""
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
+            if not self.adapter.retry_results:  # learnt in this very read (a plain Hat
+                raise NoTaskSlot  # peer): it waits, and what follows it, as it would have
             message = "request rate limit"
         elif self.gave_up is None or self.calls_waited_for():
             return False
