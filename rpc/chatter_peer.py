@@ -424,6 +424,14 @@ class ChatterAdapter:
     def send_notification(self, name: str, payload: bytes) -> None:
         self._send(name, payload, None, token=True, last=True)
 
+    def drop_request(self, key: Conversation) -> None:
+        """The peer's conversation ``key`` gets no answer: the codec forgets it (each one it
+        keeps open counts toward ``max_conversations``; its late messages are dropped, as
+        those of one we abandoned), and so do the replies."""
+        self.codec.abandon(key)
+        self._foreign.discard(key)
+        self._waits.drop(key)
+
     def abandon(self, key: Conversation) -> None:
         """We gave up on ``key``: its late messages are dropped; a peerwire peer is told so
         (the cancellation extension) and cancels the handler. Without the extension (the

@@ -374,6 +374,9 @@ class GotalkAdapter:
         data = message.encode()
         self._emit_header(_id_header(_E, key, len(data)), data)
 
+    def drop_request(self, key: bytes) -> None:
+        """Nothing is kept for a Gotalk request but by the responder."""
+
     def send_retry(self, key: bytes, wait: float, message: str) -> None:
         retry = gotalk.RetryResult(key, retry_wait_ms(wait), message.encode())
         self._emit_header(*gotalk.encode_parts(retry))

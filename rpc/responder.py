@@ -138,6 +138,7 @@ class Responder(ServedStreams[K]):
         elif self.turned_away():
             if stream:  # its parts are dropped as they come
                 self._end_stream(key)
+            self.adapter.drop_request(key)
             return True
         else:
             return False

@@ -176,7 +176,6 @@ async def test_parts_of_many_stream_requests_turned_away_do_not_break_the_close(
     assert answers == {1: "R"}, answers
 
 
-@pytest.mark.xfail(strict=True, reason="review 173: not fixed (see the docstring)")
 async def test_a_chatter_flood_turned_away_does_not_abort_the_close() -> None:
     """A Chatter peer without retry results that opens more than the codec's 65,536
     conversations during the close: each request turned away leaves its conversation open
