@@ -437,3 +437,18 @@ def test_chatter_metadata_round_trip_and_malformed() -> None:
             metadata.decode_sbs(bad)
     with pytest.raises(ValueError):
         metadata.encode_sbs(1, metadata.RequestMeta(None, {"": "empty key"}))
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_call_with_minus_infinite_timeout_times_out_as_a_negative_one(
+    flavour: str,
+) -> None:
+    """``timeout=-inf`` to a peer that takes the caller's timeout: none left, as for
+    ``-1.0`` (RequestTimeout). 6fcc4b3 bounded ``inf`` in ``timeout_ms``; ``-inf`` still
+    raised OverflowError converting to int, out of ``request``."""
+    assert metadata.timeout_ms(float("-inf")) == 0
+    async with served(flavour, timing_registry()) as (_, peer):
+        await wait_until(lambda: peer.adapter.metadata)
+        for timeout in (-1.0, float("-inf")):
+            with pytest.raises(rpc.RequestTimeout):
+                await peer.request("left", timeout=timeout)
