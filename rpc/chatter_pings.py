@@ -1,7 +1,7 @@
 """When a Chatter connection sends a Ping, and when it gives up on a silent peer.
 
-After ``interval`` s (default 30 s) of inbound silence we send a Ping; if nothing arrives
-within ``timeout`` s (default 5 s) more, the connection is closed. Plans are spread and
+After ``interval`` s (default 20 s) of inbound silence we send a Ping; if nothing arrives
+within ``timeout`` s (default 20 s) more, the connection is closed. Plans are spread and
 one-sided (see :mod:`rpc.deadlines`): a Ping of ours goes after 100-110% of the interval, at
 random; a Pong plans the next one at once (no wake-up to find it arrived); a peer's Ping
 moves ours to 120%, past the peer's next, so one side pings and the other answers and an

@@ -224,8 +224,12 @@ class Closing:
     def _tell_cut(self, left: set[Any], closers: set[Any], drain_timeout: float) -> None:
         """Warn of the work a graceful close's drain left running (in ``left``, what its
         last wait still waited for), counted as it is now: nothing when all of it ended in
-        the deadline's own turn."""
-        handlers = self._runner.jobs + sum(1 for task in self._tasks if task not in closers)
+        the deadline's own turn. A handler that called the close is not counted (the drain
+        does not wait for it either)."""
+        runner = self._runner
+        workers = set(runner.workers())
+        handlers = runner.jobs - sum(1 for task in closers if task in workers)
+        handlers += sum(1 for task in self._tasks if task not in closers)
         calls = sum(1 for c in self._calls.values() if c.future in left)
         kept = len(self._kept)
         if not handlers and not calls and not kept:
