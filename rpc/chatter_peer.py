@@ -425,10 +425,15 @@ class ChatterAdapter:
         self._send(name, payload, None, token=True, last=True)
 
     def drop_request(self, key: Conversation) -> None:
-        """The peer's conversation ``key`` gets no answer: the codec forgets it (each one it
-        keeps open counts toward ``max_conversations``; its late messages are dropped, as
-        those of one we abandoned), and so do the replies."""
-        self.codec.abandon(key)
+        """The peer's conversation ``key`` gets no answer: the replies forget it, and so
+        does the codec while we hold its token (a request waiting for its answer: nothing
+        more can come in it, and each one kept open counts toward ``max_conversations``).
+        A stream request whose requester still sends parts stays open, as any stream does
+        (its parts are dropped by the responder): abandoned, the codec would remember it
+        among at most 4,096, and its part after that many more was a violation."""
+        codec = self.codec
+        if codec.holds_token(key):
+            codec.abandon(key)
         self._foreign.discard(key)
         self._waits.drop(key)
 

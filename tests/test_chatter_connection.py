@@ -172,6 +172,26 @@ def test_peers_abandoned_conversations_are_remembered_up_to_the_bound() -> None:
         tracker.incoming(Msg(8, 1, True, True, True, "End", b""))  # forgotten: the oldest
 
 
+def test_peers_abandoned_conversations_are_forgotten_once_nothing_of_theirs_can_come() -> None:
+    """One whose token we hold (a request waiting for its answer) is not remembered, and a
+    remembered one is forgotten once the peer hands the token over (a stream request's
+    End): the peer may send nothing more in either, so the bound is left to the streams
+    still sending parts (a graceful close turns requests away by abandoning them; each
+    took a place, so 4,096 later ones pushed out a stream whose next part then broke the
+    connection)."""
+    tracker = ConversationTracker(max_abandoned=2)
+    assert tracker.incoming(Msg(1, 1, True, False, False, "Stream", b""))  # it keeps the token
+    assert tracker.incoming(Msg(2, 2, True, True, False, "Request", b""))  # the token is ours
+    tracker.abandon(Conversation(False, 2))
+    tracker.abandon(Conversation(False, 1))
+    assert list(tracker._abandoned) == [(False, 1)]
+    assert not tracker.incoming(Msg(3, 1, True, False, False, "Part", b""))  # late
+    assert not tracker.incoming(Msg(4, 1, True, True, False, "End", b""))  # late, token back
+    assert not tracker._abandoned
+    with pytest.raises(ConversationError, match="unknown conversation"):
+        tracker.incoming(Msg(5, 2, True, True, True, "Again", b""))
+
+
 def test_open_conversation_limit() -> None:
     conn = ChatterConnection(CUR, max_conversations=2)
     data = b"".join(encode_frame(Msg(i, i, True, True, False, "R", b""), CUR) for i in (1, 2, 3))

@@ -16,9 +16,6 @@ pytestmark = pytest.mark.both_loops
 DRAIN = 2.0
 
 
-@pytest.mark.xfail(
-    strict=True, reason="5b69d42 abandons turned-away streams in the codec: 4,096 remembered"
-)
 @pytest.mark.parametrize("then", ["streams", "requests"])
 async def test_a_part_of_a_chatter_stream_turned_away_does_not_break_the_close(then: str) -> None:
     """5b69d42: a Chatter request turned away during the close is abandoned in the codec,

@@ -54,8 +54,11 @@ class ConversationTracker:
     record, so abandoning our conversations costs no memory; one whose ``first`` we never
     sent (0, or ``next_id`` and above) is a violation. In a conversation the peer started,
     the token rule leaves no room for a late message (we end one only while holding its
-    token), so a message in a closed one is a violation unless we abandoned it: the last
-    ``max_abandoned`` such (default 4,096) are remembered until a message with ``last``.
+    token), so a message in a closed one is a violation unless we abandoned it while the
+    peer held its token (a stream request still sending parts): the last ``max_abandoned``
+    such (default 4,096) are remembered until a message with ``last`` or the token (after
+    which the peer may send nothing more in it). One abandoned with its token ours (a
+    request waiting for its answer) is not remembered: nothing of the peer's can come.
     """
 
     __slots__ = (
@@ -200,7 +203,7 @@ class ConversationTracker:
                 if 0 < first < self.next_id:
                     return False  # ours, ended or abandoned: late (see the class doc)
             elif key in self._abandoned:
-                if msg.last:
+                if msg.last or msg.token:  # the peer may send nothing more in it
                     del self._abandoned[key]
                 return False
             raise ConversationError(f"message {msg_id} for unknown conversation {key}")
@@ -217,12 +220,16 @@ class ConversationTracker:
     def abandon(self, conversation: Conversation) -> None:
         """Forget an open conversation (e.g. timed out); its late messages get dropped.
 
-        One of ours needs no record (see the class doc); one of the peer's is remembered,
-        the oldest forgotten past ``max_abandoned``."""
+        One of ours needs no record (see the class doc), nor one of the peer's whose token
+        we hold; one whose token the peer holds is remembered, the oldest forgotten past
+        ``max_abandoned``."""
         key = (conversation[0], conversation[1])
-        if self._open.pop(key, None) is None or key[0]:
+        holder = self._open.pop(key, None)
+        if holder is None or key[0]:
             return
         self._theirs -= 1
+        if holder:  # its token is ours: the peer may send nothing more in it
+            return
         self._abandoned[key] = None
         if len(self._abandoned) > self.max_abandoned:
             self._abandoned.popitem(last=False)
