@@ -98,3 +98,34 @@ async def test_a_close_that_cuts_says_what_it_kept_unrun(
     [cut] = [r.getMessage() for r in caplog.records if "drain are cut" in r.getMessage()]
     assert "1 handler(s) and 0 call(s) of ours still running after the 0.2-s drain" in cut
     assert cut.endswith(", 2 message(s) read and kept unrun dropped"), cut
+
+
+async def test_a_close_from_a_handler_does_not_count_that_handler_as_cut(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The handler that called ``close()`` is not counted as cut: the drain itself does
+    not wait for it (``drain`` leaves the closers out). 0e76601 counted every job of the
+    runner, so one handler left running past the drain was told as two (review 174)."""
+    started = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("hold")
+    async def hold(_value: object) -> None:
+        started.set()
+        await asyncio.Event().wait()  # never ends by itself
+
+    @reg.handle("shutdown")
+    async def shutdown(_value: object) -> None:
+        await rpc.current_peer.get().close(drain_timeout=0.2)
+
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg) as server:
+        async with rpc.connect(str(server.url), reconnect=False) as client:
+            held = asyncio.ensure_future(client.request("hold", None, timeout=30))
+            await asyncio.wait_for(started.wait(), 5)
+            with caplog.at_level(logging.WARNING, logger="peerwire.rpc"):
+                with pytest.raises(rpc.ConnectionClosed):
+                    await asyncio.wait_for(client.request("shutdown", None, timeout=30), 5)
+            with pytest.raises(rpc.ConnectionClosed):
+                await asyncio.wait_for(held, 5)
+    [cut] = [r.getMessage() for r in caplog.records if "drain are cut" in r.getMessage()]
+    assert "1 handler(s) and 0 call(s) of ours still running after the 0.2-s drain" in cut

@@ -568,3 +568,68 @@ async def test_a_chatter_flood_turned_away_does_not_abort_the_close() -> None:
             assert [(m.first, m.type) for m in replies] == [(slow_id, "PeerwireRpc.Result")]
         finally:
             writer.close()
+
+
+@pytest.mark.parametrize("then", ["streams", "requests"])
+async def test_a_part_of_a_chatter_stream_turned_away_does_not_break_the_close(then: str) -> None:
+    """A Chatter stream request turned away during the close, its requester told nothing,
+    keeps the token and sends parts, after 4,096 more turned away (streams or plain
+    requests): its part is dropped and the request read before the close is answered.
+    5b69d42 abandoned them in the codec, which remembered the last ``max_abandoned``
+    (4,096) of the peer's, single requests too: that part was then a message in an
+    unknown conversation, a violation that aborted the connection and cut the request
+    read before the close (review 174, fixed in f12f32f)."""
+    from wire.chatter import Conversation
+    from wire.chatter.connection import ChatterConnection
+    from wire.chatter.envelope import Dialect
+
+    go = asyncio.Event()
+    started = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        started.set()
+        await go.wait()
+        return value
+
+    @reg.handle_stream("total")
+    async def total(parts: Any) -> Any:
+        return len([p async for p in parts])
+
+    codec = ChatterConnection(Dialect.CURRENT)
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=reg, retry_results=False) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            codec.send("slow", b"1", last=False)
+            writer.write(codec.data_to_send())
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            async with asyncio.timeout(2):
+                while served.gave_up is None:  # the close began
+                    await asyncio.sleep(0)
+            streams = [codec.send("total", b"", token=False, last=False)]
+            for _ in range(4096):
+                if then == "streams":
+                    codec.send("total", b"", token=False, last=False)
+                else:
+                    codec.send("slow", b"2", last=False)
+            codec.send_ping()  # read last: a Ping counts as heard
+            writer.write(codec.data_to_send())
+            async with asyncio.timeout(2):  # (the codec checks a read before it runs)
+                while served.violation is None and not served.adapter.codec.pings_received:
+                    await asyncio.sleep(0.005)
+            first = Conversation(True, streams[0].first)  # the first stream's part
+            codec.send("PeerwireRpc.Part", b"x", conversation=first, token=False, last=False)
+            codec.send_ping()
+            writer.write(codec.data_to_send())
+            async with asyncio.timeout(2):
+                while served.violation is None and served.adapter.codec.pings_received < 2:
+                    await asyncio.sleep(0.005)
+            assert served.violation is None, served.violation  # (the slow request: cut)
+            go.set()
+            await asyncio.wait_for(closing, DRAIN + 3)
+        finally:
+            writer.close()
+    del reader
