@@ -191,7 +191,11 @@ async def test_queries_past_max_concurrent_wait_instead_of_a_retry(tmp_path: Pat
 
         watcher = asyncio.ensure_future(watch())
         try:
-            calls = (peer.request(common.MSG_QUERY_REQ, query, raw=True) for _ in range(1300))
+            # 1,300 queries in one process: on a loaded machine (CI's two xdist workers, or
+            # three) they outlasted the 5-s default timeout, though none was lost
+            calls = (
+                peer.request(common.MSG_QUERY_REQ, query, raw=True, timeout=30) for _ in range(1300)
+            )
             replies = await asyncio.gather(*calls)
         finally:
             watcher.cancel()
