@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("peerwire.rpc")
 
+_NEVER = float("inf")
+"""``_close_began`` while no graceful close has begun."""
+
 READ, DROPPED = 0, 1
 """The phases of a connection's input (:attr:`InputFlow._input_end`): read as the flow
 decides; read and dropped while the transport closes (:meth:`InputFlow.drop_input`: a
@@ -69,6 +72,7 @@ class InputFlow(Generic[K]):
     _backlog: Any
     _reading: bool
     _input_end: int
+    _close_began: float
     _hold_told: bool
     _output_hold: bool
     _stream_hold: StreamHold
@@ -86,6 +90,7 @@ class InputFlow(Generic[K]):
         def protocol_name(self) -> str: ...
         def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None: ...
         def _violation(self, exc: ProtocolError) -> None: ...
+        def turned_away(self) -> bool: ...
 
     def _held(self, message: Any) -> bool:
         """True when ``message`` may not run now: a stream's full queue holds all input;
@@ -96,13 +101,23 @@ class InputFlow(Generic[K]):
 
     def _runs_now(self, message: Any) -> bool:
         """True for input that runs while the rest waits (never behind a stream's full
-        queue): replies to our calls; and, unless our output waits, the parts and end of
-        a stream request whose handler runs, or the cancellation of a running handler:
-        that handler may hold the slot the rest waits for."""
+        queue): replies to our calls; unless our output waits, the parts and end of a
+        stream request whose handler runs, or the cancellation of a running handler: that
+        handler may hold the slot the rest waits for; and a request or notification a
+        graceful close turns away (:meth:`~rpc.responder.Responder.turned_away`): dropped,
+        it takes no slot, and kept it would fill the backlog and stop the reading of what
+        the close waits for (replies, parts of running streams)."""
         adapter = self.adapter
         if adapter.is_reply(message):
             return True
-        return not self.outbox.blocked and adapter.serves_running(message)
+        if not self.outbox.blocked and adapter.serves_running(message):
+            return True
+        return (
+            self._close_began != _NEVER
+            and not adapter.is_part(message)
+            and adapter.follows_request(message) is None  # (not a cancellation, kept in
+            and self.turned_away()  # order behind the request it cancels)
+        )
 
     def _other_holds(self) -> bool:
         """True while the peer's input other than replies waits for more than our output: a

@@ -127,21 +127,19 @@ class Responder(ServedStreams[K]):
         :meth:`serve_bounded` call it only when their inlined copy of the tests below (no
         call per request) finds a limit reached or a close begun: these tests then say
         which (the message), and are the only ones for :func:`rpc.intercept.serve_request`."""
+        if self.gave_up is not None and self.turned_away():  # (before the limits: it takes
+            if stream:  # no slot) its parts are dropped as they come
+                self._end_stream(key)
+            self.adapter.drop_request(key)
+            return True
         if self.handlers_running >= self.options.max_concurrent or self._request_bytes.full:
             if not self.adapter.retry_results:  # learnt in this very read (a plain Hat
                 raise NoTaskSlot  # peer): it waits, and what follows it, as it would have
             message = "request rate limit"
-        elif self.gave_up is None or self.calls_waited_for():
+        elif self.gave_up is None or self.calls_waited_for() or not self.adapter.retry_results:
             return False
-        elif self.adapter.retry_results:
-            message = CLOSING
-        elif self.turned_away():
-            if stream:  # its parts are dropped as they come
-                self._end_stream(key)
-            self.adapter.drop_request(key)
-            return True
         else:
-            return False
+            message = CLOSING
         self.adapter.send_retry(key, self.options.retry_wait, message)
         if stream:
             self._end_stream(key)
