@@ -280,7 +280,9 @@ async def test_member_that_never_reads_costs_bounded_memory() -> None:
 
 @on_both_loops
 async def test_member_that_stops_reading_keeps_no_one_waiting() -> None:
-    opts = {"max_queue": 4, "send_timeout": 0.5, "write_stall_timeout": 0.2}
+    # a wait for the staller's full queue ends when it is given up (0.2 s), well before
+    # send_timeout (1 s): the bound between them leaves room for a loaded machine
+    opts = {"max_queue": 4, "send_timeout": 1.0, "write_stall_timeout": 0.2}
     async with RawPeer("stall") as staller, group(2, **opts) as (a, b):
         a.node.add_peer(staller.netid)
         loop = asyncio.get_running_loop()
@@ -296,9 +298,10 @@ async def test_member_that_stops_reading_keeps_no_one_waiting() -> None:
             took = loop.time() - start
             await wait_for(lambda n=i + 1: len(b.got) == n)
             received = loop.time() - start
-            # the staller's full queue is waited for only until it is given up (0.2 s)
-            assert took < 0.35, f"notify {i} took {took:.2f} s"
-            assert received < 0.35, f"b got notify {i} after {received:.2f} s"
+            # the staller's full queue is waited for only until it is given up (0.2 s);
+            # 0.35 s failed once on uvloop beside other suites (b got notify 4 after 0.36 s)
+            assert took < 0.6, f"notify {i} took {took:.2f} s"
+            assert received < 0.6, f"b got notify {i} after {received:.2f} s"
         assert after_stall > 20, "the staller was never given up"
         assert a.node.footprint().backed_off == 1  # accepting again does not clear a stall
         assert a.node.footprint().queued <= 2 * 4
