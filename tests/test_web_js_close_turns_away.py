@@ -1,16 +1,16 @@
-"""Review 175: a real browser peer (Debian's chromium) through a peerwire server's graceful
-close, since the close turns away what a peer without retry results sends once it began
-(822903f, 7679166, 5b69d42): ``tests/gotalk121_wire.js`` (gotalk.js 1.2.1 on the wire, no
+"""A real browser peer (Debian's chromium) through a peerwire server's graceful close,
+which turns away what a peer without retry results sends once it began (822903f, 7679166,
+5b69d42; review 175): ``tests/gotalk121_wire.js`` (gotalk.js 1.2.1 on the wire, no
 retry results) and our library (transports/web/*.js: it announces retry results, so it gets
 none only from a ``retry_results=False`` server, and CLOSING ones otherwise). The page keeps
 sending requests, stream requests and notifications throughout the close: its pending calls
 must fail as the connection closes, the close must end as soon as what it sent before is
-answered (not at ``drain_timeout``), and what it sent before is answered. They do, but
-for one defect (three strict xfails below): what is turned away first waits for a handler
-slot, so while the slots are taken a flood during the close fills the backlog and reading
-pauses, and the parts of a running stream request, or the reply to a handler's call, are
-never read: the close runs to ``drain_timeout`` and cuts them. Real sockets on 127.0.0.1;
-the waits are bounded, none is a fixed sleep."""
+answered (not at ``drain_timeout``), and what it sent before is answered. Three tests are
+of a defect fixed in ac76941: what was turned away first waited for a handler slot, so
+while the slots were taken a flood during the close filled the backlog and reading paused,
+and the parts of a running stream request, or the reply to a handler's call, were never
+read: the close ran to ``drain_timeout`` and cut them. Real sockets on 127.0.0.1; the waits
+are bounded, none is a fixed sleep."""
 
 from __future__ import annotations
 
@@ -44,7 +44,6 @@ SHORT_DRAIN = 1.5
 """The drain bound of a close held to it by a defect (the test's time)."""
 PROMPT = 1.0
 """Seconds a close may take once what the page sent before it is answered."""
-SLOT_WAIT = "review 175: what a close turns away first waits for a handler slot"
 
 HELPERS = """
 const FLOOD_CAP = 600;
