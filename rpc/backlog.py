@@ -364,7 +364,10 @@ class Backlog:
         Returns how many ran (set aside included)."""
         messages = self.messages
         ran = 0
-        while messages and ran < budget and not held(messages[0]):
+        while messages and ran < budget:
+            self.read_at = self._times[0]  # held() may ask turned_away(): its own read time
+            if held(messages[0]):
+                break
             message = self.popleft()
             if self.room and self.waits_room(message):
                 self.requests.reserved += self.wait_room(message, self.read_at)
@@ -423,8 +426,9 @@ class Backlog:
         self, runs_now: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int
     ) -> int:
         """Run the messages kept that ``runs_now`` (replies to our calls, parts of running
-        streams; at most ``budget``, in order), before the peer reads on: what it reads
-        later must not overtake them. The rest keep their order; those not run (past
+        streams, requests a graceful close turns away, with what is set aside behind them;
+        at most ``budget``, in order), before the peer reads on: what it reads later must
+        not overtake them. The rest keep their order; those not run (past
         ``budget``, or from one refused with InputHeld, which is then :attr:`refused`) go
         back first. Returns how many ran."""
         replies: list[Any] = []
@@ -432,10 +436,18 @@ class Backlog:
         kept: list[Any] = []
         kept_times: list[float] = []
         self.front = None  # what may run now runs here, or goes back first, not sorted
+        parked = self._parked
         for message, read_at in zip(self.messages, self._times, strict=True):
+            self.read_at = read_at  # runs_now() may ask turned_away(): its own read time
             if runs_now(message):
                 replies.append(message)
                 reply_times.append(read_at)
+                key = self._kinds.opens_request(message) if parked else None
+                followers = parked.pop(key, None) if key is not None else None
+                if followers:  # (a request a close turns away) its parts go right after it:
+                    self._parked_count -= len(followers)  # set aside, they would stay for good
+                    replies += [follower for follower, _ in followers]
+                    reply_times += [follower_at for _, follower_at in followers]
             else:
                 kept.append(message)
                 kept_times.append(read_at)
