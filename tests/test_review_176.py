@@ -169,3 +169,66 @@ async def test_followers_of_stream_requests_turned_away_from_the_backlog_are_not
             writer.close()
     assert answers == {_rid(1): ("S", b"3"), _rid(2): ("R", b"2")}, answers
     assert took < DRAIN / 2, f"the close took {took:.3f} s"
+
+
+@pytest.mark.parametrize("end", ["End", "token"])
+async def test_chatter_streams_turned_away_and_ended_leave_no_conversation_open(end: str) -> None:
+    """f12f32f keeps a turned-away Chatter stream request open in the codec while its
+    requester holds the token (its parts come). Once the requester ends its parts and
+    hands the token over (``PeerwireRpc.End``, or a bare token in the strict dialect),
+    nothing answers the request, so the codec holds it open for good, counted toward its
+    65,536 conversations: a peer sending that many such streams during one close is a
+    violation (the connection aborted, the request read before the close cut). Before
+    f12f32f they were abandoned, remembered at most 4,096 at a time. Here: 100 such
+    streams, and the codec's open conversations must come back to the one read before
+    the close."""
+    from wire.chatter import Conversation
+    from wire.chatter.connection import ChatterConnection
+    from wire.chatter.envelope import Dialect
+
+    go = asyncio.Event()
+    started = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        started.set()
+        await go.wait()
+        return value
+
+    @reg.handle_stream("total")
+    async def total(parts: Any) -> Any:
+        return len([p async for p in parts])
+
+    codec = ChatterConnection(Dialect.CURRENT)
+    async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=reg, retry_results=False) as server:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            codec.send("slow", b"1", last=False)
+            writer.write(codec.data_to_send())
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            await wait_until(lambda: served.gave_up is not None, 2)  # the close began
+            streams = []
+            for _ in range(100):
+                conv = Conversation(True, codec.send("total", b"", token=False, last=False).first)
+                codec.send("PeerwireRpc.Part", b"x", conversation=conv, token=False, last=False)
+                streams.append(conv)
+            codec.send_ping()  # read last: a Ping counts as heard
+            writer.write(codec.data_to_send())
+            await wait_until(lambda: served.adapter.codec.pings_received, 2)
+            for conv in streams:  # in a later read than their requests
+                if end == "End":
+                    codec.send("PeerwireRpc.End", b"", conversation=conv, token=True, last=False)
+                else:
+                    codec.send("PeerwireRpc.Part", b"y", conversation=conv, token=True, last=False)
+            codec.send_ping()
+            writer.write(codec.data_to_send())
+            await wait_until(lambda: served.adapter.codec.pings_received == 2, 2)
+            assert served.violation is None, served.violation
+            assert served.adapter.codec.open_conversations == 1  # "slow" alone
+            go.set()
+            await asyncio.wait_for(closing, DRAIN + 3)
+        finally:
+            writer.close()
