@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -249,6 +250,13 @@ async def test_stream_parts_kept_while_our_output_waited_run_once_it_drains() ->
 
     options = rpc.Options(max_concurrent=1, high_water=64 * 1024, low_water=16 * 1024)
     async with served_raw(reg, options, retry_results=False) as (raw, peer):
+        # 64 KiB socket buffers both ways: loopback buffers grow to megabytes otherwise, and
+        # as they took the results our output waited, then not, and the parts below ran
+        # at once in such a gap (kept: only the request; failed under load)
+        sock = peer.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        sock = raw.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         raw.write(gotalk.StreamRequest(b"0001", "sizes", b"1048576"))
         for _ in range(15):  # 16 MiB of results it does not read yet: output waits
             raw.write(gotalk.StreamRequestPart(b"0001", b"1048576"))
