@@ -252,6 +252,10 @@ class Backlog:
         self._times.append(read_at)
         return self._size(message) + OVERHEAD
 
+    def keeps_request(self, key: Hashable | None) -> bool:
+        """True while request ``key`` is kept here, unrun: its parts must wait behind it."""
+        return key in self._parked
+
     def wait_room(self, message: Any, read_at: float) -> int:
         """Set aside a part of a running stream that found ``max_request_bytes`` taken
         (NoRoom); what follows it waits with it until :meth:`room_back`. The bytes it

@@ -106,16 +106,22 @@ class InputFlow(Generic[K]):
         handler may hold the slot the rest waits for; and a request or notification a
         graceful close turns away (:meth:`~rpc.responder.Responder.turned_away`): dropped,
         it takes no slot, and kept it would fill the backlog and stop the reading of what
-        the close waits for (replies, parts of running streams)."""
+        the close waits for (replies, parts of running streams), and the parts of a stream
+        it turned away and forgot."""
         adapter = self.adapter
         if adapter.is_reply(message):
             return True
         if not self.outbox.blocked and adapter.serves_running(message):
             return True
+        if self._close_began == _NEVER or adapter.retry_results:
+            return False
+        if adapter.is_part(message):  # of a stream neither served nor kept (turned away,
+            # then forgotten past ENDED_STREAMS): dropped as it runs, else it would fill
+            # the backlog behind the slots
+            key = adapter.follows_request(message)
+            return not adapter.serves_running(message) and not self._kept.keeps_request(key)
         return (
-            self._close_began != _NEVER
-            and not adapter.is_part(message)
-            and adapter.follows_request(message) is None  # (not a cancellation, kept in
+            adapter.follows_request(message) is None  # (not a cancellation, kept in
             and self.turned_away()  # order behind the request it cancels)
         )
 

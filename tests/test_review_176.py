@@ -232,3 +232,56 @@ async def test_chatter_streams_turned_away_and_ended_leave_no_conversation_open(
             await asyncio.wait_for(closing, DRAIN + 3)
         finally:
             writer.close()
+
+
+async def test_parts_of_many_stream_requests_turned_away_do_not_fill_the_backlog() -> None:
+    """As above (a stream handler holds the one slot, a request read before the close kept
+    behind it, ``max_request_bytes`` 256 KiB): during the close the peer opens 400 stream
+    requests (turned away at once), then sends their parts in later reads. The parts of
+    those the responder no longer remembers (past its last 256 ended streams) do not run
+    now (not ``takes_parts``) and are kept behind the slot: the backlog fills (its quarter
+    of ``max_request_bytes``), reading pauses, the running stream's parts are never read
+    and the close runs to ``drain_timeout``."""
+    reg = rpc.Registry()
+
+    @reg.handle_stream("total")
+    async def total(values: Any) -> int:
+        return sum([value async for value in values])
+
+    @reg.handle("work")
+    def work(value: Any) -> Any:
+        return value
+
+    loop = asyncio.get_running_loop()
+    options = rpc.Options(max_concurrent=1, max_request_bytes=256 << 10)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False, options=options
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            writer.write(b"01")
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            writer.write(encode(StreamRequest(_rid(1), "total", b"1")))
+            await wait_until(lambda: any(p.handlers_running for p in server.peers), 5)
+            [served] = server.peers
+            writer.write(encode(Request(_rid(2), "work", b"2")))
+            await wait_until(lambda: len(served._backlog) == 1, 5)  # kept: the slot is taken
+            began = loop.time()
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            await wait_until(lambda: served.gave_up is not None, 2)  # the close began
+            ids = range(10, 410)
+            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
+            await wait_until(lambda: len(served._ended) >= 256, 2)  # read and turned away
+            part = b"0" * 100
+            for _ in range(30):
+                writer.write(b"".join(encode(StreamRequestPart(_rid(i), part)) for i in ids))
+            writer.write(
+                encode(StreamRequestPart(_rid(1), b"2")) + encode(StreamRequestPart(_rid(1), b""))
+            )
+            answers = await asyncio.wait_for(_gotalk_answers(reader), DRAIN + 3)
+            await asyncio.wait_for(closing, DRAIN + 3)
+            took = loop.time() - began
+        finally:
+            writer.close()
+    assert answers == {_rid(1): ("S", b"3"), _rid(2): ("R", b"2")}, answers
+    assert took < DRAIN / 2, f"the close took {took:.3f} s"
