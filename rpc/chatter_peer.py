@@ -127,9 +127,7 @@ class ChatterAdapter:
         self._foreign = replies.foreign
         self._waits = replies.waits
         self._token_back = replies.token_back
-        self._dropped: set[Conversation] = set()
-        """The peer's stream requests we dropped unanswered while it held their token
-        (:meth:`drop_request`): the codec forgets each once the token comes back."""
+        self.drop_request = replies.drop
         self.send_result = replies.send_result
         self.send_result_part = replies.send_result_part
         self.send_result_end = replies.send_result_end
@@ -171,9 +169,7 @@ class ChatterAdapter:
         self.stall.start()
 
     def stop(self) -> None:
-        self._foreign.clear()
-        self._dropped.clear()
-        self._waits.clear()
+        self.replies.clear()
 
     def handshake_pending(self) -> bool:
         return self.pings.handshake_pending()
@@ -285,14 +281,9 @@ class ChatterAdapter:
                 self._waits.stream_ended(conv)
                 self.peer.on_request_end(conv)
                 self._token_back(conv)
-                if self._dropped and conv in self._dropped:  # nothing will answer it
-                    self._dropped.discard(conv)
-                    self.codec.abandon(conv)
             if msg.last:  # the requester ended its conversation: nothing can go back in it
                 self.peer.on_request_end(conv)  # nor more parts come (a no-op after its End)
-                self._foreign.discard(conv)
-                self._waits.drop(conv)
-                self._dropped.discard(conv)
+                self.replies.ended(conv)
             return
         peer = self.peer  # a peer starts a conversation
         if msg.last:
@@ -431,23 +422,6 @@ class ChatterAdapter:
 
     def send_notification(self, name: str, payload: bytes) -> None:
         self._send(name, payload, None, token=True, last=True)
-
-    def drop_request(self, key: Conversation) -> None:
-        """The peer's conversation ``key`` gets no answer: the replies forget it, and so
-        does the codec while we hold its token (a request waiting for its answer: nothing
-        more can come in it, and each one kept open counts toward ``max_conversations``).
-        A stream request whose requester still sends parts stays open, as any stream does
-        (its parts are dropped by the responder): abandoned, the codec would remember it
-        among at most 4,096, and its part after that many more was a violation; it is
-        forgotten once the requester hands the token over (its End), else it stayed open
-        with our token for good, counted toward ``max_conversations``."""
-        codec = self.codec
-        if codec.holds_token(key):
-            codec.abandon(key)
-        elif codec.is_open(key):  # (strict) forgotten once its token comes back (End)
-            self._dropped.add(key)
-        self._foreign.discard(key)
-        self._waits.drop(key)
 
     def abandon(self, key: Conversation) -> None:
         """We gave up on ``key``: its late messages are dropped; a peerwire peer is told so

@@ -52,6 +52,7 @@ class ChatterReplies:
         "_send",
         "_waiting",
         "codec",
+        "dropped",
         "foreign",
         "payloads",
         "sbs_repo",
@@ -77,6 +78,10 @@ class ChatterReplies:
         self.foreign: set[Conversation] = set()
         """Open requests from plain legacy Hat peers: never answered with our own types.
         Freed when answered or when the requester ends the conversation itself."""
+        self.dropped: set[Conversation] = set()
+        """Stream requests dropped unanswered (:meth:`drop`) while the requester held their
+        token: the codec forgets each once the token comes back (:meth:`token_back`), or
+        the requester ends it. At most the peer's open conversations."""
         self.waits = TokenWaits(
             peer.options.max_stream_queue, peer.options.max_size, self.send_error
         )
@@ -115,8 +120,41 @@ class ChatterReplies:
             return False
         return True
 
+    def drop(self, key: Conversation) -> None:
+        """The peer's request ``key`` gets no answer (a graceful close turned it away): it
+        is forgotten here, and by the codec while we hold its token (a request waiting for
+        its answer: nothing more can come in it, and each one kept open counts toward
+        ``max_conversations``). A stream request whose requester still sends parts stays
+        open, as any stream does (its parts are dropped by the responder), until it hands
+        the token over: abandoned at once, the codec would remember it among at most
+        4,096, and its part after that many more was a violation; never abandoned, it
+        stayed open with our token for good."""
+        codec = self.codec
+        if codec.holds_token(key):
+            codec.abandon(key)
+        elif codec.is_open(key):  # (strict) forgotten once its token comes back
+            self.dropped.add(key)
+        self.foreign.discard(key)
+        self.waits.drop(key)
+
+    def ended(self, key: Conversation) -> None:
+        """The requester ended conversation ``key`` itself: nothing can go back in it."""
+        self.foreign.discard(key)
+        self.waits.drop(key)
+        self.dropped.discard(key)
+
+    def clear(self) -> None:
+        """The connection is gone."""
+        self.foreign.clear()
+        self.dropped.clear()
+        self.waits.clear()
+
     def token_back(self, key: Conversation) -> None:
-        """The requester handed ``key``'s token over: send what waited for it."""
+        """The requester handed ``key``'s token over: send what waited for it (a request
+        dropped unanswered: the codec forgets it)."""
+        if self.dropped and key in self.dropped:
+            self.dropped.discard(key)
+            self.codec.abandon(key)
         if key in self.waits and (self.codec.holds_token(key) or not self.codec.strict):
             self.waits.release(key)
 
