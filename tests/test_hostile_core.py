@@ -201,7 +201,8 @@ async def test_silent_connections_are_closed_after_the_liveness_limits(scheme: s
     ):
         port = srv.url.port
         silent = [await stack.enter_async_context(raw_connection(port)) for _ in range(20)]
-        await until(lambda: len(srv.peers) == 20)
+        # not a wait for 20 peers at once: where opening them took over 0.3 s (a loaded
+        # machine), the first were closed before the last came, and that wait timed out
         started = time.monotonic()
         for reader, _ in silent:  # each is closed by the server (EOF), none hangs
             async with asyncio.timeout(5):
