@@ -33,6 +33,10 @@ input away (:meth:`Closing._end`) before the connection closes without its FIN: 
 does not close on our EOF is not waited for until the :data:`LINGER`, and what one still
 sends is read (and dropped) rather than left unread to reset the connection."""
 
+NOT_CLOSING = float("inf")
+"""``Peer._close_began`` while no graceful close has begun (:meth:`Closing.close` sets it to
+the loop time it begins at)."""
+
 log = logging.getLogger("peerwire.rpc")
 
 
@@ -172,7 +176,7 @@ class Closing:
             return
         if self.gave_up is None:
             self.gave_up = ConnectionClosed("closed by this side")
-        if self._close_began == float("inf"):
+        if self._close_began == NOT_CLOSING:
             self._close_began = self._loop.time()
             self._kept.read_before(self._close_began)  # (uvloop: read in the same ms)
         current = asyncio.current_task(self._loop)

@@ -35,6 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Generic
 
 from rpc.backlog import MESSAGES_PER_TURN, Backlog
+from rpc.closing import NOT_CLOSING
 from rpc.key import K
 from rpc.responder import NoTaskSlot, current_peer
 from rpc.stream_hold import InputHeld, NoRoom, RoomStall, StreamHold
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
     from rpc.tasks import TaskSet
 
 log = logging.getLogger("peerwire.rpc")
-
-_NEVER = float("inf")
-"""``_close_began`` while no graceful close has begun."""
 
 READ, DROPPED = 0, 1
 """The phases of a connection's input (:attr:`InputFlow._input_end`): read as the flow
@@ -113,7 +111,7 @@ class InputFlow(Generic[K]):
             return True
         if not self.outbox.blocked and adapter.serves_running(message):
             return True
-        if self._close_began == _NEVER or adapter.retry_results:
+        if self._close_began == NOT_CLOSING or adapter.retry_results:
             return False
         if adapter.is_part(message):  # of a stream neither served nor kept (turned away,
             # then forgotten past ENDED_STREAMS): dropped as it runs, else it would fill

@@ -53,7 +53,7 @@ from rpc.backlog import Backlog
 from rpc.call_bounds import CallBounds
 from rpc.calls import Caller
 from rpc.calls import _Call as _Call
-from rpc.closing import Closing
+from rpc.closing import NOT_CLOSING, Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
@@ -161,7 +161,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._input_end = READ
         """The input's phase (:data:`~rpc.input_flow.READ`, ``DROPPED`` at a graceful
         close's end or after a protocol violation: :mod:`rpc.input_flow`)."""
-        self._close_began = float("inf")
+        self._close_began = NOT_CLOSING
         """The loop time a graceful close began (:meth:`~rpc.closing.Closing.close`): what
         is read after it may be turned away (:meth:`~rpc.responder.Responder.turned_away`).
         A read meanwhile while a call of ours is in flight moves it past that read (what
@@ -275,7 +275,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         outbox = self.outbox
         held = outbox.hold()  # one flush at the end: what handlers answer now goes together
         read_at = self._loop.time()  # the one clock read per read
-        if self._close_began != math.inf:  # a graceful close began
+        if self._close_began != NOT_CLOSING:  # a graceful close began
             read_at = self._read_in_close(read_at)
         self._kept.read_at = read_at
         try:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Generic
 
+from rpc.closing import NOT_CLOSING
 from rpc.errors import RemoteError
 from rpc.key import K
 from rpc.stream_hold import NoRoom, StreamHold
@@ -32,8 +33,6 @@ unknown stream (a protocol violation for Gotalk). Older ones are forgotten; once
 close began, the parts of any stream we do not know are dropped: it may turn away more
 stream requests than this from a peer without retry results, which, told nothing, sends
 their parts on."""
-_NEVER = float("inf")
-"""``_close_began`` before a graceful close."""
 
 
 class ServedStreams(Generic[K]):
@@ -68,7 +67,7 @@ class ServedStreams(Generic[K]):
         (:mod:`rpc.request_bytes`), and the peer reads on meanwhile."""
         queue = self._streams.get(key)
         if queue is None:  # refused, failed or answered: dropped
-            return key in self._ended or self._close_began != _NEVER
+            return key in self._ended or self._close_began != NOT_CLOSING
         options = self.options
         if len(queue) >= options.max_stream_queue or queue.bytes >= options.max_size:
             self._stream_hold.hold(queue, lambda: self._stalled_parts(key))
@@ -107,7 +106,7 @@ class ServedStreams(Generic[K]):
         queue = self._streams.pop(key, None)
         if queue is None:
             if key not in self._ended:
-                return self._close_began != _NEVER
+                return self._close_began != NOT_CLOSING
             del self._ended[key]
             return True
         queue.put(END)
