@@ -304,7 +304,7 @@ class ChatterAdapter:
         if module is not None and module != RPC_MODULE:  # a plain Hat peer
             self._foreign.add(conv)
             self.retry_results = False  # (this read's requests past the limits wait too:
-            # Responder.refuses holds what comes past them while it thought otherwise)
+            # Responder.refuses holds them)
         token = msg.token
         if not token and not self.codec.strict:  # a stream request: parts to come
             self._waits.stream_opened(conv)

@@ -126,9 +126,9 @@ class ChatterReplies:
         its answer: nothing more can come in it, and each one kept open counts toward
         ``max_conversations``). A stream request whose requester still sends parts stays
         open, as any stream does (its parts are dropped by the responder), until it hands
-        the token over: abandoned at once, the codec would remember it among at most
-        4,096, and its part after that many more was a violation; never abandoned, it
-        stayed open with our token for good."""
+        the token over (:meth:`token_back`): abandoned at once, it would be remembered
+        among the codec's last 4,096 abandoned, and its parts after that many more would
+        be a violation."""
         codec = self.codec
         if codec.holds_token(key):
             codec.abandon(key)
