@@ -16,7 +16,7 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
-from tests.test_web_js_node import Scripted, run_node
+from tests.test_web_js_node import RECORD_RECONNECT_DELAYS, Scripted, run_node
 
 CLOSES = """
 const s = gotalk.connection(ADDR);
@@ -30,6 +30,9 @@ return errors;
 """
 
 
+RECORDED_DELAYS = "Math.random = () => 0.5;\n" + RECORD_RECONNECT_DELAYS
+
+
 def attempt_times(attempts: list[float]) -> Any:
     def record(connection: ServerConnection, request: Any) -> None:
         attempts.append(time.monotonic())
@@ -39,7 +42,8 @@ def attempt_times(attempts: list[float]) -> Any:
 
 async def test_a_protocol_error_waits_the_longest_delay(tmp_path: Path) -> None:
     """`01` then `f00000001` (a version the server does not speak): the next attempts come
-    2.5 to 5 s apart, so at most 3 attempts in 6 s (there were 12)."""
+    2.5 to 5 s apart (there were 12 in 6 s). Math.random pinned to 0.5: each reconnect asks
+    its timer for 3.75 s, and the server sees each gap at least that long."""
     attempts: list[float] = []
 
     async def script(ws: ServerConnection, recv: Any, _: int) -> None:
@@ -47,26 +51,17 @@ async def test_a_protocol_error_waits_the_longest_delay(tmp_path: Path) -> None:
         await ws.send(b"f00000001")
         await ws.wait_closed()
 
+    body = RECORDED_DELAYS + (CLOSES % 3).replace("return errors;", "return [errors, delays];")
     scripted = Scripted(script, process_request=attempt_times(attempts))
     async with scripted as address:
-        errors = await run_node(tmp_path, CLOSES % 3, address)
+        errors, delays = await run_node(tmp_path, body, address)
     scripted.check()
     assert errors == ["gotalk protocol error: the server sent f00000001"] * 3
+    assert delays == [3750] * 3  # BACKOFF_MAX (5 s) times 0.5 + random / 2
     gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)]
     assert len(gaps) == 2
     for gap in gaps:
-        assert 2.5 <= gap <= 5.5, gaps
-
-
-RECORDED_DELAYS = """
-Math.random = () => 0.5;
-const delays = [];  // the reconnect delays the library asks its timers for
-const realSetTimeout = globalThis.setTimeout;
-globalThis.setTimeout = (fn, ms, ...rest) => {
-  if (new Error().stack.includes('_scheduleReconnect')) delays.push(ms);
-  return realSetTimeout(fn, ms, ...rest);
-};
-"""
+        assert gap >= 3.75 - 0.05, gaps
 
 
 async def test_drops_at_once_grow_the_delay_with_jitter(tmp_path: Path) -> None:
