@@ -189,14 +189,14 @@ class ChatterScene:
     async def send_heard(self, timeout: float = 2.0) -> None:
         """Write what the codec queued, then a Ping, and wait until the server has read
         that Ping (the codec checks a read before it runs), or has found a violation."""
-        pings = self.served.adapter.codec.pings_received  # type: ignore[attr-defined]
+        codec: Any = self.served.adapter.codec
+        pings = codec.pings_received
         self.codec.send_ping()
         self.writer.write(self.codec.data_to_send())
-        async with asyncio.timeout(timeout):
-            while (
-                self.served.violation is None and self.served.adapter.codec.pings_received == pings  # type: ignore[attr-defined]
-            ):
-                await asyncio.sleep(0.005)
+        served = self.served
+        await wait_until(
+            lambda: served.violation is not None or codec.pings_received != pings, timeout
+        )
 
 
 @asynccontextmanager

@@ -504,9 +504,7 @@ async def test_parts_of_many_stream_requests_turned_away_do_not_break_the_close(
             sent += [encode(StreamRequestPart(i, b"")) for i in ids]  # their ends
             sent.append(encode(Heartbeat(0, 0)))  # (read last: the server counts it)
             writer.write(b"".join(sent))
-            async with asyncio.timeout(2):
-                while served.violation is None and not served.heartbeats_received:
-                    await asyncio.sleep(0.005)
+            await wait_until(lambda: served.violation is not None or served.heartbeats_received, 2)
             assert served.violation is None, served.violation  # (the slow request: cut)
             go.set()
             answers = await asyncio.wait_for(_gotalk_answers(reader), DRAIN + 3)
