@@ -1,6 +1,6 @@
 """A handler's BaseException that is not an Exception (a ``class Stop(BaseException)``,
 KeyboardInterrupt, SystemExit): how it is logged, and how the last two go on to the loop's
-run. Shared by requests (:meth:`rpc.responder.Responder.escaped`,
+run. Shared by requests (:meth:`rpc.handler_results.HandlerResults.escaped`,
 :mod:`rpc.handler_runner`) and notifications (:mod:`rpc.notifications`).
 
 - Logged as errors with their tracebacks on ``peerwire.rpc``, at most 20 per 10 s (then a

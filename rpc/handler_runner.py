@@ -26,7 +26,7 @@ not an Exception (a handler's or middleware's ``class Stop(BaseException)``), ot
 CancelledError (see :meth:`HandlerRunner.cancel`) and GeneratorExit (its coroutine closed),
 is answered here: the peer whose request it served (:data:`rpc.current_peer` in the job's
 context) gives its caller an error result at once and logs it
-(:meth:`rpc.responder.Responder.escaped`), and the worker goes on with the queue.
+(:meth:`rpc.handler_results.HandlerResults.escaped`), and the worker goes on with the queue.
 KeyboardInterrupt and SystemExit (:data:`rpc.escapes.PASSED_ON`) are answered so too,
 then passed on as asyncio passes them on: they end the worker and leave the loop's run;
 the queue goes on in another worker should the loop run again.

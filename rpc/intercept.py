@@ -33,12 +33,12 @@ from rpc.errors import (
     RetryLater,
     UnknownOperation,
 )
+from rpc.handler_results import OWN_CANCEL, PLAIN_RESULTS
 from rpc.logs import violations
 from rpc.middleware import Call, CallKind
 from rpc.notifications import failures
 from rpc.registry import Handler, HandlerKind
 from rpc.request_bytes import counted_size
-from rpc.responder import OWN_CANCEL, PLAIN_RESULTS
 from rpc.streaming import END, ResultWait, StreamQueue
 from wire.metadata import RequestMeta
 

@@ -127,7 +127,7 @@ class Outbox:
         flight, and for a stream request with a plain iterable's parts until its end is
         queued or it must wait for the transport to drain (:class:`rpc.calls.Caller`),
         and by the last word of a handler's job that is the only one, a coroutine's single
-        reply or a streamed result's end (:class:`rpc.responder.Responder`): nothing is
+        reply or a streamed result's end (:class:`rpc.handler_results.HandlerResults`): nothing is
         coming to join those, and the other side waits for them, so they are written at
         once instead of by a flush one loop iteration later, which every round trip of a
         caller making one call at a time would pay.

@@ -1,14 +1,16 @@
 """The calls a connection serves: the peer's requests, stream requests and notifications,
-run by the registry's handlers, and their results sent back.
+dispatched to the registry's handlers, within the connection's limits.
 
 :class:`Responder` is the half of :class:`~rpc.peer.Peer` that does this (calls with
 middleware or request metadata go through :mod:`rpc.intercept` instead, which hands a
 single request for an ``async def`` with its caller's deadline back, when there is no
-middleware, to :meth:`Responder.serve_bounded`); the parts of stream requests reach their
-handlers through its base :class:`~rpc.served_streams.ServedStreams`. Its state, set up by
-the peer: the keys of the requests the peer may cancel in ``_running``, freed with the
-connection. Handlers that return an awaitable or an async generator are served as jobs of
-the peer's :class:`~rpc.handler_runner.HandlerRunner`.
+middleware, to :meth:`Responder.serve_bounded`); it turns away what comes past the limits
+or during a graceful close (:meth:`Responder.refuses`). Its bases: the parts of stream
+requests reach their handlers through :class:`~rpc.served_streams.ServedStreams`, and the
+handlers' results go back through :class:`~rpc.handler_results.HandlerResults` (handlers
+that return an awaitable or an async generator are served as jobs of the peer's
+:class:`~rpc.handler_runner.HandlerRunner`). Its state, set up by the peer: the keys of
+the requests the peer may cancel in ``_running``, freed with the connection.
 """
 
 from __future__ import annotations
@@ -17,32 +19,23 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections import deque
-from collections.abc import Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
-from rpc.errors import CLOSING, ConnectionClosed, PayloadError, RetryLater
-from rpc.escapes import PASSED_ON, report
+from rpc.errors import CLOSING, PayloadError, RetryLater
+from rpc.handler_results import PLAIN_RESULTS, HandlerResults
 from rpc.key import K
 from rpc.logs import violations
 from rpc.middleware import Call, current_call
 from rpc.notifications import run_notification
 from rpc.registry import Handler, HandlerKind, Registry
-from rpc.request_bytes import UNCOUNTED, RequestBytes, counted_size
-from rpc.served_streams import ServedStreams
+from rpc.request_bytes import UNCOUNTED, counted_size
 from rpc.served_streams import _parts as _parts
 from rpc.stream_hold import InputHeld
-from rpc.streaming import PARTS_PER_TURN
-from rpc.tasks import being_cancelled
 
 if TYPE_CHECKING:
     from rpc.backlog import Backlog
-    from rpc.call_bounds import CallBounds
-    from rpc.handler_runner import HandlerRunner
-    from rpc.options import Adapter, Options
-    from rpc.outbox import Outbox
     from rpc.peer import Peer
     from rpc.tasks import TaskSet
 
@@ -51,17 +44,9 @@ log = logging.getLogger("peerwire.rpc")
 current_peer: contextvars.ContextVar[Peer] = contextvars.ContextVar("peerwire_current_peer")
 """The peer whose request is being handled; lets a handler call back into its caller."""
 
-OWN_CANCEL = "the handler was cancelled (not by its caller)"
-"""The error result of a handler that ended in a CancelledError of its own."""
 _STREAM = HandlerKind.STREAM
 """A module global: reading an Enum member off its class costs about 100 ns in Python 3.11,
 a global about 10, and it is read per request."""
-LEFT_TO_RUNNER = (GeneratorExit, *PASSED_ON)
-"""BaseExceptions a handler's job does not answer: its coroutine closed, or one the runner
-answers and then passes on (:data:`rpc.escapes.PASSED_ON`)."""
-PLAIN_RESULTS = frozenset({bytes, bytearray, str, int, float, bool, dict, list, type(None)})
-"""Result types that are never awaitable nor async iterators: no ``inspect`` check for
-them (those are ABC checks, slow)."""
 
 
 class NotificationsHeld(InputHeld):
@@ -78,34 +63,21 @@ class NoTaskSlot(NotificationsHeld):
     slots may wait for replies from this very peer."""
 
 
-class Responder(ServedStreams[K]):
+class Responder(HandlerResults[K]):
     """The calls the peer makes to us (mixed into :class:`~rpc.peer.Peer`, which sets up
-    the attributes below and those of :class:`~rpc.served_streams.ServedStreams`)."""
+    the attributes below and those of its bases)."""
 
     registry: Registry
-    adapter: Adapter[K]
-    options: Options
-    outbox: Outbox
     remote_address: Any
-    _loop: asyncio.AbstractEventLoop
     _tasks: TaskSet
-    _runner: HandlerRunner[K]
-    _backlog: deque[Any]
-    _request_bytes: RequestBytes
-    _running: set[K]
     _intercepted: bool
     _task_slots: int
     _kept: Backlog
-    _close_began: float
-    call_bounds: CallBounds
     gave_up: BaseException | None
 
     if TYPE_CHECKING:
 
         def calls_waited_for(self) -> list[asyncio.Future[Any]]: ...
-
-        @property
-        def is_open(self) -> bool: ...
 
     @property
     def handlers_running(self) -> int:
@@ -299,20 +271,10 @@ class Responder(ServedStreams[K]):
         finally:
             current_call.reset(token)
 
-    def send_retry_later(self, key: K, exc: RetryLater) -> None:
-        """Answer ``key`` with a retry result for a handler's (or middleware's)
-        RetryLater, or with an error where the protocol has none."""
-        if self.adapter.retry_results:
-            self.adapter.send_retry(key, exc.wait, str(exc))
-        else:
-            self.adapter.send_error(key, str(exc) or "retry later")
-
     def cancellable(self, key: K) -> bool:
         """True while request ``key``'s handler runs and the peer may cancel it (it takes
         the cancellation extension)."""
         return key in self._running
-
-    # --- handler completion ----------------------------------------------------------------
 
     def on_cancel(self, key: K) -> None:
         """The caller gave up on request ``key`` (peerwire extension): cancel its handler.
@@ -322,196 +284,3 @@ class Responder(ServedStreams[K]):
             self._runner.cancel(key)
         if key in self._streams:
             self._end_stream(key)
-
-    async def _serve_result(
-        self, key: K, awaitable: Any, stream: bool, until: float | None = None, op: str = ""
-    ) -> None:
-        """The runner's job for a handler that returned an awaitable: await its result
-        (cancelled at loop time ``until``, if given: the caller's deadline for ``op``) and
-        send it. Raises CancelledError when cancelled (by the caller: after telling it
-        so); every other exception is answered or logged here. An async generator it
-        returns (an ``async def`` that returns one) is streamed, as through middleware."""
-        result: Any = None
-        try:
-            try:
-                if until is None:
-                    result = await awaitable
-                else:
-                    result = await self.call_bounds.within(awaitable, until, op)
-            except asyncio.CancelledError as exc:
-                if self.own_cancel():  # the handler's own: an error as any other
-                    if self.is_open:
-                        self._answer(self.adapter.send_error, key, str(exc) or OWN_CANCEL)
-                    return
-                if key not in self._running and self.is_open:  # the caller's (on_cancel)
-                    self._answer(self.adapter.send_error, key, "cancelled by the caller")
-                raise
-            except RetryLater as exc:
-                if self.is_open:
-                    self._answer(self.send_retry_later, key, exc)
-                return
-            except Exception as exc:
-                log.debug("handler failed", exc_info=True)
-                if self.is_open:
-                    self._answer(self.adapter.send_error, key, str(exc) or type(exc).__name__)
-                return
-            except BaseException as exc:  # not an Exception: a `class Stop(BaseException)`
-                if isinstance(exc, LEFT_TO_RUNNER):
-                    raise
-                self.escaped(key, exc)
-                return
-            finally:  # a streamed result stays cancellable, its stream open, until it ends
-                streamed = result.__class__ not in PLAIN_RESULTS and inspect.isasyncgen(result)
-                if not streamed:
-                    self._running.discard(key)
-                    if stream and key in self._streams:
-                        self._end_stream(key)
-            if streamed:
-                await self._stream_result(key, result)
-                return
-            if self.outbox.blocked:
-                await self.outbox.wait_writable()
-            if self.is_open:
-                self._answer(self._reply, key, result, stream)
-        except ConnectionClosed:
-            return  # gone while waiting to write: nothing to answer to
-        except Exception:  # a bug of ours: no done callback would report it
-            log.exception("the result of a request could not be sent")
-
-    async def _stream_result(self, key: K, agen: Any) -> None:
-        adapter = self.adapter
-        sent = 0
-        try:
-            async for item in agen:
-                if self.outbox.blocked:
-                    await self.outbox.wait_writable()  # a turn of the loop too
-                    sent = 0
-                elif sent >= PARTS_PER_TURN:  # a generator that never waits yields the loop
-                    sent = 0
-                    await asyncio.sleep(0)
-                if not self.is_open:
-                    return
-                adapter.send_result_part(key, self._encoded_result(item))
-                sent += 1
-        except asyncio.CancelledError as exc:
-            if self.own_cancel():  # the handler's own: an error as any other
-                if self.is_open:
-                    self._answer(self._fail_stream, key, str(exc) or OWN_CANCEL)
-                return
-            if self.is_open and key not in self._running:  # the caller cancelled it
-                self._answer(self._fail_stream, key, "cancelled by the caller")
-            raise
-        except Exception as exc:
-            if self.is_open:
-                self._answer(self._fail_stream, key, str(exc) or type(exc).__name__)
-            return
-        except BaseException as exc:  # not an Exception: a `class Stop(BaseException)`
-            if isinstance(exc, LEFT_TO_RUNNER):
-                raise  # (the runner's error result ends the stream on both wire formats)
-            self.escaped(key, exc, streamed=True)
-            return
-        finally:
-            self._running.discard(key)
-            if key in self._streams:
-                self._end_stream(key)
-            # left at a yield (cancelled, the connection gone, an unencodable item): its
-            # cleanup (finally, async with) runs now, not when a gc finds the cycle our
-            # exception's traceback makes with this frame (a lock it held stayed taken)
-            await _close(agen)
-        if self.is_open:
-            self._answer(adapter.send_result_end, key, False)
-
-    def escaped(
-        self, key: K, exc: BaseException, *, job: bool = True, streamed: bool = False
-    ) -> None:
-        """Answer request ``key``, whose handler (or middleware) raised ``exc``, a
-        BaseException that is not an Exception (a ``class Stop(BaseException)``; from a
-        plain function, a CancelledError or GeneratorExit too: nothing may leave the read),
-        with an error result at once, and log it (an error, with its traceback: such an exception
-        is meant to stop more than a call, and here stops only its own). The stream
-        request's parts are dropped; ``streamed``: its streamed result ends with the
-        error. ``job``: from a handler's job (else from the handler's call, in the peer's
-        read: one of :data:`~rpc.escapes.PASSED_ON` is then raised again from a callback
-        of its own, never in the read, which would leave the outbox held; see
-        :mod:`rpc.escapes`). Logged rate-limited. Called by the job itself,
-        or for what it leaves to the runner (:data:`LEFT_TO_RUNNER`, a middleware's) by
-        :class:`~rpc.handler_runner.HandlerRunner`, which passes those on itself."""
-        report(
-            exc,
-            "request %r: its handler raised %s, not an Exception; answered with an error",
-            key,
-            type(exc).__name__,
-            loop=None if job else self._loop,  # KeyboardInterrupt: then on to the loop's run
-        )
-        self._running.discard(key)
-        if key in self._streams:
-            self._end_stream(key)
-        if not self.is_open:
-            return
-        message = str(exc) or type(exc).__name__
-        if streamed:
-            self._answer(self._fail_stream, key, message)
-        elif job:
-            self._answer(self.adapter.send_error, key, message)
-        else:
-            self.adapter.send_error(key, message)
-
-    def own_cancel(self) -> bool:
-        """True when a CancelledError that reached a handler's job is the handler's own (it
-        awaited something another task cancelled): every cancel of ours (the caller's, a
-        deadline's, the connection's end) cancels the task running the job, which is then
-        cancelling; the handler's own does not, and is answered as any other error."""
-        return not being_cancelled(self._loop)
-
-    def _fail_stream(self, key: K, message: str) -> None:
-        """End our streamed result ``key`` with an error."""
-        self.adapter.send_error(key, message)
-        self.adapter.send_result_end(key, True)
-
-    def _answer(self, send: Callable[..., None], *args: Any) -> None:
-        """Send the last word of a handler's job, ``send(*args)``: a coroutine handler's
-        single reply (result, error, retry result) or the end of a streamed result (with
-        the parts still queued). When it is the runner's only job and no read waits to be
-        handled, nothing is coming to join it: it is written at once, under the outbox's
-        hold (:meth:`~rpc.outbox.Outbox.hold`), not by a flush scheduled for the next loop
-        iteration, which a caller making one call at a time would wait for every time.
-        Notification tasks do not take part; a streamed result's parts go out with the
-        loop iteration's flush as they come."""
-        held = self._runner.jobs == 1 and not self._backlog and self.outbox.hold()
-        try:
-            send(*args)
-        finally:
-            if held:
-                self.outbox.release()
-
-    def _encoded_result(self, value: Any) -> Any:
-        payload = self.adapter.encode_result(value)
-        if payload.__class__ is bytes and len(payload) > self.options.max_size:
-            raise PayloadError(
-                f"result of {len(payload)} bytes exceeds max_size {self.options.max_size}"
-            )
-        return payload
-
-    def _reply(self, key: K, result: Any, stream: bool) -> None:
-        """Send a handler's single result (to a stream request too: then the handler is
-        done with the request's parts, and the stream's state goes)."""
-        if result.__class__ is bytes and not stream and len(result) <= self.options.max_size:
-            self.adapter.send_result(key, result, False)  # bytes go out as they are
-            return
-        if stream and key in self._streams:
-            self._end_stream(key)
-        try:
-            payload = self._encoded_result(result)
-        except PayloadError as exc:
-            self.adapter.send_error(key, str(exc))
-            return
-        self.adapter.send_result(key, payload, stream)
-
-
-async def _close(agen: Any) -> None:
-    """Close a handler's async generator (nothing once it ended); its own failure in doing
-    so is logged, not raised over the reason it was closed."""
-    try:
-        await agen.aclose()
-    except Exception:
-        log.debug("closing a streamed result's generator failed", exc_info=True)

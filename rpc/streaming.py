@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 PARTS_PER_TURN = 256
-"""Parts of a stream sent in one go at most, a streamed result's (:mod:`rpc.responder`) or
+"""Parts of a stream sent in one go at most, a streamed result's (:mod:`rpc.handler_results`) or
 a stream request's (:mod:`rpc.stream_request`): then the loop gets a turn (the connection's
 other work, the caller's cancel), even from a source that never waits."""
 

@@ -13,7 +13,7 @@ from typing import Any
 import rpc
 from rpc.gotalk_peer import GotalkPeer
 from rpc.peer import MESSAGES_PER_TURN
-from rpc.responder import PARTS_PER_TURN
+from rpc.streaming import PARTS_PER_TURN
 from tests.rpc_helpers import wait_until
 from wire import gotalk
 

@@ -21,7 +21,7 @@ import pytest
 import rpc
 from rpc import gotalk_peer
 from rpc.intercept import DEADLINE_GRACE
-from rpc.responder import PARTS_PER_TURN
+from rpc.streaming import PARTS_PER_TURN
 from tests.gotalk_raw import RawGotalk, served_raw
 from wire import gotalk, metadata
 
