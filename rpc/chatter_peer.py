@@ -24,13 +24,13 @@ peer that sends a message in a new conversation and waits for the reply calls ou
 and our ``request`` calls a plain Hat service (any reply that ends the conversation is its
 result). Payloads are SBS when the type is in the schema repository, bytes otherwise (JSON
 for non-bytes values). Pings and the silence limits: :mod:`rpc.chatter_pings`; when our
-replies may go, and as what: :mod:`rpc.chatter_replies`.
+replies may go, and as what: :mod:`rpc.chatter_replies`; our requests, notifications and
+cancellations as messages: :mod:`rpc.chatter_sending`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
@@ -39,34 +39,30 @@ from rpc.chatter_extension import ChatterHandshake
 from rpc.chatter_payloads import Incoming, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
 from rpc.chatter_replies import END, ERROR, PART, RESULT, RETRY, RPC_MODULE, ChatterReplies
+from rpc.chatter_sending import CANCEL as _CANCEL
+from rpc.chatter_sending import META as _META
+from rpc.chatter_sending import TIMEOUT as _TIMEOUT
+from rpc.chatter_sending import ChatterSender
 from rpc.logs import violations
 from rpc.message_stall import MessageStall
-from rpc.payload import PayloadError
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
 from rpc.request_meta import MetaState
 from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg
-from wire.errors import MessageTooLarge, ProtocolError
+from wire.errors import ProtocolError
 
 if TYPE_CHECKING:
     import hat.sbs
 
 log = logging.getLogger("peerwire.rpc.chatter")
 
-_LEGACY = Dialect.LEGACY
-"""Read per message sent: an Enum member off its class costs a descriptor call (about
-100 ns in Python 3.11), a global does not."""
 _new = tuple.__new__
 """Builds a :class:`Conversation` as its own classmethods do (see wire.chatter.conversations):
 one per message received."""
 
-_CANCEL = f"{RPC_MODULE}.Cancel"
-_META = f"{RPC_MODULE}.Meta"
-_TIMEOUT = f"{RPC_MODULE}.Timeout"
 
-
-class ChatterAdapter:
+class ChatterAdapter(ChatterSender):
     """Maps the peer's events onto Chatter conversations and back (see the module doc)."""
 
     name = "chatter"
@@ -133,25 +129,6 @@ class ChatterAdapter:
         self.send_result_end = replies.send_result_end
         self.send_error = replies.send_error
         self.send_retry = replies.send_retry
-
-    def _send(
-        self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool
-    ) -> int:
-        """Queue one message (in a new conversation when ``conv`` is None); its id. In the
-        legacy dialect ``op`` is split into ``module.type``."""
-        codec = self.codec
-        if codec.dialect is _LEGACY and "." in op:
-            module, _, op = op.rpartition(".")
-            msg_id, frame = codec.encode(
-                op, data, conversation=conv, token=token, last=last, module=module
-            )
-        else:
-            msg_id, frame = codec.encode(op, data, conversation=conv, token=token, last=last)
-        if len(frame) == 1:  # the common case: no pieces to count
-            self.peer.outbox.push(frame[0])
-        else:
-            self.peer.outbox.push_message(frame)
-        return msg_id
 
     def _take_codec_output(self) -> None:
         """Pongs and Pings the codec queued itself go out with our own output."""
@@ -347,94 +324,6 @@ class ChatterAdapter:
             violations.warning("chatter peer %s: %s", self.peer.remote_address, value.reason)
             return fallback(data) if callable(fallback) else fallback
         return value
-
-    # --- sending ---------------------------------------------------------------------------
-
-    def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        """PayloadError for a payload that fits ``max_size`` but not with its envelope (the
-        caller's error, as a payload over it is: nothing queued, the connection lives on)."""
-        if self.meta.sent_default is not None and self.meta.cover(None):
-            self._announce()  # it goes without a timeout: say so first
-        # the common request (current dialect, strict, one piece): the codec makes its
-        # conversation and its frame in one call (see encode_open)
-        opened = self._encode_open(op, payload, not stream)
-        if opened is not None:
-            self._push(opened[1])
-            return opened[0]
-        try:  # _write_request written out: once per request
-            return _new(Conversation, (True, self._send(op, payload, None, not stream, False)))
-        except MessageTooLarge as exc:
-            raise PayloadError(f"{op}: {exc}") from None
-
-    def _write_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
-        try:
-            return Conversation.ours(self._send(op, payload, None, not stream, False))
-        except MessageTooLarge as exc:
-            raise PayloadError(f"{op}: {exc}") from None
-
-    def send_request_meta(
-        self,
-        op: str,
-        payload: bytes,
-        stream: bool,
-        entries: Mapping[str, str],
-        timeout: float | None,
-    ) -> Conversation:
-        """:meth:`send_request` preceded by its ``PeerwireRpc.Meta`` (``entries``, and
-        ``timeout``, the seconds the caller has left); ValueError for entries past
-        :mod:`wire.metadata`'s limits. Only once :attr:`metadata` is on. At level 3 a request
-        with a timeout alone goes without metadata under the default announced for it (once
-        per timeout)."""
-        ms = None if timeout is None else metadata.timeout_ms(timeout)
-        if not entries and self.timeout_defaults:
-            if self.meta.cover(ms):
-                self._announce()
-            return self._write_request(op, payload, stream)
-        # The Meta takes the next id and names the one after it, the request's. Both are
-        # encoded before either is queued: a request too large to send (MessageTooLarge)
-        # leaves no Meta behind naming the id the next request will get, only a gap in the
-        # ids (which need only increase). Current dialect only (metadata is never on in
-        # the legacy one): no ``module.type`` split.
-        codec = self.codec
-        data = metadata.encode_sbs(codec.next_id + 1, metadata.RequestMeta(ms, entries))
-        try:
-            _, meta_frame = codec.encode(_META, data)
-            msg_id, frame = codec.encode(op, payload, token=not stream, last=False)
-        except MessageTooLarge as exc:
-            raise PayloadError(f"{op}: {exc}") from None
-        self.peer.outbox.push_message(meta_frame)
-        self.peer.outbox.push_message(frame)
-        return Conversation.ours(msg_id)
-
-    def _announce(self) -> None:
-        """Tell the peer the time left of the requests we send without metadata from now on
-        (the default :meth:`MetaState.cover` chose)."""
-        self._send(_TIMEOUT, metadata.encode_timeout_sbs(self.meta.sent_default), None, True, True)
-
-    def send_request_part(self, key: Conversation, payload: bytes) -> None:
-        try:
-            self._send(PART, payload, key, token=False, last=False)
-        except MessageTooLarge as exc:  # the caller forgets the stream (a cancel follows)
-            raise PayloadError(f"a stream request's part: {exc}") from None
-
-    def send_request_end(self, key: Conversation) -> None:
-        self._send(END, b"", key, token=True, last=False)
-
-    def send_notification(self, name: str, payload: bytes) -> None:
-        self._send(name, payload, None, token=True, last=True)
-
-    def abandon(self, key: Conversation) -> None:
-        """We gave up on ``key``: its late messages are dropped; a peerwire peer is told so
-        (the cancellation extension) and cancels the handler. Without the extension (the
-        legacy dialect), a stream request of ours still sending parts (we hold the token)
-        is ended with its End, the conversation's last, so that the handler there ends
-        instead of waiting for parts for as long as the connection lasts."""
-        codec = self.codec
-        if not self.cancels and self.peer.is_open and codec.holds_token(key):
-            self._send(END, b"", key, token=True, last=True)
-        codec.abandon(key)
-        if self.cancels and self.peer.is_open:
-            self._send(_CANCEL, self.sbs_repo.encode(_CANCEL, key.first), None, True, True)
 
 
 def _undecodable(data: bytes) -> str:
