@@ -67,10 +67,18 @@ class MetaState(Generic[K]):
     def take(self, key: K, read_at: float) -> tuple[RequestMeta, float] | None:
         """The metadata of the peer's request ``key``, which arrived in a read at loop time
         ``read_at``, and the time it counts from: what the peer sent for it, else the
-        default; None: neither. Metadata sent for another request is dropped."""
-        pending, self.pending = self.pending, None
-        if pending is not None and pending[0] == key:
+        default; None: neither. Metadata sent for another request is dropped by a request
+        read after it (its own request, which comes right behind it, will not come), not
+        by one read before it and run late (kept in the backlog while a graceful close took
+        the metadata at once): that one leaves it to its own request."""
+        pending = self.pending
+        if pending is None:
+            return None if self.default is None else (self.default, read_at)
+        if pending[0] == key:
+            self.pending = None
             return pending[1], pending[2]
+        if read_at > pending[2]:
+            self.pending = None
         if self.default is not None:
             return self.default, read_at
         return None

@@ -1,0 +1,115 @@
+"""Request metadata read during a graceful close goes to the request it was sent for.
+
+During the close, a peer without retry results has what it sends turned away while no call
+of ours is in flight; a metadata message so read is taken at once (it precedes its
+request), while a request read before it may still wait in the backlog for a slot. That
+request, run later, must neither take the metadata nor drop it: the metadata's own request,
+read later (while a call of ours was in flight, so it runs), then runs with its deadline.
+A raw Gotalk v1 client at extension level 3 over real sockets on 127.0.0.1, both loops;
+the waits are bounded, none is a fixed sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+import rpc
+from tests.rpc_helpers import wait_until
+from wire.metadata import RequestMeta, encode_gotalk
+
+pytestmark = pytest.mark.both_loops
+
+DRAIN = 3.0
+TIMEOUT_MS = 60_000
+"""The time left the metadata gives its request: far above anything the test waits."""
+
+
+def _request(rid: int, op: bytes, payload: bytes) -> bytes:
+    return b"r%s%03x%s%08x%s" % (rid.to_bytes(4, "little"), len(op), op, len(payload), payload)
+
+
+def _notification(name: bytes, payload: bytes) -> bytes:
+    return b"n%03x%s%08x%s" % (len(name), name, len(payload), payload)
+
+
+async def _frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes, bytes, bytes]:
+    """The next Gotalk v1 message but heartbeats: (kind, id, name, payload); b"" for the
+    fields a kind does not have. Only what this test's server sends."""
+    while True:
+        kind = await reader.readexactly(1)
+        if kind == b"h":
+            await reader.readexactly(12)
+            continue
+        rid = await reader.readexactly(4) if kind in b"rRE" else b""
+        name = b""
+        if kind in b"rn":
+            name = await reader.readexactly(int(await reader.readexactly(3), 16))
+        if kind not in b"rnRE":
+            raise AssertionError(f"unexpected Gotalk message {kind!r}")
+        payload = await reader.readexactly(int(await reader.readexactly(8), 16))
+        return kind, rid, name, payload
+
+
+async def test_metadata_read_in_the_close_is_not_dropped_by_a_request_read_before_it() -> None:
+    """The one handler slot is held by ``hold``. Request 2 is read before the close and
+    kept. In the close, with no call of ours in flight, the metadata of request 3 comes
+    alone and is taken. Then ``hold`` calls the client back; while that call is in
+    flight, request 3 comes and is kept too. Once ``hold`` ends, request 2 runs first: it
+    took the metadata for itself, its key not 3, and dropped it, and request 3 ran without
+    its deadline."""
+    go, started = asyncio.Event(), asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("hold")
+    async def hold(value: Any) -> Any:
+        started.set()
+        await go.wait()
+        return await rpc.current_peer.get().request("answer", value, timeout=DRAIN)
+
+    @reg.handle("left")
+    async def left(value: Any) -> Any:
+        call = rpc.current_call.get(None)
+        return None if call is None else call.time_left()
+
+    options = rpc.Options(max_concurrent=1)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            writer.write(b"01" + _notification(b"peerwire/hello", b"3"))
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            hello = await asyncio.wait_for(_frame(reader), 5)
+            assert hello == (b"n", b"", b"peerwire/hello", b"3")  # metadata spoken
+            writer.write(_request(1, b"hold", b"1"))
+            await asyncio.wait_for(started.wait(), 5)
+            [served] = server.peers
+            writer.write(_request(2, b"left", b"null"))
+            await wait_until(lambda: len(served._backlog) == 1, 5)  # kept: the slot's taken
+            closing = asyncio.ensure_future(served.close(drain_timeout=DRAIN))
+            await wait_until(lambda: served.gave_up is not None, 2)  # the close began
+            meta = encode_gotalk((3).to_bytes(4, "little"), RequestMeta(TIMEOUT_MS))
+            writer.write(_notification(b"peerwire/meta", meta))
+            await wait_until(lambda: served.gotalk.meta.pending is not None, 5)  # taken
+            go.set()
+            kind, call_id, op, value = await asyncio.wait_for(_frame(reader), 5)
+            while kind == b"n":  # our call's timeout (its metadata, or a default) first
+                kind, call_id, op, value = await asyncio.wait_for(_frame(reader), 5)
+            assert (kind, op, value) == (b"r", b"answer", b"1")  # our call is in flight
+            writer.write(_request(3, b"left", b"null"))
+            await wait_until(lambda: len(served._backlog) == 2, 5)  # kept behind request 2
+            writer.write(b"R%s%08x%s" % (call_id, 1, b"2"))
+            results: dict[int, Any] = {}
+            while len(results) < 3:
+                kind, rid, _, payload = await asyncio.wait_for(_frame(reader), DRAIN + 2)
+                assert kind == b"R", (kind, payload)
+                results[int.from_bytes(rid, "little")] = json.loads(payload)
+            await asyncio.wait_for(closing, DRAIN + 2)
+        finally:
+            writer.close()
+    assert results[1] == 2
+    assert results[2] is None  # read before the metadata: not its request
+    assert results[3] is not None and TIMEOUT_MS / 1000 - 5 < results[3] <= TIMEOUT_MS / 1000
