@@ -94,6 +94,8 @@ async def connect(
     ssl: ssl_module.SSLContext | None = None,
     server_hostname: str | None = None,
     max_size: int = 16 * 1024 * 1024,
+    ping_interval: float | None = 20.0,
+    ping_timeout: float = 20.0,
 ) -> Client:
     """Connect and init; raises :class:`EventerInitError` if the server refuses the init
     (the first attempt is never retried), :class:`EventerInitTimeout` (an
@@ -109,7 +111,10 @@ async def connect(
     from the server until delivery is back under both, so a slow callback slows the server
     down (TCP) instead of growing memory. Both also bound each :meth:`Client.events`
     iterator's queue (lists, and bytes as received), whose reader slows delivery the same
-    way. Each at least 1 (ValueError)."""
+    way. Each at least 1 (ValueError). A server's close is seen meanwhile, unread: within
+    0.5 s, or ``ping_timeout / 2`` more when our closed window keeps its FIN out (our Pings
+    draw it: :mod:`rpc.eventer.hold_watch`). ``ping_interval`` and ``ping_timeout`` (20 s
+    each, as hat's) are the Chatter connection's (:class:`rpc.ChatterPeer`)."""
     urls = [url] if isinstance(url, str) else list(url)
     client = Client(
         [eventer_url(u) for u in urls],
@@ -130,7 +135,7 @@ async def connect(
         server_hostname=server_hostname,
         max_size=max_size,
     )
-    await client._start()
+    await client._start(ping_interval=ping_interval, ping_timeout=ping_timeout)
     return client
 
 
@@ -362,7 +367,7 @@ class Client:
 
     # --- connection ------------------------------------------------------------------------
 
-    async def _start(self) -> None:
+    async def _start(self, *, ping_interval: float | None, ping_timeout: float) -> None:
         """The first connection (its init refused: EventerInitError, never retried)."""
         self._conn = await rpc.connect(
             self.urls,
@@ -375,6 +380,8 @@ class Client:
             reconnect=self._policy,
             on_connect=self._init,
             on_state=self._on_state,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
         )
 
     async def _init(self, peer: rpc.Peer) -> None:

@@ -8,11 +8,13 @@ drained by its delivery task. Bounds: ``max_count`` notifications (``events_queu
 notification that passes either goes in, and its handler returns a wait for room that the
 connection runs as a task. While that task waits, further notifications of the same
 connection raise ``NotificationsHeld`` (the connection keeps them, reading paused) until it
-ends. Notifications that ask for an ack are counted but never held: they are requests, which
-the core bounds. A callback's own requests (while it runs) lift the bound while awaited,
-since their answers must be read; tasks it leaves running do not. So do the requests of the
-task reading an ``events()`` iterator (:class:`ReaderIterator`) between a list it took and
-its next ``anext``: a full iterator holds delivery, and so the connection, until it is read.
+ends; meanwhile it watches the socket, unread, for the server's close
+(:mod:`rpc.eventer.hold_watch`). Notifications that ask for an ack are counted but never
+held: they are requests, which the core bounds. A callback's own requests (while it runs)
+lift the bound while awaited, since their answers must be read; tasks it leaves running do
+not. So do the requests of the task reading an ``events()`` iterator
+(:class:`ReaderIterator`) between a list it took and its next ``anext``: a full iterator
+holds delivery, and so the connection, until it is read.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeAlias
 
 import rpc
+from rpc.eventer import hold_watch
 from rpc.eventer.iterators import EventsIterator, EventsQueue
 from rpc.eventer.values import Event
 from rpc.responder import NotificationsHeld
@@ -135,12 +138,14 @@ class Deliveries:
     def wait_for_room(self) -> Awaitable[bool] | None:
         """None while the queue is within both bounds; past either, an awaitable that waits
         for room. A notification handler returns it: the connection runs it as a task, and
-        holds further notifications until it ends (:meth:`hold_if_full`)."""
+        holds further notifications until it ends (:meth:`hold_if_full`). Meanwhile it looks
+        at the connection's socket, unread, and aborts the connection once the server is
+        gone (:mod:`rpc.eventer.hold_watch`): paused, the transport would not tell."""
         if self.awaited_answers or self._closing or not self._full():
             return None
         self.room.clear()
         self._holding = rpc.current_peer.get(None)
-        return self.room.wait()
+        return hold_watch.watch(self.room, self._holding)  # a server gone is seen meanwhile
 
     def release(self) -> None:
         """The client is finished: forget the connection held (its task is gone with it)."""
@@ -163,7 +168,7 @@ class Deliveries:
         it runs (or a task it started), or an ``events()`` reader between a list it took and
         its next (:class:`ReaderIterator`)."""
         delivering = _DELIVERING.get()
-        return delivering is not None and delivering.deliveries is self and delivering.active
+        return delivering is not None and delivering.deliveries() is self and delivering.active
 
     @contextlib.contextmanager
     def answer_awaited(self) -> Iterator[None]:
@@ -189,8 +194,16 @@ class ReaderIterator(EventsIterator):
     own requests, and those of tasks it starts meanwhile, lift the deliveries' bound while
     awaited. Without that, a reader that queries before reading on waited its whole
     timeout whenever its iterator was full: delivery waits for the reader, the connection
-    for delivery, the query's answer for the connection. One limit: ``anext`` run in a task
-    of its own (``asyncio.wait_for`` on 3.11) marks that task, not the reader."""
+    for delivery, the query's answer for the connection.
+
+    The mark is a context variable of the reader's task, set by ``anext`` and reset by the
+    next ``anext``, by the iterator's end and by ``aclose``: the reader's context holds
+    nothing of the client's once it is done with the iterator (before, the last mark
+    stayed set, inactive, for the task's lifetime, holding the client's deliveries). Two
+    limits: ``anext`` run in a task of its own (``asyncio.wait_for`` on 3.11) marks that
+    task, not the reader; and a mark out of reach (the reader's, when the iterator is
+    closed from another task or dropped unclosed; copies in tasks the reader started
+    meanwhile) is only made inactive, and refers to the deliveries weakly."""
 
     def __init__(
         self,
@@ -203,19 +216,38 @@ class ReaderIterator(EventsIterator):
         self._deliveries = deliveries
         self._handling: list[_Delivering] = []
         """The reader's mark while it handles a list (at most one)."""
+        self._token: contextvars.Token[_Delivering | None] | None = None
+        """What resets the mark in the context that set it."""
         weakref.finalize(self, _handled, self._handling).atexit = False
 
     async def __anext__(self) -> list[Event]:
-        _handled(self._handling)
+        self._unmark()
         events = await super().__anext__()
         handling = _Delivering(self._deliveries)
         self._handling.append(handling)
-        _DELIVERING.set(handling)  # the reader's context: __anext__ runs in its task
+        self._token = _DELIVERING.set(handling)  # the reader's context: anext runs in its task
         return events
 
     async def aclose(self) -> None:
-        _handled(self._handling)
+        self._unmark()
         await super().aclose()
+
+    def _unmark(self) -> None:
+        """Done with the list: the mark goes inactive, and out of the current context if it
+        is the one there (not when another reader's mark was set since: resetting would
+        take that one out)."""
+        mark = self._handling[-1] if self._handling else None
+        _handled(self._handling)
+        token, self._token = self._token, None
+        if token is None or mark is None or _DELIVERING.get() is not mark:
+            return
+        try:
+            _DELIVERING.reset(token)
+        except ValueError:  # a copy of the reader's context (anext in a task it started)
+            _DELIVERING.set(None)
+        restored = _DELIVERING.get()
+        if restored is not None and not restored.active:  # another reader's, done since
+            _DELIVERING.set(None)
 
 
 def _handled(handling: list[_Delivering]) -> None:
@@ -225,12 +257,14 @@ def _handled(handling: list[_Delivering]) -> None:
 
 
 class _Delivering:
-    """One callback's run: its requests lift the deliveries' bound while it lasts."""
+    """One callback's run: its requests lift the deliveries' bound while it lasts. It
+    refers to the deliveries weakly: a copy left in a context (see
+    :class:`ReaderIterator`) keeps nothing of the client alive."""
 
     __slots__ = ("active", "deliveries")
 
     def __init__(self, deliveries: Deliveries) -> None:
-        self.deliveries = deliveries
+        self.deliveries = weakref.ref(deliveries)
         self.active = True
 
 

@@ -1,0 +1,114 @@
+"""A server's close seen by our Eventer client while it holds the server's input (its
+deliveries full: an ``events()`` iterator not read, a slow ``events_cb``), over real sockets
+on 127.0.0.1 against our Eventer server (:mod:`rpc.eventer.hold_watch`).
+
+A transport whose reading is paused hears nothing of its socket: before, the client went
+on calling itself connected, and a query waited, until the second of the Pings it sends
+while holding (one every ``ping_timeout / 2``, 10 s) failed to go out. Now the client looks
+at the socket, unread, while it holds: a FIN or a reset that reached it is seen within
+0.5 s; one that our closed window keeps in the server's host comes out on those Pings."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import rpc
+from rpc import eventer
+from rpc.eventer.common import EventPayloadBinary, QueryLatestParams, RegisterEvent
+from tests.peers.eventer_helpers import json_event, running_server, url_of, wait_until
+
+
+def peer_of(client: eventer.Client) -> rpc.Peer:
+    conn = client.connection
+    peer = conn.connection if conn is not None else None
+    assert peer is not None
+    return peer
+
+
+def reading(client: eventer.Client) -> bool:
+    transport = peer_of(client).transport
+    return transport is not None and bool(transport.is_reading())
+
+
+async def test_a_server_close_is_seen_while_an_unread_iterator_holds_the_input(
+    tmp_path: Path,
+) -> None:
+    """The server closes gracefully (its FIN reaches us behind notifications not read):
+    the client closes within a bound, the query waiting on it fails with
+    ``rpc.ConnectionClosed``, and the iterator still yields every list the client had
+    received, in order, then ends."""
+    async with running_server(tmp_path, system_events=False) as server:
+        client = await eventer.connect(
+            url_of(server), "held", subscriptions=[("h", "*")], events_queue_size=1
+        )
+        try:
+            iterator = client.events()  # read only once the server is gone
+            for i in range(8):
+                await server.register([json_event(("h", str(i)), i)])
+            await wait_until(lambda: not reading(client))  # held: nothing more is read
+            peer = peer_of(client)
+            pending = asyncio.create_task(client.query(QueryLatestParams([("h", "*")])))
+            await wait_until(peer.calls_waited_for)  # sent: its answer will not be read
+            await server.close()  # its FIN comes behind what we have not read
+            async with asyncio.timeout(3):  # before: until the client's Ping, 20 s on
+                await asyncio.shield(client.closed)
+            assert not client.is_connected
+            with pytest.raises(rpc.ConnectionClosed):
+                async with asyncio.timeout(3):
+                    await pending
+            async with asyncio.timeout(3):
+                got = [e.type[1] async for events in iterator for e in events]
+            assert len(got) >= 2, got  # the iterator's list and those behind it, received
+            assert got == [str(i) for i in range(len(got))]
+        finally:
+            await client.close()
+
+
+async def test_a_server_that_cuts_the_held_client_off_is_seen_on_its_pings(
+    tmp_path: Path,
+) -> None:
+    """A slow ``events_cb`` holds the input while notifications flood in; the server cuts
+    the connection off (``abort()``, as it gives up on a client past
+    ``max_client_backlog``) with bytes we have not taken: its FIN waits in the server's host
+    behind our closed window (checked by hand: the Ping draws the reset), and nothing
+    reaches us. The client's Pings, every
+    ``ping_timeout / 2`` while it holds, draw the reset: the close is seen within
+    ``ping_timeout / 2`` and a look at the socket (0.5 s); nothing more is read
+    meanwhile, and the notifications received before are delivered once the callback
+    returns."""
+    release = asyncio.Event()
+    delivered: list[str] = []
+
+    async def slow_cb(_client: eventer.Client, events: list[eventer.Event]) -> None:
+        await release.wait()
+        delivered.extend(e.type[1] for e in events)
+
+    payload = EventPayloadBinary("b", b"x" * 1000)
+    async with running_server(tmp_path, system_events=False) as server:
+        client = await eventer.connect(
+            url_of(server),
+            "slow",
+            subscriptions=[("f", "*")],
+            events_cb=slow_cb,
+            events_queue_size=4,
+            ping_timeout=0.5,
+        )
+        try:
+            for i in range(200):  # 200 KB: more than our socket buffer takes
+                await server.register([RegisterEvent(("f", str(i)), None, payload)])
+            await wait_until(lambda: not reading(client))
+            held = client.queued_bytes
+            [info] = server.clients
+            info.peer.abort()  # what the server does to a client that reads too slowly
+            async with asyncio.timeout(2):  # before: no ping_timeout (the default: 20 s)
+                await asyncio.shield(client.closed)
+            assert not client.is_connected
+            assert client.queued_bytes == held <= 5 * 1100  # nothing more was read
+        finally:
+            release.set()
+            await client.close()
+    assert delivered, "nothing was received before the close"
+    assert delivered == [str(i) for i in range(len(delivered))]
