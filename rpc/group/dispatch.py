@@ -31,9 +31,9 @@ RESERVED_PREFIX = "peerwire.group."
 """Names under this prefix are the group's own messages, never dispatched to handlers."""
 
 JOIN = RESERVED_PREFIX + "join"
-"""Broadcast by a node at start (without peers: ahead of its first broadcast, down its
-tree), so the members it knows learn of it, use it again and take its sequence numbers
-as new."""
+"""Broadcast by a node at start (with peers), with its first broadcast (down its tree)
+and with the next one after it added or learned a member, so the members it knows learn
+of it, use it again and take its sequence numbers as new."""
 
 
 class Dispatcher:

@@ -65,18 +65,20 @@ class Members:
         if self._members.pop(netid, None) is not None:
             self._list = tuple(self._members)
 
-    def learn(self, netid: NetID) -> None:
-        """Add a learned member, unless known, us, port 0, or ``max_members`` reached."""
+    def learn(self, netid: NetID) -> bool:
+        """Add a learned member, unless known, us, port 0, or ``max_members`` reached;
+        True if added."""
         if (
             netid in self._members
             or netid == self._own
             or netid.port == 0
             or len(self._members) >= self._options.max_members
         ):
-            return
+            return False
         log.debug("%s learned of %s", self._own, netid)
         self._members[netid] = False
         self._list = tuple(self._members)
+        return True
 
     def is_down(self, netid: NetID) -> bool:
         """True while ``netid`` is backed off after a failure."""

@@ -19,8 +19,9 @@ framing by start byte + VarInt length bounded by ``max_size``; duplicates dispat
 that cannot be reached skipped for the chunk's next node, frames written just before a drop
 sent again; bounded queues, connections and timers; a payload that cannot be decoded is
 dropped (rate-limited warning) and its connection kept; back-off with full jitter for
-failing peers, and a join sent ahead of the first broadcast, down its tree (at start with
-peers, alone), so a restarted node is used again at once and heard even if its clock went back.
+failing peers, and a join sent down the tree of the first broadcast (at start with peers,
+alone too), and again with the next broadcast after a member was added or learned, so a
+restarted node is used again at once and heard even if its clock went back.
 """
 
 from __future__ import annotations
@@ -107,10 +108,10 @@ class GroupNode:
         # not taken for a replay of its earlier life by members' duplicate filters.
         self._seq = time.time_ns() // 1000
         # Our join resets members' windows for us (a clock set back): it goes to every
-        # member with our first broadcast, and again with the next one after static
-        # members were added (those not yet sent it are kept until then).
+        # member with our first broadcast, and again with the next one after a member was
+        # added or learned (a flag, not a list: the join goes to every member anyway).
         self._joined = False
-        self._unjoined: set[NetID] = set()
+        self._rejoin = False
         self._server: asyncio.Server | None = None
         self._mcast: MulticastEndpoint | None = None
         self._closing = False
@@ -134,10 +135,10 @@ class GroupNode:
         """Listen on ``host:port`` (0: any free port) and join the group of ``peers``.
 
         ``advertise`` is the IPv4 address members reach us at (default ``host``; required
-        when listening on 0.0.0.0). With peers, the node broadcasts a join now (without,
-        with its first broadcast, down the same tree): members that learn
-        (``options.learn``) add us, and all use us again at once after a restart, even
-        with our clock set back.
+        when listening on 0.0.0.0). With peers, the node broadcasts a join now, so members
+        that learn (``options.learn``) add us and all use us again at once; its first
+        broadcast takes a join too, down the same tree, so every member it reaches takes
+        our numbers as new even with our clock set back after a restart.
         """
         public = advertise or host
         if public == "0.0.0.0":
@@ -246,15 +247,13 @@ class GroupNode:
         """Add a static member (never forgotten); unless it was a member already, our join
         goes with our next broadcast, down its tree, to every member."""
         netid = as_netid(peer)
-        if self._joined and netid != self.netid and not self._members.knows(netid):
-            self._unjoined.add(netid)
+        if netid != self.netid and not self._members.knows(netid):
+            self._rejoin = True
         self._members.add(netid)
         return netid
 
     def remove_peer(self, peer: NetID | str | tuple[str, int]) -> None:
-        netid = as_netid(peer)
-        self._unjoined.discard(netid)
-        self._members.remove(netid)
+        self._members.remove(as_netid(peer))
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -264,8 +263,8 @@ class GroupNode:
         Queues at once for every member with room, then waits for the full queues together
         (up to ``send_timeout`` in all), so a fast sender is slowed to the group's pace but
         no member waits for another. The node does not dispatch its own broadcast. The first
-        in this life, or the first after static members were added, takes our join with it
-        (see :meth:`_join_frame`).
+        in this life, or the first after a member was added or learned, takes our join with
+        it (see :meth:`_join_frame`).
         """
         if self._closing:
             raise RuntimeError("group node is closed")
@@ -280,31 +279,32 @@ class GroupNode:
             )
         frames: tuple[Frame, ...] = ((ptype.tag, payload),)
         if ptype.tag != _JOIN_TAG:
-            if (not self._joined or self._unjoined) and (members or self._sightings is not None):
+            if (not self._joined or self._rejoin) and (members or self._sightings is not None):
+                self._joined, self._rejoin = True, False
                 frames = (self._join_frame(), *frames)  # one test per broadcast once joined
             self.stats.broadcasts += 1
         await self._send(members, frames)
         return seq
 
     async def _join(self) -> None:
-        """Broadcast our join alone (at start, with peers); see :meth:`_join_frame`."""
+        """Broadcast our join alone (at start, with peers), so learners add us and members
+        use us again before we broadcast. It takes a tree of its own, which a broadcast
+        may overtake, so our first broadcast still takes a join (see :meth:`_join_frame`)."""
         members = self._members.all
         if members:
             await self._send(members, (self._join_frame(),))
 
     def _join_frame(self) -> Frame:
-        """Our join, for every member (the first time in this life, or after static
-        members were added since), made only when it goes to some (by TCP or multicast).
-        Members then start a new duplicate window for us if our numbers are older than
-        theirs (a clock set back), stop backing off from us, and learners add us. Not
-        counted in ``stats.broadcasts``.
+        """Our join, for every member (with the first broadcast in this life, or the first
+        after a member was added or learned since), made only when it goes to some (by TCP
+        or multicast). Members then start a new duplicate window for us if our numbers are
+        older than theirs (a clock set back), stop backing off from us, and learners add
+        us. Not counted in ``stats.broadcasts``.
 
         A notify sends it with its broadcast down one tree (:meth:`Router.send`), so
         every member of that tree gets the join first, and both share ``send_timeout``.
         A join sent alone (at start) takes a tree of its own: a broadcast right after it
-        may overtake it on another path."""
-        self._joined = True
-        self._unjoined.clear()
+        may overtake it on another path, hence the join with the first broadcast too."""
         return _JOIN_TAG, encode_envelope(self.netid, self._next_seq(), None)
 
     def _next_seq(self) -> int:
@@ -384,7 +384,7 @@ class GroupNode:
         learn = self.options.learn
         if learn:
             for netid in (sender, *g.others, *g.distribution):
-                self._members.learn(netid)
+                self._learn(netid)
         if g.tag == _HELLO_TAG:
             return
         try:
@@ -395,7 +395,7 @@ class GroupNode:
             return
         origin = envelope.origin
         if learn:
-            self._members.learn(origin)
+            self._learn(origin)
         first = self._dedup.first(origin, envelope.seq, restart=g.tag == _JOIN_TAG)
         if first:
             self._dispatcher.dispatch(g.tag, envelope.data)
@@ -415,3 +415,9 @@ class GroupNode:
             targets = self._after_multicast(targets, ((g.tag, g.payload),))
         if targets:
             self._router.forward(targets, g.tag, g.payload)
+
+    def _learn(self, netid: NetID) -> None:
+        """Add a learned member; a new one gets our join with our next broadcast (it may
+        keep a window from our previous life, or back off from us)."""
+        if self._members.learn(netid):
+            self._rejoin = True
