@@ -38,6 +38,7 @@ from websockets.server import ServerProtocol
 
 from transports.read_buffer import SharedBufferProtocol
 from transports.stream import ByteSink, ClosedHere
+from transports.ws_body import BodyFeed, send_response
 from transports.ws_head import HeadSplit
 from transports.ws_input_rate import WsInputRate
 from transports.ws_transport import WebSocketTransport
@@ -127,6 +128,8 @@ class Connection(SharedBufferProtocol):
         """Where the head ends; ``max_head``: bytes the peer may send before (server)."""
         self._held: list[Event] = []
         self._write_paused = False
+        self._body: BodyFeed | None = None
+        """A response body still to write as the socket drains (:mod:`transports.ws_body`)."""
         self._pongs_wait = False
         """A ping came while our output was backed up: the socket is not read until the
         output drains (see the module doc)."""
@@ -261,6 +264,7 @@ class Connection(SharedBufferProtocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._feed_body()
         if self._pongs_wait:
             self._pongs_wait = False
             self.resumed_at = self.loop.time()
@@ -361,10 +365,19 @@ class Connection(SharedBufferProtocol):
         websockets ended the connection already (it sent its EOF): the socket just closes."""
         ws = self.ws
         if isinstance(ws, ServerProtocol) and not ws.close_expected():
-            ws.send_response(response)
-            self._send(ws.data_to_send())
+            out, self._body = send_response(ws, response)
+            self._send(out)
+            self._feed_body()
             if ws.state is not _OPEN:
                 self._check_closing()
+
+    def _feed_body(self) -> None:
+        """Write a large body's chunks until the transport pauses us; then its end."""
+        feed, raw = self._body, self.raw
+        if feed is not None and raw is not None and feed.write(raw, lambda: self._write_paused):
+            self._body = None
+            if not raw.is_closing():
+                self._send(feed.after)
 
     def flush(self) -> None:
         """Write what the sans-I/O protocol has queued."""

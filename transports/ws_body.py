@@ -1,0 +1,58 @@
+"""A large HTTP response body (a static file) written as the socket drains, not at once.
+
+websockets serializes a response, head and body, into one new bytes object, and what the
+socket cannot take at once stays in the transport's buffer (asyncio copies it there,
+uvloop keeps the object): a peer that asked for an 8 MiB static file and never read held
+a copy of it until its connection was cut (``close_timeout``, 10 s), one per connection
+(10 such connections held 45 MB). A server's :class:`~transports.ws_connection.Connection`
+instead sends the head alone, then the body in :data:`CHUNK`-byte views of the cached
+file while the transport is under its high-water mark (256 KiB), the rest as it drains:
+a connection holds at most that plus one chunk of it, and the end of the response (the
+half-close) goes out after its last byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+from websockets.http11 import Response
+from websockets.server import ServerProtocol
+
+CHUNK = 64 * 1024
+"""Bytes of a body written at a time; a body of at most this much goes out with its head."""
+
+
+class BodyFeed:
+    """What is left of a response body (a view of the cached file: no copy) and what
+    websockets queued behind the response (its end of stream)."""
+
+    __slots__ = ("after", "rest")
+
+    def __init__(self, body: bytes | bytearray, after: list[bytes]) -> None:
+        self.rest = memoryview(body)
+        self.after = after
+
+    def write(self, raw: asyncio.Transport, paused: Callable[[], bool]) -> bool:
+        """Write chunks to ``raw`` until ``paused()`` (its protocol was asked to pause
+        writing) or the body ends; True once it has ended (or ``raw`` is closing)."""
+        while not paused():
+            if raw.is_closing():
+                return True
+            chunk, self.rest = self.rest[:CHUNK], self.rest[CHUNK:]
+            if not chunk:
+                return True
+            raw.write(chunk)
+        return False
+
+
+def send_response(ws: ServerProtocol, response: Response) -> tuple[list[bytes], BodyFeed | None]:
+    """``ws.send_response(response)``, a body over :data:`CHUNK` (never a 101's) left out:
+    what to write now, and the body's feed (None: nothing left)."""
+    if response.status_code == 101 or len(response.body) <= CHUNK:
+        ws.send_response(response)
+        return ws.data_to_send(), None
+    ws.send_response(dataclasses.replace(response, body=b""))
+    head, *after = ws.data_to_send()
+    return [head], BodyFeed(response.body, after)
