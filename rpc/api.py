@@ -319,7 +319,11 @@ class Server:
         if self._ssl is not None and not self.url.tls:
             raise ValueError(f"ssl= given for {self.url}, which is not a TLS URL")
         if self.url.websocket:
-            web = dataclasses.replace(self._web or HttpOptions(), mount=self.url.path)
+            web = self._web or HttpOptions()
+            limit = self._options.handshake_timeout  # counts the upgrade too (from accept)
+            if limit is not None and limit < web.handshake_timeout:
+                web = dataclasses.replace(web, handshake_timeout=limit)
+            web = dataclasses.replace(web, mount=self.url.path)
             max_size = self._max_size + 4096  # room for one Gotalk header beside the payload
             self._server = await in_own_context(
                 start_websocket_server(

@@ -3,7 +3,9 @@ uvloop: attacks the other hostile tests do not cover.
 
 A large static file asked for by peers that never read: websockets serializes a response
 into one bytes object, head and body, and the transport kept what the socket did not take,
-about the whole file per connection until its close timeout (``transports.ws_body``).
+about the whole file per connection until its close timeout (``transports.ws_body``). A
+WebSocket upgrade dribbled in: ``rpc.Options.handshake_timeout`` bounds it (it had the HTTP
+side's own 10 s whatever the Options said).
 """
 
 from __future__ import annotations
@@ -92,3 +94,36 @@ async def test_a_large_static_file_to_peers_that_never_read_is_not_copied_for_ea
         finally:
             for each in writers:
                 each.transport.abort()
+
+
+async def test_options_handshake_timeout_bounds_a_websocket_upgrade_dribbled_in() -> None:
+    """``rpc.Options.handshake_timeout`` counts from the accept (docs/limits.md), the
+    upgrade included: a client that dribbles its request a byte at a time is closed at it.
+    Before, the upgrade had ``HttpOptions.handshake_timeout`` (10 s) whatever the Options
+    said, and the peer's own limit began only after it."""
+    limit = 0.5
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=gotalk_peer_registry(),
+        options=rpc.Options(handshake_timeout=limit),
+    ) as server:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        began = loop.time()
+        request = get("/gotalk/", server.url.port)[:-2] + b"X-Pad: " + b"a" * 200
+
+        async def dribble() -> None:
+            for byte in request:
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.02)
+
+        dribbling = asyncio.create_task(dribble())
+        try:
+            async with asyncio.timeout(3):
+                assert await reader.read() == b""  # closed, nothing answered
+        finally:
+            dribbling.cancel()
+            writer.close()
+        assert loop.time() - began < limit + 0.4
+        async with rpc.connect(str(server.url)) as client:  # a prompt client gets in
+            assert await client.request("greet", {"name": "x"}) == {"greeting": "Hello x"}

@@ -53,7 +53,8 @@ class HttpOptions:
     for loopback servers; a wildcard listener (0.0.0.0, ::) also accepts any IP literal and
     the machine's host name. Others get 400."""
     handshake_timeout: float = 10.0
-    """Seconds from accept (TLS included) to a completed upgrade; then the socket is closed."""
+    """Seconds from accept (TLS included) to a completed upgrade; then the socket is closed
+    (``rpc.serve`` uses the lower of this and ``Options.handshake_timeout``)."""
     max_request_head: int = 16 * 1024
     """Bytes of request line and headers a connection may send before its upgrade; more: 431."""
     static_cache_bytes: int = 32 * 1024 * 1024
