@@ -290,7 +290,7 @@ class ChatterAdapter(ChatterSender):
         else:  # else incoming() keeps the bytes
             payload = msg.data
         meta = self.meta
-        if meta.pending is None and meta.default is None:
+        if not meta.pending and meta.default is None:
             peer.on_request(conv, op, payload, not token)
         else:
             intercept.request_with_meta(peer, meta, conv, first, op, payload, not token)

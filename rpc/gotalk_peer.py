@@ -187,7 +187,7 @@ class GotalkAdapter:
         cls = msg.__class__
         if cls is gotalk.Request:
             meta = self.meta
-            if meta.pending is None and meta.default is None:
+            if not meta.pending and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, False)
             else:
                 intercept.request_with_meta(peer, meta, msg.id, msg.id, msg.op, msg.payload, False)
@@ -223,7 +223,7 @@ class GotalkAdapter:
                     "duplicate in-flight stream id", code=gotalk.ErrorCode.INVALID_MESSAGE
                 )
             meta = self.meta
-            if meta.pending is None and meta.default is None:
+            if not meta.pending and meta.default is None:
                 peer.on_request(msg.id, msg.op, msg.payload, True)
             else:
                 intercept.request_with_meta(peer, meta, msg.id, msg.id, msg.op, msg.payload, True)

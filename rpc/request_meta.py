@@ -4,8 +4,9 @@ peerwire's extension (levels 2 and 3, :mod:`wire.metadata`) sends a request's me
 message of its own right before it, or (level 3) a connection-wide default for the requests
 that come without any. Each adapter encodes and decodes those messages for its protocol;
 :class:`MetaState` keeps what they mean, both ways: the metadata the peer sent for its
-next request, the default it announced, and the default we announced. Bounds: one pending
-metadata record (the next one replaces it) and two defaults per connection, freed with it.
+next request, the default it announced, and the default we announced. Bounds:
+:data:`MAX_PENDING` metadata records waiting for their requests (the oldest goes first) and
+two defaults per connection, freed with it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from rpc.logs import violations
 from wire.errors import ProtocolError
 from wire.metadata import RequestMeta, covers, default_for
 
+MAX_PENDING = 16
+"""Metadata records a connection keeps for requests still to come (see
+:attr:`MetaState.pending`)."""
+
 
 class MetaState(Generic[K]):
     """One connection's request metadata state (see the module doc)."""
@@ -25,9 +30,13 @@ class MetaState(Generic[K]):
     __slots__ = ("default", "pending", "sent_default")
 
     def __init__(self) -> None:
-        self.pending: tuple[K, RequestMeta, float] | None = None
-        """The metadata the peer sent for its next request: (that request's key, the
-        metadata, the loop time it was read at); taken by the next request."""
+        self.pending: dict[K, tuple[RequestMeta, float]] = {}
+        """The metadata the peer sent for requests still to come, by their keys: (the
+        metadata, the loop time it was read at), oldest first; each taken by its request.
+        Usually one, right before its request. More wait when a graceful close takes
+        metadata at once while requests read before it are still kept for a slot, and a
+        record whose request never ran (turned away, or never sent) waits until
+        :data:`MAX_PENDING` newer ones push it out: it goes to no other request."""
         self.default: RequestMeta | None = None
         """The peer's announced default (level 3) as the metadata of its requests that come
         without their own; None: it announced none (or no timeout)."""
@@ -36,7 +45,11 @@ class MetaState(Generic[K]):
 
     def received(self, key: K, meta: RequestMeta, read_at: float) -> None:
         """The peer sent ``meta`` for its request ``key`` (read at loop time ``read_at``)."""
-        self.pending = (key, meta, read_at)
+        pending = self.pending
+        pending.pop(key, None)  # sent again: the latest, and the newest in the order
+        pending[key] = (meta, read_at)
+        if len(pending) > MAX_PENDING:
+            del pending[next(iter(pending))]
 
     def received_default(self, timeout_ms: int | None) -> None:
         """The peer announced the time left of its requests without metadata from now on."""
@@ -67,18 +80,13 @@ class MetaState(Generic[K]):
     def take(self, key: K, read_at: float) -> tuple[RequestMeta, float] | None:
         """The metadata of the peer's request ``key``, which arrived in a read at loop time
         ``read_at``, and the time it counts from: what the peer sent for it, else the
-        default; None: neither. Metadata sent for another request is dropped by a request
-        read after it (its own request, which comes right behind it, will not come), not
-        by one read before it and run late (kept in the backlog while a graceful close took
-        the metadata at once): that one leaves it to its own request."""
+        default; None: neither. Metadata sent for other requests stays for them (see
+        :attr:`pending`)."""
         pending = self.pending
-        if pending is None:
-            return None if self.default is None else (self.default, read_at)
-        if pending[0] == key:
-            self.pending = None
-            return pending[1], pending[2]
-        if read_at > pending[2]:
-            self.pending = None
+        if pending:
+            taken = pending.pop(key, None)
+            if taken is not None:
+                return taken
         if self.default is not None:
             return self.default, read_at
         return None

@@ -13,7 +13,7 @@ import pytest
 
 import rpc
 from rpc import gotalk_peer
-from rpc.request_meta import MetaState
+from rpc.request_meta import MAX_PENDING, MetaState
 from tests.gotalk_raw import RawGotalk
 from tests.rpc_helpers import served, timing_registry, wait_until
 from wire import gotalk, metadata, schemas
@@ -264,12 +264,25 @@ def test_meta_state_takes_metadata_for_its_request_else_the_default() -> None:
     state.received(b"0002", meta, 2.0)
     assert state.take(b"0002", 3.0) == (meta, 2.0)
     state.received(b"0003", meta, 2.0)
-    assert state.take(b"0004", 3.0) is None  # for another request: dropped
-    assert state.pending is None
+    assert state.take(b"0004", 3.0) is None  # for another request: not taken by this one
+    assert state.take(b"0003", 2.5) == (meta, 2.0)  # its own request, run later, takes it
+    assert not state.pending
     state.received_default(250)
     assert state.take(b"0005", 3.0) == (metadata.RequestMeta(250), 3.0)
     state.received(b"0006", meta, 2.0)
     assert state.take(b"0007", 4.0) == (metadata.RequestMeta(250), 4.0)  # not 0006's
+
+
+def test_meta_state_keeps_at_most_max_pending_records_the_oldest_going_first() -> None:
+    state: MetaState[int] = MetaState()
+    meta = metadata.RequestMeta(500)
+    for key in range(MAX_PENDING + 3):
+        state.received(key, meta, float(key))
+    assert list(state.pending) == list(range(3, MAX_PENDING + 3))
+    assert state.take(2, 99.0) is None  # pushed out
+    state.received(5, metadata.RequestMeta(700), 50.0)  # sent again: the latest, the newest
+    assert list(state.pending)[-1] == 5
+    assert state.take(5, 99.0) == (metadata.RequestMeta(700), 50.0)
     state.received_default(None)
     assert state.default is None
     assert not state.cover(None)  # nothing announced yet: none holds
