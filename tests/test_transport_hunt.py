@@ -5,12 +5,14 @@ A large static file asked for by peers that never read: websockets serializes a 
 into one bytes object, head and body, and the transport kept what the socket did not take,
 about the whole file per connection until its close timeout (``transports.ws_body``). A
 WebSocket upgrade dribbled in: ``rpc.Options.handshake_timeout`` bounds it (it had the HTTP
-side's own 10 s whatever the Options said).
+side's own 10 s whatever the Options said). Pinned, handled: TLS handshakes stalled after
+the ClientHello, and a WebSocket message past the limit in fragments each under it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import ssl
@@ -18,12 +20,17 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from websockets.client import ClientProtocol
+from websockets.protocol import State
+from websockets.typing import Origin
+from websockets.uri import parse_uri
 
 import rpc
 from tests.certs import Pki
 from tests.rpc_helpers import gotalk_peer_registry
 from transports.stream import client_ssl_context, server_ssl_context
 from transports.web_http import HttpOptions
+from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
 
@@ -127,3 +134,74 @@ async def test_options_handshake_timeout_bounds_a_websocket_upgrade_dribbled_in(
         assert loop.time() - began < limit + 0.4
         async with rpc.connect(str(server.url)) as client:  # a prompt client gets in
             assert await client.request("greet", {"name": "x"}) == {"greeting": "Hello x"}
+
+
+@pytest.mark.parametrize("url", ["ssl+gotalk://127.0.0.1:0", "wss+gotalk://127.0.0.1:0/gotalk/"])
+async def test_tls_handshakes_stalled_midway_end_at_the_limit_while_others_are_served(
+    pki: Pki, url: str
+) -> None:
+    """Clients that send their ClientHello, take the server's answer and never finish
+    are closed at ``handshake_timeout`` (counted from the accept); a client that finishes
+    meanwhile is served. Pins: no other test stalls a TLS handshake midway."""
+    limit, stalled = 0.5, 20
+    tls = server_ssl_context(pki.server_cert, pki.server_key)
+    ctx = client_ssl_context(cafile=pki.ca)
+    async with rpc.serve(
+        url, registry=gotalk_peer_registry(), ssl=tls, options=rpc.Options(handshake_timeout=limit)
+    ) as server:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+
+        async def stall() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+            bio_in, bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            with contextlib.suppress(ssl.SSLWantReadError):
+                ctx.wrap_bio(bio_in, bio_out, server_hostname="localhost").do_handshake()
+            writer.write(bio_out.read())  # the ClientHello, then nothing
+            try:
+                return await reader.read()  # the server's flight, then its close
+            finally:
+                writer.close()
+
+        async with asyncio.timeout(3):
+            stalls = [asyncio.create_task(stall()) for _ in range(stalled)]
+            client_url = url.replace("127.0.0.1", "localhost").replace(":0", f":{server.url.port}")
+            async with rpc.connect(client_url, ssl=ctx) as client:
+                assert await client.request("greet", {"name": "x"}) == {"greeting": "Hello x"}
+            flights = await asyncio.gather(*stalls)
+        assert all(flight.startswith(b"\x16\x03") for flight in flights)  # a handshake record
+        assert loop.time() - began < limit + 0.5
+
+
+async def test_a_fragmented_message_past_the_limit_is_closed_with_1009() -> None:
+    """A message sent in fragments, each well under the limit, is refused once together
+    they pass it (the server's WebSocket limit: ``max_size`` plus one Gotalk header), not
+    passed on without end. Pins: the other tests send one frame over the limit."""
+    max_size = 64 * 1024
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=gotalk_peer_registry(),
+        options=rpc.Options(max_size=max_size),
+    ) as server:
+        port = server.url.port
+        ws = ClientProtocol(
+            parse_uri(f"ws://127.0.0.1:{port}/gotalk/"), origin=Origin(f"http://127.0.0.1:{port}")
+        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        ws.send_request(ws.connect())
+        writer.writelines(ws.data_to_send())
+        async with asyncio.timeout(3):
+            while ws.state is State.CONNECTING:
+                ws.receive_data(await reader.read(65536))
+        ws.send_binary(gotalk.GotalkConnection().handshake())
+        beats = b"".join(gotalk.encode_parts(gotalk.Heartbeat(1, 0))) * 1260  # 16 KiB
+        ws.send_binary(beats, fin=False)
+        for _ in range(16):  # 272 KiB in all
+            ws.send_continuation(beats, fin=False)
+        writer.writelines(ws.data_to_send())
+        async with asyncio.timeout(3):
+            while ws.close_rcvd is None and (data := await reader.read(65536)):
+                ws.receive_data(data)
+                ws.events_received()
+        writer.close()
+        assert ws.close_rcvd is not None and ws.close_rcvd.code == 1009
