@@ -38,19 +38,19 @@ Each message keeps the loop time of its read (:attr:`Backlog.read_at`): a reques
 while counts its caller's time left from its arrival, not from when it runs.
 
 What follows a request that is kept itself (the parts and end of its stream, its
-cancellation) is set aside by request, and goes back in right behind it when it is taken
-(:meth:`Backlog.popleft`): its handler may take the last slot, and a request kept between
-them, waiting for that slot, must not hold the parts that handler waits for, or the
-cancellation that would free the slot (a peer without retry results could stall both
-until a deadline or the connection's end). A message costs a look-up or two of its
-request (the adapter's ``opens_request`` and ``follows_request``) when kept, none when not.
-So are the parts of a running stream that find ``max_request_bytes`` taken (NoRoom), and
-what follows them, set aside by stream until there is room again
-(:meth:`Backlog.room_back` puts them first), rather than kept behind requests that wait
-for a slot: the stream's handler may hold one, and a look over the backlog each time room
-comes back would cost a peer one tiny part per look.
+cancellation) waits right behind it, and the parts of a running stream that find
+``max_request_bytes`` taken (NoRoom) wait for room ahead of the rest: both are set aside
+(:mod:`rpc.backlog_aside`, a part the backlog owns) and count in its bound.
+
+The kept messages run three ways, in order: :meth:`Backlog.run`, from the first, at a turn
+of the peer's (while the input no longer waits); :meth:`Backlog.take`, a read that comes
+while the input waits, what may run now run at once and the rest kept; and
+:meth:`Backlog.run_replies`, the kept ones that may run now picked out before the peer
+reads on. All three stop at a message refused with InputHeld (it goes back first, and is
+:attr:`Backlog.refused` until it runs) and set aside a part that finds
+``max_request_bytes`` taken until there is room. Not the hot path: messages come here only
+while they may not run as read.
 Freed at ``connection_lost`` (:meth:`Backlog.clear`), with the turn due at them, if any.
-How the kept messages run (at a turn, as a read comes, replies first): :mod:`rpc.backlog_runs`.
 """
 
 from __future__ import annotations
@@ -59,11 +59,12 @@ import asyncio
 import contextvars
 import math
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from rpc.backlog_runs import BacklogRuns
+from rpc.backlog_aside import RequestKinds, SetAside
 from rpc.request_bytes import RequestBytes
+from rpc.stream_hold import InputHeld, NoRoom
 
 MESSAGES_PER_TURN = 256
 """Messages handled per connection in one go; the rest of a larger read wait for the next
@@ -92,29 +93,44 @@ def text_size(text: str) -> int:
     return len(text) if text.isascii() else 4 * len(text)
 
 
-class MessageKinds(Protocol):
+class MessageKinds(RequestKinds, Protocol):
     """What the backlog asks the protocol adapter (:class:`rpc.options.Adapter`) of a
     message it keeps."""
 
     def message_size(self, message: Any) -> int: ...
-    def opens_request(self, message: Any) -> Hashable | None: ...
-    def follows_request(self, message: Any) -> Hashable | None: ...
-    def is_part(self, message: Any) -> bool: ...
 
 
-class Backlog(BacklogRuns):
+class Backlog:
     """One connection's backlog (see the module doc). ``messages`` is read by the peer (its
-    truthiness is the hot path's one check); it is changed only through the methods here
-    and those of its base (:mod:`rpc.backlog_runs`), which keep :attr:`bytes` counted, each
-    message as ``size`` (the adapter's ``message_size``) plus :data:`OVERHEAD`.
+    truthiness is the hot path's one check); it is changed only through the methods here,
+    which keep :attr:`bytes` counted, each message as ``size`` (the adapter's
+    ``message_size``) plus :data:`OVERHEAD`, those set aside too.
 
     ``sorted`` is False while the messages may include some that run while the rest waits
     (replies to our calls, what serves running handlers: ``runs_now`` of :meth:`take`), as when
     the rest of a read was kept whole, in order; the peer then runs those before it reads
     on (:meth:`run_replies`), so that what it reads later never overtakes them."""
 
-    __slots__ = ("_context", "_emptied", "_loop", "_on_turn", "_size", "room_due", "turn")
-    """With those of :class:`~rpc.backlog_runs.BacklogRuns`: the state its runs use."""
+    __slots__ = (
+        "_context",
+        "_emptied",
+        "_loop",
+        "_on_turn",
+        "_size",
+        "_times",
+        "aside",
+        "front",
+        "keeps_request",
+        "messages",
+        "read_at",
+        "refused",
+        "requests",
+        "room",
+        "room_due",
+        "sorted",
+        "turn",
+        "waits_room",
+    )
 
     def __init__(
         self,
@@ -141,15 +157,15 @@ class Backlog(BacklogRuns):
         the backlog's own are counted there (``reserved``)."""
         self.turn: asyncio.Handle | None = None
         """The next turn at the messages (``on_turn``), if one is due: see :meth:`next_turn`."""
-        self._parked: dict[Hashable, list[tuple[Any, float]] | None] = {}
-        """What follows the requests kept in :attr:`messages`, by request, with their read
-        times, in order (see the module doc): an entry per such request, None until
-        something follows it."""
-        self._parked_count = 0
-        self.room: dict[Hashable, None] = {}
-        """The running streams whose parts wait in ``_parked`` for room in
-        ``max_request_bytes`` (:meth:`wait_room`), in order: whatever of theirs comes
-        meanwhile, by any path, waits behind them (:meth:`waits_room`)."""
+        aside = self.aside = SetAside(kinds)
+        """What follows the requests kept in :attr:`messages`, and the parts that wait for
+        room (:mod:`rpc.backlog_aside`)."""
+        self.room = aside.room
+        """The aside's streams whose parts wait for room (the same dict): the peer reads it
+        once per read, and checks :attr:`waits_room` per message only while it is not empty."""
+        self.waits_room = aside.waits_room
+        self.keeps_request = aside.keeps
+        """The aside's, bound here: no call or look-up more per message."""
         self.room_due = False
         """Room came back: :meth:`room_back` is due at the next turn."""
         self.front: Any = None
@@ -159,7 +175,6 @@ class Backlog(BacklogRuns):
         for (a request taken per turn would make that quadratic)."""
         self._loop = loop
         self._on_turn = on_turn
-        self._kinds = kinds
         self._size = kinds.message_size
         self._context = contextvars.copy_context()
         """The context turns run in: the one the backlog was made in (the peer's)."""
@@ -207,8 +222,8 @@ class Backlog(BacklogRuns):
         return reserved >= requests.limit // OWN_SHARE
 
     def __len__(self) -> int:
-        """The messages kept, those set aside behind their request too."""
-        return len(self.messages) + self._parked_count
+        """The messages kept, those set aside too."""
+        return len(self.messages) + self.aside.count
 
     def _count(self, messages: Iterable[Any]) -> int:
         size = self._size
@@ -216,51 +231,19 @@ class Backlog(BacklogRuns):
 
     def _keep(self, message: Any, read_at: float) -> int:
         """Keep one message last, or set it aside behind its request if that is kept too
-        (see the module doc); the bytes it counts, for the caller to add."""
-        parked = self._parked
-        if parked:
-            key = self._kinds.follows_request(message)
-            if key in parked and (key not in self.room or self._kinds.is_part(message)):
-                followers = parked[key]
-                if followers is None:
-                    parked[key] = [(message, read_at)]
-                else:
-                    followers.append((message, read_at))
-                self._parked_count += 1
-                return self._size(message) + OVERHEAD
-        key = self._kinds.opens_request(message)
-        if key is not None and key not in parked:  # (a repeated id: the peer errs)
-            parked[key] = None
-        self.messages.append(message)
-        self._times.append(read_at)
+        (:meth:`SetAside.keep <rpc.backlog_aside.SetAside.keep>`); the bytes it counts, for
+        the caller to add."""
+        if not self.aside.keep(message, read_at):
+            self.messages.append(message)
+            self._times.append(read_at)
         return self._size(message) + OVERHEAD
-
-    def keeps_request(self, key: Hashable | None) -> bool:
-        """True while request ``key`` is kept here, unrun: its parts must wait behind it."""
-        return key in self._parked
 
     def wait_room(self, message: Any, read_at: float) -> int:
         """Set aside a part of a running stream that found ``max_request_bytes`` taken
         (NoRoom); what follows it waits with it until :meth:`room_back`. The bytes it
         counts, for the caller to add."""
-        key = self._kinds.follows_request(message)
-        followers = self._parked.get(key)
-        if followers is None:
-            self._parked[key] = [(message, read_at)]
-        else:
-            followers.append((message, read_at))
-        self.room[key] = None
-        self._parked_count += 1
+        self.aside.wait_room(message, read_at)
         return self._size(message) + OVERHEAD
-
-    def waits_room(self, message: Any) -> bool:
-        """True when ``message`` is a part or the end of a stream whose parts are set aside
-        for room: it must wait behind them (:meth:`wait_room` it). Not its cancellation,
-        which frees what they wait for."""
-        kinds = self._kinds
-        if not self.room or not kinds.is_part(message):
-            return False
-        return kinds.follows_request(message) in self.room
 
     def room_back(self) -> None:
         """``max_request_bytes`` has room again: the parts set aside for it go first, in
@@ -268,13 +251,8 @@ class Backlog(BacklogRuns):
         self.room_due = False
         if not self.room:
             return
-        parked = self._parked
-        waited: list[tuple[Any, float]] = []
-        for key in self.room:
-            waited += parked.pop(key, None) or ()
-        self.room.clear()
+        waited = self.aside.room_back()
         if waited:
-            self._parked_count -= len(waited)
             self.messages.extendleft(message for message, _ in reversed(waited))
             self._times.extendleft(read_at for _, read_at in reversed(waited))
             if self.front is None:  # (else a later one, still waiting, covers these too)
@@ -291,10 +269,7 @@ class Backlog(BacklogRuns):
             kept = [min(read_at, before) for read_at in times]
             times.clear()
             times.extend(kept)
-        parked = self._parked
-        for key, followers in parked.items():
-            if followers:
-                parked[key] = [(message, min(read_at, before)) for message, read_at in followers]
+        self.aside.read_before(before)
 
     def extend(self, messages: list[Any]) -> None:
         """Keep messages in order, replies to our calls among them maybe."""
@@ -313,11 +288,10 @@ class Backlog(BacklogRuns):
         self.requests.reserved -= self._size(message) + OVERHEAD
         if message is self.front:
             self.front = None
-        if self._parked:
-            key = self._kinds.opens_request(message)
-            followers = self._parked.pop(key, None) if key is not None else None
+        aside = self.aside
+        if aside.by_request:
+            followers = aside.release(message)
             if followers:
-                self._parked_count -= len(followers)
                 for follower, read_at in reversed(followers):
                     messages.appendleft(follower)
                     self._times.appendleft(read_at)
@@ -345,9 +319,7 @@ class Backlog(BacklogRuns):
         """Drop every message, and the turn due (the connection is gone)."""
         self.messages.clear()
         self._times.clear()
-        self._parked.clear()
-        self.room.clear()
-        self._parked_count = 0
+        self.aside.clear()
         self.front = None
         self.requests.reserved = 0
         self.sorted = True
@@ -356,3 +328,138 @@ class Backlog(BacklogRuns):
             self.turn.cancel()
             self.turn = None
         self.settle()
+
+    # --- runs (see the module doc) --------------------------------------------------------
+
+    def run(self, held: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int) -> int:
+        """Run messages from the first, in order, while ``held`` lets the first go (at most
+        ``budget``); one refused with InputHeld (a full stream queue, a notification with
+        no room) goes back first and is :attr:`refused` until it runs: reading must stay
+        paused until whoever refused it makes room, even while something else (our output)
+        keeps it from being tried again. A part that finds ``max_request_bytes`` taken
+        (NoRoom), or follows one, is set aside for room instead (:meth:`wait_room`).
+        Returns how many ran (set aside included)."""
+        messages = self.messages
+        ran = 0
+        while messages and ran < budget:
+            self.read_at = self._times[0]  # held() may ask turned_away(): its own read time
+            if held(messages[0]):
+                break
+            message = self.popleft()
+            if self.room and self.waits_room(message):
+                self.requests.reserved += self.wait_room(message, self.read_at)
+                ran += 1
+                continue
+            try:
+                dispatch(message)
+            except NoRoom:  # a part waits for bytes: set aside, the rest goes on
+                self.requests.reserved += self.wait_room(message, self.read_at)
+            except InputHeld:
+                self.appendleft(message)
+                self.refused = message
+                return ran
+            if message is self.refused:
+                self.refused = None
+            ran += 1
+        return ran
+
+    def take(
+        self,
+        messages: list[Any],
+        start: int,
+        end: int,
+        runs_now: Callable[[Any], bool],
+        dispatch: Callable[[Any], None],
+    ) -> int:
+        """``messages[start:end]`` of a read while the peer's input waits and reading goes
+        on (our output or slots hold it: :mod:`rpc.input_flow`): those that ``runs_now``
+        (replies to our calls, parts of running streams, cancellations of running handlers)
+        run at once (``dispatch``), the rest is kept in order. Returns where it stopped:
+        ``end``, just past the message that filled the backlog, or at one refused with
+        InputHeld (a reply for a stream of ours whose queue is full: it runs later). The
+        backlog may be :attr:`full` whichever: reading must then pause."""
+        keep = self._keep
+        read_at = self.read_at
+        requests = self.requests
+        for index in range(start, end):
+            message = messages[index]
+            if self.room and self.waits_room(message):
+                requests.reserved += self.wait_room(message, read_at)
+            elif runs_now(message):
+                try:
+                    dispatch(message)
+                    continue
+                except NoRoom:  # a part past max_request_bytes: set aside for room
+                    requests.reserved += self.wait_room(message, read_at)
+                except InputHeld:
+                    return index
+            else:
+                requests.reserved += keep(message, read_at)
+            if self.full:
+                return index + 1
+        return end
+
+    def run_replies(
+        self, runs_now: Callable[[Any], bool], dispatch: Callable[[Any], None], budget: int
+    ) -> int:
+        """Run the messages kept that ``runs_now`` (replies to our calls, parts of running
+        streams, requests a graceful close turns away, with what is set aside behind them;
+        at most ``budget``, in order), before the peer reads on: what it reads later must
+        not overtake them. The rest keep their order; those not run (past
+        ``budget``, or from one refused with InputHeld, which is then :attr:`refused`) go
+        back first. Returns how many ran."""
+        replies: list[Any] = []
+        reply_times: list[float] = []
+        kept: list[Any] = []
+        kept_times: list[float] = []
+        self.front = None  # what may run now runs here, or goes back first, not sorted
+        aside = self.aside
+        parked = aside.by_request
+        for message, read_at in zip(self.messages, self._times, strict=True):
+            self.read_at = read_at  # runs_now() may ask turned_away(): its own read time
+            if runs_now(message):
+                replies.append(message)
+                reply_times.append(read_at)
+                followers = aside.release(message) if parked else None
+                if followers:  # (a request a close turns away) what was set aside behind
+                    # it goes right after it: else it would stay for good
+                    replies += [follower for follower, _ in followers]
+                    reply_times += [follower_at for _, follower_at in followers]
+            else:
+                kept.append(message)
+                kept_times.append(read_at)
+        self.sorted = True
+        if not replies:
+            return 0
+        self.messages.clear()  # the same deque: the peer holds it (its hot path's check)
+        self.messages.extend(kept)
+        self._times.clear()
+        self._times.extend(kept_times)
+        self.requests.reserved -= self._count(replies)
+        ran = 0
+        for message, read_at in zip(replies, reply_times, strict=True):
+            if ran == budget:
+                break
+            self.read_at = read_at
+            if self.room and self.waits_room(message):
+                self.requests.reserved += self.wait_room(message, read_at)
+                ran += 1
+                continue
+            try:
+                dispatch(message)
+            except NoRoom:  # a part waits for bytes: set aside for room, the rest goes on
+                self.requests.reserved += self.wait_room(message, read_at)
+                ran += 1
+                continue
+            except InputHeld:
+                self.refused = message
+                break
+            if message is self.refused:
+                self.refused = None
+            ran += 1
+        if ran < len(replies):
+            self.messages.extendleft(reversed(replies[ran:]))
+            self._times.extendleft(reversed(reply_times[ran:]))
+            self.requests.reserved += self._count(replies[ran:])
+            self.sorted = False
+        return ran
