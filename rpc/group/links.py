@@ -10,7 +10,10 @@ Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`)
   one frame of any size) queued, plus as many being resent after a drop; as many written
   last are kept ``resend_window`` s (2 s) to be resent once if the connection drops, then
   handed to the rest of their chunk. All links together hold at most ``max_queued_bytes``
-  (128 MiB, :class:`QueueBytes`), queued or kept. Past any limit :meth:`Link.offer` refuses.
+  (128 MiB, :class:`QueueBytes`), queued or kept. Past any limit :meth:`Link.offer` refuses,
+  except that a frame finding ``max_queued_bytes`` full takes room from the link holding
+  the most if that one holds more (:meth:`Link.shed`): its kept copies go first, then its
+  waiting frames, newest first, to the rest of their chunks.
 - Writes stop while the transport is above its high-water mark (asyncio's 64 KiB) until it
   drains; a write is at most 64 frames (``max_queue`` if fewer), 1 MiB and
   ``max_queue_bytes``, or one larger frame. Its frames stay counted until writes resumed
@@ -26,9 +29,7 @@ Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`)
   at most 3 drops in a row; then, or when a connect fails, the peer counts as failed and every
   queued frame goes to the rest of its chunk.
 
-:class:`Links` owns the links' tasks. Links to members are always made (the member list is
-bounded); links to other nodes (named in received distribution lists) only while fewer than
-``max_members`` links exist.
+:class:`~rpc.group.linkset.Links` owns the links and their tasks.
 """
 
 from __future__ import annotations
@@ -37,18 +38,16 @@ import asyncio
 import logging
 import random
 from collections import deque
-from collections.abc import Iterator
 from typing import Protocol, cast
 
 from rpc.backoff import full_jitter
 from rpc.group.items import Item, QueueBytes
 from rpc.group.options import GroupOptions, GroupStats
-from rpc.tasks import TaskSet
 from transports.stream import open_stream
 from wire.errors import LocalProtocolError
 from wire.gossip import NetID
 
-__all__ = ["Item", "Link", "LinkEvents", "Links", "QueueBytes"]
+__all__ = ["Item", "Link", "LinkEvents", "QueueBytes"]
 
 log = logging.getLogger("peerwire.group")
 
@@ -111,6 +110,7 @@ class Link(asyncio.Protocol):
         self._pending_bytes = 0
         self._recent: deque[Item] = deque()  # written, kept to resend (oldest first)
         self._recent_bytes = 0
+        self._last_write = 0  # frames of the last write (the transport may hold them)
         self._wakeup = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -171,6 +171,11 @@ class Link(asyncio.Protocol):
         return self._transport is not None
 
     @property
+    def holds(self) -> int:
+        """Bytes of frames counted against the node's budget: queued, or kept to resend."""
+        return self._pending_bytes + self._recent_bytes
+
+    @property
     def write_buffered(self) -> int:
         transport = self._transport
         return 0 if transport is None else transport.get_write_buffer_size()
@@ -178,20 +183,46 @@ class Link(asyncio.Protocol):
     def offer(self, item: Item) -> bool:
         """Queue without waiting; False if the link has ended, its queue is full
         (``max_queue`` frames or ``max_queue_bytes``) or the node's links hold
-        ``max_queued_bytes``."""
+        ``max_queued_bytes`` and none holds more than this link would
+        (:meth:`QueueBytes.make_room`)."""
         opts = self._options
         if self._dead or len(self._pending) >= opts.max_queue:
             return False
         size = item.size
         if self._pending and self._pending_bytes + size > opts.max_queue_bytes:
             return False
-        if not self._held.room_for(size):
+        if not self._held.make_room(size, self):
             return False
         self._pending.append(item)
         self._pending_bytes += size
         self._held.held += size
         self._wakeup.set()
         return True
+
+    def shed(self, need: int) -> int:
+        """Let go of about ``need`` bytes for another link's frame (the node's budget is
+        full and we hold the most): copies kept to resend first, oldest first (while writes
+        are paused, not those of the last write, which the transport may still hold), then
+        waiting frames, newest first, handed to the rest of their chunks on the next loop
+        turn (not inside the other link's offer). Returns the bytes let go."""
+        freed = 0
+        recent = self._recent
+        keep = 0 if self._writable.is_set() else self._last_write
+        while freed < need and len(recent) > keep:
+            item = recent.popleft()
+            freed += item.size
+            self._forget(item)
+        moved: list[Item] = []
+        while freed < need and self._pending:
+            item = self._pending.pop()
+            self._pending_bytes -= item.size
+            self._held.held -= item.size
+            freed += item.size
+            moved.append(item)
+        if moved:
+            self._stats.shed += len(moved)
+            self._loop.call_soon(self._hand_on, moved[::-1])
+        return freed
 
     def drain(self) -> None:
         """Write what is queued, close the connection once flushed, and end."""
@@ -342,6 +373,7 @@ class Link(asyncio.Protocol):
         if not frames:
             return
         transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        self._last_write = len(items)
         for item in items:
             item.sent_at = now
         self._recent.extend(items)
@@ -378,6 +410,11 @@ class Link(asyncio.Protocol):
         self._pending_bytes = self._recent_bytes = 0
         self._pending.clear()
         self._recent.clear()
+
+    def _hand_on(self, items: list[Item]) -> None:
+        """Frames this link let go waiting (:meth:`shed`) go to the rest of their chunks."""
+        for item in items:
+            self._events.reroute(self.netid, item)
 
     def _dropped(self, exc: BaseException | None) -> None:
         """The peer closed on us: resend what it may have missed (once), then reconnect."""
@@ -430,68 +467,3 @@ class Link(asyncio.Protocol):
         # What it may not have read: written since resend_window before writes paused.
         since = self._paused_at - self._options.resend_window
         self._give_up(stalled=True, unread=tuple(i for i in self._recent if i.sent_at >= since))
-
-
-class Links:
-    """The node's links by peer, and the tasks that run them."""
-
-    def __init__(
-        self,
-        events: LinkEvents,
-        options: GroupOptions,
-        stats: GroupStats,
-        rng: random.Random,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self._events = events
-        self._options = options
-        self._stats = stats
-        self._rng = rng
-        self._links: dict[NetID, Link] = {}
-        self._bytes = QueueBytes(options.max_queued_bytes)  # shared by every link
-        self._tasks = TaskSet(loop)
-        self._closing = False
-
-    def get(self, netid: NetID, *, member: bool) -> Link | None:
-        """The live link to ``netid``, started if needed; None when closing, or for a
-        non-member (a name in a received distribution list) past ``max_members`` links."""
-        link = self._links.get(netid)
-        if link is not None and not link.dead:
-            return link
-        if self._closing:
-            return None
-        if not member and link is None and len(self._links) >= self._options.max_members:
-            return None
-        link = Link(netid, self._events, self._options, self._stats, self._rng, self._bytes)
-        self._links[netid] = link
-        self._tasks.spawn(self._run(link))
-        return link
-
-    @property
-    def queued_bytes(self) -> int:
-        """Bytes of frames every link holds, queued or kept (at most ``max_queued_bytes``)."""
-        return self._bytes.held
-
-    def __iter__(self) -> Iterator[Link]:
-        return iter(tuple(self._links.values()))
-
-    def __len__(self) -> int:
-        return len(self._links)
-
-    async def close(self, drain_timeout: float) -> None:
-        """Flush every link (up to ``drain_timeout`` s together), then drop what is left."""
-        self._closing = True
-        for link in self:
-            link.drain()
-        if not await self._tasks.wait(drain_timeout):
-            for link in self:
-                link.abort()
-            self._tasks.cancel_all()
-            await self._tasks.wait()
-
-    async def _run(self, link: Link) -> None:
-        try:
-            await link.run()
-        finally:
-            if self._links.get(link.netid) is link:
-                del self._links[link.netid]

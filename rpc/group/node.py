@@ -7,7 +7,7 @@
 
 The node composes parts that each do one job: :class:`~rpc.group.members.Members` (who is
 in the group, who is backed off), :class:`~rpc.group.routing.Router` and its
-:class:`~rpc.group.links.Links` (frames out), :class:`~rpc.group.inbound.Inbound` (frames
+:class:`~rpc.group.linkset.Links` (frames out), :class:`~rpc.group.inbound.Inbound` (frames
 in), :class:`~rpc.group.dedup.Dedup` (each broadcast dispatched once),
 :class:`~rpc.group.dispatch.Dispatcher` (handlers) and, when multicast is on,
 :class:`~rpc.group.multicast.Sightings`. Every limit is a field of

@@ -110,6 +110,9 @@ class GroupStats:
     """Frames given up: a chunk ran out of reachable nodes, or a frame was too large."""
     overflows: int = 0
     """Chunks whose head's queue was full (after ``send_timeout``, for our own broadcast)."""
+    shed: int = 0
+    """Waiting frames a link handed to the rest of their chunks to make room for another
+    link's frame when ``max_queued_bytes`` was full (it held the most)."""
     stalls: int = 0
     """Links aborted after ``write_stall_timeout`` without their peer reading."""
     protocol_errors: int = 0

@@ -19,7 +19,8 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 
-from rpc.group.links import Item, Link, Links
+from rpc.group.links import Item, Link
+from rpc.group.linkset import Links
 from rpc.group.members import Members
 from rpc.group.options import GroupOptions, GroupStats
 from rpc.group.planner import Chunk, Planner, skip_head
