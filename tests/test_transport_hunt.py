@@ -205,3 +205,28 @@ async def test_a_fragmented_message_past_the_limit_is_closed_with_1009() -> None
                 ws.events_received()
         writer.close()
         assert ws.close_rcvd is not None and ws.close_rcvd.code == 1009
+
+
+async def test_a_client_that_half_closes_after_its_get_still_gets_the_whole_file(
+    tmp_path: Path,
+) -> None:
+    """A client that sends FIN behind its request (``shutdown(SHUT_WR)``, as ``nc -N``
+    does) and reads through a small window: its EOF comes while most of the body waits,
+    which is still sent, then the socket closes (with the body fed as the socket drains,
+    the EOF had closed the transport and cut it short)."""
+    body = os.urandom(FILE_BYTES)
+    (tmp_path / "big.bin").write_bytes(body)
+    web = HttpOptions(static_dir=tmp_path)
+    url = "ws+gotalk://127.0.0.1:0/gotalk/"
+    async with rpc.serve(url, registry=gotalk_peer_registry(), web=web) as server:
+        for _ in range(2):  # the file loading, then from the cache
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.url.port))
+            reader, writer = await asyncio.open_connection(sock=sock)
+            writer.write(get("/big.bin", server.url.port))
+            writer.write_eof()
+            data = await asyncio.wait_for(reader.read(), 5)  # to the server's close
+            writer.close()
+            assert data.partition(b"\r\n\r\n")[2] == body

@@ -8,7 +8,9 @@ a copy of it until its connection was cut (``close_timeout``, 10 s), one per con
 instead sends the head alone, then the body in :data:`CHUNK`-byte views of the cached
 file while the transport is under its high-water mark (256 KiB), the rest as it drains:
 a connection holds at most that plus one chunk of it, and the end of the response (the
-half-close) goes out after its last byte.
+half-close) goes out after its last byte. A peer that half-closes after its request still
+gets all of it over TCP (then the socket closes); over TLS, whose close_notify asyncio takes
+for the end of the connection, the rest of the body is dropped.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ class BodyFeed:
     """What is left of a response body (a view of the cached file: no copy) and what
     websockets queued behind the response (its end of stream)."""
 
-    __slots__ = ("after", "rest")
+    __slots__ = ("after", "rest", "then_close")
 
     def __init__(self, body: bytes | bytearray, after: list[bytes]) -> None:
         self.rest = memoryview(body)
         self.after = after
+        self.then_close = False
+        """The peer half-closed (TCP): close the socket once the body is out, rather than
+        let its EOF cut the body short."""
 
     def write(self, raw: asyncio.Transport, paused: Callable[[], bool]) -> bool:
         """Write chunks to ``raw`` until ``paused()`` (its protocol was asked to pause

@@ -229,6 +229,10 @@ class Connection(SharedBufferProtocol):
     def eof_received(self) -> bool | None:
         self.ws.receive_eof()
         self.ws.data_to_send()  # nothing to send past the peer's EOF: the socket closes
+        feed, raw = self._body, self.raw
+        if feed is not None and raw is not None and raw.can_write_eof():
+            feed.then_close = True  # once the rest of the body is out (TCP: not TLS)
+            return True
         return None
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -376,7 +380,9 @@ class Connection(SharedBufferProtocol):
         feed, raw = self._body, self.raw
         if feed is not None and raw is not None and feed.write(raw, lambda: self._write_paused):
             self._body = None
-            if not raw.is_closing():
+            if feed.then_close:  # the peer half-closed: close (not within its callback)
+                self.loop.call_soon(raw.close)
+            elif not raw.is_closing():
                 self._send(feed.after)
 
     def flush(self) -> None:
