@@ -22,6 +22,9 @@ timeout; a query in flight when the connection dropped is sent again, a registra
 (``rpc.ConnectionClosed``: it may have been registered). Without ``reconnect`` the client
 closes when its connection drops (``closed`` at once; what it received is still delivered).
 Registrations lost unconfirmed are counted and logged (:mod:`rpc.eventer.confirm`).
+Notifications are taken in by :class:`~rpc.eventer.incoming.Incoming`, the client's base;
+while their bounds hold the connection's input, the loop watches its socket for the
+server's close (:mod:`rpc.eventer.hold_watch`).
 
 The Eventer exists only in the current Chatter dialect: a ``tcp+sbs``/``ssl+sbs`` URL
 without ``?dialect=`` uses ``HatChatter``; ``?dialect=Hat`` is refused. ``max_size`` (16 MiB
@@ -32,25 +35,20 @@ by default) bounds every message both ways; a registration that would not fit ra
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import rpc
 from rpc.eventer import common
 from rpc.eventer.addresses import address_text, eventer_url
 from rpc.eventer.common import (
-    MSG_EVENTS_ACK,
-    MSG_EVENTS_NOTIFY,
     MSG_INIT_REQ,
     MSG_INIT_RES,
     MSG_QUERY_REQ,
     MSG_QUERY_RES,
     MSG_REGISTER_REQ,
     MSG_REGISTER_RES,
-    MSG_STATUS_NOTIFY,
     Event,
     EventerInitError,
     EventerInitTimeout,
@@ -64,15 +62,13 @@ from rpc.eventer.common import (
 )
 from rpc.eventer.confirm import Confirmations
 from rpc.eventer.deliveries import Deliveries, ReaderIterator
+from rpc.eventer.incoming import EventsCb, Incoming, StatusCb
 from rpc.eventer.iterators import EventsIterator, EventsQueue
 
 log = logging.getLogger("peerwire.eventer.client")
 
 EVENTS_QUEUE_BYTES = 16 * 1024 * 1024
 """Default ``events_queue_bytes`` of :func:`connect` (see there)."""
-
-StatusCb = Callable[["Client", Status], Awaitable[None] | None]
-EventsCb = Callable[["Client", list[Event]], Awaitable[None] | None]
 
 
 async def connect(
@@ -111,10 +107,13 @@ async def connect(
     from the server until delivery is back under both, so a slow callback slows the server
     down (TCP) instead of growing memory. Both also bound each :meth:`Client.events`
     iterator's queue (lists, and bytes as received), whose reader slows delivery the same
-    way. Each at least 1 (ValueError). A server's close is seen meanwhile, unread: within
-    0.5 s, or ``ping_timeout / 2`` more when our closed window keeps its FIN out (our Pings
-    draw it: :mod:`rpc.eventer.hold_watch`). ``ping_interval`` and ``ping_timeout`` (20 s
-    each, as hat's) are the Chatter connection's (:class:`rpc.ChatterPeer`)."""
+    way. Each at least 1 (ValueError). A server's close is seen meanwhile, unread, by the
+    loop watching the socket (Linux's epoll; no timer): within one loop iteration of its FIN
+    or reset reaching us, or ``ping_timeout / 2`` and a round trip when our closed window
+    keeps its FIN out (our Pings draw a reset); without ``select.epoll``, within
+    ``ping_timeout`` (:mod:`rpc.eventer.hold_watch`). ``ping_interval`` and
+    ``ping_timeout`` (20 s each, as hat's) are the Chatter connection's
+    (:class:`rpc.ChatterPeer`)."""
     urls = [url] if isinstance(url, str) else list(url)
     client = Client(
         [eventer_url(u) for u in urls],
@@ -139,7 +138,7 @@ async def connect(
     return client
 
 
-class Client:
+class Client(Incoming):
     """One Eventer client; create it with :func:`connect`."""
 
     def __init__(
@@ -449,50 +448,6 @@ class Client:
             return await conn.wait_open(self.timeout)
         except TimeoutError:
             raise rpc.ConnectionClosed(f"not reconnected within {self.timeout} s") from None
-
-    # --- incoming ----------------------------------------------------------------------------
-
-    def _make_registry(self) -> rpc.Registry:
-        registry = rpc.Registry()
-        registry.handle(MSG_EVENTS_NOTIFY)(self._on_events_with_ack)
-        registry.handle_notification(MSG_EVENTS_NOTIFY)(self._on_events)
-        registry.handle_notification(MSG_STATUS_NOTIFY)(self._on_status)
-        return registry
-
-    def _on_events(self, data: bytes) -> Awaitable[bool] | None:
-        self._deliveries.hold_if_full()
-        self._deliveries.put(("events", common.decode_events(data), None, len(data)))
-        return self._deliveries.wait_for_room()
-
-    async def _on_events_with_ack(self, data: bytes) -> rpc.Reply:
-        # a request: counted, never held here (the core bounds requests being served)
-        done = asyncio.get_running_loop().create_future()
-        self._deliveries.put(("events", common.decode_events(data), done, len(data)))
-        await done
-        return rpc.Reply(MSG_EVENTS_ACK, b"")
-
-    def _on_status(self, data: bytes) -> Awaitable[bool] | None:
-        self._deliveries.hold_if_full()
-        status = common.status_from_sbs(common.decode(MSG_STATUS_NOTIFY, data))
-        self._set_status(status, len(data))
-        return self._deliveries.wait_for_room()
-
-    def _set_status(self, status: Status, size: int = 0) -> None:
-        self._status = status  # now; the callback runs in delivery order
-        self._deliveries.put(("status", status, None, size))
-
-    async def _hand(self, kind: str, value: Any, size: int) -> None:
-        """Hand one notification to the callbacks and iterators (:meth:`Deliveries.run`)."""
-        callback: StatusCb | EventsCb | None = (
-            self._status_cb if kind == "status" else self._events_cb
-        )
-        if callback is not None:
-            result = callback(self, value)
-            if inspect.isawaitable(result):
-                await result
-        if kind == "events":
-            for queue in list(self._iterators):
-                await queue.put(value, size)
 
 
 __all__ = [

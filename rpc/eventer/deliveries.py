@@ -8,7 +8,7 @@ drained by its delivery task. Bounds: ``max_count`` notifications (``events_queu
 notification that passes either goes in, and its handler returns a wait for room that the
 connection runs as a task. While that task waits, further notifications of the same
 connection raise ``NotificationsHeld`` (the connection keeps them, reading paused) until it
-ends; meanwhile it watches the socket, unread, for the server's close
+ends; meanwhile the loop watches the socket, unread, for the server's close
 (:mod:`rpc.eventer.hold_watch`). Notifications that ask for an ack are counted but never
 held: they are requests, which the core bounds. A callback's own requests (while it runs)
 lift the bound while awaited, since their answers must be read; tasks it leaves running do
@@ -138,9 +138,9 @@ class Deliveries:
     def wait_for_room(self) -> Awaitable[bool] | None:
         """None while the queue is within both bounds; past either, an awaitable that waits
         for room. A notification handler returns it: the connection runs it as a task, and
-        holds further notifications until it ends (:meth:`hold_if_full`). Meanwhile it looks
-        at the connection's socket, unread, and aborts the connection once the server is
-        gone (:mod:`rpc.eventer.hold_watch`): paused, the transport would not tell."""
+        holds further notifications until it ends (:meth:`hold_if_full`). Meanwhile the loop
+        watches the connection's socket, unread, and the connection is aborted once the
+        server is gone (:mod:`rpc.eventer.hold_watch`): paused, the transport would not tell."""
         if self.awaited_answers or self._closing or not self._full():
             return None
         self.room.clear()

@@ -10,21 +10,29 @@ out: up to ``ping_timeout``, 20 s, after the close. Reading to find out is no an
 server's FIN comes after the data not read yet, which is what the hold keeps out of memory,
 and when that data fills our receive window the FIN does not even leave the server's host.
 
-So while it holds, the client looks at the socket without reading it, every
-:data:`CHECK_INTERVAL` s (one ``poll`` call): a reset, a socket error or, on Linux, the
-server's FIN (``POLLRDHUP``, whatever unread data comes before it) means the server is
-gone, and the connection is aborted (:func:`watch`): the client's state flips, its calls
-waiting on the connection fail with ``rpc.ConnectionClosed``, the notifications it had
-received are still delivered, and those still unread in the socket (at most its receive
-buffer) are dropped with it. A FIN held back by our closed window needs a write of ours to
-come out: the next Ping reaches a host whose socket is closed, which answers with a reset,
-seen at the next look.
+So while it holds, the event loop watches the socket for the client, unread (:func:`watch`):
+an ``epoll`` instance of the watch's own has the socket registered for ``EPOLLRDHUP |
+EPOLLERR | EPOLLHUP`` alone (not ``EPOLLIN``: the unread data must not wake it), and the
+loop reads the epoll's fd (``loop.add_reader``: an epoll fd is readable while one of its
+events is pending; asyncio's selector loop and uvloop alike). Nothing runs until one fires,
+no timer: a reset, a socket error or the server's FIN (``EPOLLRDHUP``, whatever unread
+data comes before it) means the server is gone, and the connection is aborted: the client's
+state flips, its calls waiting on the connection fail with ``rpc.ConnectionClosed``, the
+notifications it had received are still delivered, and those still unread in the socket
+(at most its receive buffer) are dropped with it. A FIN held back by our closed window
+needs a write of ours to come out: the next Ping reaches a host whose socket is closed,
+which answers with a reset, seen as it arrives.
 
-Bound: the close is seen within :data:`CHECK_INTERVAL` (0.5 s) of a FIN or a reset reaching
-the client, and otherwise within ``ping_timeout / 2`` (10 s by default) plus a round trip
-and that interval. Without ``select.poll`` (Windows) the second Ping's write still tells,
-within ``ping_timeout``; without Pings (``ping_interval=None``) only a FIN or reset that
-reaches the client is seen. The looks cost one system call per 0.5 s, only while holding.
+Bound: the close is seen within one loop iteration of a FIN or a reset reaching the client,
+and otherwise within ``ping_timeout / 2`` (10 s by default) plus a round trip (dd32f6f
+looked every 0.5 s instead: a timer and a ``poll`` call per look while holding). Cost: one
+extra fd (the epoll) per wait for room, so per held connection, only while it holds: taken
+off the loop and closed when room comes, when the connection is found over, and when the
+wait is cancelled (the connection closed otherwise, the client closed). The transport's own
+socket fd is never given to the loop (its reader there is the transport's). Where
+``select.epoll`` is missing (not Linux) nothing watches: the second hold Ping's write still
+tells, within ``ping_timeout``; without Pings (``ping_interval=None``) there, only reading
+on tells.
 """
 
 from __future__ import annotations
@@ -37,45 +45,66 @@ from typing import Any
 
 import rpc
 
-CHECK_INTERVAL = 0.5
-"""Seconds between two looks at a held connection's socket."""
-
-_POLL = getattr(select, "poll", None)
-_RDHUP: int = getattr(select, "POLLRDHUP", 0)
-"""Linux's "the peer closed its side" (a FIN received, even behind unread data)."""
-
-
-def gone(transport: Any) -> BaseException | None:
-    """Why the connection of ``transport`` is over, as its socket shows without a read; None
-    while it looks open or cannot be looked at (no socket, no ``poll``)."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None or _POLL is None:
-        return None
-    fd = sock.fileno()
-    if fd < 0:
-        return None
-    poller = _POLL()
-    poller.register(fd, _RDHUP)  # errors and hang-ups are reported whatever is asked
-    ready = poller.poll(0)
-    flags = ready[0][1] if ready else 0
-    if not flags & (select.POLLERR | select.POLLHUP | _RDHUP):
-        return None
-    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if flags & select.POLLERR else 0
-    if code:
-        return ConnectionResetError(code, f"{os.strerror(code)} (seen while reading was held)")
-    return rpc.ConnectionClosed("the server closed the connection (seen while reading was held)")
+_EPOLL: Any = getattr(select, "epoll", None)
+"""``select.epoll`` (Linux), or None: no watch (typed Any: the stubs define it on Linux only)."""
+_WATCHED: int = (
+    getattr(select, "EPOLLRDHUP", 0)
+    | getattr(select, "EPOLLERR", 0)
+    | getattr(select, "EPOLLHUP", 0)
+)
+"""The peer closed its side (a FIN received, even behind unread data), an error, a hang-up."""
 
 
 async def watch(room: asyncio.Event, peer: rpc.Peer | None) -> bool:
-    """Wait for ``room`` while the deliveries hold ``peer``'s input, looking at its socket
-    every :data:`CHECK_INTERVAL` s meanwhile; a connection found over is aborted (False)."""
-    while not room.is_set():
+    """Wait for ``room`` while the deliveries hold ``peer``'s input: True once it comes.
+    Meanwhile the loop watches the connection's socket, unread (module doc); one found over
+    is aborted, and the watch ends (False). Without a socket to watch or ``select.epoll``,
+    only waits."""
+    if room.is_set():
+        return True
+    transport = peer.transport if peer is not None else None
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    fd = sock.fileno() if sock is not None else -1
+    if _EPOLL is None or peer is None or fd < 0:
+        await room.wait()
+        return True
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    epoll = _EPOLL(1)
+    try:
+        epoll.register(fd, _WATCHED)
+        loop.add_reader(epoll.fileno(), _seen, loop, epoll, sock, peer, gone)
+        waiting = asyncio.ensure_future(room.wait())
         try:
-            async with asyncio.timeout(CHECK_INTERVAL):
-                await room.wait()
-        except TimeoutError:
-            reason = gone(peer.transport) if peer is not None else None
-            if reason is not None and peer is not None:
-                peer.abort(reason)
-                return False
-    return True
+            await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            loop.remove_reader(epoll.fileno())
+    finally:
+        epoll.close()
+    return not gone.done()
+
+
+def _seen(
+    loop: asyncio.AbstractEventLoop,
+    epoll: Any,
+    sock: Any,
+    peer: rpc.Peer,
+    gone: asyncio.Future[None],
+) -> None:
+    """The epoll is readable: one of the watched events is pending on the socket. The
+    connection is over: aborted, with why (its socket error, else the server's close)."""
+    ready = epoll.poll(0)
+    if not ready or gone.done():
+        return
+    loop.remove_reader(epoll.fileno())  # level-triggered: it would fire until taken off
+    gone.set_result(None)
+    code = (
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if ready[0][1] & select.EPOLLERR else 0
+    )
+    if code:
+        peer.abort(ConnectionResetError(code, f"{os.strerror(code)} (seen while reading was held)"))
+    else:
+        peer.abort(
+            rpc.ConnectionClosed("the server closed the connection (seen while reading was held)")
+        )
