@@ -62,8 +62,48 @@ _new = tuple.__new__
 one per message received."""
 
 
-class ChatterAdapter(ChatterSender):
+class ChatterAdapter:
     """Maps the peer's events onto Chatter conversations and back (see the module doc)."""
+
+    __slots__ = (
+        "_foreign",
+        "_last_ping",
+        "_on_result",
+        "_sbs_names",
+        "_token_back",
+        "_waits",
+        "abandon",
+        "cancels",
+        "codec",
+        "decode_params",
+        "decode_result",
+        "drop_request",
+        "encode_request",
+        "encode_result",
+        "extensions",
+        "handshake",
+        "meta",
+        "metadata",
+        "payloads",
+        "peer",
+        "pings",
+        "replies",
+        "retry_results",
+        "sbs_repo",
+        "send_error",
+        "send_notification",
+        "send_request",
+        "send_request_end",
+        "send_request_meta",
+        "send_request_part",
+        "send_result",
+        "send_result_end",
+        "send_result_part",
+        "send_retry",
+        "sender",
+        "stall",
+        "timeout_defaults",
+    )
 
     name = "chatter"
     default_timeout = 5.0  # the Chatter conversation timeout
@@ -91,7 +131,8 @@ class ChatterAdapter(ChatterSender):
         """The extension level and how it was agreed (:mod:`rpc.chatter_extension`)."""
         self.cancels = False
         """True once both sides speak extension level 1 (cancellation); this flag and the
-        next two are the handshake's level as the per-request paths read it."""
+        next two are the handshake's level as the per-request paths read it, ours and the
+        sender's (set in :meth:`_negotiate` alone)."""
         self.metadata = False
         """True once both sides speak extension level 2 (request metadata)."""
         self.timeout_defaults = False
@@ -99,11 +140,18 @@ class ChatterAdapter(ChatterSender):
         self.meta: MetaState[int] = MetaState()
         """Request metadata; keyed by the id of a request's first message."""
         self.codec = ChatterConnection(dialect, max_size=peer.options.max_size, strict=strict)
-        self._encode_open = self.codec.encode_open
-        self._push = peer.outbox.push
-        """The peer's outbox (made before its adapter, kept for its life), bound."""
         self._on_result = peer.on_result
         self.sbs_repo = sbs_repo or schemas.repository()
+        sender = self.sender = ChatterSender(peer, self.codec, self.meta, self.sbs_repo, self)
+        """Our requests, notifications and cancellations as messages
+        (:mod:`rpc.chatter_sending`); it reads the extension level off the flags above.
+        Its parts are bound here, not wrapped: a request costs no call or look-up more."""
+        self.send_request = sender.send_request
+        self.send_request_meta = sender.send_request_meta
+        self.send_request_part = sender.send_request_part
+        self.send_request_end = sender.send_request_end
+        self.send_notification = sender.send_notification
+        self.abandon = sender.abandon
         payloads = self.payloads = SbsPayloads(self.sbs_repo)
         self._sbs_names = payloads.names
         self.encode_request = payloads.encode_request
@@ -115,7 +163,7 @@ class ChatterAdapter(ChatterSender):
         self._last_ping: Conversation | None = None
         self.stall = MessageStall(peer)  # the least rate of an unfinished message
         replies = self.replies = ChatterReplies(
-            peer, self.codec, self.payloads, self.sbs_repo, self._send
+            peer, self.codec, self.payloads, self.sbs_repo, sender.send
         )
         """Our replies in the peer's conversations: when they may go, and as what
         (:mod:`rpc.chatter_replies`). Its parts are bound here, not wrapped: a message

@@ -3,15 +3,21 @@ conversation, with a stream request's parts and End, notifications, request meta
 (``PeerwireRpc.Meta``) and the default timeout (``PeerwireRpc.Timeout``), and the
 cancellation of a call we gave up on (``PeerwireRpc.Cancel``).
 
-:class:`ChatterSender` is the base of :class:`~rpc.chatter_peer.ChatterAdapter` that
-sends them (the adapter sets up the attributes it names); its :meth:`~ChatterSender._send`
-queues any message, our replies too (:mod:`rpc.chatter_replies`).
+:class:`ChatterSender` turns them into messages and queues them in the peer's outbox; its
+:meth:`~ChatterSender.send` queues any message, our replies too (:mod:`rpc.chatter_replies`
+is given it). One per connection, owned by the :class:`~rpc.chatter_peer.ChatterAdapter`,
+which makes it with what it needs (the codec, the peer, the request metadata state, the
+schemas) and exposes its ``send_request*``, ``send_notification`` and ``abandon`` as bound
+methods: a request costs no call or look-up more. The extension level it reads (whether
+the peer takes cancellations, a default timeout) stays the adapter's alone
+(:class:`Extensions`): the handshake changes it as the connection runs. It holds no state
+of its own beyond what it is given: what it sends is the outbox's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rpc.chatter_replies import END, PART, RPC_MODULE
 from rpc.payload import PayloadError
@@ -20,8 +26,6 @@ from wire.chatter import ChatterConnection, Conversation, Dialect
 from wire.errors import MessageTooLarge
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import hat.sbs
 
     from rpc.peer import Peer
@@ -39,24 +43,54 @@ TIMEOUT = f"{RPC_MODULE}.Timeout"
 """The types of the extension's messages (each one a whole conversation)."""
 
 
+class Extensions(Protocol):
+    """The extension level both sides speak, as the sender reads it: the adapter's flags
+    (:class:`rpc.options.Adapter`), which its handshake sets as the connection runs."""
+
+    @property
+    def cancels(self) -> bool: ...
+    @property
+    def timeout_defaults(self) -> bool: ...
+
+
 class ChatterSender:
-    """Sends our requests and notifications (see the module doc)."""
+    """Sends our requests and notifications over one connection (see the module doc)."""
 
-    peer: Peer[Conversation]
-    codec: ChatterConnection
-    meta: MetaState[int]
-    sbs_repo: hat.sbs.Repository
-    cancels: bool
-    timeout_defaults: bool
-    _encode_open: Callable[[str, bytes, bool], tuple[Conversation, bytes] | None]
-    _push: Callable[[bytes], None]
+    __slots__ = (
+        "_codec",
+        "_encode_open",
+        "_level",
+        "_meta",
+        "_outbox",
+        "_peer",
+        "_push",
+        "_sbs_repo",
+    )
 
-    def _send(
-        self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool
-    ) -> int:
+    def __init__(
+        self,
+        peer: Peer[Conversation],
+        codec: ChatterConnection,
+        meta: MetaState[int],
+        sbs_repo: hat.sbs.Repository,
+        level: Extensions,
+    ) -> None:
+        self._peer = peer
+        self._codec = codec
+        self._encode_open = codec.encode_open
+        self._meta = meta
+        """Request metadata, shared with the adapter's receiving side: the default timeout
+        we announced (``sent_default``) is ours to change."""
+        self._sbs_repo = sbs_repo
+        self._level = level
+        self._outbox = peer.outbox
+        self._push = peer.outbox.push
+        """The peer's outbox (made before its adapter, kept for its life), and its push bound."""
+
+    def send(self, op: str, data: bytes, conv: Conversation | None, token: bool, last: bool) -> int:
         """Queue one message (in a new conversation when ``conv`` is None); its id. In the
         legacy dialect ``op`` is split into ``module.type``."""
-        codec = self.codec
+        codec = self._codec
         if codec.dialect is _LEGACY and "." in op:
             module, _, op = op.rpartition(".")
             msg_id, frame = codec.encode(
@@ -65,15 +99,15 @@ class ChatterSender:
         else:
             msg_id, frame = codec.encode(op, data, conversation=conv, token=token, last=last)
         if len(frame) == 1:  # the common case: no pieces to count
-            self.peer.outbox.push(frame[0])
+            self._push(frame[0])
         else:
-            self.peer.outbox.push_message(frame)
+            self._outbox.push_message(frame)
         return msg_id
 
     def send_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
         """PayloadError for a payload that fits ``max_size`` but not with its envelope (the
         caller's error, as a payload over it is: nothing queued, the connection lives on)."""
-        if self.meta.sent_default is not None and self.meta.cover(None):
+        if self._meta.sent_default is not None and self._meta.cover(None):
             self._announce()  # it goes without a timeout: say so first
         # the common request (current dialect, strict, one piece): the codec makes its
         # conversation and its frame in one call (see encode_open)
@@ -82,13 +116,13 @@ class ChatterSender:
             self._push(opened[1])
             return opened[0]
         try:  # _write_request written out: once per request
-            return _new(Conversation, (True, self._send(op, payload, None, not stream, False)))
+            return _new(Conversation, (True, self.send(op, payload, None, not stream, False)))
         except MessageTooLarge as exc:
             raise PayloadError(f"{op}: {exc}") from None
 
     def _write_request(self, op: str, payload: bytes, stream: bool) -> Conversation:
         try:
-            return Conversation.ours(self._send(op, payload, None, not stream, False))
+            return Conversation.ours(self.send(op, payload, None, not stream, False))
         except MessageTooLarge as exc:
             raise PayloadError(f"{op}: {exc}") from None
 
@@ -102,12 +136,12 @@ class ChatterSender:
     ) -> Conversation:
         """:meth:`send_request` preceded by its ``PeerwireRpc.Meta`` (``entries``, and
         ``timeout``, the seconds the caller has left); ValueError for entries past
-        :mod:`wire.metadata`'s limits. Only once :attr:`metadata` is on. At level 3 a request
-        with a timeout alone goes without metadata under the default announced for it (once
-        per timeout)."""
+        :mod:`wire.metadata`'s limits. Only once the adapter's ``metadata`` is on. At level
+        3 a request with a timeout alone goes without metadata under the default announced
+        for it (once per timeout)."""
         ms = None if timeout is None else metadata.timeout_ms(timeout)
-        if not entries and self.timeout_defaults:
-            if self.meta.cover(ms):
+        if not entries and self._level.timeout_defaults:
+            if self._meta.cover(ms):
                 self._announce()
             return self._write_request(op, payload, stream)
         # The Meta takes the next id and names the one after it, the request's. Both are
@@ -115,33 +149,33 @@ class ChatterSender:
         # leaves no Meta behind naming the id the next request will get, only a gap in the
         # ids (which need only increase). Current dialect only (metadata is never on in
         # the legacy one): no ``module.type`` split.
-        codec = self.codec
+        codec = self._codec
         data = metadata.encode_sbs(codec.next_id + 1, metadata.RequestMeta(ms, entries))
         try:
             _, meta_frame = codec.encode(META, data)
             msg_id, frame = codec.encode(op, payload, token=not stream, last=False)
         except MessageTooLarge as exc:
             raise PayloadError(f"{op}: {exc}") from None
-        self.peer.outbox.push_message(meta_frame)
-        self.peer.outbox.push_message(frame)
+        self._outbox.push_message(meta_frame)
+        self._outbox.push_message(frame)
         return Conversation.ours(msg_id)
 
     def _announce(self) -> None:
         """Tell the peer the time left of the requests we send without metadata from now on
         (the default :meth:`MetaState.cover` chose)."""
-        self._send(TIMEOUT, metadata.encode_timeout_sbs(self.meta.sent_default), None, True, True)
+        self.send(TIMEOUT, metadata.encode_timeout_sbs(self._meta.sent_default), None, True, True)
 
     def send_request_part(self, key: Conversation, payload: bytes) -> None:
         try:
-            self._send(PART, payload, key, token=False, last=False)
+            self.send(PART, payload, key, token=False, last=False)
         except MessageTooLarge as exc:  # the caller forgets the stream (a cancel follows)
             raise PayloadError(f"a stream request's part: {exc}") from None
 
     def send_request_end(self, key: Conversation) -> None:
-        self._send(END, b"", key, token=True, last=False)
+        self.send(END, b"", key, token=True, last=False)
 
     def send_notification(self, name: str, payload: bytes) -> None:
-        self._send(name, payload, None, token=True, last=True)
+        self.send(name, payload, None, token=True, last=True)
 
     def abandon(self, key: Conversation) -> None:
         """We gave up on ``key``: its late messages are dropped; a peerwire peer is told so
@@ -149,9 +183,9 @@ class ChatterSender:
         legacy dialect), a stream request of ours still sending parts (we hold the token)
         is ended with its End, the conversation's last, so that the handler there ends
         instead of waiting for parts for as long as the connection lasts."""
-        codec = self.codec
-        if not self.cancels and self.peer.is_open and codec.holds_token(key):
-            self._send(END, b"", key, token=True, last=True)
+        codec = self._codec
+        if not self._level.cancels and self._peer.is_open and codec.holds_token(key):
+            self.send(END, b"", key, token=True, last=True)
         codec.abandon(key)
-        if self.cancels and self.peer.is_open:
-            self._send(CANCEL, self.sbs_repo.encode(CANCEL, key.first), None, True, True)
+        if self._level.cancels and self._peer.is_open:
+            self.send(CANCEL, self._sbs_repo.encode(CANCEL, key.first), None, True, True)
