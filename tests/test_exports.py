@@ -172,6 +172,7 @@ def test_transports_package_exports_through_its_modules() -> None:
         "web_files",
         "web_http",
         "websocket",
+        "ws_body",
         "ws_connection",
         "ws_head",
         "ws_input_rate",
