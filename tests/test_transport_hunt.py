@@ -5,7 +5,9 @@ A large static file asked for by peers that never read: websockets serializes a 
 into one bytes object, head and body, and the transport kept what the socket did not take,
 about the whole file per connection until its close timeout (``transports.ws_body``). A
 WebSocket upgrade dribbled in: ``rpc.Options.handshake_timeout`` bounds it (it had the HTTP
-side's own 10 s whatever the Options said). Pinned, handled: TLS handshakes stalled after
+side's own 10 s whatever the Options said). Deep static paths (resolving them held the
+loop), a client that half-closes after its GET, tiny WebSocket frames held while the sink
+pauses (``transports.ws_held``). Pinned, handled: TLS handshakes stalled after
 the ClientHello, and a WebSocket message past the limit in fragments each under it.
 """
 
@@ -26,8 +28,11 @@ from websockets.typing import Origin
 from websockets.uri import parse_uri
 
 import rpc
+from tests.browser import eventually
 from tests.certs import Pki
 from tests.rpc_helpers import gotalk_peer_registry
+from tests.test_web_hostile import RawClient, Recorder, recorder_server, unread
+from transports.read_buffer import READ_SIZE
 from transports.stream import client_ssl_context, server_ssl_context
 from transports.web_http import HttpOptions
 from wire import gotalk
@@ -258,3 +263,48 @@ async def test_deep_static_paths_are_refused_before_the_file_system_is_asked(
         took = loop.time() - began
         assert await status("/") == b"200"
         assert took < 0.2, took  # was 0.81-0.89 s on a 2-CPU VM; now 10-20 ms
+
+
+async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None:
+    """The sink pauses reading at the first frame of a 256 KiB read of 1-byte frames (as a
+    peer's full backlog does): the rest of the read waits for the resume. As websockets'
+    Frame objects they held about 170 bytes a frame, 6 MB for one read; now their bytes and
+    4 bytes a frame. Each still reaches the sink, in order, as a call of its own."""
+    server, sinks, port = await recorder_server()
+    try:
+        client = await RawClient.open(port)
+        await eventually(lambda: sinks and sinks[0].transport is not None, "connected")
+        sink = sinks[0]
+        sink.transport.pause_reading()  # the whole burst waits in the socket
+        raw = next(iter(server.connections)).raw
+        assert raw is not None
+        raw.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        frames = 40_000  # 280 KB on the wire: a read of READ_SIZE is 37,449 of them
+        for i in range(frames):
+            client.ws.send_binary(bytes([i % 251]))
+        burst = b"".join(client.ws.data_to_send())
+        client.writer.write(burst)
+        await eventually(lambda: unread(raw.get_extra_info("socket")) >= READ_SIZE, "queued")
+
+        def on_data(recorder: Recorder) -> None:
+            if len(recorder.data) == 1:
+                recorder.transport.pause_reading()
+
+        sink.on_data = on_data
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            sink.transport.resume_reading()  # one read of READ_SIZE: a frame taken, then paused
+            await eventually(lambda: len(sink.data) == 1, "the first frame")
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert held < 600_000, held  # was about 6 MB: READ_SIZE / 7 frames at ~170 bytes
+        sink.on_data = None
+        sink.transport.resume_reading()
+        await eventually(lambda: len(sink.data) == frames, "every frame")
+        assert sink.data == [bytes([i % 251]) for i in range(frames)]
+        client.writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()

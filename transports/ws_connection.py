@@ -40,6 +40,7 @@ from transports.read_buffer import SharedBufferProtocol
 from transports.stream import ByteSink, ClosedHere
 from transports.ws_body import BodyFeed, send_response
 from transports.ws_head import HeadSplit
+from transports.ws_held import HeldPayloads
 from transports.ws_input_rate import WsInputRate
 from transports.ws_transport import WebSocketTransport
 
@@ -126,7 +127,7 @@ class Connection(SharedBufferProtocol):
         """The opening handshake's HTTP head (request or response) is not parsed yet."""
         self._head = HeadSplit(max_head)
         """Where the head ends; ``max_head``: bytes the peer may send before (server)."""
-        self._held: list[Event] = []
+        self._held: HeldPayloads | None = None
         self._write_paused = False
         self._body: BodyFeed | None = None
         """A response body still to write as the socket drains (:mod:`transports.ws_body`)."""
@@ -241,7 +242,7 @@ class Connection(SharedBufferProtocol):
         self.lost = True
         self._cancel_timer()
         self._stop_rate()
-        self._held = []
+        self._held = None
         sink, self.sink = self.sink, None
         if sink is not None:
             ws = self.ws
@@ -286,7 +287,7 @@ class Connection(SharedBufferProtocol):
             if type(event) is Frame:
                 if event.opcode <= _LAST_DATA_OPCODE and sink is not None:
                     if not self.reading:  # after any frames still held, in order
-                        self._held += events[index:]
+                        self._held = HeldPayloads.of(self._held, events[index:])
                         return
                     # asyncio sinks take bytes: a server's (masked) frames are bytes already
                     # (no copy), a client's are bytearrays the codecs would copy anyway
@@ -346,9 +347,10 @@ class Connection(SharedBufferProtocol):
         again since the resume that scheduled this: the frames stay held for the next."""
         if not self.reading:
             return
-        held, self._held = self._held, []
-        if held:
-            self._dispatch(held)
+        held = self._held
+        if held is not None:
+            if self.sink is not None:  # paused again: the rest stays held
+                held.feed(self.sink, lambda: self.reading)
             rate = self.input_rate
             if rate is not None and self.ws.state is _OPEN:
                 rate.released(self.loop.time())
