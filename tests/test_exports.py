@@ -175,7 +175,9 @@ def test_transports_package_exports_through_its_modules() -> None:
         "ws_body",
         "ws_connection",
         "ws_head",
+        "ws_held",
         "ws_input_rate",
+        "ws_settings",
         "ws_transport",
     }
     assert public <= modules, public

@@ -35,7 +35,8 @@ from websockets.uri import parse_uri
 from transports.logs import websocket_violations as violations
 from transports.stream import TLS_SHUTDOWN_TIMEOUT, ByteSink, start_stream_server
 from transports.web_http import HostCheck, HttpOptions, Responder, refuse
-from transports.ws_connection import Connection, Settings
+from transports.ws_connection import Connection
+from transports.ws_settings import Settings
 from transports.ws_transport import WebSocketTransport
 
 log = logging.getLogger("peerwire.transports.websocket")
