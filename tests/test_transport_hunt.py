@@ -266,10 +266,11 @@ async def test_deep_static_paths_are_refused_before_the_file_system_is_asked(
 
 
 async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None:
-    """The sink pauses reading at the first frame of a 256 KiB read of 1-byte frames (as a
+    """The sink pauses reading at the first frame of a 256 KiB read of tiny frames (as a
     peer's full backlog does): the rest of the read waits for the resume. As websockets'
-    Frame objects they held about 170 bytes a frame, 6 MB for one read; now their bytes and
-    4 bytes a frame. Each still reaches the sink, in order, as a call of its own."""
+    Frame objects they held about 175 bytes a frame (1-byte frames: 6.4 MB for one read);
+    now their bytes and 4 bytes a frame. Each still reaches the sink, in order, as a call
+    of its own."""
     server, sinks, port = await recorder_server()
     try:
         client = await RawClient.open(port)
@@ -279,11 +280,9 @@ async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None
         raw = next(iter(server.connections)).raw
         assert raw is not None
         raw.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        frames = 40_000  # 280 KB on the wire: a read of READ_SIZE is 37,449 of them
-        for i in range(frames):
-            client.ws.send_binary(bytes([i % 251]))
-        burst = b"".join(client.ws.data_to_send())
-        client.writer.write(burst)
+        frames = 28_000  # 280 KB on the wire: a read of READ_SIZE is 26,214 of them
+        # 4-byte binary frames, masked with a zero key (built here: websockets takes ~1 s)
+        client.writer.write(b"".join(b"\x82\x84\0\0\0\0%4d" % (i % 9999) for i in range(frames)))
         await eventually(lambda: unread(raw.get_extra_info("socket")) >= READ_SIZE, "queued")
 
         def on_data(recorder: Recorder) -> None:
@@ -299,11 +298,11 @@ async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None
             held = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
-        assert held < 600_000, held  # was about 6 MB: READ_SIZE / 7 frames at ~170 bytes
+        assert held < 600_000, held  # was 4.6 MB: 26,214 frames at ~175 bytes
         sink.on_data = None
         sink.transport.resume_reading()
         await eventually(lambda: len(sink.data) == frames, "every frame")
-        assert sink.data == [bytes([i % 251]) for i in range(frames)]
+        assert sink.data == [b"%4d" % (i % 9999) for i in range(frames)]
         client.writer.close()
     finally:
         server.close()
