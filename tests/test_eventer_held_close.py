@@ -2,12 +2,13 @@
 deliveries full: an ``events()`` iterator not read, a slow ``events_cb``), over real sockets
 on 127.0.0.1 against our Eventer server (:mod:`rpc.eventer.hold_watch`).
 
-A transport whose reading is paused hears nothing of its socket: before, the client went
-on calling itself connected, and a query waited, until the second of the Pings it sends
+A transport whose reading is paused hears nothing of its socket: before dd32f6f, the client
+went on calling itself connected, and a query waited, until the second of the Pings it sends
 while holding (one every ``ping_timeout / 2``, 10 s) failed to go out. Now the loop watches
-the socket, unread, while the client holds: a FIN or a reset that reached it is seen within
-a loop iteration; one that our closed window keeps in the server's host comes out on those
-Pings. On asyncio and uvloop."""
+the socket, unread, while the client holds: at the server's FIN the client stops holding and
+reads the rest (nothing comes after it: at most the receive buffer), delivering it, answers
+included; a reset aborts the connection. A FIN that our closed window keeps in the server's
+host comes out as a reset on those Pings. On asyncio and uvloop."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 import rpc
 from rpc import eventer
-from rpc.eventer.common import EventPayloadBinary, QueryLatestParams, RegisterEvent
+from rpc.eventer.common import EventPayloadBinary, QueryLatestParams, RegisterEvent, Status
 from tests.peers.eventer_helpers import json_event, running_server, url_of, wait_until
 
 pytestmark = pytest.mark.both_loops
@@ -40,9 +41,10 @@ async def test_a_server_close_is_seen_while_an_unread_iterator_holds_the_input(
     tmp_path: Path,
 ) -> None:
     """The server closes gracefully (its FIN reaches us behind notifications not read):
-    the client closes within a bound, the query waiting on it fails with
-    ``rpc.ConnectionClosed``, and the iterator still yields every list the client had
-    received, in order, then ends."""
+    the client stops holding, reads the rest and closes within a bound; the query waiting
+    on it gets the answer the server sent before its FIN (dd32f6f and 73d7d0a aborted at
+    the FIN: it failed with ``rpc.ConnectionClosed``, the answer dropped unread); later
+    calls fail; and the iterator yields all 8 lists, in order, then ends."""
     async with running_server(tmp_path, system_events=False) as server:
         client = await eventer.connect(
             url_of(server), "held", subscriptions=[("h", "*")], events_queue_size=1
@@ -54,20 +56,66 @@ async def test_a_server_close_is_seen_while_an_unread_iterator_holds_the_input(
             await wait_until(lambda: not reading(client))  # held: nothing more is read
             peer = peer_of(client)
             pending = asyncio.create_task(client.query(QueryLatestParams([("h", "*")])))
-            await wait_until(peer.calls_waited_for)  # sent: its answer will not be read
+            await wait_until(peer.calls_waited_for)  # sent: its answer waits unread
             await server.close()  # its FIN comes behind what we have not read
             async with asyncio.timeout(1):  # at the FIN (before dd32f6f: a Ping, 20 s on)
                 await asyncio.shield(client.closed)
             assert not client.is_connected
+            async with asyncio.timeout(3):
+                result = await pending  # answered before the server's FIN: read, not dropped
+            assert sorted(e.type[1] for e in result.events) == [str(i) for i in range(8)]
             with pytest.raises(rpc.ConnectionClosed):
-                async with asyncio.timeout(3):
-                    await pending
+                await client.query(QueryLatestParams([("h", "*")]))
             async with asyncio.timeout(3):
                 got = [e.type[1] async for events in iterator for e in events]
-            assert len(got) >= 2, got  # the iterator's list and those behind it, received
-            assert got == [str(i) for i in range(len(got))]
+            assert got == [str(i) for i in range(8)]
         finally:
             await client.close()
+
+
+async def test_a_graceful_server_close_during_a_short_hold_loses_nothing(tmp_path: Path) -> None:
+    """A slow ``events_cb`` holds the input for a moment while the server closes gracefully
+    (``EventerServer.close()``: STOPPING, STANDBY, then the connection): the client reads
+    what is left behind the FIN without waiting for room (``closed`` resolves while the
+    callback still waits), and every notification, the statuses too, is delivered in order
+    once the callback returns, as hat's client delivers them. dd32f6f and 73d7d0a aborted
+    at the FIN and dropped them (found by review 185): ``stopping`` never reached the
+    client, against docs/eventer.md."""
+    release = asyncio.Event()
+    delivered: list[str] = []
+    statuses: list[Status] = []
+
+    async def slow_cb(_client: eventer.Client, events: list[eventer.Event]) -> None:
+        await release.wait()
+        delivered.extend(e.type[1] for e in events)
+
+    def status_cb(_client: eventer.Client, status: Status) -> None:
+        statuses.append(status)
+
+    async with running_server(tmp_path, system_events=False) as server:
+        client = await eventer.connect(
+            url_of(server),
+            "short-hold",
+            subscriptions=[("g", "*")],
+            events_cb=slow_cb,
+            status_cb=status_cb,
+            events_queue_size=1,
+        )
+        try:
+            for i in range(6):
+                await server.register([json_event(("g", str(i)), i)])
+            await wait_until(lambda: not reading(client))  # held: the callback is slow
+            async with asyncio.timeout(5):
+                await server.close()  # STOPPING, STANDBY, then the connection closes
+            async with asyncio.timeout(1):  # the rest read without room: the callback waits
+                await asyncio.shield(client.closed)
+            assert not release.is_set() and not client.is_connected
+            release.set()  # the callback returns: what was read is delivered
+        finally:
+            release.set()
+            await client.close()  # waits for what was received to be delivered
+    assert delivered == [str(i) for i in range(6)]
+    assert statuses == [Status.OPERATIONAL, Status.STOPPING, Status.STANDBY], statuses
 
 
 async def test_a_server_that_cuts_the_held_client_off_is_seen_on_its_pings(

@@ -1,8 +1,9 @@
 """The watch on a held Eventer connection (:mod:`rpc.eventer.hold_watch`) is event-driven:
 while the client holds the server's input (an ``events()`` iterator not read) and the
 server stays open, nothing of the watch runs, unread notifications in the socket included;
-the server's FIN wakes it at once. Its epoll fd lives only while the hold lasts, however
-the hold ends. Real sockets on 127.0.0.1 against our Eventer server, on asyncio and uvloop.
+the server's FIN wakes it at once, and the rest is read. Its epoll fd lives only while the
+hold lasts, however the hold ends. Real sockets on 127.0.0.1 against our Eventer server,
+on asyncio and uvloop.
 
 Before (dd32f6f), the watch looked at the socket every 0.5 s (a timer and a ``poll`` call
 per look, while holding): the first test fails on it (the watch ran during the window)."""
@@ -85,7 +86,8 @@ async def server(tmp_path: Path) -> AsyncIterator[EventerServer]:
 async def test_nothing_runs_while_held_until_the_server_closes(server: EventerServer) -> None:
     """Counted by a profile hook (every Python call of this thread, the loop's): no
     function of ``hold_watch`` runs in :data:`QUIET` s of holding, no timer, no look, no
-    wake-up by the unread data; then the server's FIN runs it, and the close is seen
+    wake-up by the unread data; then the server's FIN runs it, the client reads the rest
+    (the 3 notifications unread in its socket delivered, not aborted) and the close is seen
     within the bound."""
     client, held = await held_client(server, ping_interval=None)  # no Pings: the FIN alone tells
     peer = peer_of(client)
@@ -103,13 +105,16 @@ async def test_nothing_runs_while_held_until_the_server_closes(server: EventerSe
         await server.close()
         async with asyncio.timeout(1):  # before: within 0.5 s, at the next look
             await asyncio.shield(client.closed)
+        async with asyncio.timeout(3):
+            got = [e.type[1] async for events in held for e in events]
     finally:
         sys.setprofile(previous)
         await held.aclose()  # delivery held no more: the client's close need not wait
         await client.close()
     assert quiet == [], f"the watch ran while nothing happened: {quiet}"
     assert runs, "the server's FIN did not run the watch"
-    assert peer.gave_up is not None  # aborted by the watch: the close seen
+    assert peer.gave_up is None  # the FIN let the connection go: not aborted
+    assert got == [str(i) for i in range(11)]  # the 3 left in the socket read, not dropped
 
 
 @pytest.mark.parametrize("end", ["room", "server closes", "client closes"])

@@ -108,12 +108,13 @@ async def connect(
     down (TCP) instead of growing memory. Both also bound each :meth:`Client.events`
     iterator's queue (lists, and bytes as received), whose reader slows delivery the same
     way. Each at least 1 (ValueError). A server's close is seen meanwhile, unread, by the
-    loop watching the socket (Linux's epoll; no timer): within one loop iteration of its FIN
-    or reset reaching us, or ``ping_timeout / 2`` and a round trip when our closed window
-    keeps its FIN out (our Pings draw a reset); without ``select.epoll``, within
-    ``ping_timeout`` (:mod:`rpc.eventer.hold_watch`). ``ping_interval`` and
-    ``ping_timeout`` (20 s each, as hat's) are the Chatter connection's
-    (:class:`rpc.ChatterPeer`)."""
+    loop watching the socket (Linux's epoll; no timer): at its FIN the rest (at most the
+    receive buffer) is read and delivered, answers included, at a reset dropped; within
+    one loop iteration of the FIN or reset reaching us, or ``ping_timeout / 2`` and a round
+    trip when our closed window keeps its FIN out (our Pings draw a reset); without
+    ``select.epoll``, within ``ping_timeout`` (:mod:`rpc.eventer.hold_watch`).
+    ``ping_interval`` and ``ping_timeout`` (20 s each, as hat's) are the Chatter
+    connection's (:class:`rpc.ChatterPeer`)."""
     urls = [url] if isinstance(url, str) else list(url)
     client = Client(
         [eventer_url(u) for u in urls],

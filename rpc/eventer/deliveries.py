@@ -9,7 +9,9 @@ notification that passes either goes in, and its handler returns a wait for room
 connection runs as a task. While that task waits, further notifications of the same
 connection raise ``NotificationsHeld`` (the connection keeps them, reading paused) until it
 ends; meanwhile the loop watches the socket, unread, for the server's close
-(:mod:`rpc.eventer.hold_watch`). Notifications that ask for an ack are counted but never
+(:mod:`rpc.eventer.hold_watch`). Once the server's FIN is seen, that connection is held no
+more: the rest is read and queued past the bounds, since the server sends nothing after it
+(at most the socket's receive buffer). Notifications that ask for an ack are counted but never
 held: they are requests, which the core bounds. A callback's own requests (while it runs)
 lift the bound while awaited, since their answers must be read; tasks it leaves running do
 not. So do the requests of the task reading an ``events()`` iterator
@@ -55,6 +57,10 @@ class Deliveries:
         self._holding: rpc.Peer | None = None
         """The connection whose task waits for :attr:`room`: it holds further notifications
         (NotificationsHeld) until then, and the task's end resumes it."""
+        self._read_out: rpc.Peer | None = None
+        """The connection whose server's FIN the watch saw: never held again, so the rest
+        of its input (at most the socket's receive buffer) is read. Set by :meth:`_hold`
+        alone."""
         self.awaited_answers = 0
         """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
         self._acks: set[asyncio.Future[None]] = set()
@@ -130,26 +136,40 @@ class Deliveries:
         """Raise NotificationsHeld, before a notification handler acts, while a task of this
         connection waits for room: the connection keeps the notification (and the rest of
         its read), reading paused, until that task ends (see :mod:`rpc.notifications`)."""
-        holding = self._holding  # while room is clear, its task waits (not a new connection's)
+        holding = self._holding  # while room is clear, its task waits (not a new connection's;
+        # not one whose FIN was seen: _hold lets it go, and wait_for_room never takes it again)
         peer = rpc.current_peer.get(None)
         if peer is holding is not None and not self.room.is_set() and not self.awaited_answers:
             raise NotificationsHeld
 
-    def wait_for_room(self) -> Awaitable[bool] | None:
-        """None while the queue is within both bounds; past either, an awaitable that waits
-        for room. A notification handler returns it: the connection runs it as a task, and
-        holds further notifications until it ends (:meth:`hold_if_full`). Meanwhile the loop
-        watches the connection's socket, unread, and the connection is aborted once the
-        server is gone (:mod:`rpc.eventer.hold_watch`): paused, the transport would not tell."""
+    def wait_for_room(self) -> Awaitable[None] | None:
+        """None while the queue is within both bounds (or the connection's FIN was seen);
+        past either, an awaitable that waits for room. A notification handler returns it:
+        the connection runs it as a task, and holds further notifications until it ends
+        (:meth:`hold_if_full`). Meanwhile the loop watches the connection's socket, unread
+        (:mod:`rpc.eventer.hold_watch`): paused, the transport would not tell."""
         if self.awaited_answers or self._closing or not self._full():
             return None
+        peer = rpc.current_peer.get(None)
+        if peer is not None and peer is self._read_out:
+            return None  # its server sends no more: what is left is read (at most a buffer)
         self.room.clear()
-        self._holding = rpc.current_peer.get(None)
-        return hold_watch.watch(self.room, self._holding)  # a server gone is seen meanwhile
+        self._holding = peer
+        return self._hold(peer)
+
+    async def _hold(self, peer: rpc.Peer | None) -> None:
+        """Wait for room, watching the connection. At the server's FIN the wait ends and the
+        connection is held no more (:attr:`_read_out`): it reads the rest, whose
+        notifications and answers arrive in order, then ends as at any close. A reset or a
+        socket error aborts it (in :func:`hold_watch.watch`)."""
+        if await hold_watch.watch(self.room, peer) == hold_watch.FIN:
+            self._read_out = peer
+            if self._holding is peer:
+                self._holding = None
 
     def release(self) -> None:
         """The client is finished: forget the connection held (its task is gone with it)."""
-        self._holding = None
+        self._holding = self._read_out = None
 
     @contextlib.contextmanager
     def callback_running(self) -> Iterator[None]:

@@ -15,24 +15,39 @@ an ``epoll`` instance of the watch's own has the socket registered for ``EPOLLRD
 EPOLLERR | EPOLLHUP`` alone (not ``EPOLLIN``: the unread data must not wake it), and the
 loop reads the epoll's fd (``loop.add_reader``: an epoll fd is readable while one of its
 events is pending; asyncio's selector loop and uvloop alike). Nothing runs until one fires,
-no timer: a reset, a socket error or the server's FIN (``EPOLLRDHUP``, whatever unread
-data comes before it) means the server is gone, and the connection is aborted: the client's
-state flips, its calls waiting on the connection fail with ``rpc.ConnectionClosed``, the
-notifications it had received are still delivered, and those still unread in the socket
-(at most its receive buffer) are dropped with it. A FIN held back by our closed window
-needs a write of ours to come out: the next Ping reaches a host whose socket is closed,
-which answers with a reset, seen as it arrives.
+no timer. Then:
 
-Bound: the close is seen within one loop iteration of a FIN or a reset reaching the client,
-and otherwise within ``ping_timeout / 2`` (10 s by default) plus a round trip (dd32f6f
-looked every 0.5 s instead: a timer and a ``poll`` call per look while holding). Cost: one
-extra fd (the epoll) per wait for room, so per held connection, only while it holds: taken
-off the loop and closed when room comes, when the connection is found over, and when the
-wait is cancelled (the connection closed otherwise, the client closed). The transport's own
-socket fd is never given to the loop (its reader there is the transport's). Where
+- the server's FIN (``EPOLLRDHUP``, or ``EPOLLHUP`` with no socket error): the server sends
+  nothing after it, so what is left unread is at most what the socket's receive buffer
+  holds (``SO_RCVBUF``; Linux grows it up to ``net.ipv4.tcp_rmem``'s maximum: 6 MiB by
+  the kernel's default, more where a system sets it), plus what the connection already
+  kept. The watch ends with :data:`FIN` and the deliveries hold that connection no more
+  (:meth:`~rpc.eventer.deliveries.Deliveries.wait_for_room`): it reads the rest at once,
+  the notifications in it are delivered in order, the answers in it reach the calls
+  waiting, and the connection ends as any does at the server's close (the client's state
+  flips, later calls fail with ``rpc.ConnectionClosed``). Hat's client, which reads on
+  once its queue has room, delivers them too: the statuses a graceful close announces
+  (``STOPPING``, ``STANDBY``) among them. (dd32f6f and 73d7d0a aborted here, dropping
+  them.)
+- a reset or a socket error (``EPOLLERR``, or ``EPOLLHUP`` with ``SO_ERROR`` set): the
+  connection is aborted (:data:`GONE`): the client's state flips, its calls waiting fail
+  with ``rpc.ConnectionClosed``, the notifications it had received are still delivered,
+  and what is unread in the socket is dropped with it.
+
+A FIN held back by our closed window needs a write of ours to come out: the next Ping
+reaches a host whose socket is closed, which answers with a reset, seen as it arrives.
+
+Bound: the close is seen within one loop iteration of a FIN or a reset reaching the client
+(after a FIN, plus the reading of at most the receive buffer), and otherwise within
+``ping_timeout / 2`` (10 s by default) plus a round trip (dd32f6f looked every 0.5 s
+instead: a timer and a ``poll`` call per look while holding). Cost: one extra fd (the
+epoll) per wait for room, so per held connection, only while it holds: taken off the loop
+and closed when room comes, when the server's FIN or a reset is seen, and when the wait is
+cancelled (the connection closed otherwise, the client closed). The transport's own socket
+fd is never given to the loop (its reader there is the transport's). Where
 ``select.epoll`` is missing (not Linux) nothing watches: the second hold Ping's write still
-tells, within ``ping_timeout``; without Pings (``ping_interval=None``) there, only reading
-on tells.
+tells, within ``ping_timeout`` (an abort: what is unread is dropped); without Pings
+(``ping_interval=None``) there, only reading on tells.
 """
 
 from __future__ import annotations
@@ -41,9 +56,16 @@ import asyncio
 import os
 import select
 import socket
-from typing import Any
+from typing import Any, Literal
 
 import rpc
+
+Seen = Literal["room", "fin", "gone"]
+"""How a :func:`watch` ended: room came; the server's FIN (read the rest); the connection
+aborted (a reset, a socket error)."""
+ROOM: Seen = "room"
+FIN: Seen = "fin"
+GONE: Seen = "gone"
 
 _EPOLL: Any = getattr(select, "epoll", None)
 """``select.epoll`` (Linux), or None: no watch (typed Any: the stubs define it on Linux only)."""
@@ -55,34 +77,35 @@ _WATCHED: int = (
 """The peer closed its side (a FIN received, even behind unread data), an error, a hang-up."""
 
 
-async def watch(room: asyncio.Event, peer: rpc.Peer | None) -> bool:
-    """Wait for ``room`` while the deliveries hold ``peer``'s input: True once it comes.
-    Meanwhile the loop watches the connection's socket, unread (module doc); one found over
-    is aborted, and the watch ends (False). Without a socket to watch or ``select.epoll``,
-    only waits."""
+async def watch(room: asyncio.Event, peer: rpc.Peer | None) -> Seen:
+    """Wait for ``room`` while the deliveries hold ``peer``'s input: :data:`ROOM` once it
+    comes. Meanwhile the loop watches the connection's socket, unread (module doc): at the
+    server's FIN the watch ends with :data:`FIN` (the caller stops holding: the rest is
+    read); at a reset or socket error the connection is aborted and it ends with
+    :data:`GONE`. Without a socket to watch or ``select.epoll``, only waits."""
     if room.is_set():
-        return True
+        return ROOM
     transport = peer.transport if peer is not None else None
     sock = transport.get_extra_info("socket") if transport is not None else None
     fd = sock.fileno() if sock is not None else -1
     if _EPOLL is None or peer is None or fd < 0:
         await room.wait()
-        return True
+        return ROOM
     loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
+    seen: asyncio.Future[Seen] = loop.create_future()
     epoll = _EPOLL(1)
     try:
         epoll.register(fd, _WATCHED)
-        loop.add_reader(epoll.fileno(), _seen, loop, epoll, sock, peer, gone)
+        loop.add_reader(epoll.fileno(), _seen, loop, epoll, sock, peer, seen)
         waiting = asyncio.ensure_future(room.wait())
         try:
-            await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((waiting, seen), return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiting.cancel()
             loop.remove_reader(epoll.fileno())
     finally:
         epoll.close()
-    return not gone.done()
+    return seen.result() if seen.done() else ROOM
 
 
 def _seen(
@@ -90,21 +113,23 @@ def _seen(
     epoll: Any,
     sock: Any,
     peer: rpc.Peer,
-    gone: asyncio.Future[None],
+    seen: asyncio.Future[Seen],
 ) -> None:
-    """The epoll is readable: one of the watched events is pending on the socket. The
-    connection is over: aborted, with why (its socket error, else the server's close)."""
+    """The epoll is readable: one of the watched events is pending on the socket. A reset
+    or socket error aborts the connection (with its error); the server's FIN alone ends
+    the watch (module doc)."""
     ready = epoll.poll(0)
-    if not ready or gone.done():
+    if not ready or seen.done():
         return
     loop.remove_reader(epoll.fileno())  # level-triggered: it would fire until taken off
-    gone.set_result(None)
-    code = (
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if ready[0][1] & select.EPOLLERR else 0
-    )
+    events = ready[0][1]
+    failed = events & (select.EPOLLERR | select.EPOLLHUP)
+    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if failed else 0
+    if not code and not events & select.EPOLLERR:
+        seen.set_result(FIN)  # nothing comes after it: the rest is read, not dropped
+        return
+    seen.set_result(GONE)
     if code:
         peer.abort(ConnectionResetError(code, f"{os.strerror(code)} (seen while reading was held)"))
     else:
-        peer.abort(
-            rpc.ConnectionClosed("the server closed the connection (seen while reading was held)")
-        )
+        peer.abort(rpc.ConnectionClosed("the connection failed (seen while reading was held)"))

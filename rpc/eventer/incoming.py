@@ -45,7 +45,7 @@ class Incoming:
         registry.handle_notification(MSG_STATUS_NOTIFY)(self._on_status)
         return registry
 
-    def _on_events(self, data: bytes) -> Awaitable[bool] | None:
+    def _on_events(self, data: bytes) -> Awaitable[None] | None:
         self._deliveries.hold_if_full()
         self._deliveries.put(("events", common.decode_events(data), None, len(data)))
         return self._deliveries.wait_for_room()
@@ -57,7 +57,7 @@ class Incoming:
         await done
         return rpc.Reply(MSG_EVENTS_ACK, b"")
 
-    def _on_status(self, data: bytes) -> Awaitable[bool] | None:
+    def _on_status(self, data: bytes) -> Awaitable[None] | None:
         self._deliveries.hold_if_full()
         status = common.status_from_sbs(common.decode(MSG_STATUS_NOTIFY, data))
         self._set_status(status, len(data))
