@@ -22,9 +22,9 @@ timeout; a query in flight when the connection dropped is sent again, a registra
 (``rpc.ConnectionClosed``: it may have been registered). Without ``reconnect`` the client
 closes when its connection drops (``closed`` at once; what it received is still delivered).
 Registrations lost unconfirmed are counted and logged (:mod:`rpc.eventer.confirm`).
-Notifications are taken in by :class:`~rpc.eventer.incoming.Incoming`, the client's base;
-while their bounds hold the connection's input, the loop watches its socket for the
-server's close (:mod:`rpc.eventer.hold_watch`).
+Notifications are taken in by :class:`~rpc.eventer.incoming.Incoming`, a part the client
+owns (with the server's last status); while their bounds hold the connection's input, the
+loop watches its socket for the server's close (:mod:`rpc.eventer.hold_watch`).
 
 The Eventer exists only in the current Chatter dialect: a ``tcp+sbs``/``ssl+sbs`` URL
 without ``?dialect=`` uses ``HatChatter``; ``?dialect=Hat`` is refused. ``max_size`` (16 MiB
@@ -139,7 +139,7 @@ async def connect(
     return client
 
 
-class Client(Incoming):
+class Client:
     """One Eventer client; create it with :func:`connect`."""
 
     def __init__(
@@ -175,8 +175,6 @@ class Client(Incoming):
                 client_name, client_token, self.subscriptions, server_id, persisted
             ),
         )
-        self._status_cb = status_cb
-        self._events_cb = events_cb
         self._policy = rpc.Reconnect(
             backoff=rpc.Backoff(reconnect_delay, reconnect_max_delay),
             attempts=None if reconnect else 0,
@@ -187,7 +185,6 @@ class Client(Incoming):
         self._queue_bytes = events_queue_bytes
         self._ssl = ssl
         self._server_hostname = server_hostname
-        self._status = Status.STANDBY
         self._conn: rpc.ReconnectingPeer | None = None
         self._inits = 0
         self._closing = False
@@ -198,17 +195,22 @@ class Client(Incoming):
         self._confirmations = Confirmations(client_name, timeout)
         self._iterators: set[EventsQueue] = set()
         """The queues of the :meth:`events` iterators still in use."""
+        self._incoming = Incoming(self, self._deliveries, status_cb, events_cb, self._iterators)
         self._delivery = asyncio.get_running_loop().create_task(
-            self._deliveries.run(self._hand, self._end_iterators)
+            self._deliveries.run(self._incoming.hand, self._end_iterators)
         )
-        self.registry = self._make_registry()
 
     # --- public ----------------------------------------------------------------------------
 
     @property
     def status(self) -> Status:
         """The server's last announced status."""
-        return self._status
+        return self._incoming.status
+
+    @property
+    def registry(self) -> rpc.Registry:
+        """The handlers of the client's connections (the server's notifications)."""
+        return self._incoming.registry
 
     @property
     def url(self) -> str:
@@ -405,7 +407,7 @@ class Client(Incoming):
                 peer.remote_address,
                 len(self.subscriptions),
             )
-        self._set_status(common.status_from_sbs(value))
+        self._incoming.set_status(common.status_from_sbs(value))
 
     def _on_state(self, transition: rpc.Transition) -> None:
         state = transition.state
