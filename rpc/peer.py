@@ -53,11 +53,11 @@ from rpc.backlog import Backlog
 from rpc.call_bounds import CallBounds
 from rpc.calls import Caller
 from rpc.calls import _Call as _Call
-from rpc.closing import NOT_CLOSING, Closing
+from rpc.closing import DROPPED, ENDED, NOT_CLOSING, READ, Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
-from rpc.input_flow import DROPPED, READ, InputFlow
+from rpc.input_flow import InputFlow
 from rpc.key import K
 from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
@@ -159,8 +159,8 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         they run and only for a peer that takes the cancellation extension."""
         self._reading = True
         self._input_end = READ
-        """The input's phase (:data:`~rpc.input_flow.READ`, ``DROPPED`` at a graceful
-        close's end or after a protocol violation: :mod:`rpc.input_flow`)."""
+        """The input's phase (:data:`~rpc.closing.READ`, ``DROPPED`` at a graceful close's
+        end or after a protocol violation, ``ENDED`` by the peer's half-close)."""
         self._close_began = NOT_CLOSING
         """The loop time a graceful close began (:meth:`~rpc.closing.Closing.close`): what
         is read after it may be turned away (:meth:`~rpc.responder.Responder.turned_away`).
@@ -311,7 +311,35 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         return read_at
 
     def eof_received(self) -> bool:
-        return False  # half-closed peers are closed: nothing more can be answered to them
+        """A client half-closed its TCP connection to our server (``shutdown(SHUT_WR)``, as
+        ``nc`` does after its input): it sends nothing more, and may still read. What it
+        sent before still runs and is answered (handlers running or queued, requests kept
+        unrun, notifications), as a graceful :meth:`~rpc.closing.Closing.close` waits for
+        them, within the connection's timeout (``Options.timeout``, else Gotalk's 30 s,
+        Chatter's 5 s); then the connection closes. No reply to a call of ours can come any
+        more: those in flight fail at once with ConnectionClosed, as new ones do, and its
+        stream requests get no more parts (their handlers read ConnectionClosed). With
+        nothing left to answer, over TLS (asyncio and uvloop end a TLS connection at the
+        peer's close_notify whatever this returns), and on a connection we made (a server
+        that half-closes is closing: our reconnecting client should reconnect at once), it
+        closes at once."""
+        transport = self._transport
+        if (
+            transport is None
+            or self._input_end
+            or self.accepted_at is None
+            or transport.get_extra_info("ssl_object")
+        ):
+            return False
+        self._input_end = ENDED
+        error = ConnectionClosed("the peer closed its side of the connection: no reply can come")
+        self.fail_calls(error)
+        for queue in self._streams.values():
+            queue.put(error)  # (their parts cannot come)
+        if not (self.handlers_running or self._kept.messages or len(self._tasks)):
+            return False
+        self._tasks.spawn(self.close(drain_timeout=self._timeout(None)))
+        return True
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if isinstance(exc, ClosedHere) and self.gave_up is None:
