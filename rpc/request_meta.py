@@ -5,8 +5,9 @@ message of its own right before it, or (level 3) a connection-wide default for t
 that come without any. Each adapter encodes and decodes those messages for its protocol;
 :class:`MetaState` keeps what they mean, both ways: the metadata the peer sent for its
 next request, the default it announced, and the default we announced. Bounds:
-:data:`MAX_PENDING` metadata records waiting for their requests (the oldest goes first) and
-two defaults per connection, freed with it.
+:data:`MAX_PENDING` metadata records waiting for their requests, taking at most
+:data:`MAX_PENDING_BYTES` and one record more (the oldest go first), and two defaults per
+connection, freed with it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic
 
+from rpc.backlog import text_size
 from rpc.key import K
 from rpc.logs import violations
 from wire.errors import ProtocolError
@@ -22,12 +24,28 @@ from wire.metadata import RequestMeta, covers, default_for
 MAX_PENDING = 16
 """Metadata records a connection keeps for requests still to come (see
 :attr:`MetaState.pending`)."""
+MAX_PENDING_BYTES = 1 << 20
+"""Bytes those records may take together (:func:`record_size`), the newest one aside: past
+it the oldest go first. One record may take about 8 MiB (32 entries of a 64 KiB value, at
+4 bytes a character in memory when not ASCII), so a connection holds at most this and
+one such record."""
+RECORD_BYTES = 64
+"""What a record counts besides its entries (its key, time and tuple)."""
+
+
+def record_size(meta: RequestMeta) -> int:
+    """The bytes a waiting record counts: :data:`RECORD_BYTES` and its entries' names and
+    values as :func:`rpc.backlog.text_size` counts them (their memory, at least)."""
+    entries = meta.entries
+    if not entries:
+        return RECORD_BYTES
+    return RECORD_BYTES + sum(text_size(k) + text_size(v) for k, v in entries.items())
 
 
 class MetaState(Generic[K]):
     """One connection's request metadata state (see the module doc)."""
 
-    __slots__ = ("default", "pending", "sent_default")
+    __slots__ = ("default", "pending", "pending_bytes", "sent_default")
 
     def __init__(self) -> None:
         self.pending: dict[K, tuple[RequestMeta, float]] = {}
@@ -35,8 +53,11 @@ class MetaState(Generic[K]):
         metadata, the loop time it was read at), oldest first; each taken by its request.
         Usually one, right before its request. More wait when a graceful close takes
         metadata at once while requests read before it are still kept for a slot, and a
-        record whose request never ran (turned away, or never sent) waits until
-        :data:`MAX_PENDING` newer ones push it out: it goes to no other request."""
+        record whose request never ran (turned away, or never sent) waits until newer ones
+        push it out (past :data:`MAX_PENDING` records or :data:`MAX_PENDING_BYTES`): it
+        goes to no other request."""
+        self.pending_bytes = 0
+        """What the records of :attr:`pending` count (:func:`record_size`)."""
         self.default: RequestMeta | None = None
         """The peer's announced default (level 3) as the metadata of its requests that come
         without their own; None: it announced none (or no timeout)."""
@@ -46,10 +67,15 @@ class MetaState(Generic[K]):
     def received(self, key: K, meta: RequestMeta, read_at: float) -> None:
         """The peer sent ``meta`` for its request ``key`` (read at loop time ``read_at``)."""
         pending = self.pending
-        pending.pop(key, None)  # sent again: the latest, and the newest in the order
+        again = pending.pop(key, None)  # sent again: the latest, and the newest in the order
+        if again is not None:
+            self.pending_bytes -= record_size(again[0])
         pending[key] = (meta, read_at)
-        if len(pending) > MAX_PENDING:
-            del pending[next(iter(pending))]
+        self.pending_bytes += record_size(meta)
+        while len(pending) > 1 and (
+            len(pending) > MAX_PENDING or self.pending_bytes > MAX_PENDING_BYTES
+        ):
+            self.pending_bytes -= record_size(pending.pop(next(iter(pending)))[0])
 
     def received_default(self, timeout_ms: int | None) -> None:
         """The peer announced the time left of its requests without metadata from now on."""
@@ -86,6 +112,7 @@ class MetaState(Generic[K]):
         if pending:
             taken = pending.pop(key, None)
             if taken is not None:
+                self.pending_bytes -= record_size(taken[0])
                 return taken
         if self.default is not None:
             return self.default, read_at
