@@ -12,8 +12,9 @@ Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`)
   handed to the rest of their chunk. All links together hold at most ``max_queued_bytes``
   (128 MiB, :class:`QueueBytes`), queued or kept. Past any limit :meth:`Link.offer` refuses,
   except that a frame finding ``max_queued_bytes`` full takes room from the link holding
-  the most if that one holds more (:meth:`Link.shed`): its kept copies go first, then its
-  waiting frames, newest first, to the rest of their chunks.
+  the most if that one holds more (:meth:`Link.shed`): its kept copies go first (to the
+  rest of their chunks while writes are paused: maybe unread), then its waiting frames,
+  newest first, to the rest of their chunks.
 - Writes stop while the transport is above its high-water mark (asyncio's 64 KiB) until it
   drains; a write is at most 64 frames (``max_queue`` if fewer), 1 MiB and
   ``max_queue_bytes``, or one larger frame. Its frames stay counted until writes resumed
@@ -171,11 +172,6 @@ class Link(asyncio.Protocol):
         return self._transport is not None
 
     @property
-    def holds(self) -> int:
-        """Bytes of frames counted against the node's budget: queued, or kept to resend."""
-        return self._pending_bytes + self._recent_bytes
-
-    @property
     def write_buffered(self) -> int:
         transport = self._transport
         return 0 if transport is None else transport.get_write_buffer_size()
@@ -195,33 +191,43 @@ class Link(asyncio.Protocol):
             return False
         self._pending.append(item)
         self._pending_bytes += size
-        self._held.held += size
+        self._held.add(self, size)
         self._wakeup.set()
         return True
 
     def shed(self, need: int) -> int:
         """Let go of about ``need`` bytes for another link's frame (the node's budget is
-        full and we hold the most): copies kept to resend first, oldest first (while writes
-        are paused, not those of the last write, which the transport may still hold), then
-        waiting frames, newest first, handed to the rest of their chunks on the next loop
-        turn (not inside the other link's offer). Returns the bytes let go."""
+        full and we hold the most): copies kept to resend first, oldest first, then waiting
+        frames, newest first. While writes are paused the peer may not have read the kept
+        copies (the transport or the kernel holds them): those of the last write stay
+        (the transport holds their bytes anyway), and the others written since
+        ``resend_window`` before the pause go on like the waiting frames, as
+        :meth:`_stalled` would send them. Frames going on go to the rest of their chunks on
+        the next loop turn (not inside the other link's offer; ``stats.shed``). Returns the
+        bytes let go."""
         freed = 0
         recent = self._recent
-        keep = 0 if self._writable.is_set() else self._last_write
+        paused = not self._writable.is_set()
+        keep = self._last_write if paused else 0
+        since = self._paused_at - self._options.resend_window
+        moved: list[Item] = []  # in order, to hand on
         while freed < need and len(recent) > keep:
             item = recent.popleft()
             freed += item.size
             self._forget(item)
-        moved: list[Item] = []
+            if paused and item.sent_at >= since:
+                moved.append(item)  # maybe never read
+        waiting: list[Item] = []
         while freed < need and self._pending:
             item = self._pending.pop()
             self._pending_bytes -= item.size
-            self._held.held -= item.size
+            self._held.release(self, item.size)
             freed += item.size
-            moved.append(item)
+            waiting.append(item)
+        moved += reversed(waiting)
         if moved:
             self._stats.shed += len(moved)
-            self._loop.call_soon(self._hand_on, moved[::-1])
+            self._loop.call_soon(self._hand_on, moved)
         return freed
 
     def drain(self) -> None:
@@ -363,7 +369,7 @@ class Link(asyncio.Protocol):
             except LocalProtocolError as exc:
                 log.warning("%s: frame not sent: %s", self, exc)
                 self._stats.dropped += 1
-                self._held.held -= item.size
+                self._held.release(self, item.size)
                 continue
             frames.append(frame)
             items.append(item)
@@ -390,7 +396,7 @@ class Link(asyncio.Protocol):
     def _forget(self, item: Item) -> None:
         """A written frame will not be resent: it no longer counts."""
         self._recent_bytes -= item.size
-        self._held.held -= item.size
+        self._held.release(self, item.size)
 
     def _expire(self) -> None:
         """Let go of written frames past ``resend_window`` (never resent), unless writes are
@@ -406,13 +412,13 @@ class Link(asyncio.Protocol):
 
     def _let_go(self) -> None:
         """Forget every frame queued or kept (the link ends, or hands them on)."""
-        self._held.held -= self._pending_bytes + self._recent_bytes
+        self._held.release(self, self._pending_bytes + self._recent_bytes)
         self._pending_bytes = self._recent_bytes = 0
         self._pending.clear()
         self._recent.clear()
 
     def _hand_on(self, items: list[Item]) -> None:
-        """Frames this link let go waiting (:meth:`shed`) go to the rest of their chunks."""
+        """Frames this link let go (:meth:`shed`) go to the rest of their chunks."""
         for item in items:
             self._events.reroute(self.netid, item)
 
@@ -429,7 +435,7 @@ class Link(asyncio.Protocol):
             if now - item.sent_at <= window:
                 (twice if item.resent else again).append(item)
         resent = sum(item.size for item in again)
-        self._held.held -= self._recent_bytes - resent  # the others are let go
+        self._held.release(self, self._recent_bytes - resent)  # the others are let go
         self._recent.clear()
         self._recent_bytes = 0
         for item in reversed(again):

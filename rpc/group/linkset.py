@@ -37,7 +37,7 @@ class Links:
         self._rng = rng
         self._links: dict[NetID, Link] = {}
         # shared by every link, which make room for each other's frames when it is full
-        self._bytes = QueueBytes(options.max_queued_bytes, self._links.values)
+        self._bytes = QueueBytes(options.max_queued_bytes)
         self._tasks = TaskSet(loop)
         self._closing = False
 

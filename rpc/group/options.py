@@ -111,8 +111,9 @@ class GroupStats:
     overflows: int = 0
     """Chunks whose head's queue was full (after ``send_timeout``, for our own broadcast)."""
     shed: int = 0
-    """Waiting frames a link handed to the rest of their chunks to make room for another
-    link's frame when ``max_queued_bytes`` was full (it held the most)."""
+    """Frames a link handed to the rest of their chunks to make room for another link's
+    frame when ``max_queued_bytes`` was full (it held the most): waiting ones, and copies
+    kept to resend while its writes were paused (maybe unread)."""
     stalls: int = 0
     """Links aborted after ``write_stall_timeout`` without their peer reading."""
     protocol_errors: int = 0
