@@ -94,6 +94,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_close_began",
         "_closers",
         "_ended",
+        "_half_closed",
         "_hold_told",
         "_input_end",
         "_intercepted",
@@ -159,6 +160,9 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         they run and only for a peer that takes the cancellation extension."""
         self._reading = True
         self._input_end = READ
+        self._half_closed: asyncio.Task[None] | None = None
+        """The graceful close a client's half-close began (:meth:`eof_received`): held here
+        until it ends with the connection (it waits for ``closed``)."""
         """The input's phase (:data:`~rpc.closing.READ`, ``DROPPED`` at a graceful close's
         end or after a protocol violation, ``ENDED`` by the peer's half-close)."""
         self._close_began = NOT_CLOSING
@@ -314,12 +318,14 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         """A client half-closed its TCP connection to our server (``shutdown(SHUT_WR)``, as
         ``nc`` does after its input): it sends nothing more, and may still read. What it
         sent before still runs and is answered (handlers running or queued, requests kept
-        unrun, notifications), as a graceful :meth:`~rpc.closing.Closing.close` waits for
-        them, within the connection's timeout (``Options.timeout``, else Gotalk's 30 s,
-        Chatter's 5 s); then the connection closes. No reply to a call of ours can come any
-        more: those in flight fail at once with ConnectionClosed, as new ones do, and its
-        stream requests get no more parts (their handlers read ConnectionClosed). With
-        nothing left to answer, over TLS (asyncio and uvloop end a TLS connection at the
+        unrun), as a graceful :meth:`~rpc.closing.Closing.close` waits for them, within the
+        connection's timeout (``Options.timeout``, else Gotalk's 30 s, Chatter's 5 s); then
+        the connection closes. The checks of its input stop (silence, Pings, an unfinished
+        message's rate: :meth:`~rpc.options.Adapter.input_ended`). No reply to a call of ours
+        can come any more: those in flight fail at once with ConnectionClosed, as new ones
+        do, and its stream requests get no more parts (their handlers read
+        ConnectionClosed). With nothing left to answer (notifications and ``on_open`` owe
+        none: they are cut as ever), over TLS (asyncio and uvloop end a TLS connection at the
         peer's close_notify whatever this returns), and on a connection we made (a server
         that half-closes is closing: our reconnecting client should reconnect at once), it
         closes at once."""
@@ -331,14 +337,18 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
             or transport.get_extra_info("ssl_object")
         ):
             return False
+        if not (self._runner.jobs or self._kept.messages):  # (not handlers_running: the
+            return False  # notifications and on_open it counts owe no answer: cut as ever)
         self._input_end = ENDED
         error = ConnectionClosed("the peer closed its side of the connection: no reply can come")
+        if self.gave_up is None:
+            self.gave_up = error
         self.fail_calls(error)
         for queue in self._streams.values():
             queue.put(error)  # (their parts cannot come)
-        if not (self.handlers_running or self._kept.messages or len(self._tasks)):
-            return False
-        self._tasks.spawn(self.close(drain_timeout=self._timeout(None)))
+        self.adapter.input_ended()
+        # not one of _tasks: those take notification slots, and a full count holds input
+        self._half_closed = self._loop.create_task(self.close(drain_timeout=self._timeout(None)))
         return True
 
     def connection_lost(self, exc: BaseException | None) -> None:

@@ -142,3 +142,122 @@ async def test_a_half_close_with_nothing_to_answer_closes_at_once(scheme: str) -
             client._transport.write_eof()
             await asyncio.wait_for(asyncio.shield(served.closed), 2)
             await asyncio.wait_for(asyncio.shield(client.closed), 2)
+
+
+def _answer(rid: int, payload: bytes) -> bytes:
+    return b"R" + rid.to_bytes(4, "little") + b"%08x" % len(payload) + payload
+
+
+async def test_a_request_kept_behind_max_concurrent_runs_after_the_half_close() -> None:
+    """max_concurrent=1, no retry results: the second request waits kept while the first
+    runs; the client half-closes. Both answers come, well before the drain's end. (Review
+    190 of 536ca3a: the close began as a task of the notification task set took its only
+    slot, which held the kept request for good.)"""
+    go = asyncio.Event()
+    reg = rpc.Registry()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        await go.wait()
+        return value * 2
+
+    options = rpc.Options(max_concurrent=1, timeout=2.5)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            writer.write(b"01" + _gotalk_request(1, b"slow", b"20"))
+            writer.write(_gotalk_request(2, b"slow", b"1"))
+            writer.write_eof()
+            await wait_until(lambda: len(server.peers) == 1, 2)
+            [served] = server.peers
+            await wait_until(lambda: served._input_end == ENDED, 2)  # the FIN was read
+            go.set()
+            data = b""
+            try:
+                async with asyncio.timeout(1.5):  # (the drain would end at 2.5 s)
+                    while _answer(2, b"2") not in data:
+                        chunk = await reader.read(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+            except TimeoutError:
+                pass
+        finally:
+            writer.close()
+    assert _answer(1, b"40") in data
+    assert _answer(2, b"2") in data, "the kept request never ran after the FIN"
+
+
+async def test_the_read_timeout_does_not_abort_a_half_closed_client_before_its_answer() -> None:
+    """A half-closed client sends nothing more, heartbeats included: Gotalk's read_timeout
+    must not abort the drain the half-close began (review 190 of 536ca3a: it did, and the
+    answer was dropped). Here read_timeout=0.3, Options.timeout=3, the handler 0.8 s."""
+    reg = rpc.Registry()
+    started = asyncio.Event()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        started.set()
+        await asyncio.sleep(0.8)  # (the work being answered, not a synchronisation)
+        return value * 2
+
+    options = rpc.Options(timeout=3)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, read_timeout=0.3
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            writer.write(b"01" + _gotalk_request(1, b"slow", b"20"))
+            writer.write_eof()
+            await asyncio.wait_for(started.wait(), 2)
+            data = await asyncio.wait_for(reader.read(), 2.5)  # up to the server's FIN
+        finally:
+            writer.close()
+    assert _answer(1, b"40") in data, f"answer dropped: {data!r}"
+
+
+async def test_a_half_close_with_only_a_long_on_connect_running_closes_at_once() -> None:
+    """An async on_connect that lives as long as the connection (a push loop, say) owes
+    the client no answer: a client that sends its version and half-closes at once is
+    closed at once, as before 536ca3a (review 190: it was kept the whole drain)."""
+    gate = asyncio.Event()
+
+    async def on_connect(peer: Any) -> None:
+        await gate.wait()
+
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", on_connect=on_connect) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        try:
+            writer.write(b"01")
+            writer.write_eof()
+            data = await asyncio.wait_for(reader.read(), 1.5)  # up to the server's FIN
+        finally:
+            writer.close()
+            gate.set()
+    assert data.startswith(b"01")
+
+
+async def test_chatter_pings_do_not_abort_a_half_closed_client_before_its_answer() -> None:
+    """As the read timeout above, for Chatter: no Pong can come from a half-closed client,
+    so the server's Pings stop rather than close the connection at their timeout (0.2 s
+    here, with Pings after 0.2 s of silence) before the 0.8-s handler's answer."""
+    reg = rpc.Registry()
+    started = asyncio.Event()
+
+    @reg.handle("slow")
+    async def slow(value: Any) -> Any:
+        started.set()
+        await asyncio.sleep(0.8)  # (the work being answered, not a synchronisation)
+        return value * 2
+
+    options = rpc.Options(timeout=3)
+    async with rpc.serve(
+        "tcp+sbs://127.0.0.1:0", registry=reg, options=options, ping_interval=0.2, ping_timeout=0.2
+    ) as server:
+        async with rpc.connect(str(server.url), reconnect=False, ping_interval=None) as client:
+            call = asyncio.ensure_future(client.request("slow", 21, timeout=3))
+            await asyncio.wait_for(started.wait(), 2)
+            client._transport.write_eof()
+            assert await asyncio.wait_for(call, 2.5) == 42
