@@ -321,7 +321,7 @@ class Server:
         if self.url.websocket:
             web = self._web or HttpOptions()
             limit = self._options.handshake_timeout  # counts the upgrade too (from accept)
-            if limit is not None and limit < web.handshake_timeout:
+            if limit and limit < web.handshake_timeout:  # 0, None: no limit of the peer's
                 web = dataclasses.replace(web, handshake_timeout=limit)
             web = dataclasses.replace(web, mount=self.url.path)
             max_size = self._max_size + 4096  # room for one Gotalk header beside the payload

@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import socket
 import ssl
+import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 from websockets.client import ClientProtocol
-from websockets.protocol import State
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+from websockets.protocol import SEND_EOF, State
+from websockets.server import ServerProtocol
 from websockets.typing import Origin
 from websockets.uri import parse_uri
 
@@ -35,6 +40,7 @@ from tests.test_web_hostile import RawClient, Recorder, recorder_server, unread
 from transports.read_buffer import READ_SIZE
 from transports.stream import client_ssl_context, server_ssl_context
 from transports.web_http import HttpOptions
+from transports.ws_body import CHUNK, send_response
 from wire import gotalk
 
 pytestmark = pytest.mark.both_loops
@@ -132,11 +138,15 @@ async def test_options_handshake_timeout_bounds_a_websocket_upgrade_dribbled_in(
         dribbling = asyncio.create_task(dribble())
         try:
             async with asyncio.timeout(3):
-                assert await reader.read() == b""  # closed, nothing answered
+                # closed, nothing answered: the server aborts at the deadline, so a byte
+                # dribbled in meanwhile may turn its close into a reset (that is closed too)
+                with contextlib.suppress(ConnectionResetError):
+                    assert await reader.read() == b""
         finally:
             dribbling.cancel()
             writer.close()
-        assert loop.time() - began < limit + 0.4
+        # the request takes 5 s to dribble in, the old limit was 10 s: slack for a loaded box
+        assert loop.time() - began < limit + 1.5
         async with rpc.connect(str(server.url)) as client:  # a prompt client gets in
             assert await client.request("greet", {"name": "x"}) == {"greeting": "Hello x"}
 
@@ -168,14 +178,16 @@ async def test_tls_handshakes_stalled_midway_end_at_the_limit_while_others_are_s
             finally:
                 writer.close()
 
-        async with asyncio.timeout(3):
+        async with asyncio.timeout(5):
             stalls = [asyncio.create_task(stall()) for _ in range(stalled)]
             client_url = url.replace("127.0.0.1", "localhost").replace(":0", f":{server.url.port}")
             async with rpc.connect(client_url, ssl=ctx) as client:
                 assert await client.request("greet", {"name": "x"}) == {"greeting": "Hello x"}
             flights = await asyncio.gather(*stalls)
         assert all(flight.startswith(b"\x16\x03") for flight in flights)  # a handshake record
-        assert loop.time() - began < limit + 0.5
+        # past the limit, not the 60 s (TLS) or 10 s (upgrade) they had without it: slack
+        # for 20 handshakes on a loaded box
+        assert loop.time() - began < limit + 2.5
 
 
 async def test_a_fragmented_message_past_the_limit_is_closed_with_1009() -> None:
@@ -256,13 +268,13 @@ async def test_deep_static_paths_are_refused_before_the_file_system_is_asked(
             writer.close()
             return answer.split(b" ", 2)[1]
 
-        loop = asyncio.get_running_loop()
-        began = loop.time()
+        # CPU time (the server runs in this process), not wall time: load does not add to it
+        began = time.process_time()
         for _ in range(20):
             assert await status("/" + "a/" * 4080) == b"404"
-        took = loop.time() - began
+        took = time.process_time() - began
         assert await status("/") == b"200"
-        assert took < 0.2, took  # was 0.81-0.89 s on a 2-CPU VM; now 10-20 ms
+        assert took < 0.3, took  # was 0.8-0.9 s (wall 0.81-0.89 s) on a 2-CPU VM; now ~20 ms
 
 
 async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None:
@@ -307,3 +319,99 @@ async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_options_handshake_timeout_zero_does_not_close_every_upgrade() -> None:
+    """``Options(handshake_timeout=0)`` is "no limit" to the peer (``if handshake_timeout:``)
+    and to the stream server (``or 60.0``); passed on to the WebSocket server as its upgrade
+    limit (c9a8fef), it closed every upgrade at once."""
+    async with rpc.serve(
+        "ws+gotalk://127.0.0.1:0/gotalk/",
+        registry=gotalk_peer_registry(),
+        options=rpc.Options(handshake_timeout=0),
+    ) as server:
+        async with asyncio.timeout(3), rpc.connect(str(server.url)) as client:
+            assert await client.request("greet", {"name": "x"}) == {"greeting": "Hello x"}
+
+
+async def test_held_frames_are_freed_once_handed_over() -> None:
+    """Once every held frame reached the sink, the read they came in is not kept: 394545b
+    left the emptied HeldPayloads (the read's payloads and 4 bytes a frame, ~210 KB here)
+    on the connection until its next pause or its close."""
+    server, sinks, port = await recorder_server()
+    try:
+        client = await RawClient.open(port)
+        await eventually(lambda: sinks and sinks[0].transport is not None, "connected")
+        sink = sinks[0]
+        sink.transport.pause_reading()
+        raw = next(iter(server.connections)).raw
+        assert raw is not None
+        raw.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        frames = 28_000
+        client.writer.write(b"".join(b"\x82\x84\0\0\0\0%4d" % (i % 9999) for i in range(frames)))
+        await eventually(lambda: unread(raw.get_extra_info("socket")) >= READ_SIZE, "queued")
+
+        def on_data(recorder: Recorder) -> None:
+            if len(recorder.data) == 1:
+                recorder.transport.pause_reading()
+
+        sink.on_data = on_data
+        tracemalloc.start()
+        try:
+            sink.transport.resume_reading()
+            await eventually(lambda: len(sink.data) == 1, "the first frame")
+            gc.collect()
+            holding = tracemalloc.get_traced_memory()[0]
+            sink.on_data = None
+            sink.transport.resume_reading()
+            await eventually(lambda: len(sink.data) == frames, "every frame")
+            sink.data.clear()
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert after < holding - 150_000, (holding, after)
+        client.writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_lost_connection_lets_go_of_its_response_body(tmp_path: Path) -> None:
+    """A connection cut while its static response is still being fed (a peer that does not
+    read, then resets) drops its view of the cached file: it keeps the whole file alive."""
+    (tmp_path / "big.bin").write_bytes(os.urandom(FILE_BYTES))
+    http = HttpOptions(static_dir=tmp_path, allow_missing_origin=True)
+    server, _, port = await recorder_server(http=http)
+    try:
+        writer = await non_reader(port, None)
+        conn = next(iter(server.connections))
+        await eventually(lambda: conn._body is not None, "the body fed as the socket drains")
+        writer.transport.abort()
+        await eventually(lambda: conn.lost, "the connection lost")
+        assert conn._body is None
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+class SplitHeads(ServerProtocol):
+    """websockets as it may one day be: a response's head in two pieces."""
+
+    def data_to_send(self) -> list[bytes]:
+        out = super().data_to_send()
+        return [part for piece in out for part in ((piece[:9], piece[9:]) if piece else [piece])]
+
+
+@pytest.mark.parametrize("protocol", [ServerProtocol, SplitHeads])
+def test_a_large_body_goes_after_the_whole_head_however_websockets_splits_it(
+    protocol: type[ServerProtocol],
+) -> None:
+    """``send_response`` writes all that comes before websockets' end of stream (the head)
+    and feeds the body before that end: it took the first piece for the whole head."""
+    body = os.urandom(CHUNK + 1)
+    headers = Headers([("Content-Length", str(len(body))), ("Connection", "close")])
+    response = Response(200, "OK", headers, body)
+    now, feed = send_response(protocol(), response)
+    assert feed is not None and bytes(feed.rest) == body and feed.after == [SEND_EOF]
+    assert b"".join(now) == response.serialize()[: -len(body)]

@@ -10,7 +10,10 @@ file while the transport is under its high-water mark (256 KiB), the rest as it 
 a connection holds at most that plus one chunk of it, and the end of the response (the
 half-close) goes out after its last byte. A peer that half-closes after its request still
 gets all of it over TCP (then the socket closes); over TLS, whose close_notify asyncio takes
-for the end of the connection, the rest of the body is dropped.
+for the end of the connection, the rest of the body is dropped. A :class:`BodyFeed` is a
+view of the whole cached file, not a 64 KiB window: it keeps the file alive until the
+response ends or the connection's close timeout (10 s) aborts it, so a cache entry evicted
+or replaced meanwhile stays in memory that long (once, whatever the connections sending it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import dataclasses
 from collections.abc import Callable
 
 from websockets.http11 import Response
+from websockets.protocol import SEND_EOF
 from websockets.server import ServerProtocol
 
 CHUNK = 64 * 1024
@@ -54,10 +58,13 @@ class BodyFeed:
 
 def send_response(ws: ServerProtocol, response: Response) -> tuple[list[bytes], BodyFeed | None]:
     """``ws.send_response(response)``, a body over :data:`CHUNK` (never a 101's) left out:
-    what to write now, and the body's feed (None: nothing left)."""
+    what to write now, and the body's feed (None: nothing left). The head is what
+    ``data_to_send()`` returns before its end of stream (``SEND_EOF``, ``b""``, which every
+    response but a 101 ends with), in however many pieces; the body goes in before that."""
     if response.status_code == 101 or len(response.body) <= CHUNK:
         ws.send_response(response)
         return ws.data_to_send(), None
     ws.send_response(dataclasses.replace(response, body=b""))
-    head, *after = ws.data_to_send()
-    return [head], BodyFeed(response.body, after)
+    out = ws.data_to_send()
+    end = out.index(SEND_EOF) if SEND_EOF in out else len(out)
+    return out[:end], BodyFeed(response.body, out[end:])

@@ -210,7 +210,7 @@ class Connection(SharedBufferProtocol):
         self.lost = True
         self._cancel_timer()
         self._stop_rate()
-        self._held = None
+        self._held = self._body = None  # the read's frames, the cached file's view
         sink, self.sink = self.sink, None
         if sink is not None:
             ws = self.ws
@@ -319,6 +319,8 @@ class Connection(SharedBufferProtocol):
         if held is not None:
             if self.sink is not None:  # paused again: the rest stays held
                 held.feed(self.sink, lambda: self.reading)
+            if not held and self._held is held:  # all handed over: drop the read
+                self._held = None
             rate = self.input_rate
             if rate is not None and self.ws.state is _OPEN:
                 rate.released(self.loop.time())
