@@ -444,10 +444,18 @@ async def test_keepalive_pings_and_closes_a_silent_peer() -> None:
         answering = await RawClient.open(port)  # answers pings (sans-I/O pongs)
         while sum(f.opcode is Opcode.PING for f in answering.frames) < 3:
             assert await answering.read_once()
+
+        async def answer_on() -> None:  # it reads (and so answers) all along, not only
+            while await answering.read_once():  # until its third ping: a peer that stops
+                pass  # answering is closed too, in a race with the silent one
+
+        answers = asyncio.ensure_future(answer_on())
         silent = await RawClient.open(port)  # reads nothing, answers nothing
         await eventually(lambda: len(sinks) == 2 and sinks[1].lost, "silent peer closed", 5)
         assert isinstance(sinks[1].lost[0], ConnectionError)
         assert not sinks[0].lost  # the answering peer is still connected
+        assert not answers.done()
+        answers.cancel()
         silent.writer.close()
         answering.writer.close()
     finally:
