@@ -3,14 +3,18 @@ does not starve the node's honest traffic: a frame that finds the budget full ta
 from the link holding the most bytes, when that link holds more than the taker would.
 Frames a stalled sink was given and never read still reach the rest of their chunk, even
 the copies it let go for room. Finding the link that holds the most is exact (checked
-against a walk). On asyncio and uvloop."""
+against a walk), and the budget keeps no link that holds nothing alive. On asyncio and
+uvloop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import random
+import socket
+import weakref
 
 from rpc.group import NetID
 from rpc.group.items import QueueBytes
@@ -71,21 +75,40 @@ async def test_honest_traffic_flows_while_a_forger_fills_the_byte_budget() -> No
         assert a.node.footprint().queued_bytes <= 2 * MiB
 
 
+def frames_past_the_kernel(frame_size: int, rcvbuf: int) -> int:
+    """How many frames of ``frame_size`` bytes a link must write to a peer that never reads
+    (whose receive buffer is ``rcvbuf``) for the kernel to refuse some: twice what the
+    sender's buffer may grow to (Linux's ``tcp_wmem`` maximum; 4 MiB if unknown) and the
+    peer's, and at least 128."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            wmem = int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        wmem = 4 * MiB
+    return max(128, -(-2 * (wmem + rcvbuf) // frame_size))
+
+
 @on_both_loops
 async def test_frames_shed_from_a_sinks_kept_copies_still_reach_the_rest_of_the_chunk() -> None:
-    """a forwards 128 frames to a sink s with c as the rest of their chunk; s never reads,
-    so every frame it did not read must go on to c. Meanwhile frames for c fill the budget
+    """a forwards frames to a sink s with c as the rest of their chunk; s never reads, so
+    every frame it did not read must go on to c. Meanwhile frames for c fill the budget
     and take room from s. Before, s let go of its kept copies (frames it never read, in
     the kernel or its transport) without handing them on: c never got them, and neither
-    ``stats.shed`` nor ``stats.dropped`` counted them (review 184)."""
-    opts = {
-        "max_queued_bytes": 20 * MiB,
-        "max_queue_bytes": 16 * MiB,
+    ``stats.shed`` nor ``stats.dropped`` counted them (review 184). a sends s more than
+    the kernel can hold (s's receive buffer is set small, a's send buffer may grow to the
+    host's maximum), so its writes pause with copies of earlier writes kept: checked."""
+    rcvbuf = 64 * KiB
+    count = frames_past_the_kernel(64 * KiB, 2 * rcvbuf)  # 128 (8 MiB) with a 4 MiB max
+    opts = {  # s and x each hold count * 64 KiB: 20 MiB and 16 MiB for 128
+        "max_queued_bytes": count * 160 * KiB,
+        "max_queue_bytes": count * 128 * KiB,
         "resend_window": 30.0,
         "write_stall_timeout": 0.5,
     }
     async with contextlib.AsyncExitStack() as stack:
         sink = await stack.enter_async_context(RawPeer("stall"))
+        # accepted sockets inherit it (a peer that never reads keeps this window)
+        sink.server.sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         a, c = Member(), Member()
         await a.start(**opts)
         stack.push_async_callback(a.node.close)
@@ -94,18 +117,31 @@ async def test_frames_shed_from_a_sinks_kept_copies_still_reach_the_rest_of_the_
         # [s, c, x] splits into chunks [s, c] and [x]: s is c's head (x reads)
         x = await stack.enter_async_context(RawPeer("read"))
         dist = (sink.netid, c.node.netid, x.netid)
-        count = 128
         blobs = [i.to_bytes(4, "big") + os.urandom(64 * KiB - 4) for i in range(count)]
         to_sink = [frame(FORGER, FORGER, i + 1, "blob", blobs[i], dist) for i in range(count)]
         _, writer = await asyncio.open_connection(*a.node.address)
         writer.write(b"".join(to_sink))
         await writer.drain()
         await wait_for(lambda: a.node.stats.frames_received >= count)
-        # frames for c alone (8 MiB + 4.5 MiB > 12 MiB left to s and c): the budget fills
+        (link,) = (k for k in a.node._router.links if k.netid == sink.netid)
+
+        def paused_with_earlier_copies() -> bool:  # what the shed must hand on
+            return not link._writable.is_set() and len(link._recent) > link._last_write
+
+        await wait_for(paused_with_earlier_copies)
+        # frames for c alone (8 MiB + 4.5 MiB > 12 MiB left to s and c, for 128): the
+        # budget fills
         filler = os.urandom(64 * KiB)
         to_c = [
-            frame(FORGER, FORGER, 1000 + i, "blob", filler + bytes([i]), (c.node.netid,))
-            for i in range(72)
+            frame(
+                FORGER,
+                FORGER,
+                count + 1 + i,
+                "blob",
+                filler + i.to_bytes(4, "big"),
+                (c.node.netid,),
+            )
+            for i in range(count * 9 // 16)
         ]
         writer.write(b"".join(to_c))
         await writer.drain()
@@ -126,47 +162,134 @@ class Sink:
     def __init__(self, budget: QueueBytes, others: list[Sink]) -> None:
         self.budget = budget
         self.others = others
+        self.counted = 0
         self.asked = 0
 
     def shed(self, need: int) -> int:
-        holds = self.budget.holds(self)
-        assert holds == max(self.budget.holds(s) for s in self.others)
+        assert self.counted == max(s.counted for s in self.others)
         self.asked += 1
-        freed = min(need, holds)
+        freed = min(need, self.counted)
         self.budget.release(self, freed)
         return freed
 
 
 def test_the_link_asked_for_room_is_one_holding_the_most() -> None:
-    """Holdings change at random (frames queued and let go, links emptied); each time the
-    budget is full, every link asked to shed holds the most (by a walk of them all), and
-    none is asked when none holds more than the taker would."""
+    """Holdings change at random (frames queued and let go, links ending and new ones in
+    their place, which may get an ended one's ``id``; now and then most links empty, so
+    the budget stops watching); each time the budget is full, every link asked to shed
+    holds the most (by a walk of them all), and none is asked when none holds more than
+    the taker would. The heap stays within twice the links holding now (plus 64)."""
     rng = random.Random(184)
     budget = QueueBytes(10_000)
     sinks: list[Sink] = []
     sinks += [Sink(budget, sinks) for _ in range(50)]
     taker = Sink(budget, sinks)
-    full = 0
+    full = asked = ended = unwatched = 0
     for _ in range(20_000):
-        sink = rng.choice(sinks)
+        i = rng.randrange(len(sinks))
+        sink = sinks[i]
         size = rng.randrange(1, 300)
         if rng.random() < 0.02:
-            budget.release(sink, budget.holds(sink))  # the link ended
+            asked += sink.asked
+            budget.release(sink, sink.counted)  # the link ended; a new one takes its place
+            sinks[i] = Sink(budget, sinks)
+            del sink
+            ended += 1
+        elif rng.random() < 0.002:  # links empty till at most half is held
+            for s in sinks:
+                if budget.held <= budget.limit // 2:
+                    break
+                budget.release(s, s.counted)
+            assert not budget._heap  # not watched (as after a drain)
+            unwatched += 1
         elif rng.random() < 0.2:
-            budget.release(sink, min(budget.holds(sink), size))
+            budget.release(sink, min(sink.counted, size))
         elif budget.room_for(size):
-            budget.add(sink, size)
+            assert budget.take(size, sink)
         else:
             full += 1
-            most = max(budget.holds(s) for s in sinks)
-            asked = sum(s.asked for s in sinks)
+            most = max(s.counted for s in sinks)
+            before = sum(s.asked for s in sinks)
             if budget.make_room(size, taker):
                 assert budget.room_for(size)
             if most <= size:
-                assert sum(s.asked for s in sinks) == asked
-    assert full > 1000
-    assert sum(s.asked for s in sinks) > 500
-    assert budget.held == sum(budget.holds(s) for s in sinks)
+                assert sum(s.asked for s in sinks) == before
+            assert len(budget._heap) <= 2 * sum(s.counted > 0 for s in sinks) + 64 + 2
+    assert full > 1000 and ended > 300 and unwatched > 10
+    assert asked + sum(s.asked for s in sinks) > 500
+    assert budget.held == sum(s.counted for s in sinks)
     # a taker holding the most gets no room from the others
-    budget.add(taker, budget.limit)
+    for s in sinks:
+        budget.release(s, s.counted)
+    assert budget.take(budget.limit - 100, taker)
+    assert budget.take(100, sinks[0])
     assert not budget.make_room(1, taker)
+    assert not budget.take(1, taker)
+    assert budget.held == budget.limit
+
+
+class Gone:
+    """A holder that has nothing to give back."""
+
+    counted = 0
+
+    def shed(self, need: int) -> int:
+        return 0
+
+
+def test_a_link_that_holds_nothing_is_not_kept_alive_by_the_budget() -> None:
+    """Review 191: links that let go of everything (they ended) stayed in the heap (built
+    when the budget was full) until a later question reached them or a rebuild: while
+    the budget had room, nothing asked, and every link that had been in it stayed alive."""
+    budget = QueueBytes(1000)
+    holders = [Gone() for _ in range(10)]
+    for h in holders:
+        h.counted = 0
+        assert budget.take(100, h)
+    assert not budget.make_room(10, Gone())  # full: the heap is built and asked
+    refs = [weakref.ref(h) for h in holders]
+    for h in holders[1:]:
+        budget.release(h, 100)  # they end; the first one still holds
+    del holders, h
+    gc.collect()
+    assert budget.held == 100
+    alive = sum(r() is not None for r in refs)
+    assert alive == 1, f"{alive - 1} ended holders still referenced by the budget"
+
+
+@on_both_loops
+async def test_links_that_stalled_out_are_not_kept_alive_by_the_budget() -> None:
+    """Review 191, with links: sinks that never read fill the budget (it asks who holds
+    the most), then stall out and end; none stays referenced."""
+    opts = {
+        "max_queued_bytes": 512 * KiB,
+        "max_queue_bytes": 256 * KiB,
+        "write_stall_timeout": 0.3,
+        "resend_window": 0.2,
+        "idle_timeout": 0.3,
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        sinks = [await stack.enter_async_context(RawPeer("stall")) for _ in range(4)]
+        (a,) = await stack.enter_async_context(group(1, **opts))
+        blob = os.urandom(64 * KiB)
+        dist = tuple(s.netid for s in sinks)
+        forged = [frame(FORGER, FORGER, seq, "nobody", blob, dist) for seq in range(1, 200)]
+        _, writer = await asyncio.open_connection(*a.node.address)
+        writer.write(b"".join(forged))
+        await writer.drain()
+        writer.close()
+        await wait_for(lambda: a.node.stats.frames_received >= len(forged))
+        links = list(a.node._router.links)
+        assert links and a.node.stats.shed > 0  # the budget was full and asked who holds most
+        refs = [weakref.ref(link) for link in links]
+        del links
+        await wait_for(lambda: a.node.footprint().links == 0, timeout=1.5)  # all ended
+        assert a.node.footprint().queued_bytes == 0
+
+        def alive() -> int:
+            gc.collect()
+            return sum(r() is not None for r in refs)
+
+        with contextlib.suppress(TimeoutError):  # uvloop lets go of its transports later
+            await wait_for(lambda: not alive(), timeout=1)
+        assert not alive(), f"{alive()} ended links still referenced"

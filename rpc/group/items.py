@@ -13,8 +13,7 @@ in distribution lists, as many as it likes) cannot starve links that keep up.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from heapq import heapify, heappop, heappush
-from itertools import count
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Protocol
 
 from wire.gossip import NetID
@@ -42,7 +41,12 @@ class Item:
 
 
 class Holder(Protocol):
-    """A link, as the shared budget sees it: hashed by identity, and able to give room back."""
+    """A link, as the shared budget sees it: its bytes in the budget, and able to give room
+    back."""
+
+    counted: int
+    """Bytes of its frames counted in the budget: written by :class:`QueueBytes` alone
+    (starts at 0)."""
 
     def shed(self, need: int) -> int:
         """Give up to about ``need`` bytes back (at least one frame if any can go);
@@ -51,50 +55,64 @@ class Holder(Protocol):
 
 
 class QueueBytes:
-    """Bytes of frames all of a node's links hold (queued, or kept for resending), per link,
-    and their limit ``max_queued_bytes``. Owned by :class:`~rpc.group.linkset.Links`; each
-    link tells it when its own frames come and go (:meth:`add`, :meth:`release`), so it
-    answers which link holds the most without asking the links.
+    """Bytes of frames all of a node's links hold (queued, or kept for resending), per link
+    (:attr:`Holder.counted`), and their limit ``max_queued_bytes``. Owned by
+    :class:`~rpc.group.linkset.Links`; each link tells it when its own frames come and go
+    (:meth:`take`, :meth:`release`), so it answers which link holds the most without
+    asking the links.
 
-    That answer costs O(log n) amortized (n links holding): a max-heap of holdings, where
-    a link whose holding changed is pushed again on the next question and entries that no
-    longer match are dropped when they reach the top; the heap is rebuilt once it is more
-    than twice as long as the links holding (plus 64), so stale entries cost O(1) each."""
+    That answer costs O(log n) amortized (n links holding): a max-heap of holdings, kept
+    only while the budget is watched, from the first time it is found full until it is at
+    most half full again (while it has room, a frame costs two counts and no heap). A link
+    whose holding grew is pushed again on the next question; an entry that no longer
+    matches is dropped (or, for a link that holds less, moved down) when it reaches the
+    top; the heap is rebuilt once it is more than twice as long as the links holding now
+    (plus 64), so stale entries cost O(1) each. Entries name links by ``id``, and the
+    budget keeps only links holding something: one that lets go of everything (it ends)
+    is not kept alive. (A later link may get its ``id``: an old entry is then checked
+    against that link's holding, and if they match, that link does hold the most.)"""
 
-    __slots__ = ("_changed", "_heap", "_holding", "_seq", "held", "limit")
+    __slots__ = ("_changed", "_heap", "_holding", "held", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
-        self._holding: dict[Holder, int] = {}  # links holding anything, and their bytes
-        self._changed: set[Holder] = set()  # not pushed since their holding changed
-        self._heap: list[tuple[int, int, Holder]] = []  # (-bytes, tiebreak, link)
-        self._seq = count()
+        self._holding: dict[int, Holder] = {}  # links holding anything, by id
+        # While watched: links whose holding grew since the last question (else None),
+        # and the heap, (-bytes, id(link)).
+        self._changed: set[Holder] | None = None
+        self._heap: list[tuple[int, int]] = []
 
-    def holds(self, holder: Holder) -> int:
-        """Bytes of ``holder``'s frames counted in the budget."""
-        return self._holding.get(holder, 0)
-
-    def add(self, holder: Holder, size: int) -> None:
-        """``holder`` queued or kept ``size`` more bytes (already found room for)."""
-        if not size:
-            return
-        self.held += size
-        self._holding[holder] = self._holding.get(holder, 0) + size
-        self._changed.add(holder)
+    def take(self, size: int, taker: Holder) -> bool:
+        """Count ``size`` more bytes of ``taker``'s frames, if there is room for them or
+        :meth:`make_room` makes it; False (nothing counted) if not. One call, as every frame
+        offered to a link comes this way."""
+        held = self.held
+        if held and held + size > self.limit and not self.make_room(size, taker):
+            return False
+        if size:
+            self.held += size
+            before = taker.counted
+            taker.counted = before + size
+            if not before:
+                self._holding[id(taker)] = taker
+            if self._changed is not None:
+                self._changed.add(taker)
+        return True
 
     def release(self, holder: Holder, size: int) -> None:
         """``holder`` let go of ``size`` bytes of its frames."""
         if not size:
             return
         self.held -= size
-        left = self._holding.get(holder, 0) - size
-        if left > 0:
-            self._holding[holder] = left
-            self._changed.add(holder)
-        else:  # holds nothing: forgotten (its heap entries are stale)
-            self._holding.pop(holder, None)
-            self._changed.discard(holder)
+        left = holder.counted - size
+        holder.counted = left
+        if left <= 0:  # holds nothing: forgotten, and its heap entries stale
+            self._holding.pop(id(holder), None)
+            if self._changed is not None:
+                self._changed.discard(holder)
+        if self._changed is not None and self.held <= self.limit >> 1:
+            self._unwatch()
 
     def room_for(self, size: int) -> bool:
         """Room for ``size`` more bytes (with nothing held, a frame of any size fits)."""
@@ -105,30 +123,45 @@ class QueueBytes:
         holds the most, as long as it holds more than ``taker`` would with them (so two
         links never take turns). Every link keeps up to its fair share of the budget: a
         link that keeps up holds little, and gets room from those that do not read."""
-        while not self.room_for(size):
+        while self.held and self.held + size > self.limit:
             most = self._most()
             if most is None or most is taker:
                 return False  # no other link holds more than taker
-            if self._holding[most] <= self.holds(taker) + size:
+            if most.counted <= taker.counted + size:
                 return False
             if not most.shed(self.held + size - self.limit):
                 return False
         return True
 
     def _most(self) -> Holder | None:
-        """The link holding the most bytes (None if none holds any)."""
-        holding, heap = self._holding, self._heap
-        if len(heap) + len(self._changed) > 2 * len(holding) + 64:
-            heap[:] = [(-n, next(self._seq), h) for h, n in holding.items()]
+        """The link holding the most bytes (None if none holds any); watches the budget."""
+        holding, heap, changed = self._holding, self._heap, self._changed
+        if changed is None or len(heap) + len(changed) > 2 * len(holding) + 64:
+            heap[:] = [(-h.counted, key) for key, h in holding.items()]
             heapify(heap)
+            self._changed = set()
         else:
-            for holder in self._changed:
-                if holder in holding:
-                    heappush(heap, (-holding[holder], next(self._seq), holder))
-        self._changed.clear()
+            for holder in changed:  # each holds something (dropped when it held nothing)
+                heappush(heap, (-holder.counted, id(holder)))
+            changed.clear()
+        # Each link holding has an entry at least as high as its holding: the top one
+        # that matches its link's holding is the most.
         while heap:
-            minus, _, holder = heap[0]
-            if holding.get(holder) == -minus:
-                return holder
-            heappop(heap)  # its holding changed since: a newer entry is in the heap
+            minus, key = heap[0]
+            link = holding.get(key)
+            if link is None:
+                heappop(heap)  # its link let go of everything since
+                continue
+            now = link.counted
+            if now == -minus:
+                return link
+            if now < -minus:
+                heapreplace(heap, (-now, key))  # holds less since
+            else:
+                heappop(heap)  # holds more since: pushed again above
         return None
+
+    def _unwatch(self) -> None:
+        """At most half full: nobody asks who holds the most for a while."""
+        self._changed = None
+        self._heap.clear()

@@ -106,6 +106,7 @@ class Link(asyncio.Protocol):
         self._stats = stats
         self._rng = rng
         self._held = held
+        self.counted = 0  # bytes of our frames in the budget (written by it alone)
         self._loop = asyncio.get_running_loop()
         self._pending: deque[Item] = deque()
         self._pending_bytes = 0
@@ -187,11 +188,10 @@ class Link(asyncio.Protocol):
         size = item.size
         if self._pending and self._pending_bytes + size > opts.max_queue_bytes:
             return False
-        if not self._held.make_room(size, self):
+        if not self._held.take(size, self):
             return False
         self._pending.append(item)
         self._pending_bytes += size
-        self._held.add(self, size)
         self._wakeup.set()
         return True
 
