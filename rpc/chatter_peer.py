@@ -202,10 +202,6 @@ class ChatterAdapter:
     def input_held(self) -> None:
         self.pings.input_held()
 
-    def input_ended(self) -> None:
-        self.pings.input_ended()
-        self.stall.unschedule()
-
     def _ping(self) -> None:
         """A Ping of our plan. The previous one, if still unanswered (we hold the peer's
         input: its Pong waits unread), is abandoned, its Pong dropped when it comes (any

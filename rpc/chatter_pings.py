@@ -140,11 +140,6 @@ class ChatterPings:
             self._awaiting_pong = True  # the plan is ours until the hold ends
             self._peer.deadlines.set("ping", when, self._pong_due)
 
-    def input_ended(self) -> None:
-        """The peer half-closed: no Pong can come, so no more Pings, nor a wait for one."""
-        self._awaiting_pong = False
-        self._peer.deadlines.clear("ping")
-
     def _pong_due(self) -> None:
         peer = self._peer
         if not peer.is_open:

@@ -37,13 +37,6 @@ NOT_CLOSING = float("inf")
 """``Peer._close_began`` while no graceful close has begun (:meth:`Closing.close` sets it to
 the loop time it begins at)."""
 
-READ, DROPPED, ENDED = 0, 1, 2
-"""The phases of a connection's input (``Peer._input_end``): read as the flow decides
-(:mod:`rpc.input_flow`); read and dropped while the transport closes
-(:meth:`~rpc.input_flow.InputFlow.drop_input`: a graceful close's end, a protocol
-violation), until the connection is gone; ended by the peer, which half-closed
-(:meth:`~rpc.peer.Peer.eof_received`): nothing more comes."""
-
 log = logging.getLogger("peerwire.rpc")
 
 
@@ -88,7 +81,6 @@ class Closing:
     _kept: Backlog
     _close_began: float
     _stream_hold: StreamHold
-    _input_end: int
     adapter: Any
     outbox: Outbox
     deadlines: Deadlines
@@ -268,7 +260,7 @@ class Closing:
         (:attr:`~rpc.peer.Peer.is_open`), and what is still written to it (a cut handler's
         answer, a heartbeat) is dropped, as once it closes."""
         transport = self._transport
-        if turns_away and self._input_end != ENDED:  # (ended: its FIN came already)
+        if turns_away:
             self.drop_input()
             if not transport.is_closing() and transport.can_write_eof():
                 self.outbox.flush()

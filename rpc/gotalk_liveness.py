@@ -97,11 +97,6 @@ class GotalkLiveness:
             deadlines.set("read", now + self.read_timeout, self._read_due, coarse=True)
         deadlines.rearm()
 
-    def input_ended(self) -> None:
-        """The peer half-closed: its silence is no longer a sign of anything (our heartbeats
-        go on: it may still read)."""
-        self._peer.deadlines.clear("read")
-
     def _read_due(self) -> None:
         timeout = self.read_timeout
         peer = self._peer

@@ -137,10 +137,6 @@ class GotalkAdapter:
     def input_held(self) -> None:
         """Nothing to do: our heartbeats go out on their own plan, read or not."""
 
-    def input_ended(self) -> None:
-        self.liveness.input_ended()
-        self.stall.unschedule()
-
     def last_word(self, exc: ProtocolError) -> None:
         code = exc.code if exc.code is not None else gotalk.ErrorCode.INVALID_MESSAGE
         self.peer.outbox.push(self.codec.fault(code))

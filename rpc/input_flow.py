@@ -35,7 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Generic
 
 from rpc.backlog import MESSAGES_PER_TURN, Backlog
-from rpc.closing import DROPPED, NOT_CLOSING
+from rpc.closing import NOT_CLOSING
 from rpc.key import K
 from rpc.responder import NoTaskSlot, current_peer
 from rpc.stream_hold import InputHeld, NoRoom, RoomStall, StreamHold
@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     from rpc.tasks import TaskSet
 
 log = logging.getLogger("peerwire.rpc")
+
+READ, DROPPED = 0, 1
+"""The phases of a connection's input (:attr:`InputFlow._input_end`): read as the flow
+decides; read and dropped while the transport closes (:meth:`InputFlow.drop_input`: a
+graceful close's end, a protocol violation), until the connection is gone."""
 
 
 class InputFlow(Generic[K]):

@@ -104,12 +104,6 @@ class Adapter(Protocol[K]):
         keep it hearing from us meanwhile, as its liveness checks expect."""
         ...
 
-    def input_ended(self) -> None:
-        """The peer half-closed (``Peer.eof_received``): nothing more comes, so the checks
-        of its input (silence, liveness answers, an unfinished message's rate) stop; the
-        answers still owed go out, bounded by the close's drain."""
-        ...
-
     def handshake_pending(self) -> bool:
         """True while the peer's handshake (Gotalk version, first Chatter frame) is begun or
         due and unfinished: at ``handshake_timeout`` such a connection is closed."""

@@ -53,11 +53,11 @@ from rpc.backlog import Backlog
 from rpc.call_bounds import CallBounds
 from rpc.calls import Caller
 from rpc.calls import _Call as _Call
-from rpc.closing import DROPPED, ENDED, NOT_CLOSING, READ, Closing
+from rpc.closing import NOT_CLOSING, Closing
 from rpc.deadlines import Deadlines
 from rpc.errors import ConnectionClosed
 from rpc.handler_runner import HandlerRunner
-from rpc.input_flow import InputFlow
+from rpc.input_flow import DROPPED, READ, InputFlow
 from rpc.key import K
 from rpc.logs import refusals, violations
 from rpc.options import Adapter, Options
@@ -94,7 +94,6 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_close_began",
         "_closers",
         "_ended",
-        "_half_closed",
         "_hold_told",
         "_input_end",
         "_intercepted",
@@ -160,11 +159,8 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         they run and only for a peer that takes the cancellation extension."""
         self._reading = True
         self._input_end = READ
-        self._half_closed: asyncio.Task[None] | None = None
-        """The graceful close a client's half-close began (:meth:`eof_received`): held here
-        until it ends with the connection (it waits for ``closed``)."""
-        """The input's phase (:data:`~rpc.closing.READ`, ``DROPPED`` at a graceful close's
-        end or after a protocol violation, ``ENDED`` by the peer's half-close)."""
+        """The input's phase (:data:`~rpc.input_flow.READ`, ``DROPPED`` at a graceful
+        close's end or after a protocol violation: :mod:`rpc.input_flow`)."""
         self._close_began = NOT_CLOSING
         """The loop time a graceful close began (:meth:`~rpc.closing.Closing.close`): what
         is read after it may be turned away (:meth:`~rpc.responder.Responder.turned_away`).
@@ -315,41 +311,13 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         return read_at
 
     def eof_received(self) -> bool:
-        """A client half-closed its TCP connection to our server (``shutdown(SHUT_WR)``, as
-        ``nc`` does after its input): it sends nothing more, and may still read. What it
-        sent before still runs and is answered (handlers running or queued, requests kept
-        unrun), as a graceful :meth:`~rpc.closing.Closing.close` waits for them, within the
-        connection's timeout (``Options.timeout``, else Gotalk's 30 s, Chatter's 5 s); then
-        the connection closes. The checks of its input stop (silence, Pings, an unfinished
-        message's rate: :meth:`~rpc.options.Adapter.input_ended`). No reply to a call of ours
-        can come any more: those in flight fail at once with ConnectionClosed, as new ones
-        do, and its stream requests get no more parts (their handlers read
-        ConnectionClosed). With nothing left to answer (notifications and ``on_open`` owe
-        none: they are cut as ever), over TLS (asyncio and uvloop end a TLS connection at the
-        peer's close_notify whatever this returns), and on a connection we made (a server
-        that half-closes is closing: our reconnecting client should reconnect at once), it
-        closes at once."""
-        transport = self._transport
-        if (
-            transport is None
-            or self._input_end
-            or self.accepted_at is None
-            or transport.get_extra_info("ssl_object")
-        ):
-            return False
-        if not (self._runner.jobs or self._kept.messages):  # (not handlers_running: the
-            return False  # notifications and on_open it counts owe no answer: cut as ever)
-        self._input_end = ENDED
-        error = ConnectionClosed("the peer closed its side of the connection: no reply can come")
-        if self.gave_up is None:
-            self.gave_up = error
-        self.fail_calls(error)
-        for queue in self._streams.values():
-            queue.put(error)  # (their parts cannot come)
-        self.adapter.input_ended()
-        # not one of _tasks: those take notification slots, and a full count holds input
-        self._half_closed = self._loop.create_task(self.close(drain_timeout=self._timeout(None)))
-        return True
+        """The peer's FIN closes the connection, and the handlers still running for it are
+        cancelled: a FIN cannot tell a peer that left (closed, crashed, killed) from one
+        that only stopped sending (``shutdown(SHUT_WR)``), and work for one that left
+        would run on for nothing. nginx (its 499), the Go Gotalk server and hat-chatter do
+        the same. A half-closing client gets the answers its read brought at once (plain
+        function handlers), not those of coroutine handlers."""
+        return False
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if isinstance(exc, ClosedHere) and self.gave_up is None:
