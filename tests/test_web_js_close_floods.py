@@ -307,5 +307,6 @@ async def test_peerwire_serve_on_sigterm_with_a_flooding_page(
     assert result["held"] == "held"
     assert list(result["singles"]) == [json_key("rejected", "connection closed", False)]
     assert "echo ran" not in rest.decode()
-    assert took < HOLD + PROMPT, took
+    # the process's exit too (CI, loaded, saw 1.64 s): far below the drain's 10 s all the same
+    assert took < HOLD + 4 * PROMPT, took
     assert errors == []
