@@ -118,6 +118,42 @@ async def test_a_graceful_server_close_during_a_short_hold_loses_nothing(tmp_pat
     assert statuses == [Status.OPERATIONAL, Status.STOPPING, Status.STANDBY], statuses
 
 
+async def test_a_reconnecting_client_does_not_keep_the_connection_it_read_out(
+    tmp_path: Path,
+) -> None:
+    """A reconnecting client read out at its server's FIN during a hold (the server then
+    gone): the connection's peer is not kept once that connection has ended, though the
+    client lives on to reconnect. Before (review 194), it was kept until the next FIN or the
+    client's close."""
+    release = asyncio.Event()
+
+    async def slow_cb(_client: eventer.Client, events: list[eventer.Event]) -> None:
+        await release.wait()
+
+    async with running_server(tmp_path, system_events=False) as server:
+        client = await eventer.connect(
+            url_of(server),
+            "read-out",
+            subscriptions=[("g", "*")],
+            events_cb=slow_cb,
+            events_queue_size=1,
+            reconnect=True,
+            reconnect_delay=0.05,
+        )
+        try:
+            for i in range(4):
+                await server.register([json_event(("g", str(i)), i)])
+            await wait_until(lambda: not reading(client))  # held: the callback is slow
+            old = peer_of(client)
+            async with asyncio.timeout(5):
+                await server.close()
+            await asyncio.wait_for(asyncio.shield(old.closed), 2)
+            await wait_until(lambda: client._deliveries._read_out is None, 2)
+        finally:
+            release.set()
+            await client.close()
+
+
 async def test_a_server_that_cuts_the_held_client_off_is_seen_on_its_pings(
     tmp_path: Path,
 ) -> None:

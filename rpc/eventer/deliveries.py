@@ -60,7 +60,7 @@ class Deliveries:
         self._read_out: rpc.Peer | None = None
         """The connection whose server's FIN the watch saw: never held again, so the rest
         of its input (at most the socket's receive buffer) is read. Set by :meth:`_hold`
-        alone."""
+        alone; forgotten when that connection ends."""
         self.awaited_answers = 0
         """Requests a callback (in the delivery task) waits on: the bound is off meanwhile."""
         self._acks: set[asyncio.Future[None]] = set()
@@ -166,6 +166,13 @@ class Deliveries:
             self._read_out = peer
             if self._holding is peer:
                 self._holding = None
+            if peer is not None:  # forgotten with its connection, not at the next FIN
+                peer.closed.add_done_callback(lambda _: self._forget_read_out(peer))
+
+    def _forget_read_out(self, peer: rpc.Peer) -> None:
+        """``peer``'s connection is gone: nothing of it is kept (a reconnect makes another)."""
+        if self._read_out is peer:
+            self._read_out = None
 
     def release(self) -> None:
         """The client is finished: forget the connection held (its task is gone with it)."""
