@@ -164,8 +164,10 @@ class Backlog:
         """The aside's streams whose parts wait for room (the same dict): the peer reads it
         once per read, and checks :attr:`waits_room` per message only while it is not empty."""
         self.waits_room = aside.waits_room
+        """The aside's (:meth:`SetAside.waits_room`), bound here: no call or look-up more
+        per message."""
         self.keeps_request = aside.keeps
-        """The aside's, bound here: no call or look-up more per message."""
+        """The aside's (:meth:`SetAside.keeps`), bound here, as :attr:`waits_room`."""
         self.room_due = False
         """Room came back: :meth:`room_back` is due at the next turn."""
         self.front: Any = None
@@ -414,13 +416,13 @@ class Backlog:
         kept_times: list[float] = []
         self.front = None  # what may run now runs here, or goes back first, not sorted
         aside = self.aside
-        parked = aside.by_request
+        set_aside = aside.by_request
         for message, read_at in zip(self.messages, self._times, strict=True):
             self.read_at = read_at  # runs_now() may ask turned_away(): its own read time
             if runs_now(message):
                 replies.append(message)
                 reply_times.append(read_at)
-                followers = aside.release(message) if parked else None
+                followers = aside.release(message) if set_aside else None
                 if followers:  # (a request a close turns away) what was set aside behind
                     # it goes right after it: else it would stay for good
                     replies += [follower for follower, _ in followers]
