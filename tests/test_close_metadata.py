@@ -53,6 +53,28 @@ async def _frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes, bytes, byt
         return kind, rid, name, payload
 
 
+def _with_left() -> rpc.Registry:
+    """A registry whose ``left`` answers the time left of its call's deadline (None: none)."""
+    reg = rpc.Registry()
+
+    @reg.handle("left")
+    async def left(value: Any) -> Any:
+        call = rpc.current_call.get(None)
+        return None if call is None else call.time_left()
+
+    return reg
+
+
+async def _at_level_3(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw Gotalk connection that agreed on extension level 3 (request metadata)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"01" + _notification(b"peerwire/hello", b"3"))
+    assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+    hello = await asyncio.wait_for(_frame(reader), 5)
+    assert hello == (b"n", b"", b"peerwire/hello", b"3")  # metadata spoken
+    return reader, writer
+
+
 async def test_metadata_read_in_the_close_is_not_dropped_by_a_request_read_before_it() -> None:
     """The one handler slot is held by ``hold``. Request 2 is read before the close and
     kept. In the close, with no call of ours in flight, the metadata of request 3 comes
@@ -61,7 +83,7 @@ async def test_metadata_read_in_the_close_is_not_dropped_by_a_request_read_befor
     took the metadata for itself, its key not 3, and dropped it, and request 3 ran without
     its deadline."""
     go, started = asyncio.Event(), asyncio.Event()
-    reg = rpc.Registry()
+    reg = _with_left()
 
     @reg.handle("hold")
     async def hold(value: Any) -> Any:
@@ -69,21 +91,12 @@ async def test_metadata_read_in_the_close_is_not_dropped_by_a_request_read_befor
         await go.wait()
         return await rpc.current_peer.get().request("answer", value, timeout=DRAIN)
 
-    @reg.handle("left")
-    async def left(value: Any) -> Any:
-        call = rpc.current_call.get(None)
-        return None if call is None else call.time_left()
-
     options = rpc.Options(max_concurrent=1)
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
     ) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        reader, writer = await _at_level_3(server.url.port)
         try:
-            writer.write(b"01" + _notification(b"peerwire/hello", b"3"))
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            hello = await asyncio.wait_for(_frame(reader), 5)
-            assert hello == (b"n", b"", b"peerwire/hello", b"3")  # metadata spoken
             writer.write(_request(1, b"hold", b"1"))
             await asyncio.wait_for(started.wait(), 5)
             [served] = server.peers
@@ -123,7 +136,7 @@ async def test_kept_request_keeps_its_metadata_past_a_later_turned_away_pair() -
     ends, request 3 runs: it must have its 60-s deadline. (With one pending record, request
     4's metadata replaced request 3's: review 181 of ef1ec4b.)"""
     go, started, answered, release = (asyncio.Event() for _ in range(4))
-    reg = rpc.Registry()
+    reg = _with_left()
 
     @reg.handle("hold")
     async def hold(value: Any) -> Any:
@@ -134,21 +147,12 @@ async def test_kept_request_keeps_its_metadata_past_a_later_turned_away_pair() -
         await release.wait()
         return result
 
-    @reg.handle("left")
-    async def left(value: Any) -> Any:
-        call = rpc.current_call.get(None)
-        return None if call is None else call.time_left()
-
     options = rpc.Options(max_concurrent=1)
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
     ) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        reader, writer = await _at_level_3(server.url.port)
         try:
-            writer.write(b"01" + _notification(b"peerwire/hello", b"3"))
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            hello = await asyncio.wait_for(_frame(reader), 5)
-            assert hello == (b"n", b"", b"peerwire/hello", b"3")
             writer.write(_request(1, b"hold", b"1"))
             await asyncio.wait_for(started.wait(), 5)
             [served] = server.peers

@@ -24,23 +24,29 @@ def _answer(rid: int, payload: bytes) -> bytes:
     return b"R" + rid.to_bytes(4, "little") + b"%08x" % len(payload) + payload
 
 
-async def test_a_fin_cancels_the_handlers_running_for_the_peer_and_closes() -> None:
-    """A plain handler's answer, from the read before the FIN, goes out; the coroutine
-    handler still waiting is cancelled at the FIN, and the connection closes: it would
-    otherwise wait for good (its event is never set)."""
-    cancelled = asyncio.Event()
-    started = asyncio.Event()
-    never = asyncio.Event()
+def _waiting() -> tuple[rpc.Registry, asyncio.Event, asyncio.Event]:
+    """A registry whose ``wait`` waits for good, and the events of its start and its
+    cancellation."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
     reg = rpc.Registry()
 
     @reg.handle("wait")
     async def wait(value: Any) -> Any:
         started.set()
         try:
-            await never.wait()
+            await asyncio.Event().wait()  # set by nothing
         except asyncio.CancelledError:
             cancelled.set()
             raise
+
+    return reg, started, cancelled
+
+
+async def test_a_fin_cancels_the_handlers_running_for_the_peer_and_closes() -> None:
+    """A plain handler's answer, from the read before the FIN, goes out; the coroutine
+    handler still waiting is cancelled at the FIN, and the connection closes: it would
+    otherwise wait for good (its event is never set)."""
+    reg, started, cancelled = _waiting()
 
     @reg.handle("echo")
     def echo(value: Any) -> Any:
@@ -65,18 +71,7 @@ async def test_a_fin_cancels_the_handlers_running_for_the_peer_and_closes() -> N
 async def test_a_client_that_closes_has_its_handlers_cancelled(scheme: str) -> None:
     """A peerwire client closing (abort: a FIN, no drain) while its call runs: the
     server's handler is cancelled at once, not left to run for a peer that left."""
-    cancelled, started, never = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    reg = rpc.Registry()
-
-    @reg.handle("wait")
-    async def wait(value: Any) -> Any:
-        started.set()
-        try:
-            await never.wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
+    reg, started, cancelled = _waiting()
     async with rpc.serve(f"{scheme}://127.0.0.1:0", registry=reg) as server:
         client = await rpc.connect(str(server.url), reconnect=False)
         call = asyncio.ensure_future(client.request("wait", 1, timeout=30))
