@@ -3,8 +3,9 @@ does not starve the node's honest traffic: a frame that finds the budget full ta
 from the link holding the most bytes, when that link holds more than the taker would.
 Frames a stalled sink was given and never read still reach the rest of their chunk, even
 the copies it let go for room. Finding the link that holds the most is exact (checked
-against a walk), and the budget keeps no link that holds nothing alive. On asyncio and
-uvloop."""
+against a walk), one that cannot give back (paused, holding only its last write) is
+passed over for the next, and the budget keeps no link that holds nothing alive. On
+asyncio and uvloop."""
 
 from __future__ import annotations
 
@@ -156,18 +157,22 @@ async def test_frames_shed_from_a_sinks_kept_copies_still_reach_the_rest_of_the_
 
 
 class Sink:
-    """A holder that gives back what it is asked for (as a link would), checking that no
-    other holds more than it does when asked."""
+    """A holder that gives back what it is asked for (as a link would), unless ``stuck``
+    (as a paused link holding only its last write), checking that no other that can give
+    holds more than it does when asked."""
 
     def __init__(self, budget: QueueBytes, others: list[Sink]) -> None:
         self.budget = budget
         self.others = others
         self.counted = 0
         self.asked = 0
+        self.stuck = False
 
     def shed(self, need: int) -> int:
-        assert self.counted == max(s.counted for s in self.others)
+        assert self.counted >= max((s.counted for s in self.others if not s.stuck), default=0)
         self.asked += 1
+        if self.stuck:
+            return 0
         freed = min(need, self.counted)
         self.budget.release(self, freed)
         return freed
@@ -176,20 +181,26 @@ class Sink:
 def test_the_link_asked_for_room_is_one_holding_the_most() -> None:
     """Holdings change at random (frames queued and let go, links ending and new ones in
     their place, which may get an ended one's ``id``; now and then most links empty, so
-    the budget stops watching); each time the budget is full, every link asked to shed
-    holds the most (by a walk of them all), and none is asked when none holds more than
-    the taker would. The heap stays within twice the links holding now (plus 64)."""
+    the budget stops watching; some cannot give back, for a while); each time the budget
+    is full, every link asked to shed holds the most of those that can give (by a walk of
+    them all), none is asked when none holds more than the taker would, and room is
+    refused only when no link that can give holds more than the taker would. The heap
+    stays within twice the links holding now (plus 64)."""
     rng = random.Random(184)
     budget = QueueBytes(10_000)
     sinks: list[Sink] = []
     sinks += [Sink(budget, sinks) for _ in range(50)]
     taker = Sink(budget, sinks)
-    full = asked = ended = unwatched = 0
+    full = asked = ended = unwatched = passed = 0
     for _ in range(20_000):
         i = rng.randrange(len(sinks))
         sink = sinks[i]
         size = rng.randrange(1, 300)
-        if rng.random() < 0.02:
+        if rng.random() < 0.01:  # writes pause with only the last write held, or resume
+            sink.stuck = not sink.stuck
+            if not sink.stuck:
+                budget.can_give(sink)
+        elif rng.random() < 0.02:
             asked += sink.asked
             budget.release(sink, sink.counted)  # the link ended; a new one takes its place
             sinks[i] = Sink(budget, sinks)
@@ -204,18 +215,23 @@ def test_the_link_asked_for_room_is_one_holding_the_most() -> None:
             unwatched += 1
         elif rng.random() < 0.2:
             budget.release(sink, min(sink.counted, size))
-        elif budget.room_for(size):
+        elif budget.held + size <= budget.limit:
             assert budget.take(size, sink)
         else:
             full += 1
             most = max(s.counted for s in sinks)
+            givers = max((s.counted for s in sinks if not s.stuck), default=0)
             before = sum(s.asked for s in sinks)
             if budget.make_room(size, taker):
-                assert budget.room_for(size)
+                assert budget.held + size <= budget.limit
+                passed += most > givers
+            else:  # what the givers hold now, after any they gave
+                left = max((s.counted for s in sinks if not s.stuck), default=0)
+                assert left <= size and budget.held + size > budget.limit
             if most <= size:
                 assert sum(s.asked for s in sinks) == before
             assert len(budget._heap) <= 2 * sum(s.counted > 0 for s in sinks) + 64 + 2
-    assert full > 1000 and ended > 300 and unwatched > 10
+    assert full > 1000 and ended > 300 and unwatched > 10 and passed > 100
     assert asked + sum(s.asked for s in sinks) > 500
     assert budget.held == sum(s.counted for s in sinks)
     # a taker holding the most gets no room from the others
@@ -226,6 +242,48 @@ def test_the_link_asked_for_room_is_one_holding_the_most() -> None:
     assert not budget.make_room(1, taker)
     assert not budget.take(1, taker)
     assert budget.held == budget.limit
+
+
+class Giver:
+    """A holder that gives back what it is asked for, or (``gives`` False) nothing."""
+
+    def __init__(self, budget: QueueBytes, gives: bool = True) -> None:
+        self.budget = budget
+        self.gives = gives
+        self.counted = 0
+        self.asked = 0
+
+    def shed(self, need: int) -> int:
+        self.asked += 1
+        freed = min(need, self.counted) if self.gives else 0
+        self.budget.release(self, freed)
+        return freed
+
+
+def test_a_holder_that_cannot_give_back_does_not_stop_the_budget_asking_the_next() -> None:
+    """Review 194: a holds the most and can give nothing back (a paused link holding only
+    its last write), b could: before, the budget asked a, got nothing and refused the
+    frame, with b still holding 400. Now it asks b; and a only once, not for every frame,
+    until a can give again."""
+    budget = QueueBytes(1000)
+    a, b, t = Giver(budget, gives=False), Giver(budget), Giver(budget)
+    assert budget.take(600, a) and budget.take(400, b)
+    assert budget.take(10, t)
+    assert (a.counted, b.counted, t.counted, budget.held) == (600, 390, 10, 1000)
+    taken = 0
+    while taken < 1000 and budget.take(1, t):
+        taken += 1
+    # b gave until it held no more than t would (fair); a was asked once, and once more
+    # at each rebuild of the heap (after 64 pushes or more), not for each frame
+    assert b.counted <= t.counted + 1 < b.counted + 2 and taken == 190
+    assert a.asked <= 1 + taken // 64
+    assert (a.counted, budget.held) == (600, a.counted + b.counted + t.counted)
+    asked = a.asked
+    assert not budget.take(1, t) and a.asked == asked
+    a.gives = True  # its writes resumed
+    budget.can_give(a)
+    assert budget.take(1, t) and a.counted == 599 and a.asked == asked + 1
+    assert budget.held == 1000 == a.counted + b.counted + t.counted
 
 
 class Gone:
@@ -293,3 +351,60 @@ async def test_links_that_stalled_out_are_not_kept_alive_by_the_budget() -> None
         with contextlib.suppress(TimeoutError):  # uvloop lets go of its transports later
             await wait_for(lambda: not alive(), timeout=1)
         assert not alive(), f"{alive()} ended links still referenced"
+
+
+@on_both_loops
+async def test_a_sink_holding_only_its_last_write_does_not_starve_honest_traffic() -> None:
+    """Review 194: the forger gives sink s one frame larger than the kernel takes, so s's
+    link is paused holding only its last write (which it keeps: its transport holds it),
+    and s holds the most; other sinks fill the rest of the budget. Before, the budget
+    asked s for room, got nothing and refused every frame, though the other sinks could
+    give: a's broadcast to b waited ``send_timeout`` and was dropped (for up to
+    ``write_stall_timeout``). Now the budget asks the next holder."""
+    rcvbuf = 64 * KiB
+    big = frames_past_the_kernel(1, rcvbuf) // 2 + 256 * KiB  # the kernel's share, and more
+    opts = {
+        "max_queued_bytes": 2 * big,
+        "max_queue_bytes": 2 * big,
+        "resend_window": 30.0,
+        "write_stall_timeout": 30.0,
+        "send_timeout": 1.0,
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        s = await stack.enter_async_context(RawPeer("stall"))
+        s.server.sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        others = [await stack.enter_async_context(RawPeer("stall")) for _ in range(2)]
+        a, b = await stack.enter_async_context(group(2, **opts))
+        await a.node.notify("chat", "warm up")
+        await wait_for(lambda: ("chat", "warm up") in b.got)
+        _, writer = await asyncio.open_connection(*a.node.address)
+        writer.write(frame(FORGER, FORGER, 1, "nobody", os.urandom(big), (s.netid,)))
+        await writer.drain()
+        await wait_for(lambda: any(k.netid == s.netid for k in a.node._router.links))
+        (link,) = (k for k in a.node._router.links if k.netid == s.netid)
+
+        def holds_only_its_last_write() -> bool:
+            return not link._writable.is_set() and len(link._recent) == 1 and not link.queued
+
+        await wait_for(holds_only_its_last_write)
+        held = link.counted
+        assert held > big
+        # the other sinks fill the rest, each holding less than s, to within a small frame
+        fillers = [os.urandom(64 * KiB)] * (big * 3 // (64 * KiB) // 2) + [os.urandom(KiB)] * 200
+        forged = [
+            frame(FORGER, FORGER, 2 + i, "nobody", filler, (others[i % 2].netid,))
+            for i, filler in enumerate(fillers)
+        ]
+        writer.write(b"".join(forged))
+        await writer.drain()
+        writer.close()
+        await wait_for(lambda: a.node.stats.frames_received >= len(forged) + 1)
+        assert a.node.footprint().queued_bytes > 2 * big - 2 * KiB  # full for the canary
+        assert holds_only_its_last_write() and link.counted == held
+        canary = os.urandom(4 * KiB)
+        began = asyncio.get_running_loop().time()
+        await a.node.notify("blob", canary)
+        await wait_for(lambda: ("blob", canary) in b.got, timeout=2)
+        assert asyncio.get_running_loop().time() - began < 2
+        assert link.counted == held  # s kept its last write; the others gave
+        assert a.node.footprint().queued_bytes <= 2 * big

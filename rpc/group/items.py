@@ -6,8 +6,10 @@ chunk's rest. Frames of one broadcast share their payload, so the count is an up
 of what the queues keep alive.
 
 The budget is shared fairly: a frame that finds it full takes room from the link holding
-the most (:meth:`QueueBytes.make_room`), so peers that never read (which a forger can name
-in distribution lists, as many as it likes) cannot starve links that keep up.
+the most that can give some back (:meth:`QueueBytes.make_room`), so peers that never read
+(which a forger can name in distribution lists, as many as it likes) cannot starve links
+that keep up. Its limit: a link whose writes are paused keeps the frames of its last write
+(its transport holds them) until it stalls out (``write_stall_timeout``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class Holder(Protocol):
 
     def shed(self, need: int) -> int:
         """Give up to about ``need`` bytes back (at least one frame if any can go);
-        returns the bytes let go."""
+        returns the bytes let go. One that returns 0 is not asked again until it takes
+        more or tells the budget it can give again (:meth:`QueueBytes.can_give`), but for
+        once after each rebuild of the budget's heap."""
         ...
 
 
@@ -67,10 +71,14 @@ class QueueBytes:
     whose holding grew is pushed again on the next question; an entry that no longer
     matches is dropped (or, for a link that holds less, moved down) when it reaches the
     top; the heap is rebuilt once it is more than twice as long as the links holding now
-    (plus 64), so stale entries cost O(1) each. Entries name links by ``id``, and the
-    budget keeps only links holding something: one that lets go of everything (it ends)
-    is not kept alive. (A later link may get its ``id``: an old entry is then checked
-    against that link's holding, and if they match, that link does hold the most.)"""
+    (plus 64), so stale entries cost O(1) each. A link that gave nothing back when asked
+    (paused, holding only its last write) loses its entry and the next holder is asked;
+    it is pushed again once it takes more or calls :meth:`can_give` (and at a rebuild,
+    when it may be asked once more), so it costs O(log n) once per change, not on every
+    frame. Entries name links by ``id``, and the budget keeps only links holding
+    something: one that lets go of everything (it ends) is not kept alive. (A later link
+    may get its ``id``: an old entry is then checked against that link's holding, and if
+    they match, that link does hold the most.)"""
 
     __slots__ = ("_changed", "_heap", "_holding", "held", "limit")
 
@@ -114,23 +122,28 @@ class QueueBytes:
         if self._changed is not None and self.held <= self.limit >> 1:
             self._unwatch()
 
-    def room_for(self, size: int) -> bool:
-        """Room for ``size`` more bytes (with nothing held, a frame of any size fits)."""
-        return not self.held or self.held + size <= self.limit
+    def can_give(self, holder: Holder) -> None:
+        """``holder`` may give back what it could not when asked (its writes resumed, or
+        its connection dropped): the budget asks it again. O(1); nothing while it has room."""
+        if self._changed is not None and holder.counted:
+            self._changed.add(holder)
 
     def make_room(self, size: int, taker: Holder) -> bool:
-        """Room for ``size`` more bytes for ``taker``, taken if need be from the link that
-        holds the most, as long as it holds more than ``taker`` would with them (so two
-        links never take turns). Every link keeps up to its fair share of the budget: a
+        """Room for ``size`` more bytes for ``taker``, taken if need be from the links that
+        hold the most, largest first, as long as one holds more than ``taker`` would with
+        them (so two links never take turns). One that gives nothing back is passed over
+        (see :meth:`Holder.shed`). Every link keeps up to its fair share of the budget: a
         link that keeps up holds little, and gets room from those that do not read."""
         while self.held and self.held + size > self.limit:
             most = self._most()
             if most is None or most is taker:
-                return False  # no other link holds more than taker
+                return False  # no other link that can give holds more than taker
             if most.counted <= taker.counted + size:
                 return False
             if not most.shed(self.held + size - self.limit):
-                return False
+                # It let go of nothing, so the heap's top is still its entry: drop it,
+                # and ask the next (it is pushed again when it takes more or can_give).
+                heappop(self._heap)
         return True
 
     def _most(self) -> Holder | None:
@@ -144,8 +157,8 @@ class QueueBytes:
             for holder in changed:  # each holds something (dropped when it held nothing)
                 heappush(heap, (-holder.counted, id(holder)))
             changed.clear()
-        # Each link holding has an entry at least as high as its holding: the top one
-        # that matches its link's holding is the most.
+        # Each link holding has an entry at least as high as its holding (but those passed
+        # over, until pushed again): the top one that matches its link's holding is the most.
         while heap:
             minus, key = heap[0]
             link = holding.get(key)

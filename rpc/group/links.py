@@ -12,7 +12,8 @@ Limits and timers, per link (fields of :class:`~rpc.group.options.GroupOptions`)
   handed to the rest of their chunk. All links together hold at most ``max_queued_bytes``
   (128 MiB, :class:`QueueBytes`), queued or kept. Past any limit :meth:`Link.offer` refuses,
   except that a frame finding ``max_queued_bytes`` full takes room from the link holding
-  the most if that one holds more (:meth:`Link.shed`): its kept copies go first (to the
+  the most that can give some if that one holds more (:meth:`Link.shed`; a paused link
+  holding only its last write cannot, and is passed over): its kept copies go first (to the
   rest of their chunks while writes are paused: maybe unread), then its waiting frames,
   newest first, to the rest of their chunks.
 - Writes stop while the transport is above its high-water mark (asyncio's 64 KiB) until it
@@ -144,6 +145,7 @@ class Link(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._transport = None
         self._writable.set()
+        self._held.can_give(self)  # its last write's copies may go now
         self._lost.set()
         if not (self._ours or self._dead):
             self._dropped(exc)
@@ -154,6 +156,7 @@ class Link(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self._held.can_give(self)  # its last write's copies may go now
         self._wakeup.set()  # an idle link arms the timer that lets its written frames go
         self._events.drained(self.netid)
 
@@ -204,7 +207,9 @@ class Link(asyncio.Protocol):
         ``resend_window`` before the pause go on like the waiting frames, as
         :meth:`_stalled` would send them. Frames going on go to the rest of their chunks on
         the next loop turn (not inside the other link's offer; ``stats.shed``). Returns the
-        bytes let go."""
+        bytes let go: 0 only while paused with nothing but the last write, until writes
+        resume or the connection drops (both tell the budget, :meth:`QueueBytes.can_give`)
+        or it queues more."""
         freed = 0
         recent = self._recent
         paused = not self._writable.is_set()
