@@ -4,8 +4,8 @@ from the link holding the most bytes, when that link holds more than the taker w
 Frames a stalled sink was given and never read still reach the rest of their chunk, even
 the copies it let go for room. Finding the link that holds the most is exact (checked
 against a walk), one that cannot give back (paused, holding only its last write) is
-passed over for the next, and the budget keeps no link that holds nothing alive. On
-asyncio and uvloop."""
+passed over for the next (and asked again once its writes resume), and the budget keeps
+no link that holds nothing alive. On asyncio and uvloop."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import os
 import random
 import socket
 import weakref
+from typing import cast
 
 from rpc.group import NetID
 from rpc.group.items import QueueBytes
@@ -408,3 +409,84 @@ async def test_a_sink_holding_only_its_last_write_does_not_starve_honest_traffic
         assert asyncio.get_running_loop().time() - began < 2
         assert link.counted == held  # s kept its last write; the others gave
         assert a.node.footprint().queued_bytes <= 2 * big
+
+
+class LateReader(asyncio.Protocol):
+    """A sink that does not read until told (:meth:`read`), then reads and drops it all
+    (it may read for a loop turn once connected)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        # not here: uvloop starts reading after connection_made returns
+        asyncio.get_running_loop().call_soon(self.transport.pause_reading)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def read(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+@on_both_loops
+async def test_a_passed_over_link_whose_writes_resume_is_asked_again() -> None:
+    """cf85074 / review 197: a link passed over (paused, holding only its last write) is
+    asked again once its writes resume (:meth:`QueueBytes.can_give` from
+    ``resume_writing``), not only when it takes more or the heap is rebuilt. Sink s holds
+    one frame of nearly all the budget as its paused last write; a forged frame for
+    another sink finds the budget full, asks s, gets nothing and is refused (s passed
+    over). Then s reads: its link resumes and its copy can go. a's broadcast to b must
+    take room from s; with ``can_give`` a no-op nobody asks s and it is refused."""
+    rcvbuf = 64 * KiB
+    big = frames_past_the_kernel(1, rcvbuf) // 2 + MiB  # the kernel's share, and more
+    opts = {
+        "max_queued_bytes": big + 3 * KiB,
+        "max_queue_bytes": 2 * big,
+        "resend_window": 30.0,
+        "write_stall_timeout": 30.0,
+        "send_timeout": 0.5,
+    }
+    loop = asyncio.get_running_loop()
+    async with contextlib.AsyncExitStack() as stack:
+        sink = LateReader()
+        server = await loop.create_server(lambda: sink, "127.0.0.1", 0)
+        stack.callback(server.close)
+        stack.callback(sink.close)
+        server.sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s = NetID("127.0.0.1", server.sockets[0].getsockname()[1])
+        other = await stack.enter_async_context(RawPeer("stall"))
+        a, b = await stack.enter_async_context(group(2, **opts))
+        await a.node.notify("chat", "warm up")
+        await wait_for(lambda: ("chat", "warm up") in b.got)
+        _, writer = await asyncio.open_connection(*a.node.address)
+        stack.callback(writer.close)
+        writer.write(frame(FORGER, FORGER, 1, "nobody", os.urandom(big), (s,)))
+        await writer.drain()
+        await wait_for(lambda: any(k.netid == s for k in a.node._router.links))
+        (link,) = (k for k in a.node._router.links if k.netid == s)
+
+        def holds_only_its_last_write() -> bool:
+            return not link._writable.is_set() and len(link._recent) == 1 and not link.queued
+
+        await wait_for(holds_only_its_last_write)
+        held = link.counted
+        assert a.node.footprint().queued_bytes + 4 * KiB > big + 3 * KiB  # full for 4 KiB
+        overflows = a.node.stats.overflows
+        writer.write(frame(FORGER, FORGER, 2, "nobody", os.urandom(8 * KiB), (other.netid,)))
+        await writer.drain()
+        await wait_for(lambda: a.node.stats.overflows > overflows)  # s asked, passed over
+        assert link.counted == held
+        sink.read()
+        await wait_for(link._writable.is_set)  # resume_writing: s's copy may go now
+        assert link.counted == held  # kept to resend: nothing asked s since
+        canary = os.urandom(4 * KiB)
+        await a.node.notify("blob", canary)
+        await wait_for(lambda: ("blob", canary) in b.got, timeout=1)
+        assert link.counted < held  # s gave its copy
