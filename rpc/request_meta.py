@@ -48,9 +48,10 @@ class MetaState(Generic[K]):
     __slots__ = ("default", "pending", "pending_bytes", "sent_default")
 
     def __init__(self) -> None:
-        self.pending: dict[K, tuple[RequestMeta, float]] = {}
+        self.pending: dict[K, tuple[RequestMeta, float, int]] = {}
         """The metadata the peer sent for requests still to come, by their keys: (the
-        metadata, the loop time it was read at), oldest first; each taken by its request.
+        metadata, the loop time it was read at, its :func:`record_size`, counted once),
+        oldest first; each taken by its request.
         Usually one, right before its request. More wait when a graceful close takes
         metadata at once while requests read before it are still kept for a slot, and a
         record whose request never ran (turned away, or never sent) waits until newer ones
@@ -69,13 +70,14 @@ class MetaState(Generic[K]):
         pending = self.pending
         again = pending.pop(key, None)  # sent again: the latest, and the newest in the order
         if again is not None:
-            self.pending_bytes -= record_size(again[0])
-        pending[key] = (meta, read_at)
-        self.pending_bytes += record_size(meta)
+            self.pending_bytes -= again[2]
+        size = record_size(meta)
+        pending[key] = (meta, read_at, size)
+        self.pending_bytes += size
         while len(pending) > 1 and (
             len(pending) > MAX_PENDING or self.pending_bytes > MAX_PENDING_BYTES
         ):
-            self.pending_bytes -= record_size(pending.pop(next(iter(pending)))[0])
+            self.pending_bytes -= pending.pop(next(iter(pending)))[2]
 
     def received_default(self, timeout_ms: int | None) -> None:
         """The peer announced the time left of its requests without metadata from now on."""
@@ -112,8 +114,8 @@ class MetaState(Generic[K]):
         if pending:
             taken = pending.pop(key, None)
             if taken is not None:
-                self.pending_bytes -= record_size(taken[0])
-                return taken
+                self.pending_bytes -= taken[2]
+                return taken[0], taken[1]
         if self.default is not None:
             return self.default, read_at
         return None

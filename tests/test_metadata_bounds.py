@@ -30,7 +30,7 @@ message's worth; before 1e4d305 one record, at most about 8 MiB of memory)."""
 
 def _held(pending: Any) -> int:
     """The bytes the waiting records' entries take in memory."""
-    records = [meta for meta, _ in pending.values()]
+    records = [meta for meta, _, _ in pending.values()]
     return sum(
         sys.getsizeof(key) + sys.getsizeof(value)
         for meta in records
