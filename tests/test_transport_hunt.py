@@ -133,7 +133,7 @@ async def test_options_handshake_timeout_bounds_a_websocket_upgrade_dribbled_in(
         async def dribble() -> None:
             for byte in request:
                 writer.write(bytes([byte]))
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # the attack's pace, not a wait for anything
 
         dribbling = asyncio.create_task(dribble())
         try:

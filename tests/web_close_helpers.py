@@ -117,7 +117,7 @@ class Ran:
 
         @registry.handle("slow")
         async def slow(value: Any) -> Any:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # its work, not a wait for anything
             return value
 
         @registry.handle_stream("stream")
