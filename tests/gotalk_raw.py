@@ -42,9 +42,12 @@ class RawGotalk:
 
     def request(self, rid: bytes, op: str, payload: bytes, timeout_ms: int | None) -> None:
         """A request preceded by its metadata: ``timeout_ms`` and one entry."""
-        meta = metadata.encode_gotalk(rid, metadata.RequestMeta(timeout_ms, {"k": "v"}))
-        self.writer.write(self.notification(gotalk_peer.META, meta))
+        self.metadata(rid, metadata.RequestMeta(timeout_ms, {"k": "v"}))
         self.request_alone(rid, op, payload)
+
+    def metadata(self, rid: bytes, meta: metadata.RequestMeta) -> None:
+        """The metadata of request ``rid`` alone (its request to follow, or not)."""
+        self.writer.write(self.notification(gotalk_peer.META, metadata.encode_gotalk(rid, meta)))
 
     def request_alone(self, rid: bytes, op: str, payload: bytes) -> None:
         """A request without metadata (level 3: under the default announced last)."""
