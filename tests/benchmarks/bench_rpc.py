@@ -55,6 +55,10 @@ is asyncio's own loop.
 ``--smoke`` (CI) is ``--seconds 0.2 --rounds 1`` with a 0.05 s warm-up: every row runs and
 is compared with ``bare-echo`` as usual, but the figures are rough.
 
+``--json PATH`` also writes the table's figures (per row and mode: the median rate, the
+slowest and fastest round, the median CPU per request of each side) as JSON, for
+``readme_speed.py``, which puts them in the README.
+
 ``--profile DIR`` runs one round of the ``inflight100`` measurement only and profiles the
 timed window on both sides: cProfile data to ``DIR/<row>-{client,server}.prof``, or with
 ``--profiler pyinstrument`` (``pip install pyinstrument``) text reports to ``.txt`` files.
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -404,6 +409,7 @@ def main() -> None:
         default="asyncio",
         help="event loop of both sides, every row (default asyncio)",
     )
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--serve", choices=ROWS, help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -433,6 +439,28 @@ def main() -> None:
             )
             print(f"round {round_no}  {name:<21} {line}", flush=True)
     report(results, rounds)
+    if args.json:
+        figures = {"loop": args.loop, "rounds": rounds, "seconds": args.seconds}
+        figures["rows"] = summary(results)
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+def summary(results: dict[str, dict[str, list[Sample]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per row and mode: the median rate, its slowest and fastest round, and the median CPU
+    microseconds per request of each side (what :func:`report` prints)."""
+    return {
+        name: {
+            mode: {
+                "rate": statistics.median(s.rate for s in samples),
+                "low": min(s.rate for s in samples),
+                "high": max(s.rate for s in samples),
+                "client_us": statistics.median(s.client_us for s in samples),
+                "server_us": statistics.median(s.server_us for s in samples),
+            }
+            for mode, samples in modes.items()
+        }
+        for name, modes in results.items()
+    }
 
 
 if __name__ == "__main__":

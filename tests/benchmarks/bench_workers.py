@@ -19,7 +19,8 @@ prints the median rate, the slowest..fastest round and how many connections each
 got (from each connection's first call, ``pid``). On a 2-core machine the clients and the
 workers share the two cores, so 2 workers cannot reach 2x: read the ratio as what a second
 core buys when the clients also need CPU. ``--smoke`` (CI) is ``--seconds 0.2 --rounds 1``
-with a 0.05 s warm-up: every row runs, the figures are rough.
+with a 0.05 s warm-up: every row runs, the figures are rough. ``--json PATH`` also writes
+the medians as JSON, for ``readme_speed.py``.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def main() -> None:
     parser.add_argument("--loop", choices=loops.CHOICES)
     parser.add_argument("--only", choices=("echo", "work"))
     parser.add_argument("--smoke", action="store_true", help="--seconds 0.2 --rounds 1 (CI)")
+    parser.add_argument("--json", metavar="PATH", help="also write the medians as JSON")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--op", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -210,6 +212,11 @@ def main() -> None:
     for op in ops:
         one, two = (statistics.median(rates[op, w]) for w in (1, 2))
         print(f"{op}: 2 workers = {two / one:.2f}x 1 worker")
+    if args.json:
+        medians = {op: {str(w): statistics.median(rates[op, w]) for w in (1, 2)} for op in ops}
+        figures = {"loop": loops.resolve(args.loop), "cores": os.cpu_count(), "work_us": work_us}
+        figures |= {"rounds": args.rounds, "seconds": args.seconds, "rows": medians}
+        Path(args.json).write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

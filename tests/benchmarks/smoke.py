@@ -1,7 +1,8 @@
 """Every benchmark's smoke pass (CI's ``make bench-smoke``):
 ``python tests/benchmarks/smoke.py [--jobs N]``.
 
-Runs each ``bench_*.py`` and ``soak.py`` with ``--smoke``, and ``bench_core.py`` and
+Runs each ``bench_*.py``, ``soak.py`` and ``readme_speed.py`` (which prints the README's
+speed section, not writing it) with ``--smoke``, and ``bench_core.py`` and
 ``bench_rpc.py`` again with ``--loop uvloop``, ``--jobs`` at a time (default: a job per
 core), each in a process of its own. A smoke pass is there so that the benchmarks cannot
 rot: every row runs next to its baseline, nothing about speed is asserted, and the figures
@@ -28,7 +29,7 @@ a minute on 2 cores)."""
 
 
 def commands() -> list[list[str]]:
-    scripts = [*sorted(HERE.glob("bench_*.py")), HERE / "soak.py"]
+    scripts = [*sorted(HERE.glob("bench_*.py")), HERE / "soak.py", HERE / "readme_speed.py"]
     runs = [[str(script.relative_to(ROOT)), "--smoke"] for script in scripts]
     for name in ("bench_core.py", "bench_rpc.py"):
         runs.append([str((HERE / name).relative_to(ROOT)), "--smoke", "--loop", "uvloop"])
