@@ -106,16 +106,24 @@ class HandlerResults(ServedStreams[K]):
             finally:  # a streamed result stays cancellable, its stream open, until it ends
                 streamed = result.__class__ not in PLAIN_RESULTS and inspect.isasyncgen(result)
                 if not streamed:
-                    self._running.discard(key)
+                    running = self._running
+                    if running:  # keys only while the peer takes cancellations
+                        running.discard(key)
                     if stream and key in self._streams:
                         self._end_stream(key)
             if streamed:
                 await self._stream_result(key, result)
                 return
-            if self.outbox.blocked:
-                await self.outbox.wait_writable()
-            if self.is_open:
-                self._answer(self._reply, key, result, stream)
+            outbox = self.outbox
+            if outbox.blocked:
+                await outbox.wait_writable()
+            if self.is_open:  # _answer(self._reply, ...) written out: once per request
+                held = self._runner.jobs == 1 and not self._backlog and outbox.hold()
+                try:
+                    self._reply(key, result, stream)
+                finally:
+                    if held:
+                        outbox.release()
         except ConnectionClosed:
             return  # gone while waiting to write: nothing to answer to
         except Exception:  # a bug of ours: no done callback would report it

@@ -338,7 +338,12 @@ class HandlerRunner(Generic[K]):
                             del cancelled[key]
                             # a cancellation of the worker's own came with the job's: it stands
                             worker_cancelled = me.uncancel() > 0
-                    self._done(number, size, parts)
+                    if size or parts is not None or self._drained is not None:
+                        self._done(number, size, parts)
+                    else:  # _done's common case written out: once per job
+                        self.jobs -= 1
+                        if self._on_done is not None:
+                            self._on_done()
                     if worker_cancelled:
                         raise asyncio.CancelledError
         except GeneratorExit:
