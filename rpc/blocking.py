@@ -29,6 +29,7 @@ import functools
 import threading
 from collections.abc import (
     AsyncGenerator,
+    AsyncIterable,
     Awaitable,
     Callable,
     Iterable,
@@ -326,7 +327,7 @@ class BlockingPeer:
         op: str,
         *legacy: Any,
         value: Any = None,
-        parts: Iterable[Any] | None = None,
+        parts: Iterable[Any] | AsyncIterable[Any] | None = None,
         timeout: float | None = None,
         item_timeout: float | None = None,
         raw: bool = False,

@@ -23,8 +23,9 @@ class Options:
     the Chatter conversation timeout; Gotalk 30 s)."""
     max_concurrent: int = 1024
     """Handlers running at once. Past it, peers that understand retry results get one
-    (waiting ``retry_wait``); others (browsers' gotalk.js) are not read from until a handler
-    finishes."""
+    (waiting ``retry_wait``); the requests of others (browsers' gotalk.js) wait, read up to
+    the backlog's bound and then not read from until a handler finishes
+    (:mod:`rpc.backlog`)."""
     retry_wait: float = 0.5
     """Wait we ask for in our retry results, in seconds."""
     retries: int = 5

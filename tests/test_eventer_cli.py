@@ -158,3 +158,15 @@ async def test_sigterm_announces_stopping_then_standby(tmp_path: Path) -> None:
     await asyncio.wait_for(asyncio.shield(client.closed), 10)
     assert theirs == [hat.Status.STOPPING, hat.Status.STANDBY]
     assert ours == [eventer.Status.OPERATIONAL, eventer.Status.STOPPING, eventer.Status.STANDBY]
+
+
+def test_serve_help_names_every_config_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """The help lists the config file's keys from the config itself: a key added there is
+    never missing here (max_pending_bytes and max_wal_bytes once were)."""
+    parser = argparse.ArgumentParser()
+    cli._add_commands(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for key in eventer.ServerConfig.__struct_fields__:
+        assert key in text, key

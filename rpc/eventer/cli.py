@@ -17,7 +17,7 @@ import sys
 from typing import Any, Protocol
 
 from rpc import loops
-from rpc.eventer.config import ConfigError, load_config
+from rpc.eventer.config import ConfigError, ServerConfig, load_config
 from rpc.eventer.server import serve_forever
 from rpc.eventer.store import StoreError
 
@@ -50,8 +50,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
         "serve",
         help="run an event server until SIGINT/SIGTERM",
         description="Run an Eventer server configured by FILE (JSON, or TOML if it ends "
-        "in .toml): keys listen, server_id, token, database, tls, sync, events_ack, "
-        "ack_timeout, max_query_results, max_client_backlog, max_message_size, system_events.",
+        f"in .toml): keys {', '.join(ServerConfig.__struct_fields__)}.",
     )
     serve.add_argument("--config", metavar="FILE", required=True, help="JSON or TOML file")
     serve.add_argument(
