@@ -75,9 +75,9 @@ async def test_requests_larger_than_a_read_stop_at_the_bound() -> None:
             await until(lambda: len(srv.peers) == 1)
             [peer] = srv.peers
             kept = peer._kept
-            await until(lambda: kept.bytes > bound or (not peer._reading and kept.full), 20)
+            await until(lambda: kept.bytes > bound or (not peer.reading and kept.full), 20)
             assert peer.outbox.blocked
-            assert kept.bytes <= bound, (kept.bytes, len(kept.messages), peer._reading)
+            assert kept.bytes <= bound, (kept.bytes, len(kept.messages), peer.reading)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ async def test_chatter_type_names_count_against_the_bound(head: str) -> None:
             await until(lambda: len(srv.peers) == 1)
             [peer] = srv.peers
             kept = peer._kept
-            await until(lambda: not peer._reading and kept.full, 20)
+            await until(lambda: not peer.reading and kept.full, 20)
             held = sum(sys.getsizeof(m.type) + len(m.data) for m in kept.messages)
             assert held <= limit + 2 * READ + 16 * KIB, (held, len(kept.messages), kept.bytes)
 
@@ -151,13 +151,13 @@ async def test_stream_parts_taken_let_the_backlog_fill_again() -> None:
             await until(lambda: len(srv.peers) == 1)
             [peer] = srv.peers
             kept = peer._kept
-            await until(lambda: not peer._reading and kept.full, 20)
+            await until(lambda: not peer.reading and kept.full, 20)
             assert peer.outbox.blocked and peer._request_bytes.used >= 7 * len(part)
             go.set()
             await until(lambda: len(taken) == 7)
             assert peer._request_bytes.used == 0  # room for the backlog: it must read on
             await until(lambda: kept.bytes >= limit, 5)
-            await until(lambda: not peer._reading)  # and it pauses there again
+            await until(lambda: not peer.reading)  # and it pauses there again
             assert limit <= kept.bytes <= limit + 2 * READ + len(echo) + OVERHEAD
 
 
@@ -201,7 +201,7 @@ async def test_a_refused_notification_keeps_reading_paused_while_output_waits() 
             await until(lambda: len(srv.peers) == 1)
             [peer] = srv.peers
             kept = peer._kept
-            await until(lambda: refusals and not peer._reading)
+            await until(lambda: refusals and not peer.reading)
             assert peer.handlers_running == 9 and not peer.outbox.blocked
             held = len(kept.messages)
             go.set()  # 16 MiB of answers: the output waits
@@ -209,7 +209,7 @@ async def test_a_refused_notification_keeps_reading_paused_while_output_waits() 
             end.set()  # the task ends: a turn at the backlog
             await until(lambda: not peer._tasks and kept.turn is None)
             assert peer.outbox.blocked and refusals == ["n"]
-            assert not peer._reading and len(kept.messages) == held, (len(kept.messages), held)
+            assert not peer.reading and len(kept.messages) == held, (len(kept.messages), held)
 
 
 async def test_a_notification_refused_once_the_output_drained_pauses_reading() -> None:
@@ -237,10 +237,10 @@ async def test_a_notification_refused_once_the_output_drained_pauses_reading() -
             await until(lambda: len(srv.peers) == 1)
             [peer] = srv.peers
             await until(lambda: peer.outbox.blocked and len(peer._kept.messages) == 1)
-            assert peer._reading and not refusals  # kept, unrun, while the output waits
+            assert peer.reading and not refusals  # kept, unrun, while the output waits
             drained = asyncio.ensure_future(reader.readexactly(2 + 13 + size))
             await until(lambda: refusals)  # drained: the turn ran the notification
-            assert not peer._reading and peer._kept.refused is not None
+            assert not peer.reading and peer._kept.refused is not None
             assert len(await drained) == 2 + 13 + size
         finally:
             writer.transport.abort()

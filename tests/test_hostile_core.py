@@ -86,7 +86,7 @@ async def test_peer_that_never_reads_costs_bounded_memory(flood: str) -> None:
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             writer.write(b"01" + b"".join(requests))  # more than the socket buffers take
-            await until(lambda: any(not p._reading and p._kept.full for p in srv.peers))
+            await until(lambda: any(not p.reading and p._kept.full for p in srv.peers))
             [attacker] = [p for p in srv.peers]
             kept = attacker._kept
             assert attacker.outbox.blocked and attacker.write_buffer_size < 2 * MB
@@ -99,7 +99,7 @@ async def test_peer_that_never_reads_costs_bounded_memory(flood: str) -> None:
                 )
             held = len(kept.messages), kept.bytes
             await canary_answers(srv)  # loop turns meanwhile: the attacker is read no more
-            assert (len(kept.messages), kept.bytes) == held and not attacker._reading
+            assert (len(kept.messages), kept.bytes) == held and not attacker.reading
 
 
 @pytest.mark.both_loops

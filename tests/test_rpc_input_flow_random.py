@@ -261,7 +261,7 @@ def describe(peer: Any) -> str:
     kept = peer._kept
     return (
         f"kept={len(kept)} front={kept.front is not None} sorted={kept.sorted} "
-        f"refused={kept.refused!r:.80} turn={kept.turn is not None} reading={peer._reading} "
+        f"refused={kept.refused!r:.80} turn={kept.turn is not None} reading={peer.reading} "
         f"running={peer.handlers_running} blocked={peer.outbox.blocked} "
         f"stream_hold={peer._stream_hold.active} used={peer._request_bytes.used} "
         f"reserved={peer._request_bytes.reserved} streams={len(peer._streams)} "

@@ -181,7 +181,7 @@ async def test_a_chatter_peer_that_pings_and_never_reads_stops_being_read() -> N
                 peer.adapter.codec.send_ping(b"p" * 64)
             peer.adapter._take_codec_output()
             peer.outbox.flush()
-            await eventually(lambda: not served._reading, "the server stopped reading")
+            await eventually(lambda: not served.reading, "the server stopped reading")
             assert served.write_buffer_size < before + 300_000  # one read's Pongs at most
             call.cancel()
         finally:

@@ -61,7 +61,7 @@ async def test_waiting_handlers_hold_at_most_the_limit_plus_one_payload(
             await wait_until(lambda: running == 5)
             if not retry_results:  # the other requests wait unread
                 [served] = server.peers
-                await wait_until(lambda: not served._reading)
+                await wait_until(lambda: not served.reading)
             assert running == 5 and LIMIT <= held(server) < LIMIT + MB + 100
             go.set()
             assert await asyncio.gather(*calls) == [MB] * 20
@@ -91,7 +91,7 @@ async def test_unread_stream_parts_hold_reading_at_the_limit() -> None:
             call = asyncio.ensure_future(send())
             await wait_until(lambda: server.peers and held(server) >= LIMIT)
             [served] = server.peers
-            await wait_until(lambda: not served._reading)
+            await wait_until(lambda: not served.reading)
             assert held(server) < LIMIT + MB + 100
             go.set()
             assert await call == [40 * MB]

@@ -47,7 +47,7 @@ async def test_parts_read_while_kept_parts_drain_do_not_overtake_them() -> None:
             await wait_until(lambda: peer.outbox.blocked)
             for n in range(1, kept_count + 1):
                 raw.write(gotalk.StreamRequestPart(b"0001", str(n).encode()))
-            await wait_until(lambda: len(peer._kept.messages) == kept_count and peer._reading)
+            await wait_until(lambda: len(peer._kept.messages) == kept_count and peer.reading)
 
             async def drained() -> None:
                 while await raw.reader.read(1 << 20):

@@ -53,7 +53,7 @@ async def test_parts_put_back_behind_their_request_are_not_overtaken_by_a_later_
         raw.write(gotalk.StreamRequest(b"0001", "collect", b""))  # no slot: kept
         for n in range(1, kept_count + 1):
             raw.write(gotalk.StreamRequestPart(b"0001", str(n).encode()))
-        await wait_until(lambda: len(kept) == kept_count + 1 and peer._reading)
+        await wait_until(lambda: len(kept) == kept_count + 1 and peer.reading)
         assert len(kept.messages) == 1  # the parts are set aside behind their request
         gate.set()  # the slot frees: the stream's handler takes it, its parts follow
         async with asyncio.timeout(10):
@@ -116,7 +116,7 @@ async def test_chatter_parts_put_back_behind_their_request_keep_their_order(
                 return [item async for item in client.stream("collect", parts=parts())]
 
             stream = asyncio.ensure_future(streamed())
-            await wait_until(lambda: len(kept) == kept_count and peer._reading)  # (1 in it)
+            await wait_until(lambda: len(kept) == kept_count and peer.reading)  # (1 in it)
             assert len(kept.messages) == 1  # the parts are set aside behind their request
             gate.set()
             async with asyncio.timeout(10):

@@ -26,7 +26,7 @@ def registry() -> rpc.Registry:
     @reg.handle("whoami")
     def whoami(_value) -> str:
         peer = rpc.current_peer.get()
-        cert = peer._transport.get_extra_info("peercert")  # type: ignore[union-attr]
+        cert = peer.transport.get_extra_info("peercert")  # type: ignore[union-attr]
         if not cert:
             return "anonymous"
         return dict(x[0] for x in cert["subject"])["commonName"]
