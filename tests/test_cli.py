@@ -291,7 +291,7 @@ async def test_timeout_exits_4(scheme: str) -> None:
     @registry.handle("slow")
     async def slow(value: object) -> object:
         arrived.append(time.monotonic())
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # work that outlasts the call's 0.2-s timeout (not a wait)
         return value
 
     server = await rpc.serve(f"{scheme}://127.0.0.1:0", registry=registry)

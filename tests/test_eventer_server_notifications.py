@@ -129,7 +129,7 @@ async def test_events_with_ack(tmp_path: Path) -> None:
         order: list[int] = []
 
         async def slow(_client: eventer.Client, events: list[eventer.Event]) -> None:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the callback's work, before its ack (not a wait)
             order.extend(e.payload.data for e in events)  # type: ignore[union-attr,misc]
 
         client = await eventer.connect(
@@ -167,7 +167,7 @@ async def test_events_with_ack(tmp_path: Path) -> None:
 
         @never.handle(common.MSG_EVENTS_NOTIFY)
         async def no_ack(data: bytes) -> None:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # never returns, so never acks (not a wait)
 
         silent = await raw_peer(server, never)
         await silent.request(common.MSG_INIT_REQ, init_bytes(subs=[("n",)]), raw=True)

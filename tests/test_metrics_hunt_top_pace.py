@@ -23,7 +23,7 @@ async def test_a_slow_scrape_is_not_followed_by_a_burst() -> None:
         await reader.readuntil(b"\r\n\r\n")
         arrivals.append(time.monotonic())
         if len(arrivals) == 1:
-            await asyncio.sleep(0.8)
+            await asyncio.sleep(0.8)  # the slow first answer itself (not a wait)
         writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
         await writer.drain()
         writer.close()

@@ -240,7 +240,7 @@ async def test_our_stream_with_a_slow_reader_gets_every_result(flavour: str) -> 
         async for item in peer.stream("count", value=3000, item_timeout=5):
             got.append(item)
             if len(got) % 100 == 0:
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(0.002)  # the reader's pause (its pace, not a wait)
         assert got == list(range(3000))
         assert await peer.request("echo", "after", timeout=5) == "after"
 

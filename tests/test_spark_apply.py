@@ -85,7 +85,7 @@ def test_async_handlers_run_concurrently_within_the_bound(spark: SparkSession) -
     async def slow_square(n: int) -> dict[str, int]:
         state["active"] += 1
         seen = state["active"]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the handler's work: calls overlap meanwhile (not a wait)
         state["active"] -= 1
         if n == 13:
             raise KeyError(n)

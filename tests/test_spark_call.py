@@ -183,7 +183,7 @@ def test_per_call_timeout_and_raise_mode(spark: SparkSession, serve_peer) -> Non
     @registry.handle("slow")
     async def slow(n: int) -> int:
         if n % 10 == 0:
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(2.0)  # work past the call's 0.3-s timeout (not a wait)
         return n
 
     url = serve_peer("chatter", registry).url
@@ -343,7 +343,7 @@ def test_retry_results_are_honoured_for_any_op(spark: SparkSession, serve_peer) 
     @registry.handle("limited")
     async def limited(n: int) -> int:
         processed[n] += 1
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # the handler's work: it holds its slot (not a wait)
         return -n
 
     # two requests at a time per connection; the rest get retry results

@@ -35,7 +35,7 @@ def test_window_bounds_calls_in_flight_on_one_connection(serve_peer, flavour: st
     async def hold(n: int) -> int:
         state["active"] += 1
         state["max"] = max(state["max"], state["active"])
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # the handler's work: calls overlap meanwhile (not a wait)
         state["active"] -= 1
         return n + 1
 
@@ -111,7 +111,7 @@ def counting_registry(processed: Counter[int]) -> rpc.Registry:
     @registry.handle("work")
     async def work(n: int) -> int:
         processed[n] += 1
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # the handler's work (not a wait)
         return n * 3
 
     return registry
@@ -158,7 +158,7 @@ def test_calls_lost_in_flight(serve_peer, idempotent: bool) -> None:
         processed[n] += 1
         if n == 50:
             started.set()
-        await asyncio.sleep(0.05 if n < 100 else 0.001)
+        await asyncio.sleep(0.05 if n < 100 else 0.001)  # work: calls in flight at the drop
         return n * 3
 
     served = serve_peer("gotalk", registry)
@@ -224,6 +224,7 @@ def test_a_new_connection_carries_one_call_until_it_answers(serve_peer) -> None:
     @registry.handle("hold")
     async def hold(n: int) -> int:
         events.append(("start", n))
+        # the handler's work; the first call's is long, so calls sent beside it would start
         await asyncio.sleep(0.2 if len(events) == 1 else 0.001)
         events.append(("end", n))
         return n

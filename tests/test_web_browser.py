@@ -285,7 +285,7 @@ async def test_retry_results_are_honoured(context: BrowserContext, test_page: Ht
 
     @registry.handle("slow")
     async def slow(_: Any = None) -> str:
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # the handler's work: it holds the one slot (not a wait)
         return "slow done"
 
     @registry.handle("echo")
@@ -335,7 +335,7 @@ async def test_keepalive_survives_a_server_restart(context: BrowserContext) -> N
     @chat.registry.handle("slow")
     async def slow(_: Any = None) -> None:
         slow_started.set()
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # a call still running when the server goes (not a wait)
 
     server = await webchat.serve("ws+gotalk://127.0.0.1:0/gotalk/", chat)
     port = server.url.port

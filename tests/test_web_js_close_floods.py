@@ -234,7 +234,7 @@ async def hold(_=None):
     while peer.gave_up is None:  # (polled: the test's module knows no close event)
         await asyncio.sleep(0.005)
     print("close began", flush=True)
-    await asyncio.sleep(HOLD)
+    await asyncio.sleep(HOLD)  # the handler's work, which the close's drain waits for
     return "held"
 
 

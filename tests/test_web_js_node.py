@@ -131,7 +131,7 @@ def peerwire_registry(logged: list[Any]) -> rpc.Registry:
 
     @registry.handle("slow")
     async def slow(_: Any = None) -> str:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the handler's work (not a wait)
         return "slow done"
 
     @registry.handle("ask")

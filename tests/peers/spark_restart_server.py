@@ -26,7 +26,7 @@ async def main(port: int, log_path: str) -> None:
     @registry.handle("work")
     async def work(n: int) -> int:
         os.write(fd, b"%d\n" % n)
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # the handler's work (not a wait)
         return n * 3
 
     server = await rpc.serve(f"tcp+gotalk://127.0.0.1:{port}", registry=registry).start()
