@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -401,3 +402,29 @@ async def test_a_streamed_result_that_never_waits_can_be_cancelled(flavour: str)
             assert await other.request("echo", "served", timeout=2) == "served"
         await results.aclose()
         await asyncio.wait_for(stopped.wait(), 2)
+
+
+@pytest.mark.parametrize("flavour", ["gotalk", "chatter-current"])
+async def test_a_coroutine_handler_that_returned_is_no_longer_cancellable(flavour: str) -> None:
+    """A request leaves the cancellable set when its coroutine handler returns, single or
+    stream request alike: a connection's set holds only what runs (no key is kept for the
+    connection's life). Reads the set itself: the keys are the protocol's, which the
+    client's calls do not expose (found in review 201: no test failed without the
+    discard)."""
+    reg = rpc.Registry()
+
+    @reg.handle("double")
+    async def double(value: int) -> int:
+        return 2 * value
+
+    @reg.handle_stream("total")
+    async def total(parts: AsyncIterator[int]) -> int:
+        return sum([part async for part in parts])
+
+    async with served(flavour, reg) as (server, peer):
+        assert await peer.request("double", 1) == 2  # the announcement has been answered
+        [server_peer] = server.peers
+        assert peer.adapter.cancels and server_peer.adapter.cancels
+        assert await peer.request("double", 2) == 4
+        assert [x async for x in peer.stream("total", parts=[1, 2, 3])] == [6]
+        assert not server_peer._running

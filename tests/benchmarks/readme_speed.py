@@ -156,9 +156,12 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="smoke runs; print, not write")
     parser.add_argument("--print", action="store_true", help="print the section, not write")
     args = parser.parse_args()
+    writes = not (args.smoke or args.print)
+    if writes:
+        replace_section(README.read_text(), "")  # no markers: said now, not after the runs
     stamp = machine()  # before the runs: the tree as measured
     section = render(*measure(args.smoke), stamp)
-    if args.smoke or args.print:
+    if not writes:
         print(section)
         return
     README.write_text(replace_section(README.read_text(), section))
