@@ -30,7 +30,7 @@ async def flooded_reader(
     writer = await eventer.connect(url_of(server), "writer")
     for i in range(count):
         await writer.register([RegisterEvent(("n", str(i)))])
-    connection = reader._conn.connection if reader._conn else None
+    connection = reader.connection.connection if reader.connection else None
     assert connection is not None
     await wait_until(lambda: not connection.transport.is_reading())
     return reader, writer

@@ -66,7 +66,7 @@ async def test_a_slow_callback_holds_at_most_events_queue_bytes(
             url_of(server), "reader", subscriptions=[("n", "*")], events_cb=slow_cb,
             **options,
         )  # fmt: skip
-        connection = reader._conn.connection if reader._conn else None
+        connection = reader.connection.connection if reader.connection else None
         assert connection is not None
         async with await flood(server, count):
             # held: room is gone and the connection stopped reading; or (before) all queued
@@ -107,7 +107,7 @@ async def test_a_callback_that_queries_is_answered_past_the_bytes(tmp_path: Path
             url_of(server), "reader", subscriptions=[("n", "*")], events_cb=querying_cb,
             events_queue_bytes=BOUND,
         )  # fmt: skip
-        connection = reader._conn.connection if reader._conn else None
+        connection = reader.connection.connection if reader.connection else None
         assert connection is not None
         async with await flood(server, 12):
             await wait_until(

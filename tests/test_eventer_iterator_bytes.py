@@ -51,7 +51,7 @@ async def read_slowly(
         url, "reader", subscriptions=[("n", "*")],
         events_cb=lambda _client, events: seen.append(len(events)), **options,
     )  # fmt: skip
-    connection = reader._conn.connection if reader._conn else None
+    connection = reader.connection.connection if reader.connection else None
     assert connection is not None
     iterator = reader.events()
 

@@ -220,7 +220,7 @@ async def test_an_iterator_reader_that_queries_is_answered_past_the_bound(tmp_pa
             for i in range(300):
                 await writer.register([json_event(("n",), i)])
             await writer.query(eventer.QueryLatestParams([]))  # all notified by now
-        connection = reader._conn.connection if reader._conn else None
+        connection = reader.connection.connection if reader.connection else None
         assert connection is not None
         await wait_until(lambda: not connection.transport.is_reading())
 
