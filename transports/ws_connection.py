@@ -10,8 +10,9 @@ text, binary or continuation frame's payload to a byte sink as bytes. The sink s
 One timer per connection for its phase, armed for its nearest deadline: the opening handshake
 (``handshake_timeout``), then keepalive (a ping after ``ping_interval`` seconds without
 incoming data, the connection failed when nothing arrives within ``ping_timeout``), then the
-closing handshake (``close_timeout``, then the socket is aborted); and, beside it while
-open, the check that unfinished input keeps coming (``min_rate`` bytes a second once
+closing handshake (``close_timeout``, then the socket is aborted; a peer failed for its
+silence is not waited for: the socket closes once our close frame is written); and, beside
+it while open, the check that unfinished input keeps coming (``min_rate`` bytes a second once
 ``rate_grace`` has passed: :mod:`transports.ws_input_rate`). Backpressure: the socket's
 write buffer limits drive the sink's ``pause_writing``/``resume_writing``; the sink's
 ``pause_reading`` stops reading the socket, and frames already parsed wait until it resumes.
@@ -473,6 +474,8 @@ class Connection(SharedBufferProtocol):
         if self._ping_out:
             log.info("WebSocket peer %s: no answer to a ping: closing", self.peername)
             self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
+            if self.raw is not None:  # nor will it answer the close (it may be gone, no FIN):
+                self.raw.close()  # closed once that is written; close_timeout aborts past it
             return
         interval = settings.ping_interval or 0.0
         quiet_for = self._heard_at + interval - self.loop.time()
