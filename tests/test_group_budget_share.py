@@ -245,6 +245,26 @@ def test_the_link_asked_for_room_is_one_holding_the_most() -> None:
     assert budget.held == budget.limit
 
 
+def test_no_link_is_asked_when_none_holds_more_than_the_taker_would() -> None:
+    """The random walk above never meets this case (its largest holder always holds more
+    than a frame, so its check of it never runs): links that each hold no more than the
+    taker would with the new bytes are not asked and the room is refused; a link holding
+    one byte more is asked, alone."""
+    budget = QueueBytes(10_000)
+    sinks: list[Sink] = []
+    sinks += [Sink(budget, sinks) for _ in range(50)]
+    taker = Sink(budget, sinks)
+    for s in sinks:
+        assert budget.take(200, s)
+    assert budget.held == budget.limit
+    assert not budget.make_room(200, taker)
+    assert [s.asked for s in sinks] == [0] * 50
+    budget.release(sinks[0], 1)
+    assert budget.take(1, sinks[7])  # 201: more than the taker would hold
+    assert budget.make_room(200, taker)
+    assert [i for i, s in enumerate(sinks) if s.asked] == [7] and sinks[7].asked == 1
+
+
 class Giver:
     """A holder that gives back what it is asked for, or (``gives`` False) nothing."""
 
