@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings
 
 from rpc import loops
 from rpc.escapes import escapes
-from rpc.logs import refusals, violations
+from rpc.eventer import confirm, handlers, service
+from rpc.logs import cuts, refusals, violations
 from rpc.notifications import failures
 from tests.certs import Pki, make_pki
 from transports import websocket
@@ -68,12 +69,17 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def fresh_rate_limited_logs() -> None:
     """Each test starts a new window of the process-wide rate-limited logs (protocol
     violations, notification handlers' failures, handlers' BaseExceptions, refused HTTP
-    requests): one test's burst must not hide the next test's records."""
+    requests, a close's cut work, the Eventer's refusals, dropped notifications and
+    unconfirmed registrations): one test's burst must not hide the next test's records."""
     violations.reset()
     refusals.reset()
     failures.reset()
     escapes.reset()
     websocket.violations.reset()
+    cuts.reset()
+    confirm.drops.reset()
+    service.refusals.reset()
+    handlers.dropped.reset()
 
 
 @pytest.fixture
