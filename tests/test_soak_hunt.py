@@ -10,8 +10,9 @@ import struct
 import pytest
 from websockets.frames import Opcode
 
+from rpc.backlog import MESSAGES_PER_TURN
 from tests.browser import eventually
-from tests.test_web_hostile import RawClient, recorder_server
+from tests.test_web_hostile import RawClient, Recorder, recorder_server
 
 pytestmark = pytest.mark.both_loops
 
@@ -44,5 +45,37 @@ async def test_a_websocket_peer_that_vanished_is_cut_at_the_keepalive_limit() ->
         assert any(f.opcode is Opcode.PING for f in vanished.frames)
     finally:
         vanished.writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_websocket_read_of_many_messages_is_handed_over_a_turn_at_a_time() -> None:
+    """A WebSocket message is one read of the sink's, so the RPC peer's own turn
+    (``MESSAGES_PER_TURN`` messages a read, then the loop's next iteration) never saw more
+    than one: the connection handed all the frames of a socket read (256 KiB: thousands of
+    small requests) over in one go. With 100 connections flooding so, a canary on another
+    waited 5 to 8.7 s for an answer. Now the connection itself hands over that many frames
+    a turn: a callback scheduled at the first frame runs before the rest come."""
+    server, sinks, port = await recorder_server()
+    client = await RawClient.open(port)
+    try:
+        loop = asyncio.get_running_loop()
+        before_turn: list[int] = []
+
+        def first(sink: Recorder) -> None:  # at the first frame: count those before a turn
+            sink.on_data = None
+            loop.call_soon(lambda: before_turn.append(len(sink.data)))
+
+        await eventually(lambda: sinks and sinks[0].transport is not None, "connected")
+        sinks[0].on_data = first
+        frames = 4 * MESSAGES_PER_TURN
+        for i in range(frames):
+            client.ws.send_binary(i.to_bytes(2, "big"))
+        client.writer.write(b"".join(client.ws.data_to_send()))  # 8 KiB: one segment
+        await eventually(lambda: len(sinks[0].data) == frames, "every frame handed over")
+        assert before_turn and before_turn[0] <= MESSAGES_PER_TURN, before_turn
+        assert [int.from_bytes(d, "big") for d in sinks[0].data] == list(range(frames))
+    finally:
+        client.writer.close()
         server.close()
         await server.wait_closed()

@@ -40,7 +40,7 @@ from transports.read_buffer import SharedBufferProtocol
 from transports.stream import ByteSink, ClosedHere
 from transports.ws_body import BodyFeed, send_response
 from transports.ws_head import HeadSplit
-from transports.ws_held import HeldPayloads
+from transports.ws_held import FRAMES_PER_TURN, HeldPayloads
 from transports.ws_input_rate import WsInputRate
 from transports.ws_settings import Settings
 from transports.ws_transport import WebSocketTransport
@@ -97,6 +97,7 @@ class Connection(SharedBufferProtocol):
         self._head = HeadSplit(max_head)
         """Where the head ends; ``max_head``: bytes the peer may send before (server)."""
         self._held: HeldPayloads | None = None
+        self._release_due = False
         self._write_paused = False
         self._body: BodyFeed | None = None
         """A response body still to write as the socket drains (:mod:`transports.ws_body`)."""
@@ -252,12 +253,18 @@ class Connection(SharedBufferProtocol):
 
     def _dispatch(self, events: list[Event]) -> None:
         sink = self.sink
+        turn = FRAMES_PER_TURN
         for index, event in enumerate(events):
             if type(event) is Frame:
                 if event.opcode <= _LAST_DATA_OPCODE and sink is not None:
-                    if not self.reading:  # after any frames still held, in order
+                    if not self.reading or not turn:  # after any frames still held, in order
                         self._held = HeldPayloads.of(self._held, events[index:])
+                        if self.reading:  # a turn's worth handed over: the rest at the next
+                            if self.raw is not None and not self.raw.is_closing():
+                                self.raw.pause_reading()
+                            self._schedule_release()
                         return
+                    turn -= 1
                     # asyncio sinks take bytes: a server's (masked) frames are bytes already
                     # (no copy), a client's are bytearrays the codecs would copy anyway
                     sink.data_received(bytes(event.data))
@@ -307,21 +314,30 @@ class Connection(SharedBufferProtocol):
             self._heard_at = self.resumed_at = self.loop.time()
             self._ping_out = False
             if self._held:
-                self.loop.call_soon(self._release)
+                self._schedule_release()
             elif self.raw is not None and not self.raw.is_closing() and not self._pongs_wait:
                 self.raw.resume_reading()
 
+    def _schedule_release(self) -> None:
+        if not self._release_due:
+            self._release_due = True
+            self.loop.call_soon(self._release)
+
     def _release(self) -> None:
-        """Hand over the frames held while paused, then read the socket again. Paused
-        again since the resume that scheduled this: the frames stay held for the next."""
+        """Hand over the frames held while paused or past a turn, a turn's worth a loop
+        iteration, then read the socket again. Paused again since the resume that scheduled
+        this: the frames stay held for the next."""
+        self._release_due = False
         if not self.reading:
             return
         held = self._held
         if held is not None:
             if self.sink is not None:  # paused again: the rest stays held
-                held.feed(self.sink, lambda: self.reading)
+                held.feed(self.sink, lambda: self.reading, FRAMES_PER_TURN)
             if not held and self._held is held:  # all handed over: drop the read
                 self._held = None
+            elif held and self.reading:
+                self._schedule_release()
             rate = self.input_rate
             if rate is not None and self.ws.state is _OPEN:
                 rate.released(self.loop.time())
@@ -407,9 +423,9 @@ class Connection(SharedBufferProtocol):
 
     @property
     def input_held(self) -> bool:
-        """True while we do not read the peer (the sink paused us, or a ping waits for our
-        output to drain): its unread input is not slow."""
-        return not self.reading or self._pongs_wait
+        """True while we do not read the peer (the sink paused us, a ping waits for our
+        output to drain, frames wait for their turn): its unread input is not slow."""
+        return not self.reading or self._pongs_wait or bool(self._held)
 
     def _stop_rate(self) -> None:
         rate, self.input_rate = self.input_rate, None

@@ -1,8 +1,10 @@
-"""The data frames a WebSocket connection read while its sink paused it, held compactly.
+"""The data frames a WebSocket connection read while its sink paused it, or past a turn,
+held compactly.
 
 websockets parses a whole read (up to 256 KiB) at once; when the sink pauses reading part
 of the way through it (a peer's backlog full while it does not read our output), the rest
-waits until the sink resumes. Kept as websockets' ``Frame`` objects, a read of 1-byte
+waits until the sink resumes; past ``FRAMES_PER_TURN`` frames, until the loop's next
+iteration. Kept as websockets' ``Frame`` objects, a read of 1-byte
 frames (about 37,000) held about 6 MB on each connection so paused, 24 times its bytes.
 :class:`HeldPayloads` keeps their payloads in one bytes object and where each ends (4 bytes
 a frame): a read's bytes and at most 4 bytes a frame, handed over one frame at a time.
@@ -17,6 +19,12 @@ from typing import Any
 from websockets.frames import Frame, Opcode
 
 _LAST_DATA_OPCODE = Opcode.BINARY  # CONT, TEXT, BINARY are 0, 1, 2
+
+FRAMES_PER_TURN = 256
+"""Data frames handed to the sink in one go; the rest of a read (256 KiB: thousands of small
+frames) waits for the loop's next iteration, the socket unread meanwhile. A frame is one read
+of the sink's, so its own turn (``rpc.backlog.MESSAGES_PER_TURN``) never saw more than one:
+before, 100 connections that flooded so kept a canary on another waiting 5 to 8.7 s."""
 
 
 class HeldPayloads:
@@ -53,9 +61,11 @@ class HeldPayloads:
         self._next = index + 1
         return self._data[self._ends[index - 1] if index else 0 : self._ends[index]]
 
-    def feed(self, sink: Any, reading: Callable[[], bool]) -> None:
-        """Hand the payloads to ``sink`` (a byte sink) one at a time while ``reading()``."""
-        while self and reading():
+    def feed(self, sink: Any, reading: Callable[[], bool], limit: int) -> None:
+        """Hand at most ``limit`` payloads to ``sink`` (a byte sink), one at a time, while
+        ``reading()``."""
+        while self and limit and reading():
+            limit -= 1
             sink.data_received(self.pop())
 
     def remaining(self) -> list[bytes | bytearray | memoryview]:
