@@ -257,7 +257,9 @@ class Connection(SharedBufferProtocol):
         for index, event in enumerate(events):
             if type(event) is Frame:
                 if event.opcode <= _LAST_DATA_OPCODE and sink is not None:
-                    if not self.reading or not turn:  # after any frames still held, in order
+                    # after any frames still held, in order; past a turn only while open: a
+                    # read that closes is the last with frames (the socket may close at once)
+                    if not self.reading or (not turn and self.ws.state is _OPEN):
                         self._held = HeldPayloads.of(self._held, events[index:])
                         if self.reading:  # a turn's worth handed over: the rest at the next
                             if self.raw is not None and not self.raw.is_closing():
@@ -336,8 +338,8 @@ class Connection(SharedBufferProtocol):
                 held.feed(self.sink, lambda: self.reading, FRAMES_PER_TURN)
             if not held and self._held is held:  # all handed over: drop the read
                 self._held = None
-            elif held and self.reading:
-                self._schedule_release()
+            elif held and self.reading and self._held is held and self.sink is not None:
+                self._schedule_release()  # a turn's worth handed over: the rest at the next
             rate = self.input_rate
             if rate is not None and self.ws.state is _OPEN:
                 rate.released(self.loop.time())
@@ -423,9 +425,11 @@ class Connection(SharedBufferProtocol):
 
     @property
     def input_held(self) -> bool:
-        """True while we do not read the peer (the sink paused us, a ping waits for our
-        output to drain, frames wait for their turn): its unread input is not slow."""
-        return not self.reading or self._pongs_wait or bool(self._held)
+        """True while we do not read the peer (the sink paused us, or a ping waits for our
+        output to drain): its unread input is not slow. Frames held for their turn are not:
+        their payloads were counted as read (else a flood of empty frames, held nearly all
+        the time, would start the count again at every check)."""
+        return not self.reading or self._pongs_wait
 
     def _stop_rate(self) -> None:
         rate, self.input_rate = self.input_rate, None
