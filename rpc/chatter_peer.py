@@ -194,7 +194,13 @@ class ChatterAdapter:
         self.stall.start()
 
     def stop(self) -> None:
+        """What the connection held goes now, not with a cyclic collection of the peer
+        (which lives in reference cycles): the codec's table of conversations (an entry
+        per unanswered request, up to ``max_conversations``) and a part-read frame, the
+        replies' records, metadata waiting for its request."""
         self.replies.clear()
+        self.codec.forget()
+        self.meta.clear()
 
     def handshake_pending(self) -> bool:
         return self.pings.handshake_pending()

@@ -129,7 +129,11 @@ class GotalkAdapter:
         self.stall.start()
 
     def stop(self) -> None:
-        """Nothing of ours outlives the connection (timers live in the peer's deadlines)."""
+        """What the connection held goes now, not with a cyclic collection of the peer
+        (which lives in reference cycles): a part-read message (up to ``max_size``) and
+        metadata waiting for its request. Timers live in the peer's deadlines."""
+        self.codec.forget()
+        self.meta.clear()
 
     def handshake_pending(self) -> bool:
         return self.codec.peer_version is None

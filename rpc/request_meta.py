@@ -65,6 +65,11 @@ class MetaState(Generic[K]):
         self.sent_default: int | None = None
         """The default we announced (ms; None: none, as at the start)."""
 
+    def clear(self) -> None:
+        """The connection is gone: no record waits for a request any more."""
+        self.pending = {}
+        self.pending_bytes = 0
+
     def received(self, key: K, meta: RequestMeta, read_at: float) -> None:
         """The peer sent ``meta`` for its request ``key`` (read at loop time ``read_at``)."""
         pending = self.pending

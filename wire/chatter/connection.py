@@ -318,6 +318,17 @@ class ChatterConnection:
         self._out = []
         return b"".join(out)
 
+    def forget(self) -> None:
+        """Drop everything the connection holds, for when it is over: its conversations (an
+        entry per unanswered message, up to ``max_conversations``), a frame that had not
+        fully arrived (up to ``max_size``) and unsent output. Its owner may outlive the
+        connection (until a cyclic collection, for instance); so does none of this."""
+        self._tracker.forget()
+        self._reader = FrameReader(self.max_size)
+        self._out = []
+        self._ping_data = []
+        self._pong_data = []
+
     # --- conversations -----------------------------------------------------------------
 
     def abandon(self, conversation: Conversation) -> None:

@@ -217,6 +217,13 @@ class ConversationTracker:
             self._open[key] = True
         return True
 
+    def forget(self) -> None:
+        """Forget every conversation, open or abandoned (the connection is over); ids go on
+        from where they were."""
+        self._open = {}
+        self._abandoned = OrderedDict()
+        self._theirs = 0
+
     def abandon(self, conversation: Conversation) -> None:
         """Forget an open conversation (e.g. timed out); its late messages get dropped.
 

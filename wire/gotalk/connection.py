@@ -56,6 +56,12 @@ class GotalkConnection:
         """The error that killed the connection, or None while it is alive."""
         return self._error
 
+    def forget(self) -> None:
+        """Drop a message that had not fully arrived (up to ``max_size``), for when the
+        connection is over: its owner may outlive it (until a cyclic collection, for
+        instance); the bytes need not."""
+        self._buf = bytearray()
+
     def handshake(self) -> bytes:
         """Bytes to send first: our version. It may share one write with the first message."""
         return VERSION
