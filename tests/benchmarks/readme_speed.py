@@ -63,7 +63,7 @@ def measure(smoke: bool) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
 
 def machine() -> dict[str, str]:
     """What the figures were measured on: processor, cores, memory, system, Python, commit
-    (marked when the tree had changes), date."""
+    (marked when tracked files other than the README had changes), date."""
     model = "unknown processor"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -84,7 +84,9 @@ def machine() -> dict[str, str]:
                 system = line.split("=", 1)[1].strip('"')
     git = ["git", "-C", str(ROOT)]
     commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    changes = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    # tracked files other than the README (which this run rewrites)
+    status = [*git, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!README.md"]
+    changes = subprocess.run(status, capture_output=True, text=True)
     return {
         "machine": f"{model}, {os.cpu_count()} cores{memory}, {system}",
         "python": platform.python_version(),
