@@ -80,9 +80,10 @@ being served hold: the replies its handlers wait for are read while those reques
 the whole limit."""
 
 MAX_MESSAGES = 16_384
-"""Messages kept before reading pauses, whatever their size: about 3 MiB of tiny ones
-(counted as 4 MiB), against a flood of small messages the byte bound would let grow to
-262,144 of them."""
+"""Messages kept before reading pauses, whatever their size (counted as 4 MiB when tiny; in
+memory about 4 MB over Gotalk and 7.5 MB over Chatter, whose envelopes and conversation
+records take more: docs/limits.md), against a flood of small messages the byte bound would
+let grow to 262,144 of them."""
 
 
 def text_size(text: str) -> int:
