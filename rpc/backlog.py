@@ -70,6 +70,13 @@ MESSAGES_PER_TURN = 256
 """Messages handled per connection in one go; the rest of a larger read wait for the next
 loop iteration (reading paused meanwhile), so other connections get their turn."""
 
+KEPT_READ_SIZE = 16 * 1024
+"""Bytes one read of a byte stream may take while the backlog keeps messages (else
+``transports.read_buffer.READ_SIZE``, 256 KiB): a read of tiny requests decodes up to about
+14,500 messages at once, which a kept read would add to the backlog past its bound, and
+which one connection's callback would spend tens of milliseconds on while others wait.
+At this size the bound is passed by at most about 900 messages, in short callbacks."""
+
 OVERHEAD = 256
 """Bytes counted per message besides its payload: about what a decoded message takes in
 memory (a small Gotalk request, its id and op: about 200 bytes)."""

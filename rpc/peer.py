@@ -48,8 +48,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rpc.backlog import KEPT_READ_SIZE, Backlog
 from rpc.backlog import MESSAGES_PER_TURN as MESSAGES_PER_TURN
-from rpc.backlog import Backlog
 from rpc.call_bounds import CallBounds
 from rpc.calls import Caller
 from rpc.calls import _Call as _Call
@@ -69,7 +69,7 @@ from rpc.responder import _parts as _parts
 from rpc.stream_hold import RoomStall, StreamHold
 from rpc.streaming import ResultWait, StreamQueue
 from rpc.tasks import TaskSet
-from transports.read_buffer import SharedBufferProtocol
+from transports.read_buffer import SharedBufferProtocol, read_buffer
 from transports.stream import ClosedHere
 from wire.errors import ProtocolError
 
@@ -264,6 +264,12 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         except Exception as exc:
             refusals.exception("%s: on_open callback failed; closing", self.remote_address)
             self.abort(exc)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where a byte stream's next read goes: the thread's buffer, only its first
+        :data:`~rpc.backlog.KEPT_READ_SIZE` bytes while the backlog keeps messages."""
+        view = read_buffer()
+        return view[:KEPT_READ_SIZE] if self._backlog else view
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the peer: what a stream transport read into the thread's shared
