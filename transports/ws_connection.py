@@ -15,7 +15,8 @@ silence is not waited for: the socket closes once our close frame is written); a
 it while open, the check that unfinished input keeps coming (``min_rate`` bytes a second once
 ``rate_grace`` has passed: :mod:`transports.ws_input_rate`). Backpressure: the socket's
 write buffer limits drive the sink's ``pause_writing``/``resume_writing``; the sink's
-``pause_reading`` stops reading the socket, and frames already parsed wait until it resumes.
+``pause_reading`` stops reading the socket, and frames already parsed wait until it resumes
+(:mod:`transports.ws_held`).
 The socket is read while our output is backed up (so that the sink can take replies), but a
 ping that comes then stops reading until the output drains: websockets answers every ping
 with a pong, and a peer that pings and never reads would grow our buffer a pong at a time.
@@ -40,7 +41,7 @@ from transports.read_buffer import SharedBufferProtocol
 from transports.stream import ByteSink, ClosedHere
 from transports.ws_body import BodyFeed, send_response
 from transports.ws_head import HeadSplit
-from transports.ws_held import FRAMES_PER_TURN, HeldPayloads
+from transports.ws_held import FRAMES_PER_TURN, HeldFrames
 from transports.ws_input_rate import WsInputRate
 from transports.ws_settings import Settings
 from transports.ws_transport import WebSocketTransport
@@ -96,8 +97,8 @@ class Connection(SharedBufferProtocol):
         """The opening handshake's HTTP head (request or response) is not parsed yet."""
         self._head = HeadSplit(max_head)
         """Where the head ends; ``max_head``: bytes the peer may send before (server)."""
-        self._held: HeldPayloads | None = None
-        self._release_due = False
+        self.held = HeldFrames(self)
+        """Data frames read but not handed to the sink yet (paused, or past a turn)."""
         self._write_paused = False
         self._body: BodyFeed | None = None
         """A response body still to write as the socket drains (:mod:`transports.ws_body`)."""
@@ -212,7 +213,8 @@ class Connection(SharedBufferProtocol):
         self.lost = True
         self._cancel_timer()
         self._stop_rate()
-        self._held = self._body = None  # the read's frames, the cached file's view
+        self.held.drop()  # the read's frames
+        self._body = None  # the cached file's view
         sink, self.sink = self.sink, None
         if sink is not None:
             ws = self.ws
@@ -243,9 +245,7 @@ class Connection(SharedBufferProtocol):
         if self._pongs_wait:
             self._pongs_wait = False
             self.resumed_at = self.loop.time()
-            raw = self.raw
-            if self.reading and not self._held and raw is not None and not raw.is_closing():
-                raw.resume_reading()
+            self.read_socket()
         if self.sink is not None:
             self.sink.resume_writing()
 
@@ -260,11 +260,11 @@ class Connection(SharedBufferProtocol):
                     # after any frames still held, in order; past a turn only while open: a
                     # read that closes is the last with frames (the socket may close at once)
                     if not self.reading or (not turn and self.ws.state is _OPEN):
-                        self._held = HeldPayloads.of(self._held, events[index:])
+                        self.held.hold(events[index:])
                         if self.reading:  # a turn's worth handed over: the rest at the next
                             if self.raw is not None and not self.raw.is_closing():
                                 self.raw.pause_reading()
-                            self._schedule_release()
+                            self.held.schedule()
                         return
                     turn -= 1
                     # asyncio sinks take bytes: a server's (masked) frames are bytes already
@@ -315,38 +315,18 @@ class Connection(SharedBufferProtocol):
             # keepalive plans from it when it fires
             self._heard_at = self.resumed_at = self.loop.time()
             self._ping_out = False
-            if self._held:
-                self._schedule_release()
-            elif self.raw is not None and not self.raw.is_closing() and not self._pongs_wait:
-                self.raw.resume_reading()
+            if self.held:
+                self.held.schedule()
+            else:
+                self.read_socket()
 
-    def _schedule_release(self) -> None:
-        if not self._release_due:
-            self._release_due = True
-            self.loop.call_soon(self._release)
-
-    def _release(self) -> None:
-        """Hand over the frames held while paused or past a turn, a turn's worth a loop
-        iteration, then read the socket again. Paused again since the resume that scheduled
-        this: the frames stay held for the next."""
-        self._release_due = False
-        if not self.reading:
-            return
-        held = self._held
-        if held is not None:
-            if self.sink is not None:  # paused again: the rest stays held
-                held.feed(self.sink, lambda: self.reading, FRAMES_PER_TURN)
-            if not held and self._held is held:  # all handed over: drop the read
-                self._held = None
-            elif held and self.reading and self._held is held and self.sink is not None:
-                self._schedule_release()  # a turn's worth handed over: the rest at the next
-            rate = self.input_rate
-            if rate is not None and self.ws.state is _OPEN:
-                rate.released(self.loop.time())
+    def read_socket(self) -> None:
+        """Read the socket again unless something still holds it: the sink's pause, frames
+        held for it, or a ping waiting for our output to drain."""
         raw = self.raw
         if (
             self.reading
-            and not self._held
+            and not self.held
             and not self._pongs_wait
             and raw is not None
             and not raw.is_closing()

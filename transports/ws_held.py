@@ -8,15 +8,21 @@ iteration. Kept as websockets' ``Frame`` objects, a read of 1-byte
 frames (about 37,000) held about 6 MB on each connection so paused, 24 times its bytes.
 :class:`HeldPayloads` keeps their payloads in one bytes object and where each ends (4 bytes
 a frame): a read's bytes and at most 4 bytes a frame, handed over one frame at a time.
+:class:`HeldFrames` is a connection's part that holds them and hands them over, a turn's
+worth a loop iteration while the sink reads, then has the connection read its socket again.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+
+if TYPE_CHECKING:
+    from transports.ws_connection import Connection
 
 _LAST_DATA_OPCODE = Opcode.BINARY  # CONT, TEXT, BINARY are 0, 1, 2
 
@@ -70,3 +76,56 @@ class HeldPayloads:
 
     def remaining(self) -> list[bytes | bytearray | memoryview]:
         return [self.pop() for _ in range(len(self._ends) - self._next)]
+
+
+class HeldFrames:
+    """The frames one connection holds (:class:`HeldPayloads`, None while none were) and
+    their release: scheduled once however often asked before it runs; a release that finds
+    reading paused again leaves them held for the next resume."""
+
+    __slots__ = ("_conn", "_due", "payloads")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.payloads: HeldPayloads | None = None
+        self._due = False
+        """A release is scheduled (``call_soon``) and has not run yet."""
+
+    def __bool__(self) -> bool:
+        """Frames wait for the sink."""
+        return bool(self.payloads)
+
+    def hold(self, frames: Iterable[object]) -> None:
+        """Keep the data frames among ``frames``, after those held already."""
+        self.payloads = HeldPayloads.of(self.payloads, frames)
+
+    def drop(self) -> None:
+        """The connection is lost: let the read's payloads go."""
+        self.payloads = None
+
+    def schedule(self) -> None:
+        """Release at the loop's next iteration."""
+        if not self._due:
+            self._due = True
+            self._conn.loop.call_soon(self._release)
+
+    def _release(self) -> None:
+        """Hand over the frames held while paused or past a turn, a turn's worth a loop
+        iteration, then read the socket again. Paused again since the resume that scheduled
+        this: the frames stay held for the next."""
+        self._due = False
+        conn = self._conn
+        if not conn.reading:
+            return
+        held = self.payloads
+        if held is not None:
+            if conn.sink is not None:  # paused again: the rest stays held
+                held.feed(conn.sink, lambda: conn.reading, FRAMES_PER_TURN)
+            if not held and self.payloads is held:  # all handed over: drop the read
+                self.payloads = None
+            elif held and conn.reading and self.payloads is held and conn.sink is not None:
+                self.schedule()  # a turn's worth handed over: the rest at the next
+            rate = conn.input_rate
+            if rate is not None and conn.ws.state is State.OPEN:
+                rate.released(conn.loop.time())
+        conn.read_socket()
