@@ -1,5 +1,7 @@
-"""Review 203 of c329770 (a byte stream reads 16 KiB at a time while its backlog keeps
-messages) and of what docs/limits.md says it bounds."""
+"""A byte stream reads 16 KiB at a time while its backlog keeps messages
+(``rpc.backlog.KEPT_READ_SIZE``): what that bounds, as docs/limits.md states it, and large
+requests kept meanwhile still arriving whole, over TCP and TLS (from review 203 of
+c329770)."""
 
 from __future__ import annotations
 
