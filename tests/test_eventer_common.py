@@ -4,6 +4,7 @@ MsgRegisterReq splitter, config files."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hat.event import common as hat
@@ -90,20 +91,27 @@ def to_hat_payload(payload):
     return None
 
 
+def hat_register_event(event: common.RegisterEvent) -> Any:
+    """hat-event's RegisterEvent for ours."""
+    source = event.source_timestamp
+    return hat.RegisterEvent(
+        event.type,
+        None if source is None else hat.Timestamp(*source),
+        to_hat_payload(event.payload),
+    )
+
+
+def hat_register_req(events: list[common.RegisterEvent]) -> bytes:
+    """The MsgRegisterReq hat-sbs writes for ``events``."""
+    hat_events = [hat.register_event_to_sbs(hat_register_event(e)) for e in events]
+    return hat.sbs_repo.encode("HatEventer.MsgRegisterReq", hat_events)
+
+
 @given(st.lists(register_events, max_size=5), st.integers(0, 2**40), st.integers(0, 2**31))
 def test_register_splitting_builds_hat_event_bytes(events, session, server) -> None:
     """Splicing id + type + timestamp + tail gives exactly hat-sbs' Event bytes."""
-    hat_events = [
-        hat.RegisterEvent(
-            e.type,
-            None if e.source_timestamp is None else hat.Timestamp(*e.source_timestamp),
-            to_hat_payload(e.payload),
-        )
-        for e in events
-    ]
-    data = hat.sbs_repo.encode(
-        "HatEventer.MsgRegisterReq", [hat.register_event_to_sbs(e) for e in hat_events]
-    )
+    hat_events = [hat_register_event(e) for e in events]
+    data = hat_register_req(events)
     parts = common.split_register_req(data)
     ts = hat.Timestamp(1_700_000_000, 42)
     for instance, (part, reg) in enumerate(zip(parts, hat_events, strict=True), 1):
@@ -156,21 +164,6 @@ def test_register_splitting_rejects_malformed_input() -> None:
 
 # Random bytes alone are never a MsgRegisterReq (100 of 100 examples refused, so the
 # comparison with hat-sbs never ran): requests hat-sbs writes are drawn too.
-def hat_register_req(events: list[common.RegisterEvent]) -> bytes:
-    """The MsgRegisterReq hat-sbs writes for ``events``."""
-    hat_events = [
-        hat.RegisterEvent(
-            e.type,
-            None if e.source_timestamp is None else hat.Timestamp(*e.source_timestamp),
-            to_hat_payload(e.payload),
-        )
-        for e in events
-    ]
-    return hat.sbs_repo.encode(
-        "HatEventer.MsgRegisterReq", [hat.register_event_to_sbs(e) for e in hat_events]
-    )
-
-
 register_reqs = st.lists(register_events, max_size=3).map(hat_register_req)
 
 
@@ -188,12 +181,7 @@ def test_register_splitting_agrees_with_hat_sbs(data: bytes) -> None:
 @given(register_events)
 def test_register_event_sbs_shape_is_hats(event) -> None:
     ours = common.register_event_to_sbs(event)
-    hat_event = hat.RegisterEvent(
-        event.type,
-        None if event.source_timestamp is None else hat.Timestamp(*event.source_timestamp),
-        to_hat_payload(event.payload),
-    )
-    theirs = hat.register_event_to_sbs(hat_event)
+    theirs = hat.register_event_to_sbs(hat_register_event(event))
     # JSON text spacing differs (hat writes '{"x": 1}'); the values must not
     assert common.register_event_from_sbs(theirs) == common.register_event_from_sbs(ours)
     assert common.register_event_from_sbs(ours) == event
