@@ -77,7 +77,9 @@ KEPT_READ_SIZE = 16 * 1024
 which one connection's callback would spend tens of milliseconds on while others wait.
 At this size a read passes the bound by at most about 1,300 messages (13 bytes, the
 smallest Gotalk notification), in short callbacks. The read in which output comes to wait
-is still up to 256 KiB (the backlog was empty): up to about 20,000 tiny messages kept."""
+is still up to 256 KiB (the backlog was empty): up to about 20,000 tiny messages kept. The
+price: a large message that arrives while messages are kept (a browser's upload while its
+requests wait for ``max_concurrent``) takes 16 times the reads, a system call each."""
 
 OVERHEAD = 256
 """Bytes counted per message besides its payload: about what a decoded message takes in

@@ -76,7 +76,7 @@ async def test_the_read_that_starts_the_backlog_is_256_kib() -> None:
             sock.connect(("127.0.0.1", srv.url.port))
             await until(lambda: len(srv.peers) == 1)
             [attacker] = srv.peers
-            theirs = attacker._transport.get_extra_info("socket")
+            theirs = attacker.transport.get_extra_info("socket")
             theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * MB)
             sock.settimeout(5)
             sock.sendall(b"01" + big + tiny * 20_000)  # all in the server's buffer: one read

@@ -12,14 +12,16 @@ import struct
 import tracemalloc
 
 import pytest
+from websockets.client import ClientProtocol
 from websockets.frames import Close, CloseCode, Opcode
+from websockets.uri import parse_uri
 
 import rpc
-from rpc.backlog import MESSAGES_PER_TURN
 from tests.browser import eventually
 from tests.certs import Pki
 from tests.test_web_hostile import RawClient, Recorder, recorder_server
 from transports.stream import server_ssl_context
+from transports.ws_held import FRAMES_PER_TURN
 from wire.chatter import ChatterConnection, Dialect
 
 pytestmark = pytest.mark.both_loops
@@ -57,9 +59,39 @@ async def test_a_websocket_peer_that_vanished_is_cut_at_the_keepalive_limit() ->
         await server.wait_closed()
 
 
+async def test_a_vanished_wss_peer_is_cut_at_the_keepalive_limit(pki: Pki) -> None:
+    """The same over TLS: closing the socket there waits for the peer's close_notify, which
+    a vanished peer (no FIN, reads nothing) never sends, so the connection lived
+    TLS_SHUTDOWN_TIMEOUT (5 s) more (5.4 s after the stop, on both loops, with a 0.4-s
+    keepalive; found in review 205). The close frame written, the socket is cut."""
+    server, sinks, port = await recorder_server(
+        ssl_context=server_ssl_context(pki.server_cert, pki.server_key),
+        ping_interval=PING_INTERVAL,
+        ping_timeout=PING_TIMEOUT,
+    )
+    client_ssl = ssl.create_default_context(cafile=str(pki.ca))
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=client_ssl, server_hostname="localhost"
+    )
+    try:
+        ws = ClientProtocol(parse_uri(f"wss://127.0.0.1:{port}/gotalk/"), max_size=None)
+        ws.send_request(ws.connect())
+        for chunk in ws.data_to_send():
+            writer.write(chunk)
+        while ws.state.name == "CONNECTING":
+            ws.receive_data(await asyncio.wait_for(reader.read(65536), 5))
+        writer.transport.pause_reading()  # vanished: from now on reads nothing, sends nothing
+        limit = PING_INTERVAL + PING_TIMEOUT + 1.0
+        await eventually(lambda: sinks and sinks[0].lost, "the vanished peer cut", limit)
+    finally:
+        writer.transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_websocket_read_of_many_messages_is_handed_over_a_turn_at_a_time() -> None:
     """A WebSocket message is one read of the sink's, so the RPC peer's own turn
-    (``MESSAGES_PER_TURN`` messages a read, then the loop's next iteration) never saw more
+    (``rpc.backlog.MESSAGES_PER_TURN`` messages a read, then the next iteration) never saw more
     than one: the connection handed all the frames of a socket read (256 KiB: thousands of
     small requests) over in one go. With 100 connections flooding so, a canary on another
     waited 5 to 8.7 s for an answer. Now the connection itself hands over that many frames
@@ -76,12 +108,12 @@ async def test_a_websocket_read_of_many_messages_is_handed_over_a_turn_at_a_time
 
         await eventually(lambda: sinks and sinks[0].transport is not None, "connected")
         sinks[0].on_data = first
-        frames = 4 * MESSAGES_PER_TURN
+        frames = 4 * FRAMES_PER_TURN
         for i in range(frames):
             client.ws.send_binary(i.to_bytes(2, "big"))
         client.writer.write(b"".join(client.ws.data_to_send()))  # 8 KiB: one segment
         await eventually(lambda: len(sinks[0].data) == frames, "every frame handed over")
-        assert before_turn and before_turn[0] <= MESSAGES_PER_TURN, before_turn
+        assert before_turn and before_turn[0] <= FRAMES_PER_TURN, before_turn
         assert [int.from_bytes(d, "big") for d in sinks[0].data] == list(range(frames))
     finally:
         client.writer.close()

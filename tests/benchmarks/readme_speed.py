@@ -37,7 +37,7 @@ ROWS = (
     ("peerwire-gotalk", "peerwire, Gotalk (`tcp+gotalk`)"),
     ("peerwire-chatter", "peerwire, Hat Chatter (`tcp+sbs`)"),
     ("hat-chatter", "hat-drivers' chatter (the reference)"),
-    ("bare-echo", "bare length-prefixed echo (the ceiling)"),
+    ("bare-echo", "bare length-prefixed echo (no RPC layer)"),
 )
 """bench_rpc's rows in the table, and what the README calls them."""
 MODES = (("sequential", "one at a time"), ("inflight100", "100 in flight"))
