@@ -474,13 +474,11 @@ class Connection(SharedBufferProtocol):
         if self._ping_out:
             log.info("WebSocket peer %s: no answer to a ping: closing", self.peername)
             self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
-            raw = self.raw
-            if raw is None:  # nor will it answer the close (it may be gone, no FIN): the
-                return  # socket is closed once that is written (close_timeout aborts past it)
-            if raw.get_extra_info("ssl_object") is None or raw.get_write_buffer_size():
-                raw.close()
-            else:  # TLS's close would wait for the peer's close_notify (5 s) too: written
-                raw.abort()  # to the socket layer under TLS already, the close frame goes
+            if self.raw is not None:  # nor will it answer the close (it may be gone, no FIN):
+                # closed once that is written (close_timeout aborts past it; over TLS the
+                # close waits TLS_SHUTDOWN_TIMEOUT for its close_notify: aborted sooner, a
+                # slow peer's output still under TLS would be lost with the close frame)
+                self.raw.close()
             return
         interval = settings.ping_interval or 0.0
         quiet_for = self._heard_at + interval - self.loop.time()

@@ -1,4 +1,6 @@
-"""Review 206 of 90be55e: defects found, each shown by a failing test."""
+"""A wss peer failed by the keepalive because it stopped reading, though alive: the TLS
+socket is closed, not aborted, so the output still queued under TLS and the close frame
+reach it when it reads again (review 206: 90be55e's abort lost them)."""
 
 from __future__ import annotations
 
@@ -20,10 +22,7 @@ from tests.certs import Pki
 from tests.test_web_hostile import recorder_server
 from transports.stream import server_ssl_context
 
-pytestmark = [
-    pytest.mark.both_loops,
-    pytest.mark.xfail(strict=True, reason="review 206: found, not fixed (close frame lost)"),
-]
+pytestmark = pytest.mark.both_loops
 
 PING_INTERVAL = PING_TIMEOUT = 0.2
 
@@ -36,7 +35,7 @@ def _unsent(sock: socket.socket) -> int:
 async def test_a_slow_wss_peer_failed_by_the_keepalive_still_gets_the_close_frame(
     pki: Pki,
 ) -> None:
-    """90be55e aborts the TLS socket when ``raw.get_write_buffer_size()`` is 0, taking that
+    """90be55e aborted the TLS socket when ``raw.get_write_buffer_size()`` was 0, taking that
     for "the close frame is in the socket layer". The TLS transport counts only its own
     buffers, not the TCP transport's under it: with the kernel's buffers full and less than
     the TCP transport's high-water mark (64 KiB) waiting there, the size is 0 and abort()
