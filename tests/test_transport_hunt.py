@@ -40,6 +40,7 @@ from tests.test_web_hostile import RawClient, Recorder, recorder_server, unread
 from transports.read_buffer import READ_SIZE
 from transports.stream import client_ssl_context, server_ssl_context
 from transports.web_http import HttpOptions
+from transports.websocket import WebSocketServer
 from transports.ws_body import CHUNK, send_response
 from wire import gotalk
 
@@ -277,6 +278,35 @@ async def test_deep_static_paths_are_refused_before_the_file_system_is_asked(
         assert took < 0.3, took  # was 0.8-0.9 s (wall 0.81-0.89 s) on a 2-CPU VM; now ~20 ms
 
 
+BURST_FRAMES = 28_000
+"""280 KB on the wire: a read of READ_SIZE is 26,214 of them."""
+
+
+async def _burst_waiting(
+    server: WebSocketServer, sinks: list[Recorder], port: int
+) -> tuple[RawClient, Recorder]:
+    """A client whose burst of BURST_FRAMES 4-byte frames waits whole in the server's socket
+    (the sink paused), and the sink, set to pause again at the first frame it gets."""
+    client = await RawClient.open(port)
+    await eventually(lambda: sinks and sinks[0].transport is not None, "connected")
+    sink = sinks[0]
+    sink.transport.pause_reading()  # the whole burst waits in the socket
+    raw = next(iter(server.connections)).raw
+    assert raw is not None
+    raw.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    # binary frames, masked with a zero key (built here: websockets takes ~1 s)
+    frames = (b"\x82\x84\0\0\0\0%4d" % (i % 9999) for i in range(BURST_FRAMES))
+    client.writer.write(b"".join(frames))
+    await eventually(lambda: unread(raw.get_extra_info("socket")) >= READ_SIZE, "queued")
+
+    def on_data(recorder: Recorder) -> None:
+        if len(recorder.data) == 1:
+            recorder.transport.pause_reading()
+
+    sink.on_data = on_data
+    return client, sink
+
+
 async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None:
     """The sink pauses reading at the first frame of a 256 KiB read of tiny frames (as a
     peer's full backlog does): the rest of the read waits for the resume. As websockets'
@@ -285,23 +315,7 @@ async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None
     of its own."""
     server, sinks, port = await recorder_server()
     try:
-        client = await RawClient.open(port)
-        await eventually(lambda: sinks and sinks[0].transport is not None, "connected")
-        sink = sinks[0]
-        sink.transport.pause_reading()  # the whole burst waits in the socket
-        raw = next(iter(server.connections)).raw
-        assert raw is not None
-        raw.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        frames = 28_000  # 280 KB on the wire: a read of READ_SIZE is 26,214 of them
-        # 4-byte binary frames, masked with a zero key (built here: websockets takes ~1 s)
-        client.writer.write(b"".join(b"\x82\x84\0\0\0\0%4d" % (i % 9999) for i in range(frames)))
-        await eventually(lambda: unread(raw.get_extra_info("socket")) >= READ_SIZE, "queued")
-
-        def on_data(recorder: Recorder) -> None:
-            if len(recorder.data) == 1:
-                recorder.transport.pause_reading()
-
-        sink.on_data = on_data
+        client, sink = await _burst_waiting(server, sinks, port)
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
@@ -313,8 +327,8 @@ async def test_tiny_frames_held_while_the_sink_pauses_cost_their_bytes() -> None
         assert held < 600_000, held  # was 4.6 MB: 26,214 frames at ~175 bytes
         sink.on_data = None
         sink.transport.resume_reading()
-        await eventually(lambda: len(sink.data) == frames, "every frame")
-        assert sink.data == [b"%4d" % (i % 9999) for i in range(frames)]
+        await eventually(lambda: len(sink.data) == BURST_FRAMES, "every frame")
+        assert sink.data == [b"%4d" % (i % 9999) for i in range(BURST_FRAMES)]
         client.writer.close()
     finally:
         server.close()
@@ -340,22 +354,7 @@ async def test_held_frames_are_freed_once_handed_over() -> None:
     on the connection until its next pause or its close."""
     server, sinks, port = await recorder_server()
     try:
-        client = await RawClient.open(port)
-        await eventually(lambda: sinks and sinks[0].transport is not None, "connected")
-        sink = sinks[0]
-        sink.transport.pause_reading()
-        raw = next(iter(server.connections)).raw
-        assert raw is not None
-        raw.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        frames = 28_000
-        client.writer.write(b"".join(b"\x82\x84\0\0\0\0%4d" % (i % 9999) for i in range(frames)))
-        await eventually(lambda: unread(raw.get_extra_info("socket")) >= READ_SIZE, "queued")
-
-        def on_data(recorder: Recorder) -> None:
-            if len(recorder.data) == 1:
-                recorder.transport.pause_reading()
-
-        sink.on_data = on_data
+        client, sink = await _burst_waiting(server, sinks, port)
         tracemalloc.start()
         try:
             sink.transport.resume_reading()
@@ -364,7 +363,7 @@ async def test_held_frames_are_freed_once_handed_over() -> None:
             holding = tracemalloc.get_traced_memory()[0]
             sink.on_data = None
             sink.transport.resume_reading()
-            await eventually(lambda: len(sink.data) == frames, "every frame")
+            await eventually(lambda: len(sink.data) == BURST_FRAMES, "every frame")
             sink.data.clear()
             gc.collect()
             after = tracemalloc.get_traced_memory()[0]
