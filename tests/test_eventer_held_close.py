@@ -37,6 +37,16 @@ def reading(client: eventer.Client) -> bool:
     return transport is not None and bool(transport.is_reading())
 
 
+async def held_after(
+    server: eventer.EventerServer, client: eventer.Client, group: str, count: int
+) -> None:
+    """Register ``count`` events of ``group`` and wait until the client holds the server's
+    input (its deliveries full: nothing more is read)."""
+    for i in range(count):
+        await server.register([json_event((group, str(i)), i)])
+    await wait_until(lambda: not reading(client))
+
+
 async def test_a_server_close_is_seen_while_an_unread_iterator_holds_the_input(
     tmp_path: Path,
 ) -> None:
@@ -51,9 +61,7 @@ async def test_a_server_close_is_seen_while_an_unread_iterator_holds_the_input(
         )
         try:
             iterator = client.events()  # read only once the server is gone
-            for i in range(8):
-                await server.register([json_event(("h", str(i)), i)])
-            await wait_until(lambda: not reading(client))  # held: nothing more is read
+            await held_after(server, client, "h", 8)
             peer = peer_of(client)
             pending = asyncio.create_task(client.query(QueryLatestParams([("h", "*")])))
             await wait_until(peer.calls_waited_for)  # sent: its answer waits unread
@@ -102,9 +110,7 @@ async def test_a_graceful_server_close_during_a_short_hold_loses_nothing(tmp_pat
             events_queue_size=1,
         )
         try:
-            for i in range(6):
-                await server.register([json_event(("g", str(i)), i)])
-            await wait_until(lambda: not reading(client))  # held: the callback is slow
+            await held_after(server, client, "g", 6)
             async with asyncio.timeout(5):
                 await server.close()  # STOPPING, STANDBY, then the connection closes
             async with asyncio.timeout(1):  # the rest read without room: the callback waits
@@ -141,9 +147,7 @@ async def test_a_reconnecting_client_does_not_keep_the_connection_it_read_out(
             reconnect_delay=0.05,
         )
         try:
-            for i in range(4):
-                await server.register([json_event(("g", str(i)), i)])
-            await wait_until(lambda: not reading(client))  # held: the callback is slow
+            await held_after(server, client, "g", 4)
             old = peer_of(client)
             async with asyncio.timeout(5):
                 await server.close()
