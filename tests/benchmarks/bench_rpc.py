@@ -321,11 +321,10 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:4.2f}" if value and base else " n/a"
 
 
-def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
+def report(figures: dict[str, dict[str, dict[str, float]]], rounds: int) -> None:
+    """Print :func:`summary`'s figures, each row's share of the bare echo and the ratios."""
     rate = {
-        (name, mode): statistics.median(s.rate for s in samples)
-        for name, modes in results.items()
-        for mode, samples in modes.items()
+        (name, mode): row["rate"] for name, modes in figures.items() for mode, row in modes.items()
     }
     print()
     print(
@@ -336,13 +335,10 @@ def report(results: dict[str, dict[str, list[Sample]]], rounds: int) -> None:
         f"{'row':<23}{'mode':<13}{'rate':>11}{'':21}  {'range':^20}"
         f"  {'client CPU':>10}  {'server CPU':>10}"
     )
-    for name, modes in results.items():
-        for mode, samples in modes.items():
-            median = rate[name, mode]
-            low = min(s.rate for s in samples)
-            high = max(s.rate for s in samples)
-            client = statistics.median(s.client_us for s in samples)
-            server = statistics.median(s.server_us for s in samples)
+    for name, modes in figures.items():
+        for mode, row in modes.items():
+            median, low, high = row["rate"], row["low"], row["high"]
+            client, server = row["client_us"], row["server_us"]
             print(
                 f"{name:<23}{mode:<13}{median:>9,.0f}/s"
                 f"  ({_ratio(median, rate.get(('bare-echo', mode)))} of bare echo)"
@@ -438,11 +434,11 @@ def main() -> None:
                 for mode, s in samples.items()
             )
             print(f"round {round_no}  {name:<21} {line}", flush=True)
-    report(results, rounds)
+    figures = summary(results)
+    report(figures, rounds)
     if args.json:
-        figures = {"loop": args.loop, "rounds": rounds, "seconds": args.seconds}
-        figures["rows"] = summary(results)
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        run = {"loop": args.loop, "rounds": rounds, "seconds": args.seconds, "rows": figures}
+        Path(args.json).write_text(json.dumps(run, indent=1))
 
 
 def summary(results: dict[str, dict[str, list[Sample]]]) -> dict[str, dict[str, dict[str, float]]]:
