@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import pickle
 import tracemalloc
 
 import pytest
@@ -86,6 +88,27 @@ def test_decoded_messages_are_frozen() -> None:
     (message,) = connected().receive_data(b"r0001004echo00000000")
     with pytest.raises(AttributeError):
         message.op = "other"  # type: ignore[misc]
+
+
+def test_messages_are_untracked_by_the_garbage_collector() -> None:
+    """A backlog of decoded messages must not be walked by every full collection (100
+    flooding connections keep up to 1.6 million), nor their allocation count towards young
+    collections: no message type is tracked, decoded or built."""
+    wire = b"".join(raw for _, raw in EXAMPLES)
+    decoded = connected().receive_data(wire)
+    assert decoded == [m for m, _ in EXAMPLES]
+    for message in [*decoded, *(m for m, _ in EXAMPLES)]:
+        assert not gc.is_tracked(message), type(message).__name__
+
+
+def test_messages_pickle_and_match_by_field() -> None:
+    for message, _ in EXAMPLES:
+        assert pickle.loads(pickle.dumps(message)) == message
+    match connected().receive_data(b"r0001004echo00000002hi"):
+        case [Request(id, op, payload)]:
+            assert (id, op, payload) == (b"0001", "echo", b"hi")
+        case other:
+            pytest.fail(f"no match: {other!r}")
 
 
 def test_fault_codes_decode_to_error_code_when_known() -> None:

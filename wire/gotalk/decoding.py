@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from wire.errors import MalformedMessage, MessageTooLarge
 from wire.gotalk.messages import (
@@ -56,18 +56,6 @@ _HEXVAL = _hex_table()
 """Digit value per byte, for the 3-digit name size (cheaper than unhexlify of b"0" + it)."""
 
 
-def _fast_init(cls: type, *fields: str) -> tuple[Callable[..., Any], ...]:
-    """``object.__new__`` and the slot setters of ``cls``, for building decoded messages.
-
-    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, which
-    is about a third of a small message's decode time. The decoder already holds exactly
-    the field values, so it allocates the instance and fills the slots directly; the result
-    is indistinguishable from ``cls(...)`` (same fields, eq, hash, repr). This relies on the
-    message classes having no ``__post_init__``.
-    """
-    return (object.__new__, *(cls.__dict__[name].__set__ for name in fields))
-
-
 def _bad_hex(what: str, raw: bytes) -> MalformedMessage:
     return MalformedMessage(f"non-hex {what} {raw!r}", code=_INVALID)
 
@@ -80,13 +68,10 @@ def _bad_utf8(raw: bytes) -> MalformedMessage:
     return MalformedMessage(f"name {raw!r} is not valid UTF-8", code=_INVALID)
 
 
-def _named_parser(cls: type[Request] | type[StreamRequest] | type[Notification]) -> _Parser:
+def _named_parser(cls: type[Request] | type[StreamRequest] | None) -> _Parser:
     """Parser of ``r`` / ``s`` (type, 4-byte id, 3-hex name size, name, 8-hex payload size,
-    payload) and of ``n`` (the same without the id)."""
-    with_id = cls is not Notification
-    new, set_name, set_payload = _fast_init(cls, "op" if with_id else "name", "payload")
-    set_id = _fast_init(cls, "id")[1] if with_id else None
-    digits_at = 5 if with_id else 1
+    payload) and, for ``cls=None``, of ``n`` (the same without the id)."""
+    digits_at = 1 if cls is None else 5
 
     def parse_named(data: bytes, pos: int, end: int, max_size: int) -> _ParseResult:
         digits = pos + digits_at
@@ -116,12 +101,9 @@ def _named_parser(cls: type[Request] | type[StreamRequest] | type[Notification])
             name = data[name_at:size_at].decode()
         except UnicodeDecodeError:
             raise _bad_utf8(data[name_at:size_at]) from None
-        message = new(cls)
-        if set_id is not None:
-            set_id(message, data[pos + 1 : pos + 5])
-        set_name(message, name)
-        set_payload(message, data[head_end:stop])
-        return message, stop
+        if cls is None:
+            return Notification(name, data[head_end:stop]), stop
+        return cls(data[pos + 1 : pos + 5], name, data[head_end:stop]), stop
 
     return parse_named
 
@@ -129,8 +111,6 @@ def _named_parser(cls: type[Request] | type[StreamRequest] | type[Notification])
 def _id_parser(
     cls: type[StreamRequestPart] | type[Result] | type[StreamResult] | type[ErrorResult],
 ) -> _Parser:
-    new, set_id, set_payload = _fast_init(cls, "id", "payload")
-
     def parse_with_id(data: bytes, pos: int, end: int, max_size: int) -> _ParseResult:
         head_end = pos + 13
         if end < head_end:
@@ -144,10 +124,7 @@ def _id_parser(
         stop = head_end + size
         if end < stop:
             return None, stop
-        message = new(cls)
-        set_id(message, data[pos + 1 : pos + 5])
-        set_payload(message, data[head_end:stop])
-        return message, stop
+        return cls(data[pos + 1 : pos + 5], data[head_end:stop]), stop
 
     return parse_with_id
 
@@ -201,7 +178,7 @@ PARSERS[ord(MessageType.RESULT)] = _id_parser(Result)
 PARSERS[ord(MessageType.STREAM_RESULT)] = _id_parser(StreamResult)
 PARSERS[ord(MessageType.ERROR_RESULT)] = _id_parser(ErrorResult)
 PARSERS[ord(MessageType.RETRY_RESULT)] = _parse_retry
-PARSERS[ord(MessageType.NOTIFICATION)] = _named_parser(Notification)
+PARSERS[ord(MessageType.NOTIFICATION)] = _named_parser(None)
 PARSERS[ord(MessageType.HEARTBEAT)] = _parse_heartbeat
 PARSERS[ord(MessageType.FAULT)] = _parse_fault
 

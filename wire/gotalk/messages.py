@@ -1,14 +1,23 @@
-"""Gotalk v1 message types: one frozen dataclass per type byte, and the wire's limits.
+"""Gotalk v1 message types: one frozen struct per type byte, and the wire's limits.
 
 Request ids are 4 opaque ``bytes``; names are ``str`` (at most 4095 UTF-8 bytes); payloads
 are ``bytes``. Encoding is :mod:`wire.gotalk.encoding`, decoding :mod:`wire.gotalk.decoding`.
+
+The types are ``msgspec.Struct`` classes with ``gc=False``: they hold only bytes, text and
+ints, so they can take part in no reference cycle, and Python's cyclic garbage collector
+does not track them. A server holding many decoded messages (a backlog of 16,384 per
+flooding connection) then does not make every full collection walk them, and decoding
+allocates no tracked object that would trigger the collector's young collections. They
+compare, hash, print, pickle and pattern-match by field as dataclasses do, and build about
+three times faster than a frozen dataclass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import ClassVar, TypeAlias
+
+import msgspec
 
 VERSION = b"01"
 """The only protocol version spoken (and accepted from peers)."""
@@ -50,8 +59,7 @@ class MessageType(StrEnum):
     FAULT = "f"
 
 
-@dataclass(slots=True, frozen=True)
-class Request:
+class Request(msgspec.Struct, frozen=True, gc=False):
     """``r``: a single-payload request; answered by R, S, E or e with the same id."""
 
     TYPE: ClassVar[MessageType] = MessageType.REQUEST
@@ -60,8 +68,7 @@ class Request:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class StreamRequest:
+class StreamRequest(msgspec.Struct, frozen=True, gc=False):
     """``s``: first chunk of a streaming request; ``p`` parts follow, an empty one ends it."""
 
     TYPE: ClassVar[MessageType] = MessageType.STREAM_REQUEST
@@ -70,8 +77,7 @@ class StreamRequest:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class StreamRequestPart:
+class StreamRequestPart(msgspec.Struct, frozen=True, gc=False):
     """``p``: a further chunk of a streaming request; an empty payload ends the stream."""
 
     TYPE: ClassVar[MessageType] = MessageType.STREAM_REQUEST_PART
@@ -79,8 +85,7 @@ class StreamRequestPart:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class Result:
+class Result(msgspec.Struct, frozen=True, gc=False):
     """``R``: the single-payload result of request ``id``."""
 
     TYPE: ClassVar[MessageType] = MessageType.RESULT
@@ -88,8 +93,7 @@ class Result:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class StreamResult:
+class StreamResult(msgspec.Struct, frozen=True, gc=False):
     """``S``: one chunk of a streaming result; an empty payload ends the stream."""
 
     TYPE: ClassVar[MessageType] = MessageType.STREAM_RESULT
@@ -97,8 +101,7 @@ class StreamResult:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class ErrorResult:
+class ErrorResult(msgspec.Struct, frozen=True, gc=False):
     """``E``: the request failed on the requestor's account (do not retry as is).
 
     Real peers put plain UTF-8 text in the payload, not JSON.
@@ -109,8 +112,7 @@ class ErrorResult:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class RetryResult:
+class RetryResult(msgspec.Struct, frozen=True, gc=False):
     """``e``: the responder could not serve the request now; retry after ``wait`` ms.
 
     gotalk.js does not understand it (it answers ``f00000002``): never send it to a browser.
@@ -122,8 +124,7 @@ class RetryResult:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class Notification:
+class Notification(msgspec.Struct, frozen=True, gc=False):
     """``n``: a one-way message; never answered."""
 
     TYPE: ClassVar[MessageType] = MessageType.NOTIFICATION
@@ -131,8 +132,7 @@ class Notification:
     payload: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class Heartbeat:
+class Heartbeat(msgspec.Struct, frozen=True, gc=False):
     """``h``: keeps read deadlines from expiring; ``load`` 0..65535, ``time`` unix seconds."""
 
     TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
@@ -140,8 +140,7 @@ class Heartbeat:
     time: int
 
 
-@dataclass(slots=True, frozen=True)
-class Fault:
+class Fault(msgspec.Struct, frozen=True, gc=False):
     """``f``: the wire's "ProtocolError" message, sent just before closing.
 
     Named Fault so it does not clash with the :class:`ProtocolError` exception. Known codes
