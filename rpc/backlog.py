@@ -121,7 +121,11 @@ class Backlog:
     ``sorted`` is False while the messages may include some that run while the rest waits
     (replies to our calls, what serves running handlers: ``runs_now`` of :meth:`take`), as when
     the rest of a read was kept whole, in order; the peer then runs those before it reads
-    on (:meth:`run_replies`), so that what it reads later never overtakes them."""
+    on (:meth:`run_replies`), so that what it reads later never overtakes them. That look
+    goes over the messages kept whole since the last one (:attr:`unlooked`) alone, unless
+    what may run now changed for those kept before (:meth:`recheck`, a graceful close's
+    start, messages put back first): a flood read while our output waits costs one look per
+    message, not one over the whole backlog per read."""
 
     __slots__ = (
         "_context",
@@ -141,6 +145,7 @@ class Backlog:
         "room_due",
         "sorted",
         "turn",
+        "unlooked",
         "waits_room",
     )
 
@@ -160,6 +165,10 @@ class Backlog:
         read, and a message run from here gets its own back, so that a request kept while
         the output waited counts its caller's time left from its arrival."""
         self.sorted = True
+        self.unlooked = 0
+        """The last messages of :attr:`messages` that no look of :meth:`run_replies` went
+        over since they were kept whole (:meth:`extend`); -1: every message must be looked
+        over again (what may run now changed for those before)."""
         self.refused: Any = None
         """The message that raised InputHeld when it last ran (here, or in the peer's read:
         then it was kept first), until it runs: meanwhile reading stays paused, even while
@@ -269,6 +278,7 @@ class Backlog:
         if waited:
             self.messages.extendleft(message for message, _ in reversed(waited))
             self._times.extendleft(read_at for _, read_at in reversed(waited))
+            self.unlooked = -1
             if self.front is None:  # (else a later one, still waiting, covers these too)
                 self.front = waited[-1][0]
 
@@ -278,6 +288,7 @@ class Backlog:
         <rpc.responder.Responder.turned_away>`): uvloop's clock counts whole ms, so one
         read in the close's own tick reads as ``when``; it reads as the float below."""
         before = math.nextafter(when, -math.inf)
+        self.unlooked = -1  # the close may turn away kept parts of forgotten streams
         times = self._times
         if any(read_at >= when for read_at in times):
             kept = [min(read_at, before) for read_at in times]
@@ -290,8 +301,11 @@ class Backlog:
         if messages:
             read_at = self.read_at
             keep = self._keep
+            before = len(self.messages)
             self.requests.reserved += sum([keep(message, read_at) for message in messages])
             self.sorted = False
+            if self.unlooked >= 0:
+                self.unlooked += len(self.messages) - before
 
     def popleft(self) -> Any:
         """Take the first message; :attr:`read_at` becomes the time it was read at. What
@@ -302,6 +316,8 @@ class Backlog:
         self.requests.reserved -= self._size(message) + OVERHEAD
         if message is self.front:
             self.front = None
+        if self.unlooked > len(messages):  # (it was one of them)
+            self.unlooked -= 1
         aside = self.aside
         if aside.by_request:
             followers = aside.release(message)
@@ -309,6 +325,7 @@ class Backlog:
                 for follower, read_at in reversed(followers):
                     messages.appendleft(follower)
                     self._times.appendleft(read_at)
+                self.unlooked = -1
                 if self.front is None:  # (else a later one, still waiting, covers these)
                     self.front = followers[-1][0]
         if not messages:
@@ -321,6 +338,7 @@ class Backlog:
         self._times.appendleft(self.read_at)
         self.requests.reserved += self._size(message) + OVERHEAD
         self.sorted = False
+        self.unlooked = -1
 
     def recheck(self) -> None:
         """What may run while the rest waits changed (our output drained: parts of running
@@ -328,6 +346,7 @@ class Backlog:
         Python call per message), and a read meanwhile is kept whole until then."""
         if self.messages:
             self.sorted = False
+            self.unlooked = -1
 
     def clear(self) -> None:
         """Drop every message, and the turn due (the connection is gone)."""
@@ -337,6 +356,7 @@ class Backlog:
         self.front = None
         self.requests.reserved = 0
         self.sorted = True
+        self.unlooked = 0
         self.refused = None
         if self.turn is not None:
             self.turn.cancel()
@@ -421,7 +441,8 @@ class Backlog:
         at most ``budget``, in order), before the peer reads on: what it reads later must
         not overtake them. The rest keep their order; those not run (past
         ``budget``, or from one refused with InputHeld, which is then :attr:`refused`) go
-        back first. Returns how many ran."""
+        back first. Returns how many ran. It looks over the :attr:`unlooked` messages alone
+        when it can: those before were looked over already and found not to run now."""
         replies: list[Any] = []
         reply_times: list[float] = []
         kept: list[Any] = []
@@ -429,7 +450,13 @@ class Backlog:
         self.front = None  # what may run now runs here, or goes back first, not sorted
         aside = self.aside
         set_aside = aside.by_request
-        for message, read_at in zip(self.messages, self._times, strict=True):
+        messages, times = self.messages, self._times
+        count = len(messages) if self.unlooked < 0 else self.unlooked
+        looked = [messages.pop() for _ in range(count)]  # the last ones, taken off (the same
+        looked_times = [times.pop() for _ in range(count)]  # deques: the peer holds them)
+        looked.reverse()
+        looked_times.reverse()
+        for message, read_at in zip(looked, looked_times, strict=True):
             self.read_at = read_at  # runs_now() may ask turned_away(): its own read time
             if runs_now(message):
                 replies.append(message)
@@ -442,13 +469,12 @@ class Backlog:
             else:
                 kept.append(message)
                 kept_times.append(read_at)
+        messages.extend(kept)
+        times.extend(kept_times)
         self.sorted = True
+        self.unlooked = 0
         if not replies:
             return 0
-        self.messages.clear()  # the same deque: the peer holds it (its hot path's check)
-        self.messages.extend(kept)
-        self._times.clear()
-        self._times.extend(kept_times)
         self.requests.reserved -= self._count(replies)
         ran = 0
         for message, read_at in zip(replies, reply_times, strict=True):
@@ -476,4 +502,5 @@ class Backlog:
             self._times.extendleft(reversed(reply_times[ran:]))
             self.requests.reserved += self._count(replies[ran:])
             self.sorted = False
+            self.unlooked = -1
         return ran
