@@ -123,8 +123,8 @@ class Backlog:
     the rest of a read was kept whole, in order; the peer then runs those before it reads
     on (:meth:`run_replies`), so that what it reads later never overtakes them. That look
     goes over the messages kept whole since the last one (:attr:`unlooked`) alone, unless
-    what may run now changed for those kept before (:meth:`recheck`, a graceful close's
-    start, messages put back first): a flood read while our output waits costs one look per
+    what may run now changed for those kept before (:meth:`recheck`, :meth:`look_again`,
+    messages put back first): a flood read while our output waits costs one look per
     message, not one over the whole backlog per read."""
 
     __slots__ = (
@@ -288,7 +288,6 @@ class Backlog:
         <rpc.responder.Responder.turned_away>`): uvloop's clock counts whole ms, so one
         read in the close's own tick reads as ``when``; it reads as the float below."""
         before = math.nextafter(when, -math.inf)
-        self.unlooked = -1  # the close may turn away kept parts of forgotten streams
         times = self._times
         if any(read_at >= when for read_at in times):
             kept = [min(read_at, before) for read_at in times]
@@ -338,6 +337,11 @@ class Backlog:
         self._times.appendleft(self.read_at)
         self.requests.reserved += self._size(message) + OVERHEAD
         self.sorted = False
+        self.unlooked = -1
+
+    def look_again(self) -> None:
+        """The next look of :meth:`run_replies` goes over every message (what may run now
+        may have changed for those looked over before)."""
         self.unlooked = -1
 
     def recheck(self) -> None:

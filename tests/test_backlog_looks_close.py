@@ -1,11 +1,9 @@
-"""Review 210 of 8b4f796 (``Backlog.unlooked``: ``run_replies`` looks over the messages kept
-whole since its last look alone). A verdict of ``_runs_now`` can turn from False to True
-for a message looked over before by an event that does not make the next look whole: a
-stream forgotten past ``ENDED_STREAMS`` during a graceful close while our output waits.
-Its part, kept then (it "served" a stream the responder remembered), is dropped as it runs
-once the stream is forgotten; the look over the whole backlog after the next read kept
-whole found it before 8b4f796, and now nothing does until our output drains. Real
-sockets on 127.0.0.1; the waits are bounded, none is a fixed sleep."""
+"""During a graceful close the backlog's look for what may run now goes over every kept
+message, not only those kept whole since its last look (``Backlog.unlooked``, tests/
+test_backlog_looks.py): what the close turns away changes for messages looked over before,
+as a stream is forgotten past ``ENDED_STREAMS`` (its kept part is then dropped as it runs)
+or our calls in flight end. Real sockets on 127.0.0.1; the waits are bounded, none is a
+fixed sleep."""
 
 from __future__ import annotations
 
@@ -52,9 +50,9 @@ async def test_a_part_of_a_stream_forgotten_during_the_close_is_dropped_at_the_n
     (its stream is "served" and the output waits); a look over the whole backlog (a read
     past a turn's worth) finds so too. Then 300 stream requests in one read,
     turned away: stream 10 is forgotten, so its part now runs now (dropped), and the read,
-    past a turn's 256 messages, is kept whole in part and looked over at the next turn.
-    Before 8b4f796 that look went over the whole backlog and dropped the part; now it
-    looks over the 44 messages of the read alone and the part stays kept."""
+    past a turn's 256 messages, is kept whole in part and looked over at the next turn: that
+    look goes over the whole backlog (the close began) and drops the part; a look over
+    the read's last 44 messages alone (review 210 of 8b4f796) kept it."""
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=_registry(), retry_results=False
     ) as server:
