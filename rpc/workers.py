@@ -15,7 +15,8 @@ port), forks the workers and supervises them; it serves nothing itself.
   a worker still running ``drain_timeout`` + 5 s later is killed, and a second signal kills
   every worker left at once. The parent's handlers stay until :func:`serve_workers`
   returns, so no signal cuts its clean-up short (the metrics directory's removal). A worker
-  whose parent died stops the same way (it watches a pipe only the parent holds open).
+  whose parent died stops the same way (it watches a pipe only the parent holds open), and
+  ends itself ``drain_timeout`` + 5 s after (:data:`KILL_GRACE`, read when serving starts).
 - A worker that exits while the parent is not stopping (a crash, a kill) is started again:
   at once if it had been up for 10 s, else after a back-off that doubles per quick exit
   (0.1 s, 0.2 s, ... up to 30 s), so a worker that fails at start does not spin.
@@ -79,6 +80,8 @@ STABLE_AFTER = 10.0
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 30.0
 KILL_GRACE = 5.0
+"""Seconds past the drain after which a worker still running is killed (by the parent on a
+stop; by itself when its parent died); read when :func:`serve_workers` starts."""
 BOOT_ATTEMPTS = 5
 """Exits in a row before serving (before its ready line) after which a worker is given up
 and :func:`serve_workers` raises :class:`WorkerBootFailed`; read at each exit."""
@@ -336,7 +339,7 @@ class _Supervisor:
             if slot.process is not None:
                 slot.process.terminate()  # SIGTERM: the worker closes its servers gracefully
         seen = self.signals.count if self.signals is not None else 0
-        deadline = time.monotonic() + self.config.drain_timeout + KILL_GRACE
+        deadline = time.monotonic() + self.config.drain_timeout + self.config.kill_grace
         why = "did not stop in time: killed"
         while live:
             count = self.signals.count if self.signals is not None else 0
@@ -428,7 +431,14 @@ def serve_workers(
         listeners = bind_listeners(urls, reuse_port=reuse_port)
         stack.callback(close_listeners, listeners)
         config = WorkerConfig(
-            registry, ssl, loop, drain_timeout, reuse_port, serve_options, metrics is not None
+            registry,
+            ssl,
+            loop,
+            drain_timeout,
+            reuse_port,
+            serve_options,
+            metrics is not None,
+            KILL_GRACE,
         )
         _Supervisor(listeners, workers, config, on_ready, metrics_socket, signals).run()
 

@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import ssl as ssl_module
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,7 @@ class WorkerConfig:
     reuse_port: bool = REUSE_PORT
     serve_options: dict[str, Any] = field(default_factory=dict)  # more rpc.serve keywords
     metrics: bool = False  # each worker counts into the multiprocess directory
+    kill_grace: float = 5.0  # past its drain, a worker still running is killed (KILL_GRACE)
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,25 @@ def worker_main(
         os.close(fd)
     if metrics_socket is not None:
         metrics_socket.close()
+    grace = config.drain_timeout + config.kill_grace
+    threading.Thread(
+        target=_exit_when_orphaned,
+        args=(pipes.lifeline_r, grace),
+        name="peerwire-orphan",
+        daemon=True,
+    ).start()
     loops.run(_serve_worker(listeners, config, pipes), config.loop)
+
+
+def _exit_when_orphaned(lifeline_r: int, grace: float) -> None:
+    """Ends the process ``grace`` seconds (drain plus kill grace) after its parent died, as
+    the parent would have killed it: the loop's own stop drains, but what handlers leave
+    running (a thread the loop's end waits on, a task that ignores cancellation) held an
+    orphan for good, with nobody left to kill it. A daemon thread: it never holds an exit."""
+    workers_metrics.wait_for_eof(lifeline_r)
+    time.sleep(grace)
+    log.warning("worker %d still running %.1f s after its parent died: exiting", os.getpid(), grace)
+    os._exit(1)
 
 
 async def _serve_worker(

@@ -208,7 +208,7 @@ def exporter_main(
     multiprocess.MultiProcessCollector(registry)
     server, _ = serve(sock, make_wsgi_app(registry))
     try:
-        _wait_for_eof(lifeline_r)
+        wait_for_eof(lifeline_r)
     finally:
         server.shutdown()
         server.server_close()
@@ -218,7 +218,7 @@ def _stop(signum: int, frame: object) -> None:
     raise SystemExit(0)  # SIGTERM from the parent: a clean exit
 
 
-def _wait_for_eof(fd: int) -> None:
+def wait_for_eof(fd: int) -> None:
     """Until EOF on ``fd`` (nothing is written to the lifeline: EOF once the parent went).
     The fd may be non-blocking (it shares its flags with the workers' copies)."""
     while True:
