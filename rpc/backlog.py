@@ -70,16 +70,20 @@ MESSAGES_PER_TURN = 256
 """Messages handled per connection in one go; the rest of a larger read wait for the next
 loop iteration (reading paused meanwhile), so other connections get their turn."""
 
-KEPT_READ_SIZE = 16 * 1024
+KEPT_READ_SIZE = 4 * 1024
 """Bytes one read of a byte stream may take while the backlog keeps messages (else
 ``transports.read_buffer.READ_SIZE``, 256 KiB): a read of tiny requests decodes up to about
 14,500 messages at once, which a kept read would add to the backlog past its bound, and
 which one connection's callback would spend tens of milliseconds on while others wait.
-At this size a read passes the bound by at most about 1,300 messages (13 bytes, the
-smallest Gotalk notification), in short callbacks. The read in which output comes to wait
-is still up to 256 KiB (the backlog was empty): up to about 20,000 tiny messages kept. The
-price: a large message that arrives while messages are kept (a browser's upload while its
-requests wait for ``max_concurrent``) takes 16 times the reads, a system call each."""
+At this size a read passes the bound by at most about 320 messages (13 bytes, the
+smallest Gotalk notification), in callbacks of about a millisecond: 100 connections
+flooding tiny requests while their backlogs fill held an honest client's calls at p99
+61-100 ms with 16-KiB reads, 0.4 ms with these (a loop iteration reads each of them once).
+The read in which output comes to wait is still up to 256 KiB (the backlog was empty): up
+to about 20,000 tiny messages kept, in one callback (100 such first reads at once held the
+honest client up to 1.5 s). The price: a large message that arrives while messages are
+kept (a browser's upload while its requests wait for ``max_concurrent``) takes 64 times
+the reads, a system call and a loop iteration each (about 4,100 for 16 MiB)."""
 
 OVERHEAD = 256
 """Bytes counted per message besides its payload: about what a decoded message takes in

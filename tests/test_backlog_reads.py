@@ -1,4 +1,4 @@
-"""A byte stream reads 16 KiB at a time while its backlog keeps messages
+"""A byte stream reads 4 KiB at a time while its backlog keeps messages
 (``rpc.backlog.KEPT_READ_SIZE``): what that bounds, as docs/limits.md states it, and large
 requests kept meanwhile still arriving whole, over TCP and TLS (from review 203 of
 c329770)."""
@@ -36,11 +36,11 @@ async def raw_connection(port: int) -> AsyncIterator[asyncio.StreamWriter]:
 
 
 @pytest.mark.both_loops
-async def test_a_kept_read_of_the_smallest_messages_passes_the_bound_by_1260() -> None:
-    """Once the backlog keeps messages a read takes 16 KiB (rpc.backlog.KEPT_READ_SIZE): a
+async def test_a_kept_read_of_the_smallest_messages_passes_the_bound_by_at_most_a_read() -> None:
+    """Once the backlog keeps messages a read takes 4 KiB (rpc.backlog.KEPT_READ_SIZE): a
     Gotalk notification with a one-character name and no payload is 13 bytes, so the read
-    that fills the backlog passes MAX_MESSAGES by up to 1,260 of them, not "at most about
-    900" as c329770's docs said (17,395 kept here, on both loops)."""
+    that fills the backlog passes MAX_MESSAGES by up to 315 of them (with 16-KiB reads, up
+    to 1,260, not "at most about 900" as c329770's docs said)."""
     options = rpc.Options(high_water=64 * 1024, low_water=16 * 1024, max_request_bytes=64 * MB)
     big = [gotalk.encode(gotalk.Request(i.to_bytes(4, "big"), "big", b"1048576")) for i in range(8)]
     tiny = gotalk.encode(gotalk.Notification("x", b""))
@@ -93,7 +93,7 @@ async def test_large_requests_read_in_small_reads_while_kept_arrive_whole(
     scheme: str, pki: Pki
 ) -> None:
     """Requests of 300 kB and 4 MB kept while our output waits (a client that reads its
-    first, 1 MB, answer late) are read 16 KiB at a time, over TCP and TLS, and still
+    first, 1 MB, answer late) are read 4 KiB at a time, over TCP and TLS, and still
     arrive whole and are answered once it reads."""
     options = rpc.Options(high_water=64 * 1024, low_water=16 * 1024, max_size=32 * MB)
     server_ssl = client_ssl = None
