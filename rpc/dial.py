@@ -23,6 +23,7 @@ from transports.stream import (
     tls_failure,
 )
 from transports.websocket import open_websocket
+from transports.ws_transport import RETRY_FLAG
 from wire.chatter import Dialect
 
 T = TypeVar("T")
@@ -99,6 +100,11 @@ def dialer(
     if ssl is not None and not parsed.tls:
         raise ValueError(f"ssl= given for {url}, which is not a TLS URL")
 
+    websocket_uri = parsed.websocket_uri
+    if parsed.codec == "gotalk":  # we take Gotalk retry results: a peerwire server then
+        # sends them, as to its own browser client (else it treats us as gotalk.js)
+        websocket_uri += f"?{RETRY_FLAG}=1"
+
     async def dial() -> Peer:
         ctx = ssl if ssl is not None else (client_ssl_context() if parsed.tls else None)
         made = factory()  # first: a protocol option it refuses leaves no socket behind
@@ -108,7 +114,7 @@ def dialer(
                 opts = options or Options()
                 peer = await in_own_context(
                     open_websocket(
-                        parsed.websocket_uri,
+                        websocket_uri,
                         lambda: made,
                         ssl_context=ctx,
                         server_hostname=server_hostname,
