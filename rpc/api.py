@@ -70,6 +70,21 @@ def _with_middleware(
     return dataclasses.replace(options, middleware=(*extra, *options.middleware))
 
 
+def _check_protocol_options(peer_class: type[Peer], protocol_options: dict[str, Any]) -> None:
+    """TypeError for a keyword the protocol's peer does not take, at the call of ``serve``
+    or ``connect``: else a server would fail each connection as it came, its clients seeing
+    only a closed connection (or, over WebSocket, one that never answers)."""
+    parameters = inspect.signature(peer_class).parameters
+    for name in protocol_options:
+        if name not in parameters or name in ("registry", "options", "dialect"):
+            hint = ""
+            if name in {field.name for field in dataclasses.fields(Options)}:
+                hint = f"; it is an Options field: options=rpc.Options({name}=...)"
+            elif name == "dialect":
+                hint = "; a Chatter URL names it: ?dialect=Hat or ?dialect=HatChatter"
+            raise TypeError(f"{peer_class.__name__} takes no keyword {name!r}{hint}")
+
+
 def _peer_factory(
     url: PeerUrl,
     registry: Registry | None,
@@ -79,6 +94,7 @@ def _peer_factory(
 ) -> Callable[[], Peer]:
     if not server:
         protocol_options = {"extensions": True, **protocol_options}
+    _check_protocol_options(GotalkPeer if url.codec == "gotalk" else ChatterPeer, protocol_options)
     if url.codec == "gotalk":
         return lambda: GotalkPeer(registry, options, **protocol_options)
     dialect = None if server else (url.dialect or Dialect.LEGACY)
@@ -406,7 +422,9 @@ def serve(
     already bound TCP socket, is served instead of binding the URL's host and port (which
     then only name it); :mod:`rpc.workers` passes one per worker process.
     ``middleware`` wrap every call on every connection (:mod:`rpc.middleware`); ``metrics``
-    (:class:`rpc.metrics.Metrics`) counts calls, connections and bytes.
+    (:class:`rpc.metrics.Metrics`) counts calls, connections and bytes. Other keywords go
+    to the protocol's peer (``GotalkPeer``, ``ChatterPeer``); one it does not take raises
+    TypeError here, not at each connection.
     """
     return Server(
         parse_url(url),
