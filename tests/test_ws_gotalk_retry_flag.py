@@ -80,3 +80,16 @@ async def test_a_request_refused_by_a_graceful_close_raises_retry_later() -> Non
             with pytest.raises(rpc.RetryLater):
                 await refused
             await closing
+
+
+async def test_the_flag_tells_the_server_about_its_client_not_the_client_about_its_server() -> None:
+    """The server's transport reports the flag its client sent; the client's reports none
+    (its request is its own): the client does not start sending retry results to servers,
+    which it did with the flag in its own request (review 212 of f19f9f8)."""
+    started, release = asyncio.Event(), asyncio.Event()
+    async with rpc.serve("ws+gotalk://127.0.0.1:0", registry=_registry(started, release)) as server:
+        async with rpc.connect(str(server.url), reconnect=False) as client:
+            assert await client.request("echo", 1, timeout=5) == 1
+            [served] = server.peers
+            assert served.transport.get_extra_info("peerwire_retry") is True
+            assert client.transport.get_extra_info("peerwire_retry") is False

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from websockets.frames import CloseCode
 from websockets.http11 import Request
 from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 if TYPE_CHECKING:
     from transports.ws_connection import Connection
@@ -74,6 +75,8 @@ class WebSocketTransport(asyncio.Transport):
         if name in ("request", "response"):
             return self._conn.handshake_events.get(name, default)
         if name == "peerwire_retry":  # the peer said it takes Gotalk "e" results
+            if not isinstance(self._ws, ServerProtocol):  # (a client's request is its own)
+                return False
             request = self._conn.handshake_events.get("request")
             query = request.path.partition("?")[2] if isinstance(request, Request) else ""
             return RETRY_FLAG in urllib.parse.parse_qs(query)
