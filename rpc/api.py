@@ -396,6 +396,16 @@ class Server:
         return self.start().__await__()
 
 
+def check_serve_keywords(url: str, keywords: dict[str, Any]) -> None:
+    """TypeError for a keyword of ``keywords`` that neither :func:`serve` nor the peer of
+    ``url``'s protocol takes (as ``serve`` itself raises): for :mod:`rpc.workers`, which
+    passes them to ``serve`` in each worker and checks them once, before forking."""
+    named = inspect.signature(serve).parameters
+    protocol_options = {name: value for name, value in keywords.items() if name not in named}
+    peer_class = GotalkPeer if parse_url(url).codec == "gotalk" else ChatterPeer
+    _check_protocol_options(peer_class, protocol_options)
+
+
 def serve(
     url: str,
     *,

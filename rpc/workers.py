@@ -57,6 +57,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from rpc import loops, metrics_dir, workers_metrics
+from rpc.api import check_serve_keywords
 from rpc.registry import Registry
 from rpc.url import parse_url
 from rpc.workers_child import (
@@ -406,7 +407,8 @@ def serve_workers(
     extra) serves every worker's metrics at ``http://host:port/metrics``;
     ``on_metrics(url)`` learns that URL (port 0 resolved) before the workers start.
     Raises ``OSError`` if a URL or the metrics address cannot be bound, ``ValueError``
-    for bad arguments, ``RuntimeError`` if prometheus-client was imported before without
+    for bad arguments, ``TypeError`` for a keyword :func:`rpc.serve` does not take,
+    ``RuntimeError`` if prometheus-client was imported before without
     ``PROMETHEUS_MULTIPROC_DIR`` set (import it after, or set it), and
     :class:`WorkerBootFailed` (a ``RuntimeError``), once every other worker has stopped,
     when a worker exits before it served :data:`BOOT_ATTEMPTS` times in a row.
@@ -418,6 +420,8 @@ def serve_workers(
     for url in map(parse_url, urls):
         if url.tls and ssl is None:
             raise ValueError(f"{url} needs an ssl= server context (certificate and key)")
+    for text in urls:  # a keyword rpc.serve refuses fails here, not in every worker
+        check_serve_keywords(text, serve_options)
     if metrics is not None and "metrics" in serve_options:
         raise ValueError("metrics=(host, port) counts every worker: give no rpc.serve metrics")
     with contextlib.ExitStack() as stack:

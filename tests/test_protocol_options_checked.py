@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import rpc
+from rpc import workers
 
 URLS = ["tcp+gotalk://127.0.0.1:0", "ws+gotalk://127.0.0.1:0/rpc", "tcp+sbs://127.0.0.1:0"]
 
@@ -36,3 +37,10 @@ async def test_protocol_options_a_peer_takes_still_serve() -> None:
     ) as server:
         async with rpc.connect(str(server.url), reconnect=False, read_timeout=60.0) as client:
             assert client.is_open
+
+
+def test_serve_workers_refuses_it_before_forking() -> None:
+    """Checked in the parent: before, each worker failed at start and the parent gave up
+    after BOOT_ATTEMPTS starts (WorkerBootFailed, 2.75 s) (review 212 of 62fab15)."""
+    with pytest.raises(TypeError, match="takes no keyword 'heartbeat'"):
+        workers.serve_workers("tcp+gotalk://127.0.0.1:0", workers=2, heartbeat=5)
