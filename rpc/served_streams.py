@@ -23,6 +23,7 @@ from rpc.streaming import END, StreamQueue
 if TYPE_CHECKING:
     import asyncio
 
+    from rpc.backlog import Backlog
     from rpc.options import Adapter, Options
     from rpc.request_bytes import RequestBytes
 
@@ -46,6 +47,7 @@ class ServedStreams(Generic[K]):
     _request_bytes: RequestBytes
     _ended: OrderedDict[K, None]
     _close_began: float
+    _kept: Backlog
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
@@ -56,6 +58,11 @@ class ServedStreams(Generic[K]):
         ended[key] = None
         if len(ended) > ENDED_STREAMS:
             ended.popitem(last=False)
+            if self._close_began != NOT_CLOSING and self._kept.messages:
+                # a graceful close drops the parts of a stream it forgot (InputFlow's
+                # _runs_now): kept ones that were looked over are looked over again
+                self._kept.recheck()
+                self._kept.next_turn()
 
     def on_request_part(self, key: K, payload: Any) -> bool:
         """Queue a part for its stream's handler. False: no such stream, now or lately.

@@ -1,18 +1,23 @@
-"""During a graceful close the backlog's look for what may run now goes over every kept
-message, not only those kept whole since its last look (``Backlog.unlooked``, tests/
-test_backlog_looks.py): what the close turns away changes for messages looked over before,
-as a stream is forgotten past ``ENDED_STREAMS`` (its kept part is then dropped as it runs)
-or our calls in flight end. Real sockets on 127.0.0.1; the waits are bounded, none is a
-fixed sleep."""
+"""A graceful close (a peer without retry results) drops the kept part of a stream it
+turned away once it forgets that stream past ``ENDED_STREAMS`` (``InputFlow._runs_now``),
+while our output waits: forgetting it asks a look over the whole backlog at the next turn
+(``ServedStreams._end_stream``), however the later requests were read: in reads cut at a
+turn's 256 messages (kept whole in part, looked over: before 2e32e5d the look went over
+the newest alone, review 210) or a few at a time, all run at once (no look came at all,
+review 211, before and after 8b4f796). Real sockets on 127.0.0.1; the waits are bounded,
+none is a fixed sleep."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 import rpc
+from rpc.peer import Peer
 from rpc.served_streams import ENDED_STREAMS
 from tests.rpc_helpers import wait_until
 from wire.gotalk.encoding import encode
@@ -43,16 +48,12 @@ def _registry() -> rpc.Registry:
     return reg
 
 
-async def test_a_part_of_a_stream_forgotten_during_the_close_is_dropped_at_the_next_look() -> None:
-    """Our output waits (the client does not read), request 2 is kept (read before the
-    close), the close begins. Stream request 10 is turned away (remembered in ``_ended``)
-    and its part, read with it, is kept behind request 2: ``_runs_now`` is False for it
-    (its stream is "served" and the output waits); a look over the whole backlog (a read
-    past a turn's worth) finds so too. Then 300 stream requests in one read,
-    turned away: stream 10 is forgotten, so its part now runs now (dropped), and the read,
-    past a turn's 256 messages, is kept whole in part and looked over at the next turn: that
-    look goes over the whole backlog (the close began) and drops the part; a look over
-    the read's last 44 messages alone (review 210 of 8b4f796) kept it."""
+@contextlib.asynccontextmanager
+async def _part_kept_in_close() -> AsyncIterator[tuple[Peer, asyncio.StreamWriter]]:
+    """A server's connection whose output waits (the client does not read), with request
+    2 kept (read before the close), its graceful close begun, and stream request 10 turned
+    away (remembered in ``_ended``) whose part, read with it, is kept behind request 2:
+    ``_runs_now`` is False for it (its stream is "served" and the output waits)."""
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=_registry(), retry_results=False
     ) as server:
@@ -75,20 +76,42 @@ async def test_a_part_of_a_stream_forgotten_during_the_close_is_dropped_at_the_n
             )
             await wait_until(lambda: len(kept.messages) == 2, 5)
             assert _rid(10) in served._ended  # turned away, remembered: its part is kept
-            # a read past a turn's worth, turned away (ending in a stream request): the
-            # look at the next turn goes over the whole backlog (the close began), the part
-            # of stream 10 too, which does not run now
-            turned = [encode(Request(_rid(i), "work", b"0")) for i in range(1000, 1299)]
-            writer.write(b"".join(turned) + encode(StreamRequest(_rid(5000), "total", b"0")))
-            await wait_until(lambda: _rid(5000) in served._ended and kept.sorted, 5)
-            assert len(kept.messages) == 2
-            ids = range(100, 100 + ENDED_STREAMS + 44)
-            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
-            await wait_until(lambda: _rid(ids[-1]) in served._ended and kept.sorted, 5)
-            assert _rid(10) not in served._ended  # forgotten: its part runs now
-            assert served.outbox.blocked  # (nothing rechecked the backlog)
-            assert len(kept.messages) == 1, list(kept.messages)  # request 2 alone
+            yield served, writer
         finally:
             writer.close()
             if closing is not None:
                 closing.cancel()
+
+
+async def test_the_part_is_dropped_after_a_read_past_a_turn() -> None:
+    """A read past a turn's worth of turned-away requests is looked over (the part too,
+    which does not run now); then 300 stream requests in one read forget stream 10, and
+    the part goes."""
+    async with _part_kept_in_close() as (served, writer):
+        kept = served._kept
+        turned = [encode(Request(_rid(i), "work", b"0")) for i in range(1000, 1299)]
+        writer.write(b"".join(turned) + encode(StreamRequest(_rid(5000), "total", b"0")))
+        await wait_until(lambda: _rid(5000) in served._ended and kept.sorted, 5)
+        assert len(kept.messages) == 2
+        ids = range(100, 100 + ENDED_STREAMS + 44)
+        writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
+        await wait_until(lambda: _rid(ids[-1]) in served._ended, 5)
+        assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
+        assert served.outbox.blocked  # (nothing rechecked the backlog for our output)
+        await wait_until(lambda: len(kept.messages) == 1, 1)  # request 2 alone
+
+
+async def test_the_part_is_dropped_after_reads_that_all_run() -> None:
+    """Stream requests read 50 at a time, each read turned away whole at once: no read is
+    kept, so only forgetting stream 10 asks the look that drops its part."""
+    async with _part_kept_in_close() as (served, writer):
+        kept = served._kept
+        ids = list(range(100, 100 + ENDED_STREAMS + 44))
+        for start in range(0, len(ids), 50):
+            chunk = ids[start : start + 50]
+            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in chunk))
+            last = _rid(chunk[-1])
+            await wait_until(lambda: last in served._ended, 5)  # noqa: B023
+        assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
+        assert served.outbox.blocked
+        await wait_until(lambda: len(kept.messages) == 1, 1)  # request 2 alone
