@@ -92,13 +92,14 @@ def test_decoded_messages_are_frozen() -> None:
 
 def test_messages_are_untracked_by_the_garbage_collector() -> None:
     """A backlog of decoded messages must not be walked by every full collection (100
-    flooding connections keep up to 1.6 million), nor their allocation count towards young
-    collections: no message type is tracked, decoded or built."""
+    flooding connections keep up to 1.6 million): a message of bytes, text and ints is not
+    tracked, decoded or built (a Fault holding an ErrorCode member is: it is never kept)."""
     wire = b"".join(raw for _, raw in EXAMPLES)
     decoded = connected().receive_data(wire)
     assert decoded == [m for m, _ in EXAMPLES]
     for message in [*decoded, *(m for m, _ in EXAMPLES)]:
-        assert not gc.is_tracked(message), type(message).__name__
+        if not (type(message) is Fault and type(message.code) is ErrorCode):
+            assert not gc.is_tracked(message), message
 
 
 def test_messages_pickle_and_match_by_field() -> None:

@@ -3,11 +3,11 @@
 Request ids are 4 opaque ``bytes``; names are ``str`` (at most 4095 UTF-8 bytes); payloads
 are ``bytes``. Encoding is :mod:`wire.gotalk.encoding`, decoding :mod:`wire.gotalk.decoding`.
 
-The types are ``msgspec.Struct`` classes with ``gc=False``: they hold only bytes, text and
-ints, so they can take part in no reference cycle, and Python's cyclic garbage collector
-does not track them. A server holding many decoded messages (a backlog of 16,384 per
-flooding connection) then does not make every full collection walk them, and decoding
-allocates no tracked object that would trigger the collector's young collections. They
+The types are ``msgspec.Struct`` classes: msgspec leaves a struct whose fields are all
+untracked (bytes, text, ints) out of Python's cyclic garbage collector, so a server holding
+many decoded messages (a backlog of 16,384 per flooding connection) does not make every
+full collection walk them (a frozen dataclass is always tracked). A struct built with a
+tracked payload (a ``memoryview`` given to an encoder) is tracked as any object. They
 compare, hash, print, pickle and pattern-match by field as dataclasses do, and build about
 three times faster than a frozen dataclass.
 """
@@ -59,7 +59,7 @@ class MessageType(StrEnum):
     FAULT = "f"
 
 
-class Request(msgspec.Struct, frozen=True, gc=False):
+class Request(msgspec.Struct, frozen=True):
     """``r``: a single-payload request; answered by R, S, E or e with the same id."""
 
     TYPE: ClassVar[MessageType] = MessageType.REQUEST
@@ -68,7 +68,7 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class StreamRequest(msgspec.Struct, frozen=True, gc=False):
+class StreamRequest(msgspec.Struct, frozen=True):
     """``s``: first chunk of a streaming request; ``p`` parts follow, an empty one ends it."""
 
     TYPE: ClassVar[MessageType] = MessageType.STREAM_REQUEST
@@ -77,7 +77,7 @@ class StreamRequest(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class StreamRequestPart(msgspec.Struct, frozen=True, gc=False):
+class StreamRequestPart(msgspec.Struct, frozen=True):
     """``p``: a further chunk of a streaming request; an empty payload ends the stream."""
 
     TYPE: ClassVar[MessageType] = MessageType.STREAM_REQUEST_PART
@@ -85,7 +85,7 @@ class StreamRequestPart(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class Result(msgspec.Struct, frozen=True, gc=False):
+class Result(msgspec.Struct, frozen=True):
     """``R``: the single-payload result of request ``id``."""
 
     TYPE: ClassVar[MessageType] = MessageType.RESULT
@@ -93,7 +93,7 @@ class Result(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class StreamResult(msgspec.Struct, frozen=True, gc=False):
+class StreamResult(msgspec.Struct, frozen=True):
     """``S``: one chunk of a streaming result; an empty payload ends the stream."""
 
     TYPE: ClassVar[MessageType] = MessageType.STREAM_RESULT
@@ -101,7 +101,7 @@ class StreamResult(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class ErrorResult(msgspec.Struct, frozen=True, gc=False):
+class ErrorResult(msgspec.Struct, frozen=True):
     """``E``: the request failed on the requestor's account (do not retry as is).
 
     Real peers put plain UTF-8 text in the payload, not JSON.
@@ -112,7 +112,7 @@ class ErrorResult(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class RetryResult(msgspec.Struct, frozen=True, gc=False):
+class RetryResult(msgspec.Struct, frozen=True):
     """``e``: the responder could not serve the request now; retry after ``wait`` ms.
 
     gotalk.js does not understand it (it answers ``f00000002``): never send it to a browser.
@@ -124,7 +124,7 @@ class RetryResult(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class Notification(msgspec.Struct, frozen=True, gc=False):
+class Notification(msgspec.Struct, frozen=True):
     """``n``: a one-way message; never answered."""
 
     TYPE: ClassVar[MessageType] = MessageType.NOTIFICATION
@@ -132,7 +132,7 @@ class Notification(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-class Heartbeat(msgspec.Struct, frozen=True, gc=False):
+class Heartbeat(msgspec.Struct, frozen=True):
     """``h``: keeps read deadlines from expiring; ``load`` 0..65535, ``time`` unix seconds."""
 
     TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
@@ -140,7 +140,7 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False):
     time: int
 
 
-class Fault(msgspec.Struct, frozen=True, gc=False):
+class Fault(msgspec.Struct, frozen=True):
     """``f``: the wire's "ProtocolError" message, sent just before closing.
 
     Named Fault so it does not clash with the :class:`ProtocolError` exception. Known codes
