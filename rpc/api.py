@@ -70,6 +70,10 @@ def _with_middleware(
     return dataclasses.replace(options, middleware=(*extra, *options.middleware))
 
 
+def _peer_class(url: PeerUrl) -> type[Peer]:
+    return GotalkPeer if url.codec == "gotalk" else ChatterPeer
+
+
 def _check_protocol_options(peer_class: type[Peer], protocol_options: dict[str, Any]) -> None:
     """TypeError for a keyword the protocol's peer does not take, at the call of ``serve``
     or ``connect``: else a server would fail each connection as it came, its clients seeing
@@ -94,7 +98,7 @@ def _peer_factory(
 ) -> Callable[[], Peer]:
     if not server:
         protocol_options = {"extensions": True, **protocol_options}
-    _check_protocol_options(GotalkPeer if url.codec == "gotalk" else ChatterPeer, protocol_options)
+    _check_protocol_options(_peer_class(url), protocol_options)
     if url.codec == "gotalk":
         return lambda: GotalkPeer(registry, options, **protocol_options)
     dialect = None if server else (url.dialect or Dialect.LEGACY)
@@ -402,8 +406,7 @@ def check_serve_keywords(url: str, keywords: dict[str, Any]) -> None:
     passes them to ``serve`` in each worker and checks them once, before forking."""
     named = inspect.signature(serve).parameters
     protocol_options = {name: value for name, value in keywords.items() if name not in named}
-    peer_class = GotalkPeer if parse_url(url).codec == "gotalk" else ChatterPeer
-    _check_protocol_options(peer_class, protocol_options)
+    _check_protocol_options(_peer_class(parse_url(url)), protocol_options)
 
 
 def serve(
