@@ -350,8 +350,9 @@ class Backlog:
 
     def recheck(self) -> None:
         """What may run while the rest waits changed (our output drained: parts of running
-        streams may run now): the turn that follows looks among the messages for it (a
-        Python call per message), and a read meanwhile is kept whole until then."""
+        streams may run now; a graceful close forgot a stream: its parts are dropped): the
+        turn that follows looks among all the messages for it (a Python call per message),
+        and a read meanwhile is kept whole until then."""
         if self.messages:
             self.sorted = False
             self.unlooked = -1
