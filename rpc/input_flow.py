@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Generic
 
 from rpc.backlog import MESSAGES_PER_TURN, Backlog
@@ -67,6 +68,7 @@ class InputFlow(Generic[K]):
     _loop: asyncio.AbstractEventLoop
     _transport: Any
     _kept: Backlog
+    _ended: OrderedDict[Any, bool]
     _backlog: Any
     _reading: bool
     _input_end: int
@@ -117,7 +119,11 @@ class InputFlow(Generic[K]):
             # then forgotten past ENDED_STREAMS): dropped as it runs, else it would fill
             # the backlog behind the slots
             key = adapter.follows_request(message)
-            return not adapter.serves_running(message) and not self._kept.keeps_request(key)
+            if adapter.serves_running(message) or self._kept.keeps_request(key):
+                if key in self._ended:  # kept: dropped once the close forgets its stream
+                    self._ended[key] = True  # (ServedStreams._end_stream looks again)
+                return False
+            return True
         return (
             adapter.follows_request(message) is None  # (not a cancellation, kept in
             and self.turned_away()  # order behind the request it cancels)

@@ -45,7 +45,10 @@ class ServedStreams(Generic[K]):
     _streams: dict[K, StreamQueue]
     _stream_hold: StreamHold
     _request_bytes: RequestBytes
-    _ended: OrderedDict[K, None]
+    _ended: OrderedDict[K, bool]
+    """Streams ended early, oldest first (at most ``ENDED_STREAMS``): True once a part of
+    one was kept during a graceful close (``InputFlow._runs_now``), to be dropped when it
+    is forgotten."""
     _close_began: float
     _kept: Backlog
 
@@ -55,12 +58,12 @@ class ServedStreams(Generic[K]):
         if queue is not None:
             self._stream_hold.drop(queue)  # its reader takes no more
         ended = self._ended
-        ended[key] = None
+        ended[key] = False
         if len(ended) > ENDED_STREAMS:
-            ended.popitem(last=False)
-            if self._close_began != NOT_CLOSING and self._kept.messages:
+            _, parts_kept = ended.popitem(last=False)
+            if parts_kept and self._kept.messages:
                 # a graceful close drops the parts of a stream it forgot (InputFlow's
-                # _runs_now): kept ones that were looked over are looked over again
+                # _runs_now): kept ones, looked over, are looked over again
                 self._kept.recheck()
                 self._kept.next_turn()
 
