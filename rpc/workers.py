@@ -420,6 +420,9 @@ def serve_workers(
     for url in map(parse_url, urls):
         if url.tls and ssl is None:
             raise ValueError(f"{url} needs an ssl= server context (certificate and key)")
+    for name in ("url", "sock"):  # each worker's serve() gets its own
+        if name in serve_options:
+            raise TypeError(f"serve_workers sets rpc.serve's {name!r} in each worker itself")
     for text in urls:  # a keyword rpc.serve refuses fails here, not in every worker
         check_serve_keywords(text, serve_options)
     if metrics is not None and "metrics" in serve_options:

@@ -44,3 +44,11 @@ def test_serve_workers_refuses_it_before_forking() -> None:
     after BOOT_ATTEMPTS starts (WorkerBootFailed, 2.75 s) (review 212 of 62fab15)."""
     with pytest.raises(TypeError, match="takes no keyword 'heartbeat'"):
         workers.serve_workers("tcp+gotalk://127.0.0.1:0", workers=2, heartbeat=5)
+
+
+@pytest.mark.parametrize("name", ["url", "sock"])
+def test_serve_workers_refuses_what_it_gives_each_worker_itself(name: str) -> None:
+    """Before, each worker's serve() got it twice and failed: WorkerBootFailed after five
+    starts (review 213 of b2126db)."""
+    with pytest.raises(TypeError, match=f"sets rpc.serve's '{name}'"):
+        workers.serve_workers("tcp+gotalk://127.0.0.1:0", workers=1, **{name: None})
