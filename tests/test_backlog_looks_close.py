@@ -4,8 +4,8 @@ while our output waits: forgetting it asks a look over the whole backlog at the 
 (``ServedStreams._end_stream``), however the later requests were read: in reads cut at a
 turn's 256 messages (kept whole in part, looked over: before 2e32e5d the look went over
 the newest alone, review 210) or a few at a time, all run at once (no look came at all,
-review 211, before and after 8b4f796). Real sockets on 127.0.0.1; the waits are bounded,
-none is a fixed sleep."""
+review 211, before and after 8b4f796). Forgetting a stream none of whose parts is kept
+asks no look. Real sockets on 127.0.0.1; the waits are bounded, none is a fixed sleep."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import rpc
+from rpc.backlog import Backlog
 from rpc.peer import Peer
 from rpc.served_streams import ENDED_STREAMS
 from tests.rpc_helpers import wait_until
@@ -24,6 +25,10 @@ from wire.gotalk.encoding import encode
 from wire.gotalk.messages import Request, StreamRequest, StreamRequestPart
 
 pytestmark = pytest.mark.both_loops
+
+KEPT = 2000
+READS = 20
+PER_READ = 100
 
 
 def _rid(i: int) -> bytes:
@@ -115,3 +120,52 @@ async def test_the_part_is_dropped_after_reads_that_all_run() -> None:
         assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
         assert served.outbox.blocked
         await wait_until(lambda: len(kept.messages) == 1, 1)  # request 2 alone
+
+
+async def test_forgetting_streams_with_no_kept_part_asks_no_whole_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Turned-away stream requests a few per read, past ``ENDED_STREAMS``, with 2,000
+    requests kept from before the close and none of the forgotten streams' parts: a look
+    per message read, not one over the whole backlog per read (review 213 of e035c06:
+    7,990 kept, 3 s of such reads cost 713 looks, 2.3 s of CPU)."""
+    looked = [0]
+    real = Backlog.run_replies
+
+    def counted(self: Backlog, *args: Any) -> int:  # the real look, counted
+        looked[0] += len(self.messages) if self.unlooked < 0 else self.unlooked
+        return real(self, *args)
+
+    monkeypatch.setattr(Backlog, "run_replies", counted)
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=_registry(), retry_results=False
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        closing: asyncio.Future[None] | None = None
+        try:
+            writer.write(b"01")
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            writer.write(encode(Request(_rid(1), "big", b"0")))
+            await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
+            [served] = server.peers
+            kept = served._kept
+            requests = (encode(Request(_rid(i), "work", b"0")) for i in range(2, 2 + KEPT))
+            writer.write(b"".join(requests))
+            await wait_until(lambda: len(kept.messages) == KEPT and served.reading, 5)
+            closing = asyncio.ensure_future(served.close(drain_timeout=10.0))
+            await wait_until(lambda: served.gave_up is not None, 2)
+            looked[0] = 0
+            first = 100_000
+            for n in range(READS):  # turned away as read; past ENDED_STREAMS each forgets one
+                ids = range(first + n * PER_READ, first + (n + 1) * PER_READ)
+                writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
+                last = _rid(ids[-1])
+                await wait_until(lambda: last in served._ended and served.reading, 5)  # noqa: B023
+            assert READS * PER_READ > 2 * ENDED_STREAMS
+            assert len(kept.messages) == KEPT  # the requests read before the close wait
+            # a look per message read is fine; one over the whole backlog per read is not
+            assert looked[0] <= 2 * KEPT + READS * PER_READ, looked[0]
+        finally:
+            writer.close()
+            if closing is not None:
+                closing.cancel()
