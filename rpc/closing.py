@@ -99,6 +99,8 @@ class Closing:
 
         def drop_input(self) -> None: ...
 
+        def _close_begins(self) -> None: ...
+
     def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
         reason given, where the reconnecting client and ``connect`` read it; without one,
@@ -179,6 +181,7 @@ class Closing:
         if self._close_began == NOT_CLOSING:
             self._close_began = self._loop.time()
             self._kept.read_before(self._close_began)  # (uvloop: read in the same ms)
+            self._close_begins()
         current = asyncio.current_task(self._loop)
         closers = self._closers
         if current is not None:

@@ -46,9 +46,10 @@ class ServedStreams(Generic[K]):
     _stream_hold: StreamHold
     _request_bytes: RequestBytes
     _ended: OrderedDict[K, bool]
-    """Streams ended early, oldest first (at most ``ENDED_STREAMS``): True once a part of
-    one was kept during a graceful close (``InputFlow._runs_now``), to be dropped when it
-    is forgotten."""
+    """Streams ended early, oldest first (at most ``ENDED_STREAMS``): True when a part of
+    one may be kept during a graceful close, to be dropped when it is forgotten: one the
+    close turned away whose part ``InputFlow._runs_now`` found kept, one that ran during
+    the close or had ended before it, while messages were kept."""
     _close_began: float
     _kept: Backlog
 
@@ -58,7 +59,8 @@ class ServedStreams(Generic[K]):
         if queue is not None:
             self._stream_hold.drop(queue)  # its reader takes no more
         ended = self._ended
-        ended[key] = False
+        # a stream that ran during a close may have parts kept (read while our output waited)
+        ended[key] = queue is not None and self._close_began != NOT_CLOSING and bool(self._kept)
         if len(ended) > ENDED_STREAMS:
             _, parts_kept = ended.popitem(last=False)
             if parts_kept and self._kept.messages:
@@ -66,6 +68,15 @@ class ServedStreams(Generic[K]):
                 # _runs_now): kept ones, looked over, are looked over again
                 self._kept.recheck()
                 self._kept.next_turn()
+
+    def _close_begins(self) -> None:
+        """A graceful close began: the streams ended before may have parts kept (read while
+        our output waited, looked over then): each is looked over again once its stream is
+        forgotten (see :attr:`_ended`)."""
+        if self._kept:
+            ended = self._ended
+            for key in ended:
+                ended[key] = True
 
     def on_request_part(self, key: K, payload: Any) -> bool:
         """Queue a part for its stream's handler. False: no such stream, now or lately.

@@ -4,8 +4,9 @@ while our output waits: forgetting it asks a look over the whole backlog at the 
 (``ServedStreams._end_stream``), however the later requests were read: in reads cut at a
 turn's 256 messages (kept whole in part, looked over: before 2e32e5d the look went over
 the newest alone, review 210) or a few at a time, all run at once (no look came at all,
-review 211, before and after 8b4f796). Forgetting a stream none of whose parts is kept
-asks no look. Real sockets on 127.0.0.1; the waits are bounded, none is a fixed sleep."""
+review 211, before and after 8b4f796); and so is one kept before the close or while its
+stream ran (review 214). Forgetting a stream none of whose parts is kept asks no look.
+Real sockets on 127.0.0.1; the waits are bounded, none is a fixed sleep."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def _registry() -> rpc.Registry:
     @reg.handle("work")
     def work(value: Any) -> Any:
         return value
+
+    @reg.handle_stream("early")
+    async def early(values: Any) -> int:
+        return 0  # answers without reading its parts: the stream ends early (_ended)
 
     @reg.handle_stream("total")
     async def total(values: Any) -> int:
@@ -165,6 +170,90 @@ async def test_forgetting_streams_with_no_kept_part_asks_no_whole_look(
             assert len(kept.messages) == KEPT  # the requests read before the close wait
             # a look per message read is fine; one over the whole backlog per read is not
             assert looked[0] <= 2 * KEPT + READS * PER_READ, looked[0]
+        finally:
+            writer.close()
+            if closing is not None:
+                closing.cancel()
+
+
+async def test_a_part_kept_before_the_close_is_dropped_once_its_stream_is_forgotten() -> None:
+    """A stream ended early (its handler answered without its parts), then its part kept
+    while our output waits, before the close: the close's start marks the streams ended
+    before it (review 214 of 60a419c: nothing marked it, and forgetting it asked no look)."""
+    async with rpc.serve(
+        "tcp+gotalk://127.0.0.1:0", registry=_registry(), retry_results=False
+    ) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        closing: asyncio.Future[None] | None = None
+        try:
+            writer.write(b"01")
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            writer.write(encode(StreamRequest(_rid(10), "early", b"0")))
+            await wait_until(lambda: bool(server.peers), 5)
+            [served] = server.peers
+            await wait_until(lambda: _rid(10) in served._ended, 5)  # ended, remembered
+            writer.write(encode(Request(_rid(1), "big", b"0")))
+            await wait_until(lambda: served.outbox.blocked, 5)
+            kept = served._kept
+            writer.write(encode(Request(_rid(2), "big", b"2")))  # kept first: waits
+            await wait_until(lambda: len(kept.messages) == 1, 5)
+            writer.write(encode(StreamRequestPart(_rid(10), b"1")))  # kept: output waits
+            await wait_until(lambda: len(kept.messages) == 2 and served.reading, 5)
+            closing = asyncio.ensure_future(served.close(drain_timeout=8.0))
+            await wait_until(lambda: served.gave_up is not None, 2)
+            ids = range(100, 100 + ENDED_STREAMS + 44)  # turned away as read: forget 10
+            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
+            await wait_until(lambda: _rid(ids[-1]) in served._ended, 5)
+            assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
+            assert served.outbox.blocked
+            # the part goes, request 2 (read before the close) waits for our output
+            await wait_until(lambda: len(kept.messages) == 1, 1)
+        finally:
+            writer.close()
+            if closing is not None:
+                closing.cancel()
+
+
+async def test_a_part_kept_while_its_stream_ran_is_dropped_once_it_is_forgotten() -> None:
+    """The same for a part kept during the close while its stream's handler ran
+    (``_runs_now`` marks nothing: the stream is not in ``_ended`` yet), the handler
+    then answering without it: a stream that ran during the close is marked as it ends
+    (review 214 of 60a419c)."""
+    go = asyncio.Event()
+    reg = _registry()
+
+    @reg.handle_stream("waits")
+    async def waits(values: Any) -> int:
+        await go.wait()  # answers without reading its parts
+        return 0
+
+    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
+        closing: asyncio.Future[None] | None = None
+        try:
+            writer.write(b"01")
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            writer.write(encode(StreamRequest(_rid(10), "waits", b"0")))
+            await wait_until(lambda: bool(server.peers), 5)
+            [served] = server.peers
+            await wait_until(lambda: _rid(10) in served._streams, 5)  # its handler runs
+            writer.write(encode(Request(_rid(1), "big", b"0")))
+            await wait_until(lambda: served.outbox.blocked, 5)
+            kept = served._kept
+            writer.write(encode(Request(_rid(2), "big", b"2")))  # kept first: waits
+            await wait_until(lambda: len(kept.messages) == 1, 5)
+            closing = asyncio.ensure_future(served.close(drain_timeout=8.0))
+            await wait_until(lambda: served.gave_up is not None, 2)
+            writer.write(encode(StreamRequestPart(_rid(10), b"1")))  # kept: output waits
+            await wait_until(lambda: len(kept.messages) == 2 and served.reading, 5)
+            go.set()
+            await wait_until(lambda: _rid(10) in served._ended, 5)  # answered: ended
+            ids = range(100, 100 + ENDED_STREAMS + 44)  # turned away as read: forget 10
+            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
+            await wait_until(lambda: _rid(ids[-1]) in served._ended, 5)
+            assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
+            assert served.outbox.blocked
+            await wait_until(lambda: len(kept.messages) == 1, 1)
         finally:
             writer.close()
             if closing is not None:
