@@ -58,73 +58,101 @@ def _registry() -> rpc.Registry:
     return reg
 
 
+class Scene:
+    """A server's connection (Gotalk over TCP, no retry results) and the raw client that
+    feeds it; ``close`` begins the server's graceful close, cancelled at the scene's end."""
+
+    def __init__(self, served: Peer, writer: asyncio.StreamWriter) -> None:
+        self.served = served
+        self.writer = writer
+        self.kept = served._kept
+        self.closing: asyncio.Future[None] | None = None
+
+    def send(self, *messages: Any) -> None:
+        self.writer.write(b"".join(encode(message) for message in messages))
+
+    async def close(self, drain_timeout: float) -> None:
+        self.closing = asyncio.ensure_future(self.served.close(drain_timeout=drain_timeout))
+        await wait_until(lambda: self.served.gave_up is not None, 2)
+
+    async def forget(self, stream: bytes, per_read: int | None = None) -> None:
+        """Stream requests the close turns away as read, past ``ENDED_STREAMS``: ``stream``
+        is forgotten; in one read, or ``per_read`` at a time, each read waited for."""
+        ids = list(range(100, 100 + ENDED_STREAMS + 44))
+        step = per_read or len(ids)
+        for start in range(0, len(ids), step):
+            self.send(*(StreamRequest(_rid(i), "total", b"0") for i in ids[start : start + step]))
+            last = _rid(ids[min(start + step, len(ids)) - 1])
+            await wait_until(lambda: last in self.served._ended, 5)  # noqa: B023
+        assert stream not in self.served._ended  # forgotten: its part runs now (dropped)
+        assert self.served.outbox.blocked  # (nothing rechecked the backlog for our output)
+
+
 @contextlib.asynccontextmanager
-async def _part_kept_in_close() -> AsyncIterator[tuple[Peer, asyncio.StreamWriter]]:
-    """A server's connection whose output waits (the client does not read), with request
-    2 kept (read before the close), its graceful close begun, and stream request 10 turned
-    away (remembered in ``_ended``) whose part, read with it, is kept behind request 2:
-    ``_runs_now`` is False for it (its stream is "served" and the output waits)."""
+async def _output_waits(
+    registry: rpc.Registry | None = None, first: Any = None, ready: str = ""
+) -> AsyncIterator[Scene]:
+    """The scene with our output waiting: the client sent the handshake, ``first`` (then
+    waited until its stream is in ``_ended`` or ``_streams``, as ``ready`` says), and a
+    request whose 8-MiB result it does not read."""
     async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=_registry(), retry_results=False
+        "tcp+gotalk://127.0.0.1:0", registry=registry or _registry(), retry_results=False
     ) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
-        closing: asyncio.Future[None] | None = None
+        scene: Scene | None = None
         try:
             writer.write(b"01")
             assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+            if first is not None:
+                writer.write(encode(first))
+                await wait_until(lambda: bool(server.peers), 5)
+                [served] = server.peers
+                await wait_until(lambda: first.id in getattr(served, ready), 5)
             writer.write(encode(Request(_rid(1), "big", b"0")))
             await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
             [served] = server.peers
-            kept = served._kept
-            writer.write(encode(Request(_rid(2), "work", b"2")))
-            await wait_until(lambda: len(kept.messages) == 1, 5)
-            closing = asyncio.ensure_future(served.close(drain_timeout=4.0))
-            await wait_until(lambda: served.gave_up is not None, 2)
-            writer.write(
-                encode(StreamRequest(_rid(10), "total", b"0"))
-                + encode(StreamRequestPart(_rid(10), b"1"))
-            )
-            await wait_until(lambda: len(kept.messages) == 2, 5)
-            assert _rid(10) in served._ended  # turned away, remembered: its part is kept
-            yield served, writer
+            scene = Scene(served, writer)
+            yield scene
         finally:
             writer.close()
-            if closing is not None:
-                closing.cancel()
+            if scene is not None and scene.closing is not None:
+                scene.closing.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _part_kept_in_close() -> AsyncIterator[Scene]:
+    """With request 2 kept (read before the close), the close begun, and stream request 10
+    turned away (remembered in ``_ended``) whose part, read with it, is kept behind request
+    2: ``_runs_now`` is False for it (its stream is "served" and the output waits)."""
+    async with _output_waits() as scene:
+        scene.send(Request(_rid(2), "work", b"2"))
+        await wait_until(lambda: len(scene.kept.messages) == 1, 5)
+        await scene.close(drain_timeout=4.0)
+        scene.send(StreamRequest(_rid(10), "total", b"0"), StreamRequestPart(_rid(10), b"1"))
+        await wait_until(lambda: len(scene.kept.messages) == 2, 5)
+        assert _rid(10) in scene.served._ended  # turned away, remembered: its part is kept
+        yield scene
 
 
 async def test_the_part_is_dropped_after_a_read_past_a_turn() -> None:
     """A read past a turn's worth of turned-away requests is looked over (the part too,
     which does not run now); then 300 stream requests in one read forget stream 10, and
     the part goes."""
-    async with _part_kept_in_close() as (served, writer):
-        kept = served._kept
-        turned = [encode(Request(_rid(i), "work", b"0")) for i in range(1000, 1299)]
-        writer.write(b"".join(turned) + encode(StreamRequest(_rid(5000), "total", b"0")))
-        await wait_until(lambda: _rid(5000) in served._ended and kept.sorted, 5)
-        assert len(kept.messages) == 2
-        ids = range(100, 100 + ENDED_STREAMS + 44)
-        writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
-        await wait_until(lambda: _rid(ids[-1]) in served._ended, 5)
-        assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
-        assert served.outbox.blocked  # (nothing rechecked the backlog for our output)
-        await wait_until(lambda: len(kept.messages) == 1, 1)  # request 2 alone
+    async with _part_kept_in_close() as scene:
+        turned = [Request(_rid(i), "work", b"0") for i in range(1000, 1299)]
+        scene.send(*turned, StreamRequest(_rid(5000), "total", b"0"))
+        await wait_until(lambda: _rid(5000) in scene.served._ended and scene.kept.sorted, 5)
+        assert len(scene.kept.messages) == 2
+        await scene.forget(_rid(10))
+        await wait_until(lambda: len(scene.kept.messages) == 1, 1)  # request 2 alone
 
 
 async def test_the_part_is_dropped_after_reads_that_all_run() -> None:
     """Stream requests read 50 at a time, each read turned away whole at once: no read is
     kept, so only forgetting stream 10 asks the look that drops its part."""
-    async with _part_kept_in_close() as (served, writer):
-        kept = served._kept
-        ids = list(range(100, 100 + ENDED_STREAMS + 44))
-        for start in range(0, len(ids), 50):
-            chunk = ids[start : start + 50]
-            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in chunk))
-            last = _rid(chunk[-1])
-            await wait_until(lambda: last in served._ended, 5)  # noqa: B023
-        assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
-        assert served.outbox.blocked
-        await wait_until(lambda: len(kept.messages) == 1, 1)  # request 2 alone
+    async with _part_kept_in_close() as scene:
+        await scene.forget(_rid(10), per_read=50)
+        await wait_until(lambda: len(scene.kept.messages) == 1, 1)  # request 2 alone
 
 
 async def test_forgetting_streams_with_no_kept_part_asks_no_whole_look(
@@ -142,76 +170,37 @@ async def test_forgetting_streams_with_no_kept_part_asks_no_whole_look(
         return real(self, *args)
 
     monkeypatch.setattr(Backlog, "run_replies", counted)
-    async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=_registry(), retry_results=False
-    ) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
-        closing: asyncio.Future[None] | None = None
-        try:
-            writer.write(b"01")
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            writer.write(encode(Request(_rid(1), "big", b"0")))
-            await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
-            [served] = server.peers
-            kept = served._kept
-            requests = (encode(Request(_rid(i), "work", b"0")) for i in range(2, 2 + KEPT))
-            writer.write(b"".join(requests))
-            await wait_until(lambda: len(kept.messages) == KEPT and served.reading, 5)
-            closing = asyncio.ensure_future(served.close(drain_timeout=10.0))
-            await wait_until(lambda: served.gave_up is not None, 2)
-            looked[0] = 0
-            first = 100_000
-            for n in range(READS):  # turned away as read; past ENDED_STREAMS each forgets one
-                ids = range(first + n * PER_READ, first + (n + 1) * PER_READ)
-                writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
-                last = _rid(ids[-1])
-                await wait_until(lambda: last in served._ended and served.reading, 5)  # noqa: B023
-            assert READS * PER_READ > 2 * ENDED_STREAMS
-            assert len(kept.messages) == KEPT  # the requests read before the close wait
-            # a look per message read is fine; one over the whole backlog per read is not
-            assert looked[0] <= 2 * KEPT + READS * PER_READ, looked[0]
-        finally:
-            writer.close()
-            if closing is not None:
-                closing.cancel()
+    async with _output_waits() as scene:
+        scene.send(*(Request(_rid(i), "work", b"0") for i in range(2, 2 + KEPT)))
+        await wait_until(lambda: len(scene.kept.messages) == KEPT and scene.served.reading, 5)
+        await scene.close(drain_timeout=10.0)
+        looked[0] = 0
+        first = 100_000
+        for n in range(READS):  # turned away as read; past ENDED_STREAMS each forgets one
+            ids = range(first + n * PER_READ, first + (n + 1) * PER_READ)
+            scene.send(*(StreamRequest(_rid(i), "total", b"0") for i in ids))
+            last = _rid(ids[-1])
+            await wait_until(lambda: last in scene.served._ended and scene.served.reading, 5)  # noqa: B023
+        assert READS * PER_READ > 2 * ENDED_STREAMS
+        assert len(scene.kept.messages) == KEPT  # the requests read before the close wait
+        # a look per message read is fine; one over the whole backlog per read is not
+        assert looked[0] <= 2 * KEPT + READS * PER_READ, looked[0]
 
 
 async def test_a_part_kept_before_the_close_is_dropped_once_its_stream_is_forgotten() -> None:
     """A stream ended early (its handler answered without its parts), then its part kept
     while our output waits, before the close: the close's start marks the streams ended
     before it (review 214 of 60a419c: nothing marked it, and forgetting it asked no look)."""
-    async with rpc.serve(
-        "tcp+gotalk://127.0.0.1:0", registry=_registry(), retry_results=False
-    ) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
-        closing: asyncio.Future[None] | None = None
-        try:
-            writer.write(b"01")
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            writer.write(encode(StreamRequest(_rid(10), "early", b"0")))
-            await wait_until(lambda: bool(server.peers), 5)
-            [served] = server.peers
-            await wait_until(lambda: _rid(10) in served._ended, 5)  # ended, remembered
-            writer.write(encode(Request(_rid(1), "big", b"0")))
-            await wait_until(lambda: served.outbox.blocked, 5)
-            kept = served._kept
-            writer.write(encode(Request(_rid(2), "big", b"2")))  # kept first: waits
-            await wait_until(lambda: len(kept.messages) == 1, 5)
-            writer.write(encode(StreamRequestPart(_rid(10), b"1")))  # kept: output waits
-            await wait_until(lambda: len(kept.messages) == 2 and served.reading, 5)
-            closing = asyncio.ensure_future(served.close(drain_timeout=8.0))
-            await wait_until(lambda: served.gave_up is not None, 2)
-            ids = range(100, 100 + ENDED_STREAMS + 44)  # turned away as read: forget 10
-            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
-            await wait_until(lambda: _rid(ids[-1]) in served._ended, 5)
-            assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
-            assert served.outbox.blocked
-            # the part goes, request 2 (read before the close) waits for our output
-            await wait_until(lambda: len(kept.messages) == 1, 1)
-        finally:
-            writer.close()
-            if closing is not None:
-                closing.cancel()
+    early = StreamRequest(_rid(10), "early", b"0")
+    async with _output_waits(first=early, ready="_ended") as scene:
+        scene.send(Request(_rid(2), "big", b"2"))  # kept first: waits
+        await wait_until(lambda: len(scene.kept.messages) == 1, 5)
+        scene.send(StreamRequestPart(_rid(10), b"1"))  # kept: output waits
+        await wait_until(lambda: len(scene.kept.messages) == 2 and scene.served.reading, 5)
+        await scene.close(drain_timeout=8.0)
+        await scene.forget(_rid(10))
+        # the part goes, request 2 (read before the close) waits for our output
+        await wait_until(lambda: len(scene.kept.messages) == 1, 1)
 
 
 async def test_a_part_kept_while_its_stream_ran_is_dropped_once_it_is_forgotten() -> None:
@@ -227,34 +216,14 @@ async def test_a_part_kept_while_its_stream_ran_is_dropped_once_it_is_forgotten(
         await go.wait()  # answers without reading its parts
         return 0
 
-    async with rpc.serve("tcp+gotalk://127.0.0.1:0", registry=reg, retry_results=False) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
-        closing: asyncio.Future[None] | None = None
-        try:
-            writer.write(b"01")
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            writer.write(encode(StreamRequest(_rid(10), "waits", b"0")))
-            await wait_until(lambda: bool(server.peers), 5)
-            [served] = server.peers
-            await wait_until(lambda: _rid(10) in served._streams, 5)  # its handler runs
-            writer.write(encode(Request(_rid(1), "big", b"0")))
-            await wait_until(lambda: served.outbox.blocked, 5)
-            kept = served._kept
-            writer.write(encode(Request(_rid(2), "big", b"2")))  # kept first: waits
-            await wait_until(lambda: len(kept.messages) == 1, 5)
-            closing = asyncio.ensure_future(served.close(drain_timeout=8.0))
-            await wait_until(lambda: served.gave_up is not None, 2)
-            writer.write(encode(StreamRequestPart(_rid(10), b"1")))  # kept: output waits
-            await wait_until(lambda: len(kept.messages) == 2 and served.reading, 5)
-            go.set()
-            await wait_until(lambda: _rid(10) in served._ended, 5)  # answered: ended
-            ids = range(100, 100 + ENDED_STREAMS + 44)  # turned away as read: forget 10
-            writer.write(b"".join(encode(StreamRequest(_rid(i), "total", b"0")) for i in ids))
-            await wait_until(lambda: _rid(ids[-1]) in served._ended, 5)
-            assert _rid(10) not in served._ended  # forgotten: its part runs now (dropped)
-            assert served.outbox.blocked
-            await wait_until(lambda: len(kept.messages) == 1, 1)
-        finally:
-            writer.close()
-            if closing is not None:
-                closing.cancel()
+    running = StreamRequest(_rid(10), "waits", b"0")
+    async with _output_waits(reg, first=running, ready="_streams") as scene:
+        scene.send(Request(_rid(2), "big", b"2"))  # kept first: waits
+        await wait_until(lambda: len(scene.kept.messages) == 1, 5)
+        await scene.close(drain_timeout=8.0)
+        scene.send(StreamRequestPart(_rid(10), b"1"))  # kept: output waits
+        await wait_until(lambda: len(scene.kept.messages) == 2 and scene.served.reading, 5)
+        go.set()
+        await wait_until(lambda: _rid(10) in scene.served._ended, 5)  # answered: ended
+        await scene.forget(_rid(10))
+        await wait_until(lambda: len(scene.kept.messages) == 1, 1)
