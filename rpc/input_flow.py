@@ -220,11 +220,6 @@ class InputFlow(Generic[K]):
             # a turn for what the rest holds that may run now (replies, parts of running
             # streams): the handler that would give the next turn may wait for it
             self._keep(messages, stop, turn=stop < len(messages))
-        elif self.outbox.blocked and kept.messages:
-            # one read a loop iteration while our output waits, as asyncio reads: uvloop
-            # (libuv) reads a socket up to 32 times in one, so 100 connections flooding a
-            # server that keeps their requests held its loop up to 1 s at a time
-            self._keep(messages, stop, turn=True)
 
     def _keep(self, messages: list[Any], start: int, turn: bool = False) -> None:
         """Keep ``messages[start:]`` in order and pause reading (until the next ``turn``);
