@@ -59,8 +59,11 @@ class ServedStreams(Generic[K]):
         if queue is not None:
             self._stream_hold.drop(queue)  # its reader takes no more
         ended = self._ended
-        # a stream that ran during a close may have parts kept (read while our output waited)
-        ended[key] = queue is not None and self._close_began != NOT_CLOSING and bool(self._kept)
+        # a stream that ran during a close may have parts kept (read while our output
+        # waited); an id used again keeps its earlier stream's mark
+        ended[key] = ended.get(key, False) or (
+            queue is not None and self._close_began != NOT_CLOSING and bool(self._kept)
+        )
         if len(ended) > ENDED_STREAMS:
             _, parts_kept = ended.popitem(last=False)
             if parts_kept and self._kept.messages:

@@ -5,7 +5,8 @@ while our output waits: forgetting it asks a look over the whole backlog at the 
 turn's 256 messages (kept whole in part, looked over: before 2e32e5d the look went over
 the newest alone, review 210) or a few at a time, all run at once (no look came at all,
 review 211, before and after 8b4f796); and so is one kept before the close or while its
-stream ran (review 214). Forgetting a stream none of whose parts is kept asks no look.
+stream ran (review 214), also when its id is used again (review 215). Forgetting a stream
+none of whose parts is kept asks no look.
 Real sockets on 127.0.0.1; the waits are bounded, none is a fixed sleep."""
 
 from __future__ import annotations
@@ -225,5 +226,23 @@ async def test_a_part_kept_while_its_stream_ran_is_dropped_once_it_is_forgotten(
         await wait_until(lambda: len(scene.kept.messages) == 2 and scene.served.reading, 5)
         go.set()
         await wait_until(lambda: _rid(10) in scene.served._ended, 5)  # answered: ended
+        await scene.forget(_rid(10))
+        await wait_until(lambda: len(scene.kept.messages) == 1, 1)
+
+
+async def test_a_reused_stream_id_keeps_the_mark_of_its_earlier_stream() -> None:
+    """Review 214's first scene, then the peer uses id 10 again for a stream request the
+    close turns away (it had our answer: the id is free): ending it keeps the earlier
+    stream's mark, so forgetting 10 still drops the part (review 215 of 8fb7467: it was
+    set anew, unmarked)."""
+    early = StreamRequest(_rid(10), "early", b"0")
+    async with _output_waits(first=early, ready="_ended") as scene:
+        scene.send(Request(_rid(2), "big", b"2"))  # kept first: waits
+        await wait_until(lambda: len(scene.kept.messages) == 1, 5)
+        scene.send(StreamRequestPart(_rid(10), b"1"))  # kept: output waits
+        await wait_until(lambda: len(scene.kept.messages) == 2 and scene.served.reading, 5)
+        await scene.close(drain_timeout=8.0)
+        assert scene.served._ended[_rid(10)]  # marked by the close's start
+        scene.send(StreamRequest(_rid(10), "total", b"0"))  # id 10 again: turned away
         await scene.forget(_rid(10))
         await wait_until(lambda: len(scene.kept.messages) == 1, 1)

@@ -1,10 +1,9 @@
-"""Review 215 of 0961965: while our output waits and the backlog keeps a message, every read
-pauses reading for a turn and resumes it (``resumed_at`` moves on), also a read that
-decodes no whole message. So a peer that blocks our output, has one request kept and then
-trickles a message a byte at a time is never closed by ``min_receive_rate``: at each check
-``MessageStall.held_since`` sees a resume since the message began and the count starts
-again with a new grace (before 0961965 reading went on and the peer was closed after the
-grace). Real sockets on 127.0.0.1; the waits are bounded, none is a fixed sleep."""
+"""A peer that blocks our output, has a request kept and then trickles a message a byte at
+a time is closed by ``min_receive_rate`` after its grace: while our output waits it is
+still read, and nothing resumes the stall's count. Review 215 wrote this against 0961965
+(a pause and resume per read while messages were kept, which restarted the count at every
+check; reverted). Real sockets on 127.0.0.1; the waits are bounded, none is a fixed
+sleep."""
 
 from __future__ import annotations
 
