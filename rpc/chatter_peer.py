@@ -267,6 +267,14 @@ class ChatterAdapter:
             return self.peer.takes_parts(Conversation(False, first))
         return self.peer.cancellable(Conversation(False, first))
 
+    def feeds_stream(self, msg: Msg) -> bool:
+        first = self.follows_request(msg)
+        return (
+            first is not None
+            and first == msg.first
+            and self.peer.has_stream(Conversation(False, first))
+        )
+
     def opens_request(self, msg: Msg) -> int | None:
         # the first message of a conversation the peer started, not its last: a request
         return msg.id if msg.owner and msg.first == msg.id and not msg.last else None

@@ -163,6 +163,9 @@ class GotalkAdapter:
         cancelled = self.follows_request(msg)  # a cancellation
         return cancelled is not None and self.peer.cancellable(cancelled)
 
+    def feeds_stream(self, msg: Any) -> bool:
+        return msg.__class__ is gotalk.StreamRequestPart and self.peer.has_stream(msg.id)
+
     def opens_request(self, msg: Any) -> bytes | None:
         cls = msg.__class__  # (an id repeated in flight: the peer errs, and pays for it)
         return msg.id if cls is gotalk.Request or cls is gotalk.StreamRequest else None

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Generic
 
 from rpc.backlog import MESSAGES_PER_TURN, Backlog
@@ -68,7 +67,6 @@ class InputFlow(Generic[K]):
     _loop: asyncio.AbstractEventLoop
     _transport: Any
     _kept: Backlog
-    _ended: OrderedDict[Any, bool]
     _backlog: Any
     _reading: bool
     _input_end: int
@@ -107,7 +105,7 @@ class InputFlow(Generic[K]):
         graceful close turns away (:meth:`~rpc.responder.Responder.turned_away`): dropped,
         it takes no slot, and kept it would fill the backlog and stop the reading of what
         the close waits for (replies, parts of running streams), and the parts of a stream
-        it turned away and forgot."""
+        it turned away or that ended, whose handler no longer takes them."""
         adapter = self.adapter
         if adapter.is_reply(message):
             return True
@@ -115,15 +113,11 @@ class InputFlow(Generic[K]):
             return True
         if self._close_began == NOT_CLOSING or adapter.retry_results:
             return False
-        if adapter.is_part(message):  # of a stream neither served nor kept (turned away,
-            # then forgotten past ENDED_STREAMS): dropped as it runs, else it would fill
-            # the backlog behind the slots
+        if adapter.is_part(message):  # of a stream whose handler does not run (turned away,
+            # ended lately, or forgotten) and not behind its kept request: dropped as it
+            # runs, at once, else it would fill the backlog behind the slots
             key = adapter.follows_request(message)
-            if adapter.serves_running(message) or self._kept.keeps_request(key):
-                if key in self._ended:  # kept: dropped once the close forgets its stream
-                    self._ended[key] = True  # (ServedStreams._end_stream looks again)
-                return False
-            return True
+            return not adapter.feeds_stream(message) and not self._kept.keeps_request(key)
         return (
             adapter.follows_request(message) is None  # (not a cancellation, kept in
             and self.turned_away()  # order behind the request it cancels)

@@ -130,6 +130,11 @@ class Adapter(Protocol[K]):
         Asked only of input that waits."""
         ...
 
+    def feeds_stream(self, message: Any) -> bool:
+        """True when ``message`` is a part or the end of a stream request whose handler
+        runs now (not one that ended lately): a graceful close drops the others at once."""
+        ...
+
     def opens_request(self, message: Any) -> Hashable | None:
         """The key of the request or stream request ``message`` is (one that
         :meth:`follows_request` gives for what follows it), else None. Asked only of input

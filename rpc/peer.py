@@ -153,7 +153,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._calls: dict[K, _Call] = {}
         self._calls_at = float("inf")
         self._streams: dict[K, StreamQueue] = {}
-        self._ended: OrderedDict[K, bool] = OrderedDict()
+        self._ended: OrderedDict[K, None] = OrderedDict()
         self._running: set[K] = set()
         """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
         they run and only for a peer that takes the cancellation extension."""

@@ -45,11 +45,7 @@ class ServedStreams(Generic[K]):
     _streams: dict[K, StreamQueue]
     _stream_hold: StreamHold
     _request_bytes: RequestBytes
-    _ended: OrderedDict[K, bool]
-    """Streams ended early, oldest first (at most ``ENDED_STREAMS``): True when a part of
-    one may be kept during a graceful close, to be dropped when it is forgotten: one the
-    close turned away whose part ``InputFlow._runs_now`` found kept, one that ran during
-    the close or had ended before it, while messages were kept."""
+    _ended: OrderedDict[K, None]
     _close_began: float
     _kept: Backlog
 
@@ -59,27 +55,25 @@ class ServedStreams(Generic[K]):
         if queue is not None:
             self._stream_hold.drop(queue)  # its reader takes no more
         ended = self._ended
-        # a stream that ran during a close may have parts kept (read while our output
-        # waited); an id used again keeps its earlier stream's mark
-        ended[key] = ended.get(key, False) or (
-            queue is not None and self._close_began != NOT_CLOSING and bool(self._kept)
-        )
+        ended[key] = None
         if len(ended) > ENDED_STREAMS:
-            _, parts_kept = ended.popitem(last=False)
-            if parts_kept and self._kept.messages:
-                # a graceful close drops the parts of a stream it forgot (InputFlow's
-                # _runs_now): kept ones, looked over, are looked over again
-                self._kept.recheck()
-                self._kept.next_turn()
+            ended.popitem(last=False)
+        if queue is not None and self._close_began != NOT_CLOSING and self._kept:
+            self._look_again_in_close()  # its parts kept while it ran: dropped now
+
+    def _look_again_in_close(self) -> None:
+        """During a graceful close the parts of a stream whose handler no longer runs are
+        dropped as they are read (``InputFlow._runs_now``): those kept before (while our
+        output waited) go at the next turn's look over every kept message. Asked at the
+        close's start and when a stream that ran during it ends, not per read."""
+        self._kept.recheck()
+        self._kept.next_turn()
 
     def _close_begins(self) -> None:
-        """A graceful close began: the streams ended before may have parts kept (read while
-        our output waited, looked over then): each is looked over again once its stream is
-        forgotten (see :attr:`_ended`)."""
+        """A graceful close began: parts kept of streams that no longer run go (see
+        :meth:`_look_again_in_close`)."""
         if self._kept:
-            ended = self._ended
-            for key in ended:
-                ended[key] = True
+            self._look_again_in_close()
 
     def on_request_part(self, key: K, payload: Any) -> bool:
         """Queue a part for its stream's handler. False: no such stream, now or lately.
