@@ -59,6 +59,21 @@ def _registry() -> rpc.Registry:
     return reg
 
 
+@pytest.fixture
+def looked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The messages the backlogs' looks go over (``Backlog.run_replies``, the real one,
+    counted): ``looked[0]``."""
+    count = [0]
+    real = Backlog.run_replies
+
+    def counted(self: Backlog, *args: Any) -> int:
+        count[0] += len(self.messages) if self.unlooked < 0 else self.unlooked
+        return real(self, *args)
+
+    monkeypatch.setattr(Backlog, "run_replies", counted)
+    return count
+
+
 class Scene:
     """A server's connection (Gotalk over TCP, no retry results) and the raw client that
     feeds it; ``close`` begins the server's graceful close, cancelled at the scene's end."""
@@ -128,20 +143,12 @@ async def test_a_part_of_a_stream_the_close_turns_away_is_dropped_as_read() -> N
 
 @pytest.mark.parametrize("with_parts", [False, True])
 async def test_turned_away_streams_ask_no_whole_look_per_read(
-    monkeypatch: pytest.MonkeyPatch, with_parts: bool
+    looked: list[int], with_parts: bool
 ) -> None:
     """Turned-away stream requests (each with a part, or not) 100 per read, past
     ``ENDED_STREAMS``, with 2,000 requests kept from before the close: a look per message
     read, not one over the whole backlog per read (7,990 kept, 3 s of such reads cost 713
     looks and 2.3 s of CPU when forgetting a stream asked a look: reviews 213 and 216)."""
-    looked = [0]
-    real = Backlog.run_replies
-
-    def counted(self: Backlog, *args: Any) -> int:  # the real look, counted
-        looked[0] += len(self.messages) if self.unlooked < 0 else self.unlooked
-        return real(self, *args)
-
-    monkeypatch.setattr(Backlog, "run_replies", counted)
     async with _output_waits() as scene:
         scene.send(*(Request(_rid(i), "work", b"0") for i in range(2, 2 + KEPT)))
         await wait_until(lambda: len(scene.kept.messages) == KEPT and scene.served.reading, 5)
@@ -184,20 +191,12 @@ async def test_a_part_kept_before_the_close_goes_at_its_start() -> None:
 
 
 async def test_kept_stream_requests_run_in_a_close_ask_no_whole_look_each(
-    monkeypatch: pytest.MonkeyPatch,
+    looked: list[int],
 ) -> None:
-    """One slot held by a request, ``STREAMS`` (1,500) stream requests (no parts) kept behind it,
-    then the close begins and the slot frees: each runs and ends in turn. A look per
+    """One slot held by a request, ``STREAMS`` (1,500) stream requests (no parts) kept
+    behind it, then the close begins and the slot frees: each runs and ends in turn. A look per
     message is fine; one over the whole backlog per stream served is not (review 217 of
     0afc1cb: a look at each such end, 1,122,751 messages looked over; 4,000 kept: 5.5 s)."""
-    looked = [0]
-    real = Backlog.run_replies
-
-    def counted(self: Backlog, *args: Any) -> int:  # the real look, counted
-        looked[0] += len(self.messages) if self.unlooked < 0 else self.unlooked
-        return real(self, *args)
-
-    monkeypatch.setattr(Backlog, "run_replies", counted)
     go = asyncio.Event()
     reg = rpc.Registry()
 
