@@ -127,8 +127,8 @@ class Backlog:
     the rest of a read was kept whole, in order; the peer then runs those before it reads
     on (:meth:`run_replies`), so that what it reads later never overtakes them. That look
     goes over the messages kept whole since the last one (:attr:`unlooked`) alone, unless
-    what may run now changed for those kept before (:meth:`recheck`, :meth:`look_again`,
-    messages put back first): a flood read while our output waits costs one look per
+    what may run now changed for those kept before (:meth:`recheck`, messages put back
+    first): a flood read while our output waits costs one look per
     message, not one over the whole backlog per read."""
 
     __slots__ = (
@@ -343,14 +343,9 @@ class Backlog:
         self.sorted = False
         self.unlooked = -1
 
-    def look_again(self) -> None:
-        """The next look of :meth:`run_replies` goes over every message (what may run now
-        may have changed for those looked over before)."""
-        self.unlooked = -1
-
     def recheck(self) -> None:
         """What may run while the rest waits changed (our output drained: parts of running
-        streams may run now; a graceful close forgot a stream: its parts are dropped): the
+        streams may run now; a graceful close began: parts of streams that do not run go): the
         turn that follows looks among all the messages for it (a Python call per message),
         and a read meanwhile is kept whole until then."""
         if self.messages:

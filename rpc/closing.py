@@ -99,8 +99,6 @@ class Closing:
 
         def drop_input(self) -> None: ...
 
-        def _close_begins(self) -> None: ...
-
     def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
         reason given, where the reconnecting client and ``connect`` read it; without one,
@@ -181,7 +179,10 @@ class Closing:
         if self._close_began == NOT_CLOSING:
             self._close_began = self._loop.time()
             self._kept.read_before(self._close_began)  # (uvloop: read in the same ms)
-            self._close_begins()
+            if self._kept.messages:  # from now on parts of streams whose handler does not
+                # run are dropped as read (InputFlow._runs_now); those kept go at this look
+                self._kept.recheck()
+                self._kept.next_turn()
         current = asyncio.current_task(self._loop)
         closers = self._closers
         if current is not None:

@@ -243,10 +243,6 @@ class InputFlow(Generic[K]):
                 kept.next_turn()
                 return
             if backlog and not kept.sorted and not self._holds_all():  # replies, then read on
-                if self._close_began != NOT_CLOSING and not adapter.retry_results:
-                    # what a graceful close turns away changes with our calls in flight and
-                    # the streams that run, for messages looked over before too
-                    kept.look_again()
                 budget = MESSAGES_PER_TURN - handled
                 handled += kept.run_replies(self._runs_now, adapter.dispatch, budget)
                 if not kept.sorted and not self._stream_hold.active and kept.refused is None:

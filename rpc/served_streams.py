@@ -23,7 +23,6 @@ from rpc.streaming import END, StreamQueue
 if TYPE_CHECKING:
     import asyncio
 
-    from rpc.backlog import Backlog
     from rpc.options import Adapter, Options
     from rpc.request_bytes import RequestBytes
 
@@ -47,7 +46,6 @@ class ServedStreams(Generic[K]):
     _request_bytes: RequestBytes
     _ended: OrderedDict[K, None]
     _close_began: float
-    _kept: Backlog
 
     def _end_stream(self, key: K) -> None:
         """Stop taking parts of incoming stream ``key``; remember it for a while."""
@@ -58,17 +56,6 @@ class ServedStreams(Generic[K]):
         ended[key] = None
         if len(ended) > ENDED_STREAMS:
             ended.popitem(last=False)
-
-    def _close_begins(self) -> None:
-        """A graceful close began: from now on the parts of a stream whose handler does not
-        run are dropped as they are read (``InputFlow._runs_now``), and those kept before
-        (while our output waited) go at the next turn's look over every kept message. Not
-        so for the parts of a stream that runs now and ends during the close: they go as
-        they reach the front (a look at each such end cost one over the whole backlog per
-        stream request kept: review 217)."""
-        if self._kept:
-            self._kept.recheck()
-            self._kept.next_turn()
 
     def on_request_part(self, key: K, payload: Any) -> bool:
         """Queue a part for its stream's handler. False: no such stream, now or lately.

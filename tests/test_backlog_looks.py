@@ -3,8 +3,8 @@ alone, without sockets: a flood kept read by read while our output waits is look
 once per message, not once over the whole backlog per read (which made 100 flooding
 connections cost the server 76% of its time and an honest client 0.2-0.55 s a call while
 their backlogs filled); what changes the verdict for messages looked over before (our
-output draining, a graceful close, messages put back first) makes the next look go over
-all of them; replies found run in order and the rest keep theirs. The socket-level scenes
+output draining, a graceful close's start, messages put back first) makes the next look
+go over all of them; replies found run in order and the rest keep theirs. The socket-level scenes
 are in tests/test_backlog_looks_close.py, tests/test_backlog_bounds.py and
 tests/test_rpc_turns.py."""
 
@@ -125,7 +125,7 @@ def test_taking_the_first_ones_leaves_the_look_to_the_rest(backlog: Backlog) -> 
     assert list(backlog.messages) == [("request", 6)]
 
 
-@pytest.mark.parametrize("change", ["recheck", "close", "put back"])
+@pytest.mark.parametrize("change", ["recheck", "put back"])
 def test_what_changes_the_verdict_of_those_looked_over_makes_the_next_look_whole(
     backlog: Backlog, change: str
 ) -> None:
@@ -134,8 +134,6 @@ def test_what_changes_the_verdict_of_those_looked_over_makes_the_next_look_whole
     backlog.run_replies(looks.runs_now, looks.dispatch, MESSAGES_PER_TURN)
     if change == "recheck":  # our output drained: parts of running streams may run now
         backlog.recheck()
-    elif change == "close":  # during a graceful close (rpc.input_flow asks it each time)
-        backlog.look_again()
     else:  # a message taken could not run after all
         backlog.appendleft(backlog.popleft())
     backlog.extend(requests(10, 2))
