@@ -72,18 +72,13 @@ loop iteration (reading paused meanwhile), so other connections get their turn."
 
 KEPT_READ_SIZE = 4 * 1024
 """Bytes one read of a byte stream may take while the backlog keeps messages (else
-``transports.read_buffer.READ_SIZE``, 256 KiB): a read of tiny requests decodes up to about
-14,500 messages at once, which a kept read would add to the backlog past its bound, and
-which one connection's callback would spend tens of milliseconds on while others wait.
-At this size a read passes the bound by at most about 320 messages (13 bytes, the
-smallest Gotalk notification), in callbacks of about a millisecond: 100 connections
-flooding tiny requests while their backlogs fill held an honest client's calls at p99
-61-100 ms with 16-KiB reads, 0.4 ms with these (a loop iteration reads each of them once).
-The read in which output comes to wait is still up to 256 KiB (the backlog was empty): up
-to about 20,000 tiny messages kept, in one callback (100 such first reads at once held the
-honest client up to 1.5 s). The price: a large message that arrives while messages are
-kept (a browser's upload while its requests wait for ``max_concurrent``) takes 64 times
-the reads, a system call and a loop iteration each (about 4,100 for 16 MiB)."""
+``transports.read_buffer.READ_SIZE``, 256 KiB, up to about 20,000 tiny messages): a loop
+iteration reads each connection once, so this bounds what a flooding connection adds to
+its backlog past the bound (about 320 messages) and the time its callback takes while
+others wait (about a millisecond; figures in docs/limits.md). The read in which output
+comes to wait is still up to 256 KiB (the backlog was empty). The price: a large message
+that arrives while messages are kept takes 64 times the reads, a system call and a loop
+iteration each (about 4,100 for 16 MiB)."""
 
 OVERHEAD = 256
 """Bytes counted per message besides its payload: about what a decoded message takes in
@@ -99,14 +94,6 @@ MAX_MESSAGES = 16_384
 memory about 4 MB over Gotalk and 7.5 MB over Chatter, whose envelopes and conversation
 records take more: docs/limits.md), against a flood of small messages the byte bound would
 let grow to 262,144 of them."""
-
-
-def text_size(text: str) -> int:
-    """Bytes a name counts: its length when ASCII, else 4 bytes a character. That is at
-    least both its UTF-8 length (as received) and the memory it takes: CPython stores every
-    character of a string at the width of its widest one, so one four-byte character among
-    16,000 ASCII ones makes 64 kB of 16 kB received."""
-    return len(text) if text.isascii() else 4 * len(text)
 
 
 class MessageKinds(RequestKinds, Protocol):

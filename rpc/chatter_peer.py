@@ -34,7 +34,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from rpc import intercept
-from rpc.backlog import text_size
 from rpc.chatter_extension import ChatterHandshake
 from rpc.chatter_payloads import Incoming, SbsPayloads, Undecodable
 from rpc.chatter_pings import ChatterPings
@@ -47,6 +46,7 @@ from rpc.logs import violations
 from rpc.message_stall import MessageStall
 from rpc.peer import Options, Peer
 from rpc.registry import Registry
+from rpc.request_bytes import text_size
 from rpc.request_meta import MetaState
 from wire import metadata, schemas
 from wire.chatter import ChatterConnection, Conversation, Dialect, Msg

@@ -21,13 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from rpc import intercept
-from rpc.backlog import text_size
 from rpc.errors import retry_wait_ms
 from rpc.gotalk_liveness import GotalkLiveness
 from rpc.message_stall import MessageStall
 from rpc.payload import decode_any, encode_value
 from rpc.peer import Options, Peer
 from rpc.registry import Handler, Registry
+from rpc.request_bytes import text_size
 from rpc.request_meta import MetaState
 from wire import gotalk, metadata
 from wire.errors import ProtocolError

@@ -155,7 +155,8 @@ class Adapter(Protocol[K]):
 
     def message_size(self, message: Any) -> int:
         """Bytes a decoded message counts in the peer's backlog (:mod:`rpc.backlog`), besides
-        its fixed overhead: its payload and the names it carries (:func:`rpc.backlog.text_size`)."""
+        its fixed overhead: its payload and the names it carries
+        (:func:`rpc.request_bytes.text_size`)."""
         ...
 
     def last_word(self, exc: ProtocolError) -> None: ...

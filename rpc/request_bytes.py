@@ -79,3 +79,11 @@ def counted_size(payload: Any) -> int:
     else:
         return 0
     return size if size > UNCOUNTED else 0
+
+
+def text_size(text: str) -> int:
+    """Bytes a name counts: its length when ASCII, else 4 bytes a character. That is at
+    least both its UTF-8 length (as received) and the memory it takes: CPython stores every
+    character of a string at the width of its widest one, so one four-byte character among
+    16,000 ASCII ones makes 64 kB of 16 kB received."""
+    return len(text) if text.isascii() else 4 * len(text)

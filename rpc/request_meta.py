@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic
 
-from rpc.backlog import text_size
 from rpc.key import K
 from rpc.logs import violations
+from rpc.request_bytes import text_size
 from wire.errors import ProtocolError
 from wire.metadata import RequestMeta, covers, default_for
 
@@ -35,7 +35,7 @@ RECORD_BYTES = 64
 
 def record_size(meta: RequestMeta) -> int:
     """The bytes a waiting record counts: :data:`RECORD_BYTES` and its entries' names and
-    values as :func:`rpc.backlog.text_size` counts them (their memory, at least)."""
+    values as :func:`rpc.request_bytes.text_size` counts them (their memory, at least)."""
     entries = meta.entries
     if not entries:
         return RECORD_BYTES
