@@ -126,9 +126,6 @@ class ReconnectingPeer:
         to the current peer only; cleared with ``_peer`` (a drop, the end) and by a new
         connection, so an open one is always the current connection."""
         self._opened_at = 0.0
-        self._settled: asyncio.Future[None] = self._loop.create_future()
-        """Resolves at the next ``open`` or ``closed``: what callers waiting for a connection
-        wake for (not each round's ``reconnecting``: thousands of them, once per round)."""
         self._rounds = Rounds(self.urls, self.policy)
         self.closed: asyncio.Future[BaseException | None] = self._loop.create_future()
         """Resolves once the client is closed for good (with the last connection error,
@@ -327,7 +324,7 @@ class ReconnectingPeer:
                 raise RequestTimeout(f"{what}: not connected within {timeout} s ({state.value})")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
-                    await asyncio.shield(self._settled)
+                    await asyncio.shield(self._states.settled())
 
     # --- connecting -----------------------------------------------------------------------
 
@@ -435,12 +432,6 @@ class ReconnectingPeer:
         self._opened_at = self._loop.time()
         self.connects += 1
         self._states.emit(ConnectionState.OPEN, url, failures=self._rounds.failures)
-        self._settle()
-
-    def _settle(self) -> None:
-        """Wake the callers waiting for a connection (at ``open`` and ``closed``)."""
-        settled, self._settled = self._settled, self._loop.create_future()
-        settled.set_result(None)
 
     def _answered(self, peer: Peer) -> None:
         """A request on ``peer`` got an answer: the connection works."""
@@ -452,7 +443,6 @@ class ReconnectingPeer:
         self._peer = self._proven = None
         if self._states.last.state is not ConnectionState.CLOSED:
             self._states.emit(ConnectionState.CLOSED, self.url, error=error)
-            self._settle()
         if not self.closed.done():
             self.closed.set_result(ConnectionClosed(error) if error else None)
 
