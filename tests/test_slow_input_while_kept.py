@@ -60,7 +60,8 @@ async def test_a_trickling_peer_with_kept_requests_is_closed_while_our_output_wa
             header = gotalk.request_header(gotalk.MessageType.REQUEST, b"0002", "echo", 1000)
             writer.write(header + b'"')  # a message begun, its rest a byte at a time
             dripping = asyncio.ensure_future(_trickle(writer))
-            # before 0961965 closed after the 0.3-s grace (and a 50-ms confirmation)
+            # closed after the 0.3-s grace (and a 50-ms confirmation); never with 0961965's
+            # pause per read (reverted), whose resumes restarted the count
             await wait_until(lambda: not server.peers, 1.5)
         finally:
             if dripping is not None:
