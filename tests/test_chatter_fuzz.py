@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.codec_helpers import fed_by_missing
 from wire import ConversationError, ProtocolError, schemas
 from wire.chatter import (
     ChatterConnection,
@@ -216,3 +217,18 @@ def test_replies_in_our_conversations(data: st.DataObject, dialect: Dialect) -> 
             del peer_holds[first]
         elif token:
             peer_holds[first] = False
+
+
+@given(st.data(), dialects, st.integers(min_value=0, max_value=400))
+def test_missing_is_what_completes_the_frame_held(
+    data: st.DataObject, dialect: Dialect, cut: int
+) -> None:
+    """``missing`` (what a reader slices a large read by, rpc.peer.Peer._read): the bytes
+    that complete the frame held in part, a lower bound while its header is incomplete,
+    and 0 only when nothing is held."""
+    msgs = [
+        Msg(i + 1, i + 1, True, True, True, m.type, m.data, m.module)
+        for i, m in enumerate(data.draw(st.lists(messages(dialect), min_size=1, max_size=6)))
+    ]
+    stream = b"".join(encode_frame(m, dialect) for m in msgs)
+    assert fed_by_missing(ChatterConnection(dialect), stream, cut) == msgs

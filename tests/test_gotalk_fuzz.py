@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.codec_helpers import fed_by_missing
 from wire.errors import LocalProtocolError, MalformedMessage, ProtocolError
 from wire.gotalk import (
     MAX_NAME_SIZE,
@@ -314,3 +315,13 @@ def test_id_format_takes_id_types_only() -> None:
     for kind in (MessageType.REQUEST, MessageType.NOTIFICATION, MessageType.HEARTBEAT):
         with pytest.raises(LocalProtocolError, match="not a p, R, S or E type"):
             id_format(kind)
+
+
+@FAST
+@given(st.lists(messages, min_size=1, max_size=6), st.integers(0, 400))
+def test_missing_is_what_completes_the_message_held(batch: list[Message], cut: int) -> None:
+    """``missing`` (what a reader slices a large read by, rpc.peer.Peer._read): the bytes
+    that complete the version or message held in part, a lower bound while its header
+    is incomplete, and 0 only when nothing is held."""
+    stream = VERSION + b"".join(encode(m) for m in batch)
+    assert fed_by_missing(GotalkConnection(), stream, cut) == batch

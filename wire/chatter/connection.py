@@ -113,6 +113,13 @@ class ChatterConnection:
         """Bytes held for a frame that has not fully arrived."""
         return self._reader.buffered
 
+    @property
+    def missing(self) -> int:
+        """Bytes the input must still bring to complete the frame held in part (0: none; a
+        lower bound while its header is incomplete). A reader that decodes a large read in
+        slices cuts them past it."""
+        return self._reader.missing
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Msg]:
         if self._dead is not None:
             raise self._dead

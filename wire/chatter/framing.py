@@ -43,6 +43,18 @@ class FrameReader:
         """Bytes held for a frame that is not complete yet."""
         return len(self._buf)
 
+    @property
+    def missing(self) -> int:
+        """Bytes the stream must still bring to complete the frame held in part (0: none);
+        while its header is incomplete, what completes the header (its size unknown)."""
+        buf = self._buf
+        if not buf:
+            return 0
+        body = 1 + buf[0]
+        if len(buf) < body:
+            return body - len(buf)
+        return body + int.from_bytes(buf[1:body], "big") - len(buf)
+
     def receive_data(
         self, data: bytes | bytearray | memoryview
     ) -> tuple[bytes | bytearray, list[tuple[int, int]]]:

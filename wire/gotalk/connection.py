@@ -52,6 +52,13 @@ class GotalkConnection:
         return len(self._buf)
 
     @property
+    def missing(self) -> int:
+        """Bytes the input must still bring to complete what is held in part (the version or
+        a message; 0: nothing is): a lower bound while a message's header is incomplete, its
+        size unknown. A reader that decodes a large read in slices cuts them past it."""
+        return self._need - len(self._buf) if self._buf else 0
+
+    @property
     def error(self) -> ProtocolError | None:
         """The error that killed the connection, or None while it is alive."""
         return self._error
