@@ -75,8 +75,9 @@ KEPT_READ_SIZE = 4 * 1024
 ``transports.read_buffer.READ_SIZE``, 256 KiB, up to about 20,000 tiny messages): a loop
 iteration reads each connection once, so this bounds what a flooding connection adds to
 its backlog past the bound (about 320 messages) and the time its callback takes while
-others wait (about a millisecond; figures in docs/limits.md). The read in which output
-comes to wait is still up to 256 KiB (the backlog was empty). The price: a large message
+others wait (about a millisecond; figures in docs/limits.md). A larger read (one that
+began while nothing was kept) is decoded in slices of this size past the message in
+progress (:meth:`rpc.peer.Peer._read`). The price: a large message
 that arrives while messages are kept takes 64 times the reads, a system call and a loop
 iteration each (about 4,100 for 16 MiB)."""
 

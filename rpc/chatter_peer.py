@@ -225,6 +225,10 @@ class ChatterAdapter:
 
     # --- receiving -------------------------------------------------------------------------
 
+    @property
+    def missing(self) -> int:
+        return self.codec.missing
+
     def decode(self, data: bytes, read_at: float) -> list[Msg]:
         self.pings.read(read_at)
         codec = self.codec

@@ -99,6 +99,8 @@ class Closing:
 
         def drop_input(self) -> None: ...
 
+        def _keep_unread(self) -> None: ...
+
     def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None:
         """Close now, dropping work in flight; ``exc``, why (kept as ``gave_up``, the first
         reason given, where the reconnecting client and ``connect`` read it; without one,
@@ -178,6 +180,7 @@ class Closing:
             self.gave_up = ConnectionClosed("closed by this side")
         if self._close_began == NOT_CLOSING:
             self._close_began = self._loop.time()
+            self._keep_unread()
             self._kept.read_before(self._close_began)  # (uvloop: read in the same ms)
             if self._kept.messages:  # from now on parts of streams whose handler does not
                 # run are dropped as read (InputFlow._runs_now); those kept go at this look

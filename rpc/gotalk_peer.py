@@ -147,6 +147,10 @@ class GotalkAdapter:
 
     # --- receiving -------------------------------------------------------------------------
 
+    @property
+    def missing(self) -> int:
+        return self.codec.missing
+
     def decode(self, data: bytes, read_at: float) -> list[Any]:
         self.liveness.last_read = read_at
         codec = self.codec

@@ -69,6 +69,7 @@ class InputFlow(Generic[K]):
     _kept: Backlog
     _backlog: Any
     _reading: bool
+    _unread: tuple[bytes, int, float] | None
     _input_end: int
     _close_began: float
     _hold_told: bool
@@ -89,6 +90,7 @@ class InputFlow(Generic[K]):
         def abort(self, exc: BaseException | None = None, *, refused: bool = False) -> None: ...
         def _violation(self, exc: ProtocolError) -> None: ...
         def turned_away(self) -> bool: ...
+        def _read(self, data: bytes, pos: int, read_at: float) -> None: ...
 
     def _held(self, message: Any) -> bool:
         """True when ``message`` may not run now: a stream's full queue holds all input;
@@ -144,9 +146,11 @@ class InputFlow(Generic[K]):
             return True
         return not self.handlers_running and self._other_holds()
 
-    def _run(self, messages: list[Any]) -> None:
+    def _run(self, messages: list[Any], budget: int = MESSAGES_PER_TURN) -> None:
         """Dispatch one read's messages, with :data:`current_peer` set for them all (the
-        handlers they run, and the tasks those start, see it)."""
+        handlers they run, and the tasks those start, see it); past ``budget`` of them the
+        rest is kept for the next turn (what a turn has left: a read's first slices used
+        the rest, :meth:`~rpc.peer.Peer._read`)."""
         # _held() and handlers_running inlined: this check runs once per message (the
         # notification tasks' bound is checked by notifications alone: NoTaskSlot)
         dispatch = self.adapter.dispatch
@@ -178,7 +182,7 @@ class InputFlow(Generic[K]):
                         self._keep(messages, index + 1, turn=index + 1 < len(messages))
                         return
                     continue
-                if index == MESSAGES_PER_TURN:  # a flood: let other connections have a turn
+                if index == budget:  # a flood: let other connections have a turn
                     self._keep(messages, index, turn=True)
                     return
                 try:  # free unless raised (3.11's zero-cost exceptions)
@@ -263,6 +267,12 @@ class InputFlow(Generic[K]):
             if handled:  # what this turn handled may have woken readers of our streams:
                 self._kept.next_turn()  # they run first, and reading resumes after them (uvloop
                 return  # reads before the callbacks queued meanwhile: a stream overflowed)
+            if self._unread is not None:  # the rest of a read cut in slices comes first
+                data, pos, read_at = self._unread
+                self._unread = None
+                self._read(data, pos, read_at)  # (which may leave a rest again)
+                kept.next_turn()  # reading resumes at a turn with nothing left unread
+                return
             self._reading = True
             self._room_stall.disarm()
             self._hold_told = False
@@ -288,6 +298,23 @@ class InputFlow(Generic[K]):
         if not kept.messages:  # (parts may wait for room all the same: they count)
             return not kept.full
         return kept.sorted and kept.front is None and not kept.full and not self._holds_all()
+
+    def _keep_unread(self) -> None:
+        """A graceful close begins: the rest of a read not decoded yet (``_unread``) is
+        decoded and kept whole, as it was read before the close, which waits for what was
+        (:meth:`~rpc.closing.Closing.close`; reading is paused already)."""
+        unread = self._unread
+        if unread is None:
+            return
+        self._unread = None
+        data, pos, read_at = unread
+        self._kept.read_at = read_at
+        try:
+            messages = self.adapter.decode(data[pos:], read_at)
+        except ProtocolError as exc:
+            self._violation(exc)
+            return
+        self._keep(messages, 0)
 
     def answered_while_blocked(self) -> None:
         """The codec answered input itself (Chatter Pongs) while our output waits: reading
@@ -328,6 +355,7 @@ class InputFlow(Generic[K]):
             return
         self._input_end = DROPPED
         self._kept.clear()
+        self._unread = None
         if not self._reading:
             self._reading = True
             self._transport.resume_reading()

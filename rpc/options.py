@@ -115,6 +115,12 @@ class Adapter(Protocol[K]):
         liveness checks: the peer reads the clock once per read)."""
         ...
 
+    @property
+    def missing(self) -> int:
+        """Bytes the input must still bring to complete the message the codec holds in part
+        (0: none; a lower bound while its header is incomplete)."""
+        ...
+
     def dispatch(self, message: Any) -> None: ...
     def is_reply(self, message: Any) -> bool:
         """True when ``message`` answers a call of ours (a result, a stream's result or

@@ -33,7 +33,8 @@ Everything per connection is bounded and freed when the connection goes:
   (:mod:`rpc.request_bytes`). The callers' deadlines of those that came with one are in
   ``call_bounds`` (one entry per waiting handler);
 - decoded messages read but not run yet, in order, and their bound (:mod:`rpc.backlog`
-  says which wait there, and when reading pauses or goes on meanwhile);
+  says which wait there, and when reading pauses or goes on meanwhile), and the rest of a
+  large read not decoded yet (at most that read, reading paused: :meth:`Peer._read`);
 - output in the outbox and the transport, above ``high_water`` bytes: :mod:`rpc.outbox`.
 All timers share one :class:`~rpc.deadlines.Deadlines` per connection.
 """
@@ -110,6 +111,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         "_task_slots",
         "_tasks",
         "_transport",
+        "_unread",
         "accepted_at",
         "adapter",
         "call_bounds",
@@ -158,6 +160,10 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         """Requests whose jobs the peer may cancel (see :meth:`on_cancel`), kept only while
         they run and only for a peer that takes the cancellation extension."""
         self._reading = True
+        self._unread: tuple[bytes, int, float] | None = None
+        """The rest of a read not decoded yet: its bytes, where the rest begins, and when it
+        was read (:meth:`_read`); at most one read (``READ_SIZE``, 256 KiB, for a byte
+        stream; a WebSocket message, up to ``max_size``), reading paused meanwhile."""
         self._input_end = READ
         """The input's phase (:data:`~rpc.input_flow.READ`, ``DROPPED`` at a graceful
         close's end or after a protocol violation: :mod:`rpc.input_flow`)."""
@@ -278,18 +284,51 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         if self._input_end:
             self.input_dropped()
             return
-        outbox = self.outbox
-        held = outbox.hold()  # one flush at the end: what handlers answer now goes together
         read_at = self._loop.time()  # the one clock read per read
         if self._close_began != NOT_CLOSING:  # a graceful close began
             read_at = self._read_in_close(read_at)
+        self._read(data, 0, read_at)
+
+    def _read(self, data: bytes, pos: int, read_at: float) -> None:
+        """Decode ``data[pos:]``, read at loop time ``read_at``, and run or keep its messages.
+
+        More than :data:`~rpc.backlog.KEPT_READ_SIZE` bytes are decoded in slices of that
+        size past the message in progress (the adapter's ``missing``), so a large message
+        is decoded in one go. The slices share one turn's ``MESSAGES_PER_TURN``; after a
+        slice that used it up or left messages kept, the rest waits undecoded in
+        ``_unread`` (reading paused) for the connection's next turn
+        (:meth:`~rpc.input_flow.InputFlow._continue`). Else a read of 256 KiB of tiny
+        messages (up to about 20,000) is decoded and kept in one callback, some 20 ms while
+        every other connection waits. Not once a graceful close began: what was read
+        before it is kept whole, as the close waits for that
+        (:meth:`~rpc.input_flow.InputFlow._keep_unread`)."""
+        outbox = self.outbox
+        held = outbox.hold()  # one flush at the end: what handlers answer now goes together
         self._kept.read_at = read_at
+        adapter = self.adapter
+        end = len(data)
+        budget = MESSAGES_PER_TURN  # messages this callback may yet handle
         try:
-            messages = self.adapter.decode(data, read_at)
-            if self._backlog:
-                self._hold(messages, 0)
-            elif messages:
-                self._run(messages)
+            while True:
+                stop = end  # (a read that fits a slice: the common case, no look at missing)
+                if end - pos > KEPT_READ_SIZE and self._close_began == NOT_CLOSING:
+                    stop = min(end, pos + KEPT_READ_SIZE + adapter.missing)
+                messages = adapter.decode(
+                    data if pos == 0 and stop == end else data[pos:stop], read_at
+                )
+                pos = stop
+                if self._backlog:
+                    self._hold(messages, 0)
+                elif messages:
+                    self._run(messages, budget if budget > 0 else 0)
+                if pos == end or not self.is_open:  # (closed by a handler, or a violation)
+                    break
+                budget -= len(messages)
+                if (budget <= 0 or self._backlog) and self._close_began == NOT_CLOSING:
+                    self._unread = (data, pos, read_at)  # (a handler that began a graceful
+                    self._pause_reading()  # close: the rest is decoded whole, run or kept)
+                    self._kept.next_turn()
+                    break
         except ProtocolError as exc:
             if held:
                 outbox.release(flush=False)
@@ -341,6 +380,7 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
         self._ended.clear()
         self._running.clear()
         self._kept.clear()
+        self._unread = None
         self._stream_hold.clear()
         self._room_stall.disarm()
         self._runner.close()
