@@ -271,7 +271,8 @@ class InputFlow(Generic[K]):
                 data, pos, read_at = self._unread
                 self._unread = None
                 self._read(data, pos, read_at)  # (which may leave a rest again)
-                kept.next_turn()  # reading resumes at a turn with nothing left unread
+                if kept.refused is None:  # the rest, or reading, at the next turn (a
+                    kept.next_turn()  # refusal's end gives it: tried again before, refused)
                 return
             self._reading = True
             self._room_stall.disarm()
@@ -381,8 +382,10 @@ class InputFlow(Generic[K]):
     @property
     def input_unfinished(self) -> bool:
         """True while the peer's input ends in an unfinished message: a WebSocket connection
-        then checks the rate of what comes (:mod:`transports.ws_input_rate`)."""
-        return self.adapter.stall.unfinished
+        then checks the rate of what comes (:mod:`transports.ws_input_rate`). Not while the
+        rest of a read waits undecoded (``_unread``, reading paused): that rest is here, and
+        the connection asks again when reading resumes."""
+        return self.adapter.stall.unfinished and self._unread is None
 
     @property
     def holding_input(self) -> bool:

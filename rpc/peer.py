@@ -326,8 +326,10 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
                 budget -= len(messages)
                 if (budget <= 0 or self._backlog) and self._close_began == NOT_CLOSING:
                     self._unread = (data, pos, read_at)  # (a handler that began a graceful
-                    self._pause_reading()  # close: the rest is decoded whole, run or kept)
-                    self._kept.next_turn()
+                    # close: the rest is decoded whole, run or kept)
+                    self._pause_reading()
+                    if self._kept.refused is None:  # (a refusal's end gives the turn: tried
+                        self._kept.next_turn()  # again before, it would be refused again)
                     break
         except ProtocolError as exc:
             if held:

@@ -2,7 +2,9 @@
 ``KEPT_READ_SIZE`` bytes past the message in progress per slice, and after a turn's worth
 of messages the rest waits undecoded for the connection's next turn. What arrives in such a
 read is still answered whole and in order, over TCP and TLS, and a graceful close that
-begins while the rest waits still runs it (it was read before the close)."""
+begins while the rest waits still runs it (it was read before the close). Over WebSocket
+a slice cut inside a request does not count as input the peer left unfinished (review 219:
+an idle client was closed as too slow, 1008)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import ssl
 from typing import Any
 
 import pytest
+from websockets.frames import Close, Opcode
 
 import rpc
 from tests.certs import Pki
 from tests.rpc_helpers import echo_registry
 from tests.rpc_helpers import wait_until as until
+from tests.test_ws_slow_input import ws_client
 from transports.stream import server_ssl_context
 from wire import gotalk
 
@@ -111,3 +115,26 @@ async def test_a_graceful_close_runs_the_rest_of_a_read_that_waits_undecoded() -
             writer.close()
         await asyncio.gather(*closes)
     assert [m.id for m in got] == [b"%04x" % i for i in range(8_000)]
+
+
+@pytest.mark.both_loops
+async def test_an_idle_ws_client_after_a_sliced_message_is_not_closed() -> None:
+    """2,000 echo requests (24 bytes each, 48 KB) in one WebSocket message, all answered;
+    then the client says nothing for 1 s (the grace is 0.3 s): it must not be closed. (The
+    slice cut past the turn's 256 messages ends inside a request; before, the WebSocket
+    connection's input-rate check counted from then, was never told the rest ended whole,
+    and closed the client one grace or two later.)"""
+    frames = [gotalk.encode(gotalk.Request(b"%04x" % i, "echo", b'"ab"')) for i in range(2000)]
+    async with ws_client() as client:
+        client.ws.send_binary(b"".join(frames))
+        client.flush()
+        got = await client.gotalk_results(len(frames))
+        assert [m.id for m in got] == [b"%04x" % i for i in range(2000)]
+        seen = len(client.frames)
+        try:  # idle: nothing should come, and above all no close
+            async with asyncio.timeout(1.0):
+                await client.read_until_closed()
+        except TimeoutError:
+            pass
+        closes = [Close.parse(f.data) for f in client.frames[seen:] if f.opcode is Opcode.CLOSE]
+        assert not closes, f"an idle client was closed: {closes}"

@@ -117,7 +117,8 @@ async def test_a_held_hat_drivers_client_gets_pings_that_open_one_conversation()
                 await conn.send(hat_chatter.Data("stuck", b"x" * 1024), last=False)
             await wait_until(lambda: len(server.peers) == 1)
             (peer,) = server.peers
-            await wait_until(lambda: peer.holding_input)
+            # held once the backlog is full (filled a slice a turn: rpc.peer.Peer._read)
+            await wait_until(lambda: peer.holding_input and peer._kept.full)
             codec = peer.adapter.codec
             # nothing else goes out during the hold: each id we send is a Ping
             first_id, held_open = codec.next_id, codec.open_conversations

@@ -9,7 +9,6 @@ import asyncio
 import gc
 import ssl
 import struct
-import tracemalloc
 
 import pytest
 from websockets.frames import Close, CloseCode, Opcode
@@ -96,7 +95,12 @@ async def test_a_closed_chatter_connection_frees_its_conversations_without_a_col
     handlers' as here) leaves its table to the cyclic collector, which a steady server may
     not run for long: 100 non-readers' connections, closed, held 626 MB of RSS for 40 s (no
     collection ran) that one ``gc.collect()`` gave back. Everything else the backlog keeps
-    is freed at ``connection_lost``, and so is the table now (``ChatterAdapter.stop``)."""
+    is freed at ``connection_lost``, and so is the table now (``ChatterAdapter.stop``): the
+    closed peer, kept alive here with the collector off, holds none of its 2,000 entries.
+    (This test measured the table's memory with tracemalloc until 2026-11-28; CPython keeps
+    up to 2,000 freed 2-tuples, the table's keys, on a free list that tracemalloc still
+    counts where they were made, so what it saw depended on which tuples the free list
+    held before.)"""
     never = asyncio.Event()
     registry = rpc.Registry()
 
@@ -110,24 +114,17 @@ async def test_a_closed_chatter_connection_frees_its_conversations_without_a_col
     data = requests.data_to_send()
     gc.collect()
     gc.disable()
-    tracemalloc.start()
     try:
         options = rpc.Options(max_concurrent=4096)  # every request runs, none is answered
         async with rpc.serve("tcp+sbs://127.0.0.1:0", registry=registry, options=options) as srv:
             _reader, writer = await asyncio.open_connection("127.0.0.1", srv.url.port)
             writer.write(data)
             await eventually(lambda: srv.peers and open_conversations(srv) >= 2000, "all open")
-            opened = open_conversations(srv)
+            [peer] = srv.peers
             writer.transport.abort()
             await eventually(lambda: not srv.peers, "the connection closed")
-            table = [
-                stat.size
-                for stat in tracemalloc.take_snapshot().statistics("filename")
-                if stat.traceback[0].filename.endswith("chatter/conversations.py")
-            ]
-            assert sum(table) < opened * 16, (sum(table), opened)
+            assert peer.adapter.codec.open_conversations == 0
     finally:
-        tracemalloc.stop()
         gc.enable()
 
 

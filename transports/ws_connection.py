@@ -318,6 +318,8 @@ class Connection(SharedBufferProtocol):
             if self.held:
                 self.held.schedule()
             else:
+                if self.input_rate is not None:  # the sink may have finished what it held
+                    self.input_rate.released(self.resumed_at)  # (the rest of a message)
                 self.read_socket()
 
     def read_socket(self) -> None:

@@ -74,7 +74,9 @@ class WsInputRate:
         check.read(at, size, 1 if unfinished else 0)
 
     def released(self, at: float) -> None:
-        """The frames held while paused went to the sink: what it holds may have changed."""
+        """The frames held while paused went to the sink, or the sink resumed reading: what
+        it holds may have changed (an RPC peer decodes the rest of a message at its own
+        turns, reading paused, ``rpc.peer.Peer._read``)."""
         unfinished = self._fragmented or bool(getattr(self._conn.sink, "input_unfinished", False))
         self.check.read(at, 0, 1 if unfinished else 0)
 
