@@ -76,8 +76,8 @@ KEPT_READ_SIZE = 4 * 1024
 iteration reads each connection once, so this bounds what a flooding connection adds to
 its backlog past the bound (about 320 messages) and the time its callback takes while
 others wait (about a millisecond; figures in docs/limits.md). A larger read (one that
-began while nothing was kept) is decoded in slices of this size past the message in
-progress (:meth:`rpc.peer.Peer._read`). The price: a large message
+began while nothing was kept, or a WebSocket message) is decoded in slices of this size
+past the message in progress (:meth:`rpc.peer.Peer._read`). The price: a large message
 that arrives while messages are kept takes 64 times the reads, a system call and a loop
 iteration each (about 4,100 for 16 MiB)."""
 
