@@ -229,7 +229,7 @@ class ChatterAdapter:
     def missing(self) -> int:
         return self.codec.missing
 
-    def decode(self, data: bytes, read_at: float) -> list[Msg]:
+    def decode(self, data: bytes | memoryview, read_at: float) -> list[Msg]:
         self.pings.read(read_at)
         codec = self.codec
         pings, pongs = codec.pings_received, codec.pongs_received

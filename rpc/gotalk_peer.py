@@ -151,7 +151,7 @@ class GotalkAdapter:
     def missing(self) -> int:
         return self.codec.missing
 
-    def decode(self, data: bytes, read_at: float) -> list[Any]:
+    def decode(self, data: bytes | memoryview, read_at: float) -> list[Any]:
         self.liveness.last_read = read_at
         codec = self.codec
         messages = codec.receive_data(data)

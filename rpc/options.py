@@ -110,7 +110,7 @@ class Adapter(Protocol[K]):
         due and unfinished: at ``handshake_timeout`` such a connection is closed."""
         ...
 
-    def decode(self, data: bytes, read_at: float) -> list[Any]:
+    def decode(self, data: bytes | memoryview, read_at: float) -> list[Any]:
         """The messages ``data`` completes; ``read_at``: the loop time of its read (for the
         liveness checks: the peer reads the clock once per read)."""
         ...

@@ -313,8 +313,8 @@ class Peer(InputFlow[K], Responder[K], Caller[K], Closing, SharedBufferProtocol)
                 stop = end  # (a read that fits a slice: the common case, no look at missing)
                 if end - pos > KEPT_READ_SIZE and self._close_began == NOT_CLOSING:
                     stop = min(end, pos + KEPT_READ_SIZE + adapter.missing)
-                messages = adapter.decode(
-                    data if pos == 0 and stop == end else data[pos:stop], read_at
+                messages = adapter.decode(  # (a view: the codec copies what it keeps)
+                    data if pos == 0 and stop == end else memoryview(data)[pos:stop], read_at
                 )
                 pos = stop
                 if self._backlog:

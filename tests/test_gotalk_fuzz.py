@@ -3,6 +3,8 @@ only ever raising ProtocolError while the buffer stays within header + max_size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -70,7 +72,7 @@ def sendable(message: Message) -> bool:
 messages = messages_of(payloads).filter(sendable)
 
 
-def feed(conn: GotalkConnection, chunks: list[bytes]) -> list[Message]:
+def feed(conn: GotalkConnection, chunks: Sequence[bytes | memoryview]) -> list[Message]:
     out: list[Message] = []
     for chunk in chunks:
         out += conn.receive_data(chunk)
@@ -101,6 +103,18 @@ def test_round_trip(message: Message) -> None:
 def test_any_chunking_gives_the_same_messages(batch: list[Message], cuts: list[int]) -> None:
     stream = VERSION + b"".join(encode(m) for m in batch)
     assert feed(GotalkConnection(), split(stream, cuts)) == batch
+
+
+@FAST
+@given(st.lists(messages, max_size=30), st.lists(st.integers(0, 100_000), max_size=40))
+def test_any_chunking_of_views_gives_the_same_messages(
+    batch: list[Message], cuts: list[int]
+) -> None:
+    """Memoryviews, as rpc.peer.Peer._read gives the slices of a large read: the part a
+    message in progress takes is copied once, the rest parsed as bytes."""
+    stream = VERSION + b"".join(encode(m) for m in batch)
+    views = [memoryview(chunk) for chunk in split(stream, cuts)]
+    assert feed(GotalkConnection(), views) == batch
 
 
 @settings(FAST, max_examples=40)

@@ -96,13 +96,14 @@ class GotalkConnection:
         """
         if self._error is not None:
             raise self._error.with_traceback(None)
-        if data.__class__ is not bytes:
-            data = bytes(data)
         out: list[Message] = []
         pos = 0
         try:
             if self._buf or self._peer_version is None:
-                pos = self._resume(data, out)
+                pos = self._resume(data, out)  # (from a view too: it copies what it takes)
+            if data.__class__ is not bytes:  # the parsers read bytes: what is left, copied
+                data = bytes(memoryview(data)[pos:])  # once (the rest of a large message
+                pos = 0  # given as a view is not copied twice)
             end = len(data)
             parsers = PARSERS
             max_size = self._max_size
@@ -123,7 +124,7 @@ class GotalkConnection:
             raise
         return out
 
-    def _resume(self, data: bytes, out: list[Message]) -> int:
+    def _resume(self, data: bytes | bytearray | memoryview, out: list[Message]) -> int:
         """Complete the version or the buffered message from ``data``; return bytes used.
 
         Only what the pending item needs is copied into the buffer, so the buffer never
