@@ -136,8 +136,13 @@ def serve(args: argparse.Namespace) -> int:
     once serving ended, no signal cuts that clean-up short. Fds 0-2 closed at the start
     are opened on /dev/null (:func:`std_fds_open`). Once it is done, what is left is the
     interpreter's exit (``atexit`` handlers, threads joined): a signal then ends the process
-    at once, exit 0, not by the signal's default (killed)."""
+    at once, exit 0, not by the signal's default (killed). With ``--workers N`` SIGHUP is
+    ignored but while serving (a rolling restart of the workers, :mod:`rpc.workers`): before,
+    there is no worker to restart, after, none left; its default would kill the parent,
+    its metrics directory left behind."""
     std_fds_open()
+    if args.workers > 1:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     with _stop_while_starting() as serving_over:
         code = _serve_and_clean_up(args, serving_over)
     for sig in (signal.SIGTERM, signal.SIGINT):

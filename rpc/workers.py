@@ -17,6 +17,12 @@ port), forks the workers and supervises them; it serves nothing itself.
   returns, so no signal cuts its clean-up short (the metrics directory's removal). A worker
   whose parent died stops the same way (it watches a pipe only the parent holds open), and
   ends itself ``drain_timeout`` + 5 s after (:data:`KILL_GRACE`, read when serving starts).
+- SIGHUP to the parent (not once stopping: ignored then) restarts every worker, one at a
+  time: a replacement is started at once (no back-off, no count of failures), and once it
+  serves (its ready line) the old one gets SIGTERM and drains as on a stop (killed if still
+  running ``drain_timeout`` + 5 s later), so N workers or more accept throughout. The new
+  ones are forks of the parent as well: code the parent imported (the served module) is
+  not loaded again. The metrics exporter is kept. A worker ignores SIGHUP (and SIGINT).
 - A worker that exits while the parent is not stopping (a crash, a kill) is started again:
   at once if it had been up for 10 s, else after a back-off that doubles per quick exit
   (0.1 s, 0.2 s, ... up to 30 s), so a worker that fails at start does not spin.
@@ -61,13 +67,14 @@ from rpc.api import check_serve_keywords
 from rpc.registry import Registry
 from rpc.url import parse_url
 from rpc.workers_child import (
-    STOP_SIGNALS,
+    PARENT_SIGNALS,
     WorkerConfig,
     WorkerPipes,
     child_main,
     freeze_startup_objects,
     worker_main,
 )
+from rpc.workers_signals import ParentSignals
 from rpc.workers_sockets import (
     REUSE_PORT,
     Listener,
@@ -106,39 +113,6 @@ class WorkerBootFailed(RuntimeError):
 # --- in the parent --------------------------------------------------------------------------
 
 
-class _Signals:
-    """SIGTERM and SIGINT in the parent for the whole of :func:`serve_workers` (its start,
-    the serving, its clean-up): counted, never raised, so nothing is cut short; each also
-    wakes the supervisor's wait through the wakeup fd (``wake_r``). The first asks for a
-    graceful stop, a second one for the workers left to be killed at once. The previous
-    handlers and wakeup fd are back at exit. Main thread only (``signal.signal``)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
-        self._previous_wakeup = -1
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._on_signal)
-        self._previous_wakeup = signal.set_wakeup_fd(self.wake_w)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            signal.set_wakeup_fd(self._previous_wakeup)
-            for sig, handler in self._previous.items():
-                signal.signal(sig, handler)  # from here a signal may raise again
-        finally:
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.count += 1
-
-
 @dataclass
 class _Slot:
     """One worker position: its current process and its restart state."""
@@ -153,6 +127,8 @@ class _Slot:
     """Exits in a row before the ready line (:data:`BOOT_ATTEMPTS`)."""
     restart_at: float | None = None
     ready: bool = False
+    retiring: BaseProcess | None = None
+    """The process ``process`` replaces on a SIGHUP: it serves until ``process`` is ready."""
 
     @property
     def name(self) -> str:
@@ -186,7 +162,7 @@ class _Supervisor:
         config: WorkerConfig,
         on_ready: Callable[[list[str]], object] | None,
         metrics_socket: socket.socket | None = None,
-        signals: _Signals | None = None,
+        signals: ParentSignals | None = None,
     ) -> None:
         try:
             self._mp = multiprocessing.get_context("fork")
@@ -200,6 +176,9 @@ class _Supervisor:
         if metrics_socket is not None:
             self.slots.append(_Slot(workers, exporter=True))
         self.signals = signals
+        self.hangups = 0  # the signals' hangups seen
+        self.rolling: list[_Slot] = []  # to restart on SIGHUP, in order, one at a time
+        self.draining: list[tuple[_Slot, float]] = []  # replaced ones, with their kill time
         self.stopping = False
         self.announced = False
         self.failure: WorkerBootFailed | None = None  # run() raises it, the others stopped
@@ -223,7 +202,7 @@ class _Supervisor:
         # the child is born with the parent's handlers, which only count a signal: blocked
         # until the child has set its own, a SIGTERM sent meanwhile (a stop while it
         # starts) waits for them instead of being lost (the stop then waited for the kill)
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_SIGNALS)
         try:
             slot.process.start()
         finally:
@@ -258,6 +237,8 @@ class _Supervisor:
         for slot in self.slots:
             if slot.process is not None and slot.process.pid == pid:
                 slot.ready = True
+                if slot.retiring is not None:
+                    self._retire(slot)
         if not self.announced and all(slot.ready for slot in self.slots):
             self.announced = True
             if self.on_ready is not None:
@@ -273,6 +254,7 @@ class _Supervisor:
         lifeline_r, lifeline_w = os.pipe()
         wake_r = self.signals.wake_r
         pipes = WorkerPipes(ready_w, lifeline_r, (ready_r, lifeline_w, wake_r, self.signals.wake_w))
+        self.hangups = self.signals.hangups  # before any worker started: none to restart
         try:
             if not self._signalled():
                 for slot in self.slots:
@@ -294,10 +276,14 @@ class _Supervisor:
         pending = b""
         while not self._signalled():
             now = time.monotonic()
-            restarts = [s.restart_at for s in self.slots if s.restart_at is not None]
-            timeout = max(0.0, min(restarts) - now) if restarts else None
+            times = [s.restart_at for s in self.slots if s.restart_at is not None]
+            times += [deadline for _, deadline in self.draining]
+            timeout = max(0.0, min(times) - now) if times else None
             live = {s.process.sentinel: (s, s.process) for s in self.slots if s.process is not None}
-            readable = multiprocessing.connection.wait([*live, ready_r, wake_r], timeout)
+            retiring = {s.retiring.sentinel: s for s in self.slots if s.retiring is not None}
+            draining = {old.process.sentinel: old for old, _ in self.draining if old.process}
+            waits = [*live, *retiring, *draining, ready_r, wake_r]
+            readable = multiprocessing.connection.wait(waits, timeout)
             if wake_r in readable:
                 os.read(wake_r, 512)
             if ready_r in readable:
@@ -308,12 +294,55 @@ class _Supervisor:
             for sentinel in readable:
                 if sentinel in live:
                     self._exited(*live[sentinel])
+                elif sentinel in retiring:  # it died before its replacement served
+                    self._reap(_Slot(retiring[sentinel].index, process=retiring[sentinel].retiring))
+                    retiring[sentinel].retiring = None
+                elif sentinel in draining:
+                    self._reap(draining[sentinel])
             if self._signalled():
                 break
             now = time.monotonic()
+            for old, deadline in self.draining:
+                if deadline <= now:
+                    self._reap(old, killed="did not stop in time once replaced: killed")
+            self.draining = [(old, d) for old, d in self.draining if old.process is not None]
             for slot in self.slots:
                 if slot.restart_at is not None and slot.restart_at <= now:
                     self._restart(slot, pipes)
+            self._roll(pipes)
+
+    def _roll(self, pipes: WorkerPipes) -> None:
+        """On a SIGHUP, queue every worker; then start the next queued one's replacement,
+        once no other replacement is starting. The old process serves on until its
+        replacement is ready (:meth:`_retire`). A worker down (waiting for its back-off)
+        is skipped: it starts anew anyway. The metrics exporter serves no handlers: kept."""
+        if self.signals is not None and self.signals.hangups > self.hangups:
+            self.hangups = self.signals.hangups
+            self.rolling = [slot for slot in self.slots if not slot.exporter]
+            log.info("SIGHUP: restarting %d worker(s), one at a time", len(self.rolling))
+        while self.rolling and not any(slot.retiring is not None for slot in self.slots):
+            slot = self.rolling.pop(0)
+            if slot.process is None:
+                continue
+            # neither a quick exit nor a boot failure: the old one lives until replaced
+            if time.monotonic() - slot.started >= STABLE_AFTER:
+                slot.quick_exits = 0
+            if slot.ready:
+                slot.boot_failures = 0
+            slot.retiring, slot.process = slot.process, None
+            self._restart(slot, pipes)  # at once; a fork that fails: after the back-off
+
+    def _retire(self, slot: _Slot) -> None:
+        """``slot``'s replacement serves: SIGTERM to the old process, which drains as on a
+        stop; it is killed if still running ``drain_timeout`` + ``kill_grace`` later."""
+        old = slot.retiring
+        if old is None or slot.process is None:
+            return
+        slot.retiring = None
+        log.info("%s: pid %d replaces pid %d, stopping it", slot.name, slot.process.pid, old.pid)
+        old.terminate()
+        grace = self.config.drain_timeout + self.config.kill_grace
+        self.draining.append((_Slot(slot.index, process=old), time.monotonic() + grace))
 
     def _restart(self, slot: _Slot, pipes: WorkerPipes) -> None:
         """Start ``slot``'s process again; a fork that fails (EAGAIN, ENOMEM: the machine
@@ -334,11 +363,15 @@ class _Supervisor:
         """SIGTERM to every process, then wait for them: up to the drain plus
         :data:`KILL_GRACE`, or until one more signal comes (``wake_r`` wakes the wait), past
         which those left are killed. Each worker that ended is marked dead for the metrics."""
-        live = {s.process.sentinel: s for s in self.slots if s.process is not None}
+        old = [_Slot(s.index, process=s.retiring) for s in self.slots if s.retiring is not None]
+        live = {s.process.sentinel: s for s in [*self.slots, *old] if s.process is not None}
         log.info("stopping %d worker(s)", len(live))
         for slot in live.values():
             if slot.process is not None:
                 slot.process.terminate()  # SIGTERM: the worker closes its servers gracefully
+        for slot, _ in self.draining:  # SIGTERMed once replaced: a second one is no use
+            if slot.process is not None:
+                live[slot.process.sentinel] = slot
         seen = self.signals.count if self.signals is not None else 0
         deadline = time.monotonic() + self.config.drain_timeout + self.config.kill_grace
         why = "did not stop in time: killed"
@@ -395,11 +428,12 @@ def serve_workers(
     on_metrics: Callable[[str], object] | None = None,
     **serve_options: Any,
 ) -> None:
-    """Serve ``registry`` on ``urls`` in ``workers`` processes until SIGTERM or SIGINT.
+    """Serve ``registry`` on ``urls`` in ``workers`` processes until SIGTERM or SIGINT;
+    SIGHUP restarts the workers one at a time (see the module's docstring).
 
     Blocks; returns once every worker has stopped (a second signal kills those left at
-    once; SIGTERM and SIGINT are only counted until it returns). ``ssl`` is given to the
-    TLS URLs; ``loop`` picks each worker's event loop (:mod:`rpc.loops`); ``serve_options``
+    once; SIGTERM, SIGINT and SIGHUP are only counted until it returns). ``ssl`` is given
+    to the TLS URLs; ``loop`` picks each worker's event loop (:mod:`rpc.loops`); ``serve_options``
     go to :func:`rpc.serve` in each worker (``options``, ``max_connections``, ``web``, ...).
     ``on_ready(bound_urls)`` runs once in the parent when every worker serves (port 0
     replaced by the bound port). ``reuse_port=False`` shares the parent's listening socket
@@ -428,7 +462,7 @@ def serve_workers(
     if metrics is not None and "metrics" in serve_options:
         raise ValueError("metrics=(host, port) counts every worker: give no rpc.serve metrics")
     with contextlib.ExitStack() as stack:
-        signals = stack.enter_context(_Signals())  # first in: its handlers leave last
+        signals = stack.enter_context(ParentSignals())  # first in: its handlers leave last
         metrics_socket = None
         if metrics is not None:
             stack.enter_context(metrics_dir.owned())  # before prometheus_client is imported

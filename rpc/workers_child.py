@@ -59,16 +59,24 @@ class WorkerPipes:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PARENT_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
+"""What the parent handles (:class:`rpc.workers_signals.ParentSignals`), blocked across a
+fork: SIGHUP restarts the workers."""
 
 
 def child_main(main: Callable[..., None], *args: Any) -> None:
     """A forked process's start: the parent's signal set-up undone (its wakeup fd, its
-    handlers, which only count), then SIGTERM and SIGINT, blocked across the fork, let in:
-    a SIGTERM that came meanwhile ends the process now, as one does until it serves."""
+    handlers, which only count), then the signals blocked across the fork let in: a
+    SIGTERM that came meanwhile ends the process now, as one does until it serves.
+
+    SIGINT and SIGHUP are ignored (inherited so by the programs a handler runs, as with
+    ``nohup``): a terminal's ^C or hang-up reaches the parent too, which stops the workers
+    or restarts them one at a time; a SIGHUP to a worker alone used to kill it."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the parent too
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
     main(*args)
 
 
