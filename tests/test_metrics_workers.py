@@ -93,6 +93,13 @@ async def test_one_scrape_shows_every_worker(tmp_path: Path) -> None:
             port, lambda s: s.value("peerwire_requests_total", side="server", op="pid") == calls
         )
         assert after.value("peerwire_connections_accepted_total") == connected + 1
+
+        # the stop waits for the victim's replacement to serve (an answer from neither the
+        # victim nor the survivor): stopped while it started, it would exit by SIGTERM too,
+        # a second "exited" line (review 222)
+        async with asyncio.timeout(20):
+            while await ask(url, "pid") == max(held):  # new connections, spread by the kernel
+                pass
     finally:
         for peer in held.values():
             await peer.close()
