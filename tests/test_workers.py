@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,19 +198,28 @@ async def test_api_with_the_parents_socket_shared() -> None:
 # --- shutdown and restarts -----------------------------------------------------------------
 
 
+async def slow_request_in_flight(
+    server: Running,
+) -> tuple[set[int], rpc.Peer[Any], asyncio.Future[Any], int]:
+    """Once both workers of ``server`` answer, a ``slow`` request (1 s) in flight on one:
+    the workers' pids, the request's connection and future, and the pid serving it."""
+    [url] = await asyncio.to_thread(server.urls, 1)
+    pids = await answering_pids(url, lambda pids: len(pids) == 2)
+    peer = await rpc.connect(url, reconnect=False)
+    request = asyncio.ensure_future(peer.request("slow", 1.0, timeout=20))
+    [started] = await asyncio.to_thread(server.wait_lines, "stdout", "slow started")
+    return pids, peer, request, int(started.split()[-1])
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["reuse-port", "shared-socket"])
 async def test_sigterm_stops_every_worker_after_requests_in_flight(shared: bool) -> None:
     args = [*API, "--shared-socket"] if shared else [*SERVE, "--workers=2", "--listen"]
     server = Running([*args, "tcp+gotalk://127.0.0.1:0"])
     try:
-        [url] = await asyncio.to_thread(server.urls, 1)
-        pids = await answering_pids(url, lambda pids: len(pids) == 2)
-        peer = await rpc.connect(url, reconnect=False)
-        request = asyncio.ensure_future(peer.request("slow", 1.0, timeout=20))
-        [started] = await asyncio.to_thread(server.wait_lines, "stdout", "slow started")
+        pids, peer, request, serving = await slow_request_in_flight(server)
         server.process.send_signal(signal.SIGTERM)
         # the request in flight completes: the worker drains before it closes
-        assert await request == int(started.split()[-1])
+        assert await request == serving
         async with asyncio.timeout(10):
             await peer.closed  # then the worker closed our connection
         # and the parent exits by itself: a second SIGTERM here could find it past its own

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 import rpc
-from tests.test_workers import API, SERVE, Running, answering_pids, is_running
+from tests.test_workers import (
+    API,
+    SERVE,
+    Running,
+    answering_pids,
+    is_running,
+    slow_request_in_flight,
+)
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -122,14 +129,10 @@ async def test_sighup_restarts_every_worker_while_serving(tmp_path: Path, shared
 async def test_sighup_while_stopping_is_ignored() -> None:
     server = Running([*SERVE, "-v", "--workers=2", "--listen=tcp+gotalk://127.0.0.1:0"])
     try:
-        [url] = await asyncio.to_thread(server.urls, 1)
-        pids = await answering_pids(url, lambda pids: len(pids) == 2)
-        peer = await rpc.connect(url, reconnect=False)
-        request = asyncio.ensure_future(peer.request("slow", 1.0, timeout=20))
-        [started] = await asyncio.to_thread(server.wait_lines, "stdout", "slow started")
+        pids, peer, request, serving = await slow_request_in_flight(server)
         server.process.send_signal(signal.SIGTERM)
         server.process.send_signal(signal.SIGHUP)  # during the drain: no restart, no kill
-        assert await request == int(started.split()[-1])  # drained as on a plain SIGTERM
+        assert await request == serving  # drained as on a plain SIGTERM
         begun = time.monotonic()
         assert await asyncio.to_thread(server.wait) == 0, server.output("stderr")
         assert time.monotonic() - begun < 5
