@@ -27,7 +27,9 @@ from rpc import workers
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests/peers/worker_app.py"
-SERVE = [sys.executable, "-m", "rpc.cli", "serve", APP]
+SERVE_MODULE = [sys.executable, "-m", "rpc.cli", "serve"]
+"""``peerwire serve``, then the module to serve."""
+SERVE = [*SERVE_MODULE, APP]
 API = [sys.executable, APP]
 
 pytestmark = [

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from rpc import workers
+from tests.test_workers import SERVE_MODULE as SERVE
 from tests.test_workers import Running, answering_pids, is_running
 
 pytestmark = [
@@ -30,7 +31,6 @@ pytestmark = [
 ]
 
 URL = "tcp+gotalk://127.0.0.1:0"
-SERVE = [sys.executable, "-m", "rpc.cli", "serve"]  # then the module
 
 QUICK_BACKOFF = """
 import rpc.workers

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_workers import SERVE_MODULE as SERVE
 from tests.test_workers import Running, answering_pids, is_running
 
 pytestmark = [
@@ -24,7 +25,6 @@ pytestmark = [
 ]
 
 URL = "tcp+gotalk://127.0.0.1:0"
-SERVE = [sys.executable, "-m", "rpc.cli", "serve"]  # then the module
 
 HELD_EXIT = """
 import os

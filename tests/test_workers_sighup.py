@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import rpc
+from tests.rpc_helpers import wait_until as until
 from tests.test_workers import (
     API,
     SERVE,
@@ -94,20 +95,16 @@ async def test_sighup_restarts_every_worker_while_serving(tmp_path: Path, shared
         assert await held.request("pid", timeout=10) == worker
 
         callers = Callers(url)
-        async with asyncio.timeout(10):
-            while len(callers.steady) < 5 or len(callers.fresh) < 5:
-                await asyncio.sleep(0.01)
+        await until(lambda: len(callers.steady) >= 5 and len(callers.fresh) >= 5, 10)
         server.process.send_signal(signal.SIGHUP)
         # the old workers drain (closing our held connection) and are reaped by the parent
-        async with asyncio.timeout(10):
-            await held.closed
-            while any(is_running(pid) for pid in old):
-                await asyncio.sleep(0.02)
+        await asyncio.wait_for(held.closed, 10)
+        await until(lambda: not any(is_running(pid) for pid in old), 10)
         new = await answering_pids(url, lambda pids: len(pids) == 2, timeout=10)
         assert not new & old
-        async with asyncio.timeout(10):  # each client is served by a new worker too
-            while not (set(callers.steady[-3:]) <= new and set(callers.fresh[-3:]) <= new):
-                await asyncio.sleep(0.01)
+        await until(  # each client is served by a new worker too
+            lambda: set(callers.steady[-3:]) <= new and set(callers.fresh[-3:]) <= new, 10
+        )
         await callers.stop()
         assert server.process.poll() is None, server.output("stderr")  # the parent lives on
         # no call failed (one cut by a drain is sent again on its client's next connection)
