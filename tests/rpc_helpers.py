@@ -100,6 +100,21 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> N
             await asyncio.sleep(0.005)
 
 
+@contextlib.asynccontextmanager
+async def gotalk_connection(
+    port: int,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw TCP connection to a Gotalk server on 127.0.0.1 that has sent its version and
+    read the server's (``01`` both); closed when the block ends."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"01")
+        assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
+        yield reader, writer
+    finally:
+        writer.close()
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports of 127.0.0.1 free now: all bound at once, then released
     (ports taken one at a time may repeat: a Spark worker's UI then took the master's, and

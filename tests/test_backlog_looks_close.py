@@ -21,7 +21,7 @@ import rpc
 from rpc.backlog import Backlog
 from rpc.peer import Peer
 from rpc.served_streams import ENDED_STREAMS
-from tests.rpc_helpers import wait_until
+from tests.rpc_helpers import gotalk_connection, wait_until
 from wire.gotalk.encoding import encode
 from wire.gotalk.messages import Request, StreamRequest, StreamRequestPart
 
@@ -102,25 +102,22 @@ async def _output_waits(
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=registry or _registry(), retry_results=False
     ) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
         scene: Scene | None = None
-        try:
-            writer.write(b"01")
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            if first is not None:
-                writer.write(encode(first))
-                await wait_until(lambda: bool(server.peers), 5)
+        async with gotalk_connection(server.url.port) as (_reader, writer):
+            try:
+                if first is not None:
+                    writer.write(encode(first))
+                    await wait_until(lambda: bool(server.peers), 5)
+                    [served] = server.peers
+                    await wait_until(lambda: first.id in getattr(served, ready), 5)
+                writer.write(encode(Request(_rid(1), "big", b"0")))
+                await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
                 [served] = server.peers
-                await wait_until(lambda: first.id in getattr(served, ready), 5)
-            writer.write(encode(Request(_rid(1), "big", b"0")))
-            await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
-            [served] = server.peers
-            scene = Scene(served, writer)
-            yield scene
-        finally:
-            writer.close()
-            if scene is not None and scene.closing is not None:
-                scene.closing.cancel()
+                scene = Scene(served, writer)
+                yield scene
+            finally:
+                if scene is not None and scene.closing is not None:
+                    scene.closing.cancel()
 
 
 async def test_a_part_of_a_stream_the_close_turns_away_is_dropped_as_read() -> None:
@@ -213,24 +210,25 @@ async def test_kept_stream_requests_run_in_a_close_ask_no_whole_look_each(
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=reg, options=options, retry_results=False
     ) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
         closing: asyncio.Future[None] | None = None
-        try:
-            writer.write(b"01")
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            requests = [StreamRequest(_rid(i), "early", b"0") for i in range(10, 10 + STREAMS)]
-            writer.write(b"".join(encode(m) for m in [Request(_rid(1), "hold", b"0"), *requests]))
-            await wait_until(lambda: bool(server.peers), 5)
-            [served] = server.peers
-            await wait_until(lambda: len(served._kept.messages) == STREAMS, 5)  # read before
-            closing = asyncio.ensure_future(served.close(drain_timeout=60.0))
-            await wait_until(lambda: served.gave_up is not None, 2)
-            looked[0] = 0
-            go.set()  # the slot frees: the kept stream requests run, one at a time
-            await wait_until(lambda: not served._kept.messages and not served.handlers_running, 20)
-            assert len(served._ended) == min(STREAMS, 256)  # (they ran and ended)
-            assert looked[0] <= 4 * STREAMS, looked[0]
-        finally:
-            writer.close()
-            if closing is not None:
-                closing.cancel()
+        async with gotalk_connection(server.url.port) as (_reader, writer):
+            try:
+                requests = [StreamRequest(_rid(i), "early", b"0") for i in range(10, 10 + STREAMS)]
+                writer.write(
+                    b"".join(encode(m) for m in [Request(_rid(1), "hold", b"0"), *requests])
+                )
+                await wait_until(lambda: bool(server.peers), 5)
+                [served] = server.peers
+                await wait_until(lambda: len(served._kept.messages) == STREAMS, 5)  # read before
+                closing = asyncio.ensure_future(served.close(drain_timeout=60.0))
+                await wait_until(lambda: served.gave_up is not None, 2)
+                looked[0] = 0
+                go.set()  # the slot frees: the kept stream requests run, one at a time
+                await wait_until(
+                    lambda: not served._kept.messages and not served.handlers_running, 20
+                )
+                assert len(served._ended) == min(STREAMS, 256)  # (they ran and ended)
+                assert looked[0] <= 4 * STREAMS, looked[0]
+            finally:
+                if closing is not None:
+                    closing.cancel()

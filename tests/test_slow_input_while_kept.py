@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import rpc
-from tests.rpc_helpers import wait_until
+from tests.rpc_helpers import gotalk_connection, wait_until
 from wire import gotalk
 from wire.gotalk.encoding import encode
 from wire.gotalk.messages import Request
@@ -47,25 +47,22 @@ async def test_a_trickling_peer_with_kept_requests_is_closed_while_our_output_wa
     async with rpc.serve(
         "tcp+gotalk://127.0.0.1:0", registry=_registry(), options=STRICT
     ) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.url.port)
         dripping: asyncio.Future[None] | None = None
-        try:
-            writer.write(b"01")
-            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"01"
-            writer.write(encode(Request((0).to_bytes(4, "big"), "big", b"0")))
-            await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
-            [served] = server.peers
-            writer.write(encode(Request((1).to_bytes(4, "big"), "echo", b"1")))
-            await wait_until(lambda: len(served._kept.messages) == 1, 5)  # kept
-            header = gotalk.request_header(gotalk.MessageType.REQUEST, b"0002", "echo", 1000)
-            writer.write(header + b'"')  # a message begun, its rest a byte at a time
-            dripping = asyncio.ensure_future(_trickle(writer))
-            # closed after the 0.3-s grace (and a 50-ms confirmation); never with 0961965's
-            # pause per read (reverted), whose resumes restarted the count
-            await wait_until(lambda: not server.peers, 1.5)
-        finally:
-            if dripping is not None:
-                dripping.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await dripping
-            writer.close()
+        async with gotalk_connection(server.url.port) as (_reader, writer):
+            try:
+                writer.write(encode(Request((0).to_bytes(4, "big"), "big", b"0")))
+                await wait_until(lambda: any(p.outbox.blocked for p in server.peers), 5)
+                [served] = server.peers
+                writer.write(encode(Request((1).to_bytes(4, "big"), "echo", b"1")))
+                await wait_until(lambda: len(served._kept.messages) == 1, 5)  # kept
+                header = gotalk.request_header(gotalk.MessageType.REQUEST, b"0002", "echo", 1000)
+                writer.write(header + b'"')  # a message begun, its rest a byte at a time
+                dripping = asyncio.ensure_future(_trickle(writer))
+                # closed after the 0.3-s grace (and a 50-ms confirmation); never with 0961965's
+                # pause per read (reverted), whose resumes restarted the count
+                await wait_until(lambda: not server.peers, 1.5)
+            finally:
+                if dripping is not None:
+                    dripping.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await dripping
